@@ -1,0 +1,88 @@
+// swift-tools-version: 6.1
+import PackageDescription
+
+// chatcore: a BBMDS-style chat core speaking newline-delimited JSON.
+// Modules, from the bytes up (imports only point down this list):
+//   CYAJL       – the system YAJL library (libyajl-dev)
+//   Wire        – line framing, YAJL reader, JSON writer, JSONValue, the decoding runtime
+//   Protocol    – the messages, generated from Schemas/ by Codegen
+//   Store       – the storage protocol the engine needs, and its records
+//   SQLiteStore – that protocol on SQLite (GRDB)
+//   Engine      – the chat semantics: one place that decides
+//   Session     – authentication, per-session output and backpressure
+//   Server      – transports: stdio, TCP and Unix sockets (SwiftNIO)
+//   chatcore    – the command line
+let package = Package(
+    name: "chatcore",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "chatcore", targets: ["chatcore"]),
+        .executable(name: "chatcore-codegen", targets: ["Codegen"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+    ],
+    targets: [
+        .systemLibrary(
+            name: "CYAJL",
+            pkgConfig: "yajl",
+            providers: [.apt(["libyajl-dev"])]
+        ),
+        .target(name: "Wire", dependencies: ["CYAJL"]),
+        .target(name: "Protocol", dependencies: ["Wire"]),
+        .target(name: "Store"),
+        .target(
+            name: "SQLiteStore",
+            dependencies: ["Store", .product(name: "GRDB", package: "GRDB.swift")]
+        ),
+        .target(
+            name: "Engine",
+            dependencies: ["Protocol", "Store", .product(name: "Logging", package: "swift-log")]
+        ),
+        .target(
+            name: "Session",
+            dependencies: [
+                "Engine", "Protocol", "Wire",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(
+            name: "Server",
+            dependencies: [
+                "Session", "Wire",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .executableTarget(
+            name: "chatcore",
+            dependencies: [
+                "Server", "Session", "Engine", "SQLiteStore",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .executableTarget(name: "Codegen", dependencies: ["Wire"], path: "Sources/Codegen"),
+        .executableTarget(
+            name: "chatcore-bench",
+            dependencies: ["Protocol", "Wire", "CYAJL"],
+            path: "Benchmarks/Sources/chatcore-bench"
+        ),
+        .testTarget(
+            name: "WireTests",
+            dependencies: ["Wire", "Protocol"]
+        ),
+        .testTarget(
+            name: "FixtureTests",
+            dependencies: ["Wire", "chatcore"],
+            path: "Tests/FixtureTests"
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

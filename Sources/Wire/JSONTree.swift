@@ -1,0 +1,127 @@
+import CYAJL
+
+/// A parsed JSON document, for code that must look inside a value (tests, token claims,
+/// the few free-form values the engine reads). The hot path never builds one.
+public indirect enum JSONTree: Sendable, Equatable {
+    case null
+    case bool(Bool)
+    /// A number, spelled exactly as in the text.
+    case number(String)
+    case string(String)
+    case array([JSONTree])
+    /// Members in document order.
+    case object([(String, JSONTree)])
+
+    public static func == (lhs: JSONTree, rhs: JSONTree) -> Bool {
+        switch (lhs, rhs) {
+        case (.null, .null): return true
+        case let (.bool(a), .bool(b)): return a == b
+        case let (.number(a), .number(b)): return a == b
+        case let (.string(a), .string(b)): return a == b
+        case let (.array(a), .array(b)): return a == b
+        case let (.object(a), .object(b)):
+            return a.count == b.count && zip(a, b).allSatisfy { $0.0 == $1.0 && $0.1 == $1.1 }
+        default: return false
+        }
+    }
+
+    public subscript(key: String) -> JSONTree? {
+        guard case .object(let members) = self else { return nil }
+        return members.last(where: { $0.0 == key })?.1
+    }
+
+    public var stringValue: String? {
+        if case .string(let value) = self { return value }
+        return nil
+    }
+
+    public struct SyntaxError: Error, CustomStringConvertible {
+        public let description: String
+    }
+
+    public static func parse(_ bytes: [UInt8]) throws -> JSONTree {
+        try bytes.withUnsafeBytes { try parse($0) }
+    }
+
+    public static func parse(_ text: String) throws -> JSONTree {
+        try parse(Array(text.utf8))
+    }
+
+    public static func parse(_ text: UnsafeRawBufferPointer) throws -> JSONTree {
+        let builder = TreeBuilder()
+        let context = Unmanaged.passUnretained(builder).toOpaque()
+        let error = withUnsafePointer(to: treeCallbacks) { callbacks in
+            YAJL.parse(text, callbacks: callbacks, context: context, handleOut: { _ in })
+        }
+        if let error { throw SyntaxError(description: error.message) }
+        guard let root = builder.root else { throw SyntaxError(description: "no value") }
+        return root
+    }
+}
+
+/// Builds a `JSONTree` from YAJL's callbacks.
+private final class TreeBuilder {
+    enum Container {
+        case array([JSONTree])
+        case object([(String, JSONTree)], pendingKey: String?)
+    }
+
+    var stack: [Container] = []
+    var root: JSONTree?
+
+    func add(_ value: JSONTree) {
+        guard let top = stack.popLast() else {
+            root = value
+            return
+        }
+        switch top {
+        case .array(var elements):
+            elements.append(value)
+            stack.append(.array(elements))
+        case .object(var members, let key):
+            members.append((key ?? "", value))
+            stack.append(.object(members, pendingKey: nil))
+        }
+    }
+
+    static func from(_ context: UnsafeMutableRawPointer?) -> TreeBuilder {
+        Unmanaged<TreeBuilder>.fromOpaque(context!).takeUnretainedValue()
+    }
+}
+
+private func text(_ pointer: UnsafePointer<UInt8>?, _ count: Int) -> String {
+    guard let pointer else { return "" }
+    return String(decoding: UnsafeBufferPointer(start: pointer, count: count), as: UTF8.self)
+}
+
+private let treeCallbacks = yajl_callbacks(
+    yajl_null: { context in TreeBuilder.from(context).add(.null); return 1 },
+    yajl_boolean: { context, value in TreeBuilder.from(context).add(.bool(value != 0)); return 1 },
+    yajl_integer: nil,
+    yajl_double: nil,
+    yajl_number: { context, pointer, count in
+        let spelled = String(decoding: UnsafeRawBufferPointer(start: pointer, count: count), as: UTF8.self)
+        TreeBuilder.from(context).add(.number(spelled))
+        return 1
+    },
+    yajl_string: { context, pointer, count in TreeBuilder.from(context).add(.string(text(pointer, count))); return 1 },
+    yajl_start_map: { context in TreeBuilder.from(context).stack.append(.object([], pendingKey: nil)); return 1 },
+    yajl_map_key: { context, pointer, count in
+        let builder = TreeBuilder.from(context)
+        if case .object(let members, _) = builder.stack.popLast()! {
+            builder.stack.append(.object(members, pendingKey: text(pointer, count)))
+        }
+        return 1
+    },
+    yajl_end_map: { context in
+        let builder = TreeBuilder.from(context)
+        if case .object(let members, _) = builder.stack.popLast()! { builder.add(.object(members)) }
+        return 1
+    },
+    yajl_start_array: { context in TreeBuilder.from(context).stack.append(.array([])); return 1 },
+    yajl_end_array: { context in
+        let builder = TreeBuilder.from(context)
+        if case .array(let elements) = builder.stack.popLast()! { builder.add(.array(elements)) }
+        return 1
+    }
+)

@@ -1,0 +1,68 @@
+import CYAJL
+
+/// Runs YAJL over one complete buffer (one line) with the given callbacks.
+///
+/// YAJL is fed the whole line in one call, so every token lies in that buffer and
+/// `yajl_get_bytes_consumed` inside a callback is the offset just past the current token.
+/// YAJL accepts form feed and vertical tab as whitespace, which RFC 8259 does not: such
+/// a line is refused here before YAJL sees it (inside strings they are invalid anyway).
+enum YAJL {
+    struct SyntaxError: Error {
+        let message: String
+    }
+
+    static func parse(
+        _ text: UnsafeRawBufferPointer,
+        callbacks: UnsafePointer<yajl_callbacks>,
+        context: UnsafeMutableRawPointer,
+        handleOut: (yajl_handle) -> Void
+    ) -> SyntaxError? {
+        if text.isEmpty { return SyntaxError(message: "the line is empty") }
+        if let bad = firstNonJSONWhitespace(text) {
+            return SyntaxError(message: "invalid character at byte \(bad + 1)")
+        }
+        guard let handle = yajl_alloc(callbacks, nil, context) else {
+            return SyntaxError(message: "out of memory")
+        }
+        defer { yajl_free(handle) }
+        handleOut(handle)
+        let base = text.baseAddress!.assumingMemoryBound(to: UInt8.self)
+        var status = yajl_parse(handle, base, text.count)
+        if status == yajl_status_ok {
+            status = yajl_complete_parse(handle)
+        }
+        if status == yajl_status_ok { return nil }
+        if status == yajl_status_client_canceled { return SyntaxError(message: "parsing was cancelled") }
+        let offset = yajl_get_bytes_consumed(handle)
+        var message = "not valid JSON"
+        if let raw = yajl_get_error(handle, 0, base, text.count) {
+            message = String(cString: raw)
+                .trimmingSpaces()
+                .replacingPrefix("lexical error: ", with: "")
+                .replacingPrefix("parse error: ", with: "")
+            yajl_free_error(handle, raw)
+        }
+        if message.hasSuffix(".") { message.removeLast() }
+        return SyntaxError(message: "\(message) (near byte \(offset + 1))")
+    }
+
+    /// Form feed (0x0C) and vertical tab (0x0B) are never valid in a JSON text: outside
+    /// strings they are not whitespace, inside strings control characters must be escaped.
+    private static func firstNonJSONWhitespace(_ text: UnsafeRawBufferPointer) -> Int? {
+        if let formFeed = text.firstIndex(of: 0x0C) { return formFeed }
+        return text.firstIndex(of: 0x0B)
+    }
+}
+
+extension String {
+    fileprivate func trimmingSpaces() -> String {
+        var scalars = Substring(self)
+        while let last = scalars.last, last == " " || last == "\n" { scalars.removeLast() }
+        while let first = scalars.first, first == " " || first == "\n" { scalars.removeFirst() }
+        return String(scalars)
+    }
+
+    fileprivate func replacingPrefix(_ prefix: String, with replacement: String) -> String {
+        hasPrefix(prefix) ? replacement + dropFirst(prefix.count) : self
+    }
+}
