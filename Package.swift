@@ -41,7 +41,11 @@ let package = Package(
         ),
         .target(
             name: "Engine",
-            dependencies: ["Protocol", "Store", .product(name: "Logging", package: "swift-log")]
+            dependencies: [
+                "Protocol", "Store",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         .target(
             name: "Session",

@@ -1,0 +1,37 @@
+import Protocol
+
+/// Where the engine sends a session's events. Implemented by the session layer.
+public protocol EventSink: AnyObject, Sendable {
+    /// Events for this session, in commit order. Called on the engine thread: must not block.
+    func deliver(_ events: [Event])
+    /// The engine has finished `count` more of this session's submitted work items
+    /// (their events, if any, were delivered first).
+    func engineFinished(_ count: Int)
+}
+
+/// How a session reached the service; decides which files it may name (PROTOCOL.md §7).
+public enum Transport: String, Sendable {
+    case stdio
+    case tcp
+    case unix
+}
+
+/// The engine's handle on one session (an endpoint). Its mutable state is touched only
+/// on the engine thread.
+public final class EngineSession: @unchecked Sendable, Hashable {
+    public let id: Int
+    public let transport: Transport
+    let sink: EventSink
+    /// The user this endpoint is authenticated as (engine thread only).
+    var user: Int64?
+    var isOpen = true
+
+    init(id: Int, transport: Transport, sink: EventSink) {
+        self.id = id
+        self.transport = transport
+        self.sink = sink
+    }
+
+    public static func == (lhs: EngineSession, rhs: EngineSession) -> Bool { lhs === rhs }
+    public func hash(into hasher: inout Hasher) { hasher.combine(ObjectIdentifier(self)) }
+}

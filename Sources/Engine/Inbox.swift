@@ -1,0 +1,30 @@
+import Foundation
+
+/// The engine's queue of work: many producers (sessions), one consumer (the engine
+/// thread), which takes everything waiting at once so that it becomes one batch.
+final class Inbox<Item>: @unchecked Sendable {
+    private let condition = NSCondition()
+    private var items: [Item] = []
+
+    func put(_ item: Item) {
+        condition.lock()
+        items.append(item)
+        condition.signal()
+        condition.unlock()
+    }
+
+    /// Blocks until there is work, then takes up to `limit` items.
+    func take(limit: Int) -> [Item] {
+        condition.lock()
+        defer { condition.unlock() }
+        while items.isEmpty { condition.wait() }
+        if items.count <= limit {
+            let taken = items
+            items.removeAll(keepingCapacity: true)
+            return taken
+        }
+        let taken = Array(items.prefix(limit))
+        items.removeFirst(limit)
+        return taken
+    }
+}

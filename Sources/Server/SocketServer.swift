@@ -1,0 +1,270 @@
+import Engine
+import Logging
+import NIOCore
+import NIOPosix
+import Session
+import Synchronization
+import Wire
+
+/// Where to listen: `HOST:PORT` (TCP, `[::1]:PORT` for IPv6) or `unix:PATH`.
+public enum ListenAddress: Sendable, CustomStringConvertible, Equatable {
+    case tcp(host: String, port: Int)
+    case unix(path: String)
+
+    public init?(_ text: String) {
+        if text.hasPrefix("unix:") {
+            let path = String(text.dropFirst(5))
+            guard !path.isEmpty else { return nil }
+            self = .unix(path: path)
+            return
+        }
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port) else {
+            return nil
+        }
+        var host = String(text[..<colon])
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty else { return nil }
+        self = .tcp(host: host, port: port)
+    }
+
+    public var description: String {
+        switch self {
+        case .tcp(let host, let port): return host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        case .unix(let path): return "unix:\(path)"
+        }
+    }
+
+    /// True when every address the host resolves to is loopback (or it is a Unix socket).
+    public func isLoopbackOnly() -> Bool {
+        switch self {
+        case .unix:
+            return true
+        case .tcp(let host, let port):
+            guard let address = try? SocketAddress.makeAddressResolvingHost(host, port: port) else { return false }
+            switch address {
+            case .v4(let v4):
+                return (UInt32(bigEndian: v4.address.sin_addr.s_addr) >> 24) == 127
+            case .v6(let v6):
+                var loopback = in6addr_loopback
+                return withUnsafeBytes(of: v6.address.sin6_addr) { mine in
+                    withUnsafeBytes(of: &loopback) { mine.elementsEqual($0) }
+                }
+            default:
+                return false
+            }
+        }
+    }
+}
+
+/// TCP and Unix socket listeners (SwiftNIO): one session per connection, all sessions on
+/// one engine.
+public final class SocketServer: Sendable {
+    public struct Limits: Sendable {
+        public var session: Session.Limits
+        /// Output a client has not read yet, above which its input is paused.
+        public var outputHighWater: Int
+        /// Output a client has not read yet, above which it is disconnected.
+        public var maxOutputBytes: Int
+
+        public init(session: Session.Limits = .init(), outputHighWater: Int = 1 << 20, maxOutputBytes: Int = 64 << 20) {
+            self.session = session
+            self.outputHighWater = outputHighWater
+            self.maxOutputBytes = maxOutputBytes
+        }
+    }
+
+    private let group: MultiThreadedEventLoopGroup
+    private let engine: Engine
+    private let authenticator: Authenticator
+    private let limits: Limits
+    private let logger: Logger
+
+    public init(group: MultiThreadedEventLoopGroup, engine: Engine, authenticator: Authenticator, limits: Limits, logger: Logger) {
+        self.group = group
+        self.engine = engine
+        self.authenticator = authenticator
+        self.limits = limits
+        self.logger = logger
+    }
+
+    /// Starts listening; returns the bound channel (its local address has the real port).
+    public func bind(_ address: ListenAddress) async throws -> Channel {
+        let engine = self.engine
+        let authenticator = self.authenticator
+        let limits = self.limits
+        let logger = self.logger
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 256)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .childChannelOption(.autoRead, value: true)
+            .childChannelOption(.writeBufferWaterMark, value: .init(low: limits.outputHighWater / 2, high: limits.outputHighWater))
+            .childChannelInitializer { channel in
+                let transport: Transport = channel.localAddress?.protocol == .unix ? .unix : .tcp
+                return channel.eventLoop.makeCompletedFuture {
+                    let handler = SessionHandler(engine: engine, authenticator: authenticator, transport: transport, limits: limits, logger: logger)
+                    try channel.pipeline.syncOperations.addHandler(handler)
+                }
+            }
+        switch address {
+        case .tcp(let host, let port):
+            return try await bootstrap.bind(host: host, port: port).get()
+        case .unix(let path):
+            return try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
+        }
+    }
+}
+
+/// Connects one socket to one `Session`: bytes to lines to requests; events to bytes.
+final class SessionHandler: ChannelDuplexHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    private let engine: Engine
+    private let authenticator: Authenticator
+    private let transport: Transport
+    private let limits: SocketServer.Limits
+    private let logger: Logger
+    private var framer: LineFramer
+    private var session: Session?
+    private var output: SocketOutput?
+    /// A read was asked for while input was paused.
+    private var readPending = false
+
+    init(engine: Engine, authenticator: Authenticator, transport: Transport, limits: SocketServer.Limits, logger: Logger) {
+        self.engine = engine
+        self.authenticator = authenticator
+        self.transport = transport
+        self.limits = limits
+        self.logger = logger
+        self.framer = LineFramer(maxLineBytes: limits.session.maxLineBytes)
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let output = SocketOutput(channel: context.channel, maxOutputBytes: limits.maxOutputBytes, logger: logger,
+                                  resume: NIOLoopBound(self, eventLoop: context.eventLoop))
+        self.output = output
+        session = Session(engine: engine, authenticator: authenticator, transport: transport, output: output, limits: limits.session)
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard let session else { return }
+        let buffer = unwrapInboundIn(data)
+        buffer.withUnsafeReadableBytes { bytes in
+            framer.feed(bytes) { session.receive($0) }
+        }
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        session?.endOfInputChunk()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        framer.finish { session?.receive($0) }
+        session?.close()
+        session = nil
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        logger.debug("connection error", metadata: ["error": "\(error)"])
+        context.close(promise: nil)
+    }
+
+    // Backpressure: hold reads while the client does not read its output or the engine
+    // has too much of this session's work.
+    private func mayRead(_ context: ChannelHandlerContext) -> Bool {
+        context.channel.isWritable && (session?.wantsInput ?? true)
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if mayRead(context) {
+            readPending = false
+            context.read()
+        } else {
+            readPending = true
+        }
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        resumeIfPossible(context)
+        context.fireChannelWritabilityChanged()
+    }
+
+    func resumeIfPossible(_ context: ChannelHandlerContext) {
+        if readPending && mayRead(context) {
+            readPending = false
+            context.read()
+        }
+    }
+
+    private var contextForResume: ChannelHandlerContext?
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        contextForResume = nil
+    }
+
+    func channelRegistered(context: ChannelHandlerContext) {
+        contextForResume = context
+        context.fireChannelRegistered()
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        contextForResume = context
+        context.fireChannelActive()
+    }
+
+    func engineCaughtUp() {
+        if let context = contextForResume { resumeIfPossible(context) }
+    }
+}
+
+/// A session's output on a socket. Writes from other threads hop to the channel's event
+/// loop; a client that lets more than `maxOutputBytes` pile up is disconnected.
+final class SocketOutput: SessionOutput, @unchecked Sendable {
+    private let channel: Channel
+    private let maxOutputBytes: Int
+    private let logger: Logger
+    private let resume: NIOLoopBound<SessionHandler>
+    private let queued = Atomic<Int>(0)
+
+    init(channel: Channel, maxOutputBytes: Int, logger: Logger, resume: NIOLoopBound<SessionHandler>) {
+        self.channel = channel
+        self.maxOutputBytes = maxOutputBytes
+        self.logger = logger
+        self.resume = resume
+    }
+
+    func write(_ bytes: [UInt8], flush: Bool) {
+        let count = bytes.count
+        if count > 0 {
+            let total = queued.add(count, ordering: .relaxed).newValue
+            if total > maxOutputBytes {
+                logger.warning("closing a connection whose client does not read its output", metadata: ["queuedBytes": "\(total)"])
+                channel.close(promise: nil)
+                return
+            }
+        }
+        let channel = self.channel
+        let send: @Sendable () -> Void = { [self] in
+            if count > 0 {
+                var buffer = channel.allocator.buffer(capacity: count)
+                buffer.writeBytes(bytes)
+                let promise = channel.eventLoop.makePromise(of: Void.self)
+                promise.futureResult.whenComplete { _ in self.queued.subtract(count, ordering: .relaxed) }
+                channel.write(buffer, promise: promise)
+            }
+            if flush { channel.flush() }
+        }
+        if channel.eventLoop.inEventLoop {
+            send()
+        } else {
+            channel.eventLoop.execute(send)
+        }
+    }
+
+    func resumeInput() {
+        let resume = self.resume
+        channel.eventLoop.execute { resume.value.engineCaughtUp() }
+    }
+}

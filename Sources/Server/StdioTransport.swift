@@ -1,0 +1,175 @@
+import Engine
+import Foundation
+import Logging
+import Session
+import Wire
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The standard input/output session (PROTOCOL.md §1).
+///
+/// Blocking threads rather than an event loop, because standard input may be a regular
+/// file (`chatcore serve --user u < requests.ndjson`), which epoll cannot watch. The
+/// reading thread stops reading while the output is backed up or the engine has too
+/// much of this session's work; at the end of input everything submitted is finished
+/// and written before `run` returns.
+public final class StdioTransport: @unchecked Sendable {
+    private let input: Int32
+    private let output: FileOutput
+    private let session: Session
+    private let engine: Engine
+    private let maxLineBytes: Int
+    private let logger: Logger
+
+    public init(engine: Engine, authenticator: Authenticator, limits: Session.Limits, trustedUser: String?, logger: Logger,
+                input: Int32 = 0, outputDescriptor: Int32 = 1) {
+        self.input = input
+        self.engine = engine
+        self.logger = logger
+        self.maxLineBytes = limits.maxLineBytes
+        let output = FileOutput(descriptor: outputDescriptor, logger: logger)
+        self.output = output
+        self.session = Session(engine: engine, authenticator: authenticator, transport: .stdio, output: output, limits: limits, trustedUser: trustedUser)
+    }
+
+    /// Reads until end of input, then waits until every answer is written.
+    public func run() {
+        var framer = LineFramer(maxLineBytes: maxLineBytes)
+        let chunkSize = 64 * 1024
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
+        defer { buffer.deallocate() }
+        while !output.isBroken {
+            output.waitUntilWritable()
+            output.waitWhile { !self.session.wantsInput }
+            let count = read(input, buffer.baseAddress, chunkSize)
+            if count < 0 {
+                if errno == EINTR { continue }
+                logger.error("reading standard input failed", metadata: ["errno": "\(errno)"])
+                break
+            }
+            if count == 0 { break }
+            framer.feed(UnsafeRawBufferPointer(rebasing: buffer[0..<count])) { session.receive($0) }
+            session.endOfInputChunk()
+        }
+        framer.finish { session.receive($0) }
+        session.endOfInputChunk()
+        engine.drain()
+        session.close()
+        engine.drain()
+        output.finish()
+    }
+}
+
+/// Buffered, ordered output to a file descriptor, written by its own thread so that the
+/// engine never blocks on a slow reader.
+final class FileOutput: SessionOutput, @unchecked Sendable {
+    /// Above this many buffered bytes the reading side waits.
+    static let highWater = 4 << 20
+
+    private let descriptor: Int32
+    private let logger: Logger
+    private let condition = NSCondition()
+    private var buffer: [UInt8] = []
+    private var flushRequested = false
+    private var finished = false
+    private var writing = false
+    private(set) var isBroken = false
+
+    init(descriptor: Int32, logger: Logger) {
+        self.descriptor = descriptor
+        self.logger = logger
+        let thread = Thread { [self] in writeLoop() }
+        thread.name = "chatcore-stdout"
+        thread.start()
+    }
+
+    func write(_ bytes: [UInt8], flush: Bool) {
+        condition.lock()
+        if !isBroken { buffer.append(contentsOf: bytes) }
+        if flush { flushRequested = true }
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    func resumeInput() {
+        condition.lock()
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    /// Blocks while `predicate` holds (re-checked whenever output or the engine moves on).
+    func waitWhile(_ predicate: () -> Bool) {
+        condition.lock()
+        while predicate() && !isBroken { _ = condition.wait(until: Date(timeIntervalSinceNow: 0.05)) }
+        condition.unlock()
+    }
+
+    func waitUntilWritable() {
+        condition.lock()
+        while buffer.count > FileOutput.highWater && !isBroken { condition.wait() }
+        condition.unlock()
+    }
+
+    /// Writes out everything and stops the writer.
+    func finish() {
+        condition.lock()
+        finished = true
+        flushRequested = true
+        condition.broadcast()
+        while (!buffer.isEmpty || writing) && !isBroken { condition.wait() }
+        condition.unlock()
+    }
+
+    private func writeLoop() {
+        var chunk: [UInt8] = []
+        while true {
+            condition.lock()
+            while !(flushRequested && !buffer.isEmpty) && !(finished && buffer.isEmpty) && buffer.count < 64 * 1024 {
+                condition.wait()
+            }
+            if buffer.isEmpty && finished {
+                condition.unlock()
+                return
+            }
+            swap(&chunk, &buffer)
+            flushRequested = false
+            writing = true
+            condition.broadcast()
+            condition.unlock()
+
+            let ok = chunk.withUnsafeBytes { writeAll($0) }
+            chunk.removeAll(keepingCapacity: true)
+
+            condition.lock()
+            writing = false
+            if !ok {
+                isBroken = true
+                buffer.removeAll()
+            }
+            condition.broadcast()
+            condition.unlock()
+            if !ok { return }
+        }
+    }
+
+    private func writeAll(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        var offset = 0
+        while offset < bytes.count {
+            let written = Glibc.write(descriptor, bytes.baseAddress! + offset, bytes.count - offset)
+            if written < 0 {
+                if errno == EINTR { continue }
+                if errno == EAGAIN {
+                    var pollDescriptor = pollfd(fd: descriptor, events: Int16(POLLOUT), revents: 0)
+                    _ = poll(&pollDescriptor, 1, 1000)
+                    continue
+                }
+                logger.warning("standard output is closed; answers are dropped", metadata: ["errno": "\(errno)"])
+                return false
+            }
+            offset += written
+        }
+        return true
+    }
+}

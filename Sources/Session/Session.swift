@@ -1,0 +1,140 @@
+import Engine
+import Protocol
+import Synchronization
+import Wire
+
+/// Where a session's output goes: a transport's writer. Implementations buffer, keep
+/// order, and never block the caller.
+public protocol SessionOutput: AnyObject, Sendable {
+    /// Appends complete lines; `flush` ends a batch of events (PROTOCOL.md §1).
+    func write(_ bytes: [UInt8], flush: Bool)
+    /// The engine has caught up with this session's input: reading may resume.
+    func resumeInput()
+}
+
+/// One endpoint (PROTOCOL.md §3): turns its lines into requests for the engine and the
+/// engine's events into its output.
+///
+/// Lines arrive on one transport thread at a time. Answers the session makes itself
+/// (decode failures, token failures) go straight out when nothing of this session is
+/// waiting in the engine, and through the engine otherwise, so every answer keeps the
+/// order of its request. Input is paused (`wantsInput`) while too many requests wait.
+public final class Session: EventSink, @unchecked Sendable {
+    public struct Limits: Sendable {
+        /// Requests of one session that may wait in the engine before its input pauses.
+        public var maxRequestsInFlight: Int
+        public var maxLineBytes: Int
+
+        public init(maxRequestsInFlight: Int = 1024, maxLineBytes: Int = 1 << 20) {
+            self.maxRequestsInFlight = maxRequestsInFlight
+            self.maxLineBytes = maxLineBytes
+        }
+    }
+
+    public let transport: Transport
+    private let engine: Engine
+    private let authenticator: Authenticator
+    private let output: SessionOutput
+    private let limits: Limits
+    private var handle: EngineSession!
+    /// Work items submitted to the engine and not yet finished.
+    private let inFlight = Atomic<Int>(0)
+    /// Answers made on the transport thread, not yet handed to the output.
+    private var pending = JSONWriter(capacity: 4096)
+
+    public init(engine: Engine, authenticator: Authenticator, transport: Transport, output: SessionOutput, limits: Limits = Limits(), trustedUser: String? = nil) {
+        self.engine = engine
+        self.authenticator = authenticator
+        self.transport = transport
+        self.output = output
+        self.limits = limits
+        self.handle = engine.openSession(transport: transport, sink: self)
+        if let trustedUser {
+            inFlight.add(1, ordering: .relaxed)
+            engine.authenticate(userId: trustedUser, cookie: nil, line: 0, announce: false, session: handle)
+        }
+    }
+
+    /// False while the engine has too much of this session's work: stop reading.
+    public var wantsInput: Bool {
+        inFlight.load(ordering: .acquiring) < limits.maxRequestsInFlight
+    }
+
+    // MARK: input (transport thread)
+
+    public func receive(_ frame: LineFramer.Frame) {
+        switch frame {
+        case .line(let bytes, let number):
+            receive(line: bytes, number: number)
+        case .tooLarge(let number):
+            respond(ProtocolError(.tooLarge, "the line is longer than the limit of \(limits.maxLineBytes) bytes (--max-line-bytes)")
+                .requestFailed(request: nil, cookie: nil, line: number))
+        }
+    }
+
+    public func receive(line: UnsafeRawBufferPointer, number: Int) {
+        let decoded = WireDecoder.decodeLine(line, as: Request.self)
+        switch decoded.result {
+        case .failure(let failure):
+            respond(ProtocolError(failure).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number))
+        case .success(.authToken(let request)):
+            if let error = authenticator.verify(token: request.authToken, userId: request.userId) {
+                respond(.setupError(SetupError(error: error, cookie: request.cookie)))
+            } else {
+                handOver()
+                inFlight.add(1, ordering: .relaxed)
+                engine.authenticate(userId: request.userId, cookie: request.cookie, line: number, announce: true, session: handle)
+            }
+        case .success(let request):
+            handOver()
+            inFlight.add(1, ordering: .relaxed)
+            engine.submit(request, line: number, from: handle)
+        }
+    }
+
+    /// Ends a chunk of input: whatever was answered here goes out now.
+    public func endOfInputChunk() {
+        handOver(flush: true)
+    }
+
+    public func close() {
+        handOver(flush: true)
+        engine.close(handle)
+    }
+
+    /// An answer made here, kept in order behind the session's work in the engine.
+    private func respond(_ event: Event) {
+        if inFlight.load(ordering: .acquiring) == 0 {
+            event.encode(to: &pending)
+            if pending.bytes.count >= 64 * 1024 { handOver(flush: false) }
+        } else {
+            handOver()
+            inFlight.add(1, ordering: .relaxed)
+            engine.passthrough([event], to: handle)
+        }
+    }
+
+    private func handOver(flush: Bool = false) {
+        guard !pending.bytes.isEmpty else {
+            if flush { output.write([], flush: true) }
+            return
+        }
+        output.write(pending.bytes, flush: flush)
+        pending.bytes.removeAll(keepingCapacity: true)
+    }
+
+    // MARK: EventSink (engine thread)
+
+    public func deliver(_ events: [Event]) {
+        var writer = JSONWriter(capacity: 256 * events.count)
+        for event in events { event.encode(to: &writer) }
+        output.write(writer.bytes, flush: true)
+    }
+
+    public func engineFinished(_ count: Int) {
+        let before = inFlight.subtract(count, ordering: .acquiringAndReleasing).oldValue
+        if before >= limits.maxRequestsInFlight && before - count < limits.maxRequestsInFlight {
+            output.resumeInput()
+        }
+    }
+}

@@ -1,0 +1,196 @@
+import ArgumentParser
+import Dispatch
+import Engine
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import SQLiteStore
+import Server
+import Session
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `chatcore serve`: the long-running service.
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run the service on standard input/output and/or sockets.",
+        discussion: """
+            Standard input/output is one session. It is served when --user is given (the session \
+            is then already authenticated as that user: the spawning parent is trusted) or when no \
+            --listen is given (the session must send authToken). At the end of standard input every \
+            answer is written and, unless sockets are being served, the process exits 0.
+
+            Each --listen accepts connections, one session each, all sharing one store. Socket \
+            sessions authenticate with authToken: JWTs signed with --auth-secret-file (see \
+            `chatcore token`), or any token with --insecure-no-auth (loopback and Unix sockets only).
+            """
+    )
+
+    @Option(name: .long, help: "Serve standard input/output as this user, already authenticated.")
+    var user: String?
+
+    @Option(name: .long, help: ArgumentHelp("Accept connections at HOST:PORT (TCP; [::1]:PORT for IPv6) or unix:PATH. Repeatable.", valueName: "address"))
+    var listen: [String] = []
+
+    @Option(name: .long, help: ArgumentHelp("Where the store lives (created if missing). Default: $XDG_DATA_HOME/chatcore, else ~/.local/share/chatcore.", valueName: "dir"))
+    var dataDir: String?
+
+    @Option(name: .long, help: ArgumentHelp("A file whose bytes (trailing whitespace removed) are the HMAC key for authToken JWTs.", valueName: "file"))
+    var authSecretFile: String?
+
+    @Flag(name: .long, help: "Accept any authToken. Refuses to listen on anything but loopback addresses and Unix sockets.")
+    var insecureNoAuth = false
+
+    @Option(name: .long, help: "A longer line is skipped without being buffered and answered with TooLarge.")
+    var maxLineBytes: Int = 1 << 20
+
+    @Option(name: .long, help: "Requests of one session that may wait in the engine before its input is paused.")
+    var maxRequestsInFlight: Int = 1024
+
+    @Option(name: .long, help: "Unread output of a socket session above which its input is paused.")
+    var outputHighWater: Int = 1 << 20
+
+    @Option(name: .long, help: "Unread output of a socket session above which it is disconnected.")
+    var maxOutputBytes: Int = 64 << 20
+
+    @Option(name: .long, help: "trace, debug, info, notice, warning, error or critical. Logs go to standard error.")
+    var logLevel: Logger.Level = .info
+
+    func validate() throws {
+        if let user, user.isEmpty || user.utf8.count > 128 { throw ValidationError("--user must be 1 to 128 bytes") }
+        guard maxLineBytes > 0 else { throw ValidationError("--max-line-bytes must be positive") }
+        guard maxRequestsInFlight > 0 else { throw ValidationError("--max-requests-in-flight must be positive") }
+        guard outputHighWater > 0, maxOutputBytes >= outputHighWater else {
+            throw ValidationError("--max-output-bytes must be at least --output-high-water, which must be positive")
+        }
+        if authSecretFile != nil && insecureNoAuth { throw ValidationError("--auth-secret-file and --insecure-no-auth exclude each other") }
+        for text in listen {
+            guard let address = ListenAddress(text) else {
+                throw ValidationError("--listen \(text): expected HOST:PORT or unix:PATH")
+            }
+            if insecureNoAuth && !address.isLoopbackOnly() {
+                throw ValidationError("--insecure-no-auth refuses to listen on \(text): only loopback addresses and Unix sockets")
+            }
+        }
+        if !listen.isEmpty && authSecretFile == nil && !insecureNoAuth {
+            throw ValidationError("sockets need --auth-secret-file (or --insecure-no-auth on loopback): no one could authenticate")
+        }
+    }
+
+    func run() async throws {
+        signal(SIGPIPE, SIG_IGN)
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = logLevel
+            return handler
+        }
+        let logger = Logger(label: "chatcore")
+
+        let authenticator: Authenticator
+        if let authSecretFile {
+            do {
+                authenticator = Authenticator(mode: .secret(try Authenticator.loadSecret(path: authSecretFile)))
+            } catch {
+                throw ValidationError("cannot read --auth-secret-file: \(error)")
+            }
+        } else {
+            authenticator = Authenticator(mode: insecureNoAuth ? .insecure : .unconfigured)
+        }
+
+        let directory = URL(fileURLWithPath: dataDir ?? Serve.defaultDataDirectory(), isDirectory: true)
+        let store: SQLiteStore
+        do {
+            store = try SQLiteStore(directory: directory)
+        } catch {
+            logger.critical("cannot open the store", metadata: ["error": "\(error)"])
+            throw ExitCode(1)
+        }
+        let engine = try Engine(store: store, logger: logger)
+        engine.start()
+        logger.info("store ready", metadata: ["dataDir": "\(directory.path)"])
+
+        let sessionLimits = Session.Limits(maxRequestsInFlight: maxRequestsInFlight, maxLineBytes: maxLineBytes)
+        var group: MultiThreadedEventLoopGroup?
+        if !listen.isEmpty {
+            let loops = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
+            group = loops
+            let server = SocketServer(group: loops, engine: engine, authenticator: authenticator,
+                                      limits: .init(session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes),
+                                      logger: logger)
+            for text in listen {
+                let address = ListenAddress(text)!
+                do {
+                    let channel = try await server.bind(address)
+                    let bound = channel.localAddress.map { "\($0)" } ?? text
+                    logger.info("listening", metadata: ["address": "\(address)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
+                } catch {
+                    logger.critical("cannot listen", metadata: ["address": "\(address)", "error": "\(error)"])
+                    throw ExitCode(1)
+                }
+            }
+        }
+
+        installTerminationHandlers(engine: engine, logger: logger)
+
+        if user != nil || listen.isEmpty {
+            let stdio = StdioTransport(engine: engine, authenticator: authenticator, limits: sessionLimits, trustedUser: user, logger: logger)
+            await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+                let thread = Thread {
+                    stdio.run()
+                    done.resume()
+                }
+                thread.name = "chatcore-stdin"
+                thread.start()
+            }
+            if group == nil {
+                logger.debug("end of standard input: every answer is written")
+                return
+            }
+            logger.info("end of standard input; still serving sockets")
+        }
+        // Serve sockets until a signal ends the process.
+        while true { try await Task.sleep(for: .seconds(3600)) }
+    }
+
+    static func defaultDataDirectory() -> String {
+        let environment = ProcessInfo.processInfo.environment
+        if let xdg = environment["XDG_DATA_HOME"], !xdg.isEmpty { return xdg + "/chatcore" }
+        let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
+        return home + "/.local/share/chatcore"
+    }
+
+    /// SIGINT and SIGTERM: finish the engine's current work (everything committed stays
+    /// committed), then exit 0.
+    private func installTerminationHandlers(engine: Engine, logger: Logger) {
+        for number in [SIGINT, SIGTERM] {
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler {
+                logger.info("stopping", metadata: ["signal": "\(number)"])
+                engine.drain()
+                Glibc.exit(0)
+            }
+            source.resume()
+            Serve.signalSources.withLock { $0.append(source) }
+        }
+    }
+
+    static let signalSources = SignalSources()
+}
+
+/// Keeps the signal sources alive for the life of the process.
+final class SignalSources: @unchecked Sendable {
+    private let lock = NSLock()
+    private var sources: [DispatchSourceSignal] = []
+
+    func withLock(_ body: (inout [DispatchSourceSignal]) -> Void) {
+        lock.lock()
+        body(&sources)
+        lock.unlock()
+    }
+}
+
+extension Logger.Level: @retroactive ExpressibleByArgument {}

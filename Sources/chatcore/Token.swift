@@ -1,0 +1,33 @@
+import ArgumentParser
+import Session
+
+/// `chatcore token`: prints a JWT for a user, signed with the server's secret.
+struct Token: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Print an authToken (a JWT, HS256) for a user, on a line of its own."
+    )
+
+    @Option(name: .long, help: "The user id the token is for (its 'sub').")
+    var user: String
+
+    @Option(name: .long, help: "A file whose bytes (trailing whitespace removed) are the HMAC key; the same file `serve` uses.")
+    var authSecretFile: String
+
+    @Option(name: .long, help: "Seconds until the token expires.")
+    var expiresIn: Int64 = 86_400
+
+    func validate() throws {
+        guard !user.isEmpty, user.utf8.count <= 128 else { throw ValidationError("--user must be 1 to 128 bytes") }
+        guard expiresIn > 0 else { throw ValidationError("--expires-in must be positive") }
+    }
+
+    func run() throws {
+        let secret: [UInt8]
+        do {
+            secret = try Authenticator.loadSecret(path: authSecretFile)
+        } catch {
+            throw ValidationError("cannot read --auth-secret-file: \(error)")
+        }
+        print(Authenticator.issue(userId: user, secret: secret, expiresIn: expiresIn))
+    }
+}
