@@ -84,8 +84,9 @@ let package = Package(
         ),
         .testTarget(
             name: "FixtureTests",
-            dependencies: ["Wire", "chatcore"],
-            path: "Tests/FixtureTests"
+            dependencies: ["Wire", "Session", "chatcore"],
+            path: "Tests/FixtureTests",
+            exclude: []
         ),
     ],
     swiftLanguageModes: [.v6]
