@@ -227,12 +227,12 @@ struct Emitter {
             case .rejected:
                 continue
             case .constant:
-                line("        writer.key(\(Emitter.literal(field.name))); \(Emitter.encode(field.shape, ""))")
+                line("        writer.rawKey(\(Emitter.literal("\"" + field.name + "\":"))); \(Emitter.encode(field.shape, ""))")
             default:
                 if field.required {
-                    line("        writer.key(\(Emitter.literal(field.name))); \(Emitter.encode(field.shape, "self.\(name)"))")
+                    line("        writer.rawKey(\(Emitter.literal("\"" + field.name + "\":"))); \(Emitter.encode(field.shape, "self.\(name)"))")
                 } else {
-                    line("        if let value = self.\(name) { writer.key(\(Emitter.literal(field.name))); \(Emitter.encode(field.shape, "value")) }")
+                    line("        if let value = self.\(name) { writer.rawKey(\(Emitter.literal("\"" + field.name + "\":"))); \(Emitter.encode(field.shape, "value")) }")
                 }
             }
         }
@@ -286,11 +286,12 @@ struct Emitter {
         line("public enum \(name): Sendable, Equatable, WireMessageSet, WireEncodable {")
         for message in messages { line("    case \(Emitter.identifier(message.wireName))(\(typeName(message.shape)))") }
         line()
+        line("    private static let wireTypes: [String: WireType] = [")
+        for message in messages { line("        \(Emitter.literal(message.wireName)): \(Emitter.wireType(message.shape)),") }
+        line("    ]")
+        line()
         line("    public static func wireType(named name: String) -> WireType? {")
-        line("        switch name {")
-        for message in messages { line("        case \(Emitter.literal(message.wireName)): return \(Emitter.wireType(message.shape))") }
-        line("        default: return nil")
-        line("        }")
+        line("        wireTypes[name]")
         line("    }")
         line()
         line("    public init(name: String, value: WireValue) throws {")
@@ -316,7 +317,7 @@ struct Emitter {
         line("        writer.beginObject()")
         line("        switch self {")
         for message in messages {
-            line("        case .\(Emitter.identifier(message.wireName))(let value): writer.key(\(Emitter.literal(message.wireName))); value.encode(to: &writer)")
+            line("        case .\(Emitter.identifier(message.wireName))(let value): writer.rawKey(\(Emitter.literal("\"" + message.wireName + "\":"))); value.encode(to: &writer)")
         }
         line("        }")
         line("        writer.endObject()")

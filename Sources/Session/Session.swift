@@ -41,6 +41,8 @@ public final class Session: EventSink, @unchecked Sendable {
     private let inFlight = Atomic<Int>(0)
     /// Answers made on the transport thread, not yet handed to the output.
     private var pending = JSONWriter(capacity: 4096)
+    /// Reused for every line (transport thread only).
+    private let decoder = LineDecoder()
 
     public init(engine: Engine, authenticator: Authenticator, transport: Transport, output: SessionOutput, limits: Limits = Limits(), trustedUser: String? = nil) {
         self.engine = engine
@@ -73,7 +75,7 @@ public final class Session: EventSink, @unchecked Sendable {
     }
 
     public func receive(line: UnsafeRawBufferPointer, number: Int) {
-        let decoded = WireDecoder.decodeLine(line, as: Request.self)
+        let decoded = decoder.decode(line, as: Request.self)
         switch decoded.result {
         case .failure(let failure):
             respond(ProtocolError(failure).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number))

@@ -41,7 +41,7 @@ public struct JSONValue: Sendable, Hashable, CustomStringConvertible {
         build { writer in
             writer.beginObject()
             for (name, value) in members {
-                writer.key(name)
+                writer.key(dynamic: name)
                 writer.json(value)
             }
             writer.endObject()

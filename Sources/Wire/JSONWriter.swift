@@ -46,8 +46,16 @@ public struct JSONWriter: Sendable {
         needsComma = false
     }
 
-    /// A member name from data.
-    public mutating func key(_ name: String) {
+    /// A member name with its quotes and colon, known at compile time: `"chatId":`
+    /// (generated encoders use this: one append per key).
+    public mutating func rawKey(_ token: StaticString) {
+        separate()
+        token.withUTF8Buffer { bytes.append(contentsOf: $0) }
+        needsComma = false
+    }
+
+    /// A member name from data (escaped as needed).
+    public mutating func key(dynamic name: String) {
         string(name)
         bytes.append(UInt8(ascii: ":"))
         needsComma = false

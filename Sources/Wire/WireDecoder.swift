@@ -1,5 +1,11 @@
 import CYAJL
 
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// The set of messages a line may carry (the generated `Request`): maps a top-level
 /// member name to the type of its value, and builds the message from the decoded value.
 public protocol WireMessageSet: Sendable {
@@ -14,6 +20,13 @@ public struct DecodedLine<Message: Sendable>: Sendable {
     public let request: String?
     public let cookie: String?
     public let result: Result<Message, WireFailure>
+
+    @inlinable
+    public init(request: String?, cookie: String?, result: Result<Message, WireFailure>) {
+        self.request = request
+        self.cookie = cookie
+        self.result = result
+    }
 }
 
 /// Decodes lines with YAJL's callbacks straight into generated types.
@@ -24,28 +37,108 @@ public struct DecodedLine<Message: Sendable>: Sendable {
 /// parsed, so that a syntax error anywhere wins over a semantic one and a cookie after
 /// an offending member is still found; after the first semantic failure, values are
 /// only skipped.
-public enum WireDecoder {
-    public static func decodeLine<M: WireMessageSet>(_ line: UnsafeRawBufferPointer, as: M.Type) -> DecodedLine<M> {
-        let context = DecodeContext(base: line.baseAddress, mode: .line(M.wireType(named:)), pathPrefix: "")
-        if let syntax = context.run(line) {
-            return DecodedLine(request: nil, cookie: nil, result: .failure(WireFailure(.parseError, "invalid JSON: \(syntax.message)")))
+///
+/// A decoder is reused line after line by one thread at a time (a session's transport):
+/// its state lives behind a pointer and keeps its buffers, so a line costs no
+/// allocation beyond the values it produces.
+public final class LineDecoder {
+    private let state: UnsafeMutablePointer<DecodeState>
+
+
+    public init() {
+        state = .allocate(capacity: 1)
+        state.initialize(to: DecodeState())
+    }
+
+    deinit {
+        if let handle = state.pointee.reusableHandle { yajl_free(handle) }
+        state.deinitialize(count: 1)
+        state.deallocate()
+    }
+
+    @inlinable
+    public func decode<M: WireMessageSet>(_ line: UnsafeRawBufferPointer, as type: M.Type) -> DecodedLine<M> {
+        var message: M?
+        let outcome = decode(line, messages: type) { name, value in message = try M(name: name, value: value) }
+        switch outcome.failure {
+        case let failure?:
+            return DecodedLine(request: outcome.request, cookie: outcome.cookie, result: .failure(failure))
+        case nil:
+            return DecodedLine(request: outcome.request, cookie: outcome.cookie, result: .success(message!))
         }
-        if let structural = context.structural {
-            return DecodedLine(request: context.requestName, cookie: context.requestName == nil ? nil : context.cookie, result: .failure(structural))
+    }
+
+    /// What a line decoded to, before the message is built.
+    public struct Outcome {
+        public let request: String?
+        public let cookie: String?
+        public let failure: WireFailure?
+    }
+
+    /// Decodes a line; on success calls `build` (while the line's bytes are still valid)
+    /// with the request name and value.
+    public func decode(_ line: UnsafeRawBufferPointer, messages: any WireMessageSet.Type, build: (String, WireValue) throws -> Void) -> Outcome {
+        state.pointee.begin(base: line.baseAddress, count: line.count, mode: .line(messages), pathPrefix: "")
+        defer { state.pointee.end() }
+        if let syntax = run(line) {
+            return Outcome(request: nil, cookie: nil, failure: WireFailure(.parseError, "invalid JSON: \(syntax.message)"))
         }
-        if let failure = context.failure {
-            return DecodedLine(request: context.requestName, cookie: context.cookie, result: .failure(failure))
+        let requestName = state.pointee.requestName
+        let cookie = state.pointee.cookie
+        if let structural = state.pointee.structural {
+            return Outcome(request: requestName, cookie: requestName == nil ? nil : cookie, failure: structural)
         }
-        guard let name = context.requestName, let value = context.result else {
-            return DecodedLine(request: context.requestName, cookie: context.cookie, result: .failure(WireFailure(.parseError, "a message must be one object with one member")))
+        if let failure = state.pointee.failure {
+            return Outcome(request: requestName, cookie: cookie, failure: failure)
+        }
+        guard let name = requestName, let value = state.pointee.result else {
+            return Outcome(request: requestName, cookie: cookie, failure: WireFailure(.parseError, "a message must be one object with one member"))
         }
         do {
-            return DecodedLine(request: name, cookie: context.cookie, result: .success(try M(name: name, value: value)))
+            try build(name, value)
+            return Outcome(request: name, cookie: cookie, failure: nil)
         } catch let failure as WireFailure {
-            return DecodedLine(request: name, cookie: context.cookie, result: .failure(failure))
+            return Outcome(request: name, cookie: cookie, failure: failure)
         } catch {
-            return DecodedLine(request: name, cookie: context.cookie, result: .failure(WireFailure(.internal, "\(error)")))
+            return Outcome(request: name, cookie: cookie, failure: WireFailure(.internal, "\(error)"))
         }
+    }
+
+    /// Decodes a whole JSON text as one value of `type`.
+    func decodeValue(_ type: WireType, from text: UnsafeRawBufferPointer, pathPrefix: String) throws -> WireValue {
+        state.pointee.begin(base: text.baseAddress, count: text.count, mode: .document(type), pathPrefix: pathPrefix)
+        defer { state.pointee.end() }
+        if let syntax = run(text) {
+            throw WireFailure(.parseError, "invalid JSON: \(syntax.message)")
+        }
+        if let failure = state.pointee.structural ?? state.pointee.failure { throw failure }
+        guard let value = state.pointee.result else { throw WireFailure(.parseError, "no value") }
+        return value
+    }
+
+    private func run(_ text: UnsafeRawBufferPointer) -> YAJL.SyntaxError? {
+        let context = UnsafeMutableRawPointer(state)
+        let state = self.state
+        var handle = state.pointee.reusableHandle
+        state.pointee.reusableHandle = nil
+        // The handle is also what callbacks ask for offsets: set it before parsing.
+        if handle == nil {
+            handle = yajl_alloc(decodeCallbacks, nil, context)
+            if let handle { _ = chatcore_yajl_allow_multiple_values(handle) }
+        }
+        state.pointee.handle = handle
+        let error = YAJL.parse(text, reusing: &handle, callbacks: decodeCallbacks, context: context) {
+            state.pointee.isComplete(lineLength: text.count, text: text)
+        }
+        state.pointee.reusableHandle = handle
+        return error
+    }
+}
+
+/// One-off decoding, for tests, tools and nested values.
+public enum WireDecoder {
+    public static func decodeLine<M: WireMessageSet>(_ line: UnsafeRawBufferPointer, as type: M.Type) -> DecodedLine<M> {
+        LineDecoder().decode(line, as: type)
     }
 
     public static func decodeLine<M: WireMessageSet>(_ line: String, as type: M.Type) -> DecodedLine<M> {
@@ -53,32 +146,29 @@ public enum WireDecoder {
         return line.withUTF8 { decodeLine(UnsafeRawBufferPointer($0), as: type) }
     }
 
-    /// Decodes a whole JSON text as one value of `type` (used for unions and tests).
+    /// Decodes a whole JSON text as one value of `type`.
     public static func decode<T: WireDecodable>(_ type: T.Type, from json: String) throws -> T {
         let value = try decodeValue(.object(type), from: Array(json.utf8), pathPrefix: "")
         return try value.object(type)
     }
 
     static func decodeValue(_ type: WireType, from bytes: [UInt8], pathPrefix: String) throws -> WireValue {
-        try bytes.withUnsafeBytes { raw in
-            let context = DecodeContext(base: raw.baseAddress, mode: .document(type), pathPrefix: pathPrefix)
-            if let syntax = context.run(raw) {
-                throw WireFailure(.parseError, "invalid JSON: \(syntax.message)")
-            }
-            if let failure = context.structural ?? context.failure { throw failure }
-            guard let value = context.result else { throw WireFailure(.parseError, "no value") }
-            return value
-        }
+        try bytes.withUnsafeBytes { try LineDecoder().decodeValue(type, from: $0, pathPrefix: pathPrefix) }
     }
 
     /// Removes the whitespace outside strings from a valid JSON text (and a leading
     /// `:` or `,` left over from the member or element before it).
     static func minify(_ raw: UnsafeRawBufferPointer) -> String {
+        var start = 0
+        while start < raw.count, [0x20, 0x09, 0x0A, 0x0D, UInt8(ascii: ":"), UInt8(ascii: ",")].contains(raw[start]) { start += 1 }
+        let body = UnsafeRawBufferPointer(rebasing: raw[start...])
+        // Fast path: nothing to remove outside strings.
+        if !containsWhitespaceOutsideStrings(body) { return String(decoding: body, as: UTF8.self) }
         var out: [UInt8] = []
-        out.reserveCapacity(raw.count)
+        out.reserveCapacity(body.count)
         var inString = false
         var escaped = false
-        for byte in raw {
+        for byte in body {
             if inString {
                 out.append(byte)
                 if escaped {
@@ -93,9 +183,6 @@ public enum WireDecoder {
             switch byte {
             case 0x20, 0x09, 0x0A, 0x0D:
                 continue
-            case UInt8(ascii: ":"), UInt8(ascii: ","):
-                if out.isEmpty { continue }
-                out.append(byte)
             case UInt8(ascii: "\""):
                 inString = true
                 out.append(byte)
@@ -104,6 +191,21 @@ public enum WireDecoder {
             }
         }
         return String(decoding: out, as: UTF8.self)
+    }
+
+    private static func containsWhitespaceOutsideStrings(_ body: UnsafeRawBufferPointer) -> Bool {
+        var inString = false
+        var escaped = false
+        for byte in body {
+            if inString {
+                if escaped { escaped = false } else if byte == UInt8(ascii: "\\") { escaped = true } else if byte == UInt8(ascii: "\"") { inString = false }
+            } else if byte == UInt8(ascii: "\"") {
+                inString = true
+            } else if byte == 0x20 || byte == 0x09 || byte == 0x0A || byte == 0x0D {
+                return true
+            }
+        }
+        return false
     }
 }
 
@@ -114,66 +216,49 @@ struct UnknownRequest: WireDecodable {
     init(wire fields: WireFields) throws {}
 }
 
-// MARK: - Frames
+// MARK: - State
 
-private final class EnvelopeFrame {
-    var members = 0
-    var pending: WireType?
-}
+/// An open object, array or skipped/captured value.
+private struct Frame {
+    enum Kind: UInt8 {
+        /// The line's outer object `{"<request>": ...}`.
+        case envelope
+        case object
+        case array
+        /// A free-form value or a union, kept as bytes.
+        case capture
+        case skip
+    }
 
-private final class ObjectFrame {
-    let type: any WireDecodable.Type
-    let schema: WireSchema
-    var fields: WireFields
-    /// The member whose value comes next; -1 when that value is skipped.
+    var kind: Kind
+    /// capture/skip: nesting depth inside the value.
+    var depth = 1
+    /// capture: where the value's bytes start.
+    var start = 0
+    /// object: the member whose value comes next (-1: skip it).
     var pending = -1
-    /// The object is the request itself (its `cookie` is echoed in failures).
-    let isRequest: Bool
-
-    init(_ type: any WireDecodable.Type, isRequest: Bool) {
-        self.type = type
-        self.schema = type.wireSchema
-        self.fields = WireFields(count: schema.fields.count)
-        self.isRequest = isRequest
-    }
-}
-
-private final class ArrayFrame {
-    let element: WireType
-    let minItems: Int
-    let maxItems: Int
-    var values: [WireValue] = []
+    /// envelope: members seen.
+    var members = 0
+    /// array: index of the next element.
     var index = 0
+    /// object: first of its slots in the arena.
+    var slotBase = 0
+    /// object: the request itself (its `cookie` is echoed in failures).
+    var isRequest = false
+    /// object: its schema (schemas are static: they outlive every decoder).
+    unowned(unsafe) var schema: WireSchema?
+    /// object: the schema's member types, read without reference counting.
+    var types: UnsafePointer<WireType>?
+    var objectType: (any WireDecodable.Type)?
+    /// envelope: the type of the request value; capture: the captured type; array: element type.
+    var type: WireType?
+    var maxItems = 0
+    var minItems = 0
+    var values: [WireValue] = []
 
-    init(element: WireType, minItems: Int, maxItems: Int) {
-        self.element = element
-        self.minItems = minItems
-        self.maxItems = maxItems
+    init(kind: Kind) {
+        self.kind = kind
     }
-}
-
-/// Collects the bytes of a free-form value (or a union, decoded once complete).
-private final class CaptureFrame {
-    let start: Int
-    let type: WireType
-    var depth = 1
-
-    init(start: Int, type: WireType) {
-        self.start = start
-        self.type = type
-    }
-}
-
-private final class SkipFrame {
-    var depth = 1
-}
-
-private enum Frame {
-    case envelope(EnvelopeFrame)
-    case object(ObjectFrame)
-    case array(ArrayFrame)
-    case capture(CaptureFrame)
-    case skip(SkipFrame)
 }
 
 private enum Scalar {
@@ -183,19 +268,27 @@ private enum Scalar {
     case string(UnsafeRawBufferPointer)
 }
 
-// MARK: - Context
-
-private final class DecodeContext {
+private struct DecodeState {
     enum Mode {
-        case line((String) -> WireType?)
+        case idle
+        case line(any WireMessageSet.Type)
         case document(WireType)
     }
 
-    let base: UnsafeRawPointer?
-    let mode: Mode
-    let pathPrefix: String
+    var base: UnsafeRawPointer?
+    var count = 0
+    var mode: Mode = .idle
+    var pathPrefix = ""
     var handle: yajl_handle?
-    var stack: [Frame] = []
+    /// Kept between lines (see `YAJL.parse(_:reusing:...)`).
+    var reusableHandle: yajl_handle?
+    /// Values completed at the top level (a line must hold exactly one).
+    var topValues = 0
+    /// Where the top-level value ended.
+    var topEnd = 0
+    var frames = ContiguousArray<Frame>()
+    /// Members of every open object, back to back.
+    var slots = ContiguousArray<WireValue?>()
     /// The offset just past the token of the previous callback.
     var previousEnd = 0
 
@@ -205,49 +298,61 @@ private final class DecodeContext {
     var cookie: String?
     var result: WireValue?
 
-    init(base: UnsafeRawPointer?, mode: Mode, pathPrefix: String) {
+    mutating func begin(base: UnsafeRawPointer?, count: Int, mode: Mode, pathPrefix: String) {
         self.base = base
+        self.count = count
         self.mode = mode
         self.pathPrefix = pathPrefix
-        stack.reserveCapacity(8)
+        previousEnd = 0
+        topValues = 0
+        topEnd = 0
+        failure = nil
+        structural = nil
+        requestName = nil
+        cookie = nil
+        result = nil
     }
 
-    static func from(_ pointer: UnsafeMutableRawPointer?) -> DecodeContext {
-        Unmanaged<DecodeContext>.fromOpaque(pointer!).takeUnretainedValue()
-    }
-
-    func run(_ text: UnsafeRawBufferPointer) -> YAJL.SyntaxError? {
-        let context = Unmanaged.passUnretained(self).toOpaque()
-        return withUnsafePointer(to: decodeCallbacks) { callbacks in
-            YAJL.parse(text, callbacks: callbacks, context: context, handleOut: { self.handle = $0 })
-        }
+    mutating func end() {
+        frames.removeAll(keepingCapacity: true)
+        slots.removeAll(keepingCapacity: true)
+        result = nil
+        mode = .idle
+        handle = nil
+        base = nil
     }
 
     @inline(__always)
     var consumed: Int { Int(yajl_get_bytes_consumed(handle)) }
 
-    // MARK: failures
-
-    func fail(_ reason: @autoclosure () -> String, kind: WireFailure.Kind = .invalidParameter) {
-        if failure == nil { failure = WireFailure(kind, reason()) }
+    var isLineMode: Bool {
+        if case .line = mode { return true }
+        return false
     }
 
-    func failStructure(_ reason: String) {
+    // MARK: failures
+
+    mutating func fail(_ reason: String, kind: WireFailure.Kind = .invalidParameter) {
+        if failure == nil { failure = WireFailure(kind, reason) }
+    }
+
+    mutating func failStructure(_ reason: String) {
         if structural == nil { structural = WireFailure(.parseError, reason) }
     }
 
     /// The dotted path of the member being decoded: `criteria.window.before`, `invitees[2].regId`.
     func path(last: String? = nil, through endIndex: Int? = nil) -> String {
         var parts = pathPrefix
-        let end = endIndex ?? stack.count
+        let end = endIndex ?? frames.count
         for index in 0..<end {
-            switch stack[index] {
-            case .object(let object):
-                guard object.pending >= 0 else { continue }
+            let frame = frames[index]
+            switch frame.kind {
+            case .object:
+                guard frame.pending >= 0, let schema = frame.schema else { continue }
                 if !parts.isEmpty { parts += "." }
-                parts += object.schema.fields[object.pending].name
-            case .array(let array):
-                parts += "[\(array.index)]"
+                parts += schema.fields[frame.pending].name
+            case .array:
+                parts += "[\(frame.index)]"
             default:
                 continue
             }
@@ -259,261 +364,344 @@ private final class DecodeContext {
         return parts
     }
 
-    func failMismatch(_ type: WireType) {
-        fail("'\(path())' must be \(type.expectation)")
+    mutating func failMismatch(_ type: WireType) {
+        if failure == nil {
+            let reason = "'\(path())' must be \(type.expectation)"
+            fail(reason)
+        }
     }
 
     // MARK: targets and delivery
 
     /// The type of the value that comes next, or nil when it is to be skipped.
     func target() -> WireType? {
-        switch stack.last {
-        case nil:
+        let top = frames.count - 1
+        guard top >= 0 else {
             if case .document(let type) = mode { return type }
             return nil
-        case .envelope(let envelope)?:
-            return envelope.pending
-        case .object(let object)?:
-            return object.pending >= 0 ? object.schema.fields[object.pending].type : nil
-        case .array(let array)?:
-            return array.element
-        case .capture?, .skip?:
-            return nil
+        }
+        switch frames[top].kind {
+        case .envelope, .array: return frames[top].type
+        case .object:
+            let pending = frames[top].pending
+            return pending >= 0 ? frames[top].types![pending] : nil
+        case .capture, .skip: return nil
         }
     }
 
-    func deliver(_ value: WireValue?) {
-        switch stack.last {
-        case nil, .envelope?:
+    mutating func deliver(_ value: WireValue?) {
+        let top = frames.count - 1
+        guard top >= 0 else {
             result = value
-        case .object(let object)?:
-            if object.pending >= 0, let value { object.fields.values[object.pending] = value }
-            object.pending = -1
-        case .array(let array)?:
+            return
+        }
+        switch frames[top].kind {
+        case .envelope:
+            result = value
+        case .object:
+            let pending = frames[top].pending
+            if pending >= 0, let value { slots[frames[top].slotBase + pending] = value }
+            frames[top].pending = -1
+        case .array:
             if let value {
-                if array.values.count >= array.maxItems {
-                    fail("'\(path(through: stack.count - 1))' must have at most \(array.maxItems) items")
+                if frames[top].values.count >= frames[top].maxItems {
+                    let reason = "'\(path(through: top))' must have at most \(frames[top].maxItems) items"
+                    fail(reason)
                 } else {
-                    array.values.append(value)
+                    frames[top].values.append(value)
                 }
             }
-            array.index += 1
-        case .capture?, .skip?:
+            frames[top].index += 1
+        case .capture, .skip:
             break
         }
     }
 
-    /// Where an open brace or bracket lies inside a skipped or captured value, only depth counts.
-    func nest() -> Bool {
-        switch stack.last {
-        case .skip(let skip)?:
-            skip.depth += 1
-            return true
-        case .capture(let capture)?:
-            capture.depth += 1
-            return true
-        default:
-            return false
-        }
+    /// Inside a skipped or captured value only depth counts.
+    mutating func nest() -> Bool {
+        let top = frames.count - 1
+        guard top >= 0, frames[top].kind == .skip || frames[top].kind == .capture else { return false }
+        frames[top].depth += 1
+        return true
+    }
+
+    mutating func pushSkip() {
+        frames.append(Frame(kind: .skip))
+    }
+
+    mutating func pushObject(_ type: any WireDecodable.Type, isRequest: Bool) {
+        let schema = type.wireSchema
+        var frame = Frame(kind: .object)
+        frame.schema = schema
+        frame.types = schema.typeTable
+        frame.objectType = type
+        frame.isRequest = isRequest
+        frame.slotBase = slots.count
+        for _ in 0..<schema.count { slots.append(nil) }
+        frames.append(frame)
+    }
+
+    mutating func pushCapture(_ type: WireType) {
+        var frame = Frame(kind: .capture)
+        frame.start = previousEnd
+        frame.type = type
+        frames.append(frame)
     }
 
     // MARK: callbacks
 
-    func startMap() {
+    /// One complete value and nothing after it but JSON whitespace.
+    func isComplete(lineLength: Int, text: UnsafeRawBufferPointer) -> Bool {
+        guard topValues == 1, frames.isEmpty else { return false }
+        var index = topEnd
+        while index < lineLength {
+            let byte = text[index]
+            guard byte == 0x20 || byte == 0x09 || byte == 0x0D || byte == 0x0A else { return false }
+            index += 1
+        }
+        return true
+    }
+
+    /// Called when the stack empties: a top-level value is complete.
+    mutating func topValueEnded() {
+        topValues += 1
+        topEnd = consumed
+        if topValues > 1 { failStructure("a line must hold one JSON object") }
+    }
+
+    mutating func startMap() {
         defer { previousEnd = consumed }
         if nest() { return }
-        if stack.isEmpty, case .line = mode {
-            stack.append(.envelope(EnvelopeFrame()))
+        if frames.isEmpty, isLineMode {
+            frames.append(Frame(kind: .envelope))
             return
         }
-        if case .envelope? = stack.last, target() == nil {
-            stack.append(.skip(SkipFrame()))
-            return
-        }
+        let topIsEnvelope = !frames.isEmpty && frames[frames.count - 1].kind == .envelope
         guard var type = target() else {
-            stack.append(.skip(SkipFrame()))
+            pushSkip()
             return
         }
         if case .nullable(let inner) = type { type = inner }
         switch type {
         case .object(let objectType):
-            let isRequest: Bool
-            if case .envelope? = stack.last { isRequest = true } else { isRequest = false }
-            stack.append(.object(ObjectFrame(objectType, isRequest: isRequest)))
+            pushObject(objectType, isRequest: topIsEnvelope)
         case .union, .json:
-            stack.append(.capture(CaptureFrame(start: previousEnd, type: type)))
+            pushCapture(type)
         case .rejected:
-            fail("'\(path())' is read-only")
-            stack.append(.skip(SkipFrame()))
+            let reason = "'\(path())' is read-only"
+            fail(reason)
+            pushSkip()
         default:
             failMismatch(type)
-            stack.append(.skip(SkipFrame()))
+            pushSkip()
         }
     }
 
-    func mapKey(_ key: UnsafeRawBufferPointer) {
+    mutating func mapKey(_ key: UnsafeRawBufferPointer) {
         defer { previousEnd = consumed }
-        switch stack.last {
-        case .envelope(let envelope)?:
-            envelope.members += 1
-            if envelope.members > 1 {
+        let top = frames.count - 1
+        guard top >= 0 else { return }
+        switch frames[top].kind {
+        case .envelope:
+            frames[top].members += 1
+            if frames[top].members > 1 {
                 failStructure("a message must have exactly one member, the request name: {\"<request>\":{...}}")
                 requestName = nil
-                envelope.pending = nil
+                frames[top].type = nil
                 return
             }
             let name = String(decoding: key, as: UTF8.self)
             requestName = name
-            if case .line(let lookup) = mode, let type = lookup(name) {
-                envelope.pending = type
+            if case .line(let messages) = mode, let type = messages.wireType(named: name) {
+                frames[top].type = type
             } else {
                 fail("unknown request '\(name)'", kind: .unknownRequest)
-                envelope.pending = .object(UnknownRequest.self)
+                frames[top].type = .object(UnknownRequest.self)
             }
-        case .object(let object)?:
-            guard let index = object.schema.index(of: key) else {
-                object.pending = -1
-                if !object.schema.ignoresUnknownFields {
-                    fail("unknown field '\(path(last: String(decoding: key, as: UTF8.self)))'")
+        case .object:
+            let schema = frames[top].schema!
+            guard let index = schema.index(of: key) else {
+                frames[top].pending = -1
+                if !schema.ignoresUnknownFields && failure == nil {
+                    let reason = "unknown field '\(path(last: String(decoding: key, as: UTF8.self)))'"
+                    fail(reason)
                 }
                 return
             }
-            if failure != nil && !(object.isRequest && object.schema.fields[index].name == "cookie") {
-                object.pending = -1
+            if failure != nil && !(frames[top].isRequest && index == schema.cookieIndex) {
+                frames[top].pending = -1
                 return
             }
-            if object.fields.has(index) {
-                object.pending = index
-                fail("'\(path())' is given twice")
-                return
+            frames[top].pending = index
+            if slots[frames[top].slotBase + index] != nil {
+                let reason = "'\(path())' is given twice"
+                fail(reason)
             }
-            object.pending = index
         default:
             return
         }
     }
 
-    func endMap() {
-        defer { previousEnd = consumed }
-        switch stack.last {
-        case .skip(let skip)?:
-            skip.depth -= 1
-            if skip.depth == 0 {
-                stack.removeLast()
+    mutating func endMap() {
+        defer {
+            previousEnd = consumed
+            if frames.isEmpty { topValueEnded() }
+        }
+        let top = frames.count - 1
+        guard top >= 0 else { return }
+        switch frames[top].kind {
+        case .skip:
+            frames[top].depth -= 1
+            if frames[top].depth == 0 {
+                frames.removeLast()
                 deliver(nil)
             }
-        case .capture(let capture)?:
-            capture.depth -= 1
-            if capture.depth == 0 { finishCapture(capture) }
-        case .envelope(let envelope)?:
-            stack.removeLast()
-            if envelope.members == 0 {
+        case .capture:
+            frames[top].depth -= 1
+            if frames[top].depth == 0 { finishCapture() }
+        case .envelope:
+            let members = frames[top].members
+            frames.removeLast()
+            if members == 0 {
                 failStructure("a message must have exactly one member, the request name: {\"<request>\":{...}}")
             }
-        case .object(let object)?:
-            if failure == nil {
-                for index in object.schema.fields.indices where object.schema.fields[index].required && !object.fields.has(index) {
-                    fail("'\(path(last: object.schema.fields[index].name, through: stack.count - 1))' is required")
-                    break
-                }
-                let present = object.fields.values.reduce(0) { $1 == nil ? $0 : $0 + 1 }
-                if !object.schema.members.contains(present) {
-                    fail(object.schema.memberCountReason(path: path(through: stack.count - 1)))
-                }
-            }
-            stack.removeLast()
-            guard failure == nil else {
-                deliver(nil)
-                return
-            }
-            do {
-                deliver(.object(try object.type.init(wire: object.fields)))
-            } catch let error as WireFailure {
-                fail(error.reason, kind: error.kind)
-                deliver(nil)
-            } catch {
-                fail("\(error)", kind: .internal)
-                deliver(nil)
-            }
-        case .array?, nil:
+        case .object:
+            finishObject(top)
+        case .array:
             break
         }
     }
 
-    func startArray() {
+    private mutating func finishObject(_ top: Int) {
+        let frame = frames[top]
+        let schema = frame.schema!
+        if failure == nil {
+            if schema.hasRequired {
+                for index in 0..<schema.count where schema.required[index] && slots[frame.slotBase + index] == nil {
+                    let reason = "'\(path(last: schema.fields[index].name, through: top))' is required"
+                    fail(reason)
+                    break
+                }
+            }
+            if schema.members.lowerBound > 0 || schema.members.upperBound < Int.max {
+                var present = 0
+                for index in 0..<schema.count where slots[frame.slotBase + index] != nil { present += 1 }
+                if !schema.members.contains(present) {
+                    fail(schema.memberCountReason(path: path(through: top)))
+                }
+            }
+        }
+        var value: WireValue?
+        if failure == nil {
+            do {
+                let box = try slots.withUnsafeMutableBufferPointer { buffer in
+                    try frame.objectType!.decodeBox(WireFields(base: buffer.baseAddress! + frame.slotBase, count: schema.count))
+                }
+                value = .object(box)
+            } catch let error as WireFailure {
+                fail(error.reason, kind: error.kind)
+            } catch {
+                fail("\(error)", kind: .internal)
+            }
+        }
+        frames.removeLast()
+        slots.removeLast(schema.count)
+        deliver(value)
+    }
+
+    mutating func startArray() {
         defer { previousEnd = consumed }
         if nest() { return }
-        if stack.isEmpty, case .line = mode {
+        if frames.isEmpty, isLineMode {
             failStructure("a message must be a JSON object")
-            stack.append(.skip(SkipFrame()))
+            pushSkip()
             return
         }
-        if case .envelope(let envelope)? = stack.last {
-            if envelope.pending != nil { failStructure("the value of '\(requestName ?? "")' must be an object") }
-            stack.append(.skip(SkipFrame()))
+        if !frames.isEmpty && frames[frames.count - 1].kind == .envelope {
+            if frames[frames.count - 1].type != nil { failStructure("the value of '\(requestName ?? "")' must be an object") }
+            pushSkip()
             return
         }
         guard var type = target() else {
-            stack.append(.skip(SkipFrame()))
+            pushSkip()
             return
         }
         if case .nullable(let inner) = type { type = inner }
         switch type {
         case .array(let element, let minItems, let maxItems):
-            stack.append(.array(ArrayFrame(element: element, minItems: minItems, maxItems: maxItems)))
+            var frame = Frame(kind: .array)
+            frame.type = element
+            frame.minItems = minItems
+            frame.maxItems = maxItems
+            frames.append(frame)
         case .json(objectOnly: false):
-            stack.append(.capture(CaptureFrame(start: previousEnd, type: type)))
+            pushCapture(type)
         case .rejected:
-            fail("'\(path())' is read-only")
-            stack.append(.skip(SkipFrame()))
+            let reason = "'\(path())' is read-only"
+            fail(reason)
+            pushSkip()
         default:
             failMismatch(type)
-            stack.append(.skip(SkipFrame()))
+            pushSkip()
         }
     }
 
-    func endArray() {
-        defer { previousEnd = consumed }
-        switch stack.last {
-        case .skip(let skip)?:
-            skip.depth -= 1
-            if skip.depth == 0 {
-                stack.removeLast()
+    mutating func endArray() {
+        defer {
+            previousEnd = consumed
+            if frames.isEmpty { topValueEnded() }
+        }
+        let top = frames.count - 1
+        guard top >= 0 else { return }
+        switch frames[top].kind {
+        case .skip:
+            frames[top].depth -= 1
+            if frames[top].depth == 0 {
+                frames.removeLast()
                 deliver(nil)
             }
-        case .capture(let capture)?:
-            capture.depth -= 1
-            if capture.depth == 0 { finishCapture(capture) }
-        case .array(let array)?:
-            if array.values.count < array.minItems {
-                fail("'\(path(through: stack.count - 1))' must have at least \(array.minItems) item\(array.minItems == 1 ? "" : "s")")
+        case .capture:
+            frames[top].depth -= 1
+            if frames[top].depth == 0 { finishCapture() }
+        case .array:
+            let frame = frames.removeLast()
+            if frame.values.count < frame.minItems {
+                let reason = "'\(path())' must have at least \(frame.minItems) item\(frame.minItems == 1 ? "" : "s")"
+                fail(reason)
             }
-            stack.removeLast()
-            deliver(failure == nil ? .array(array.values) : nil)
+            deliver(failure == nil ? .array(frame.values) : nil)
         default:
             break
         }
     }
 
-    func scalar(_ value: Scalar) {
-        defer { previousEnd = consumed }
-        switch stack.last {
-        case .skip?, .capture?:
-            return
-        case nil:
-            if case .line = mode {
+    mutating func scalar(_ value: Scalar) {
+        let atTop = frames.isEmpty
+        defer {
+            previousEnd = consumed
+            if atTop { topValueEnded() }
+        }
+        let top = frames.count - 1
+        if top < 0 {
+            if isLineMode {
                 failStructure("a message must be a JSON object")
                 return
             }
-        case .envelope(let envelope)?:
-            if envelope.pending != nil { failStructure("the value of '\(requestName ?? "")' must be an object") }
-            return
-        default:
-            break
-        }
-        if case .object(let object)? = stack.last, object.isRequest, object.pending >= 0,
-           object.schema.fields[object.pending].name == "cookie", case .string(let text) = value {
-            cookie = String(decoding: text, as: UTF8.self)
+        } else {
+            switch frames[top].kind {
+            case .skip, .capture:
+                return
+            case .envelope:
+                if frames[top].type != nil { failStructure("the value of '\(requestName ?? "")' must be an object") }
+                return
+            case .object:
+                if frames[top].isRequest, frames[top].pending >= 0, frames[top].pending == frames[top].schema!.cookieIndex,
+                   case .string(let text) = value {
+                    cookie = String(decoding: text, as: UTF8.self)
+                }
+            case .array:
+                break
+            }
         }
         guard var type = target() else {
             deliver(nil)
@@ -529,7 +717,7 @@ private final class DecodeContext {
         deliver(convert(value, to: type))
     }
 
-    private func convert(_ value: Scalar, to type: WireType) -> WireValue? {
+    private mutating func convert(_ value: Scalar, to type: WireType) -> WireValue? {
         switch (type, value) {
         case (.string(let minBytes, let maxBytes), .string(let text)):
             if text.count < minBytes {
@@ -537,8 +725,14 @@ private final class DecodeContext {
                 return nil
             }
             if text.count > maxBytes {
-                fail("'\(path())' must be at most \(maxBytes) bytes")
+                let reason = "'\(path())' must be at most \(maxBytes) bytes"
+                fail(reason)
                 return nil
+            }
+            // Unescaped strings point into the line: keep the pointer. Escaped ones are in
+            // YAJL's scratch buffer, reused by the next string: copy them now.
+            if let start = text.baseAddress, let base, start >= base, start + text.count <= base + count {
+                return .text(text)
             }
             return .string(String(decoding: text, as: UTF8.self))
         case (.enumeration(let allowed), .string(let text)):
@@ -553,11 +747,13 @@ private final class DecodeContext {
             return nil
         case (.integer(let minimum, let maximum), .number(let text)):
             guard let number = parseInteger(text) else {
-                fail("'\(path())' must be an integer between \(minimum) and \(maximum)")
+                let reason = "'\(path())' must be an integer between \(minimum) and \(maximum)"
+                fail(reason)
                 return nil
             }
             guard number >= minimum && number <= maximum else {
-                fail("'\(path())' must be between \(minimum) and \(maximum)")
+                let reason = "'\(path())' must be between \(minimum) and \(maximum)"
+                fail(reason)
                 return nil
             }
             return .integer(number)
@@ -577,7 +773,8 @@ private final class DecodeContext {
             let raw = UnsafeRawBufferPointer(start: base! + previousEnd, count: consumed - previousEnd)
             return .json(JSONValue(compactJSON: WireDecoder.minify(raw)))
         case (.rejected, _):
-            fail("'\(path())' is read-only")
+            let reason = "'\(path())' is read-only"
+            fail(reason)
             return nil
         default:
             failMismatch(type)
@@ -585,25 +782,24 @@ private final class DecodeContext {
         }
     }
 
-    private func finishCapture(_ capture: CaptureFrame) {
-        stack.removeLast()
-        let raw = UnsafeRawBufferPointer(start: base! + capture.start, count: consumed - capture.start)
+    private mutating func finishCapture() {
+        let frame = frames.removeLast()
+        let raw = UnsafeRawBufferPointer(start: base! + frame.start, count: consumed - frame.start)
         let text = WireDecoder.minify(raw)
-        switch capture.type {
-        case .json(let objectOnly):
+        switch frame.type {
+        case .json(let objectOnly)?:
             if objectOnly && text.utf8.first != UInt8(ascii: "{") {
-                failMismatch(capture.type)
+                failMismatch(frame.type!)
                 deliver(nil)
                 return
             }
             deliver(.json(JSONValue(compactJSON: text)))
-        case .union(let unionType):
+        case .union(let unionType)?:
             guard failure == nil else {
                 deliver(nil)
                 return
             }
-            let isRequest: Bool
-            if case .envelope? = stack.last { isRequest = true } else { isRequest = false }
+            let isRequest = !frames.isEmpty && frames[frames.count - 1].kind == .envelope
             deliver(decodeUnion(unionType, text: text, isRequest: isRequest))
         default:
             deliver(nil)
@@ -612,7 +808,7 @@ private final class DecodeContext {
 
     /// A union is decoded once its bytes are complete: the discriminator picks the
     /// variant, then the bytes are decoded again as that variant.
-    private func decodeUnion(_ unionType: any WireUnionDecodable.Type, text: String, isRequest: Bool) -> WireValue? {
+    private mutating func decodeUnion(_ unionType: any WireUnionDecodable.Type, text: String, isRequest: Bool) -> WireValue? {
         let prefix = path()
         let tree = try? JSONTree.parse(text)
         if isRequest, let cookieValue = tree?["cookie"]?.stringValue { cookie = cookieValue }
@@ -628,8 +824,7 @@ private final class DecodeContext {
             return nil
         }
         do {
-            let value = try WireDecoder.decodeValue(.object(variant.type), from: Array(text.utf8), pathPrefix: prefix)
-            return value
+            return try WireDecoder.decodeValue(.object(variant.type), from: Array(text.utf8), pathPrefix: prefix)
         } catch let error as WireFailure {
             fail(error.reason, kind: error.kind)
             return nil
@@ -664,23 +859,37 @@ private final class DecodeContext {
     }
 }
 
+@inline(__always)
+private func state(_ context: UnsafeMutableRawPointer?) -> UnsafeMutablePointer<DecodeState> {
+    context!.assumingMemoryBound(to: DecodeState.self)
+}
+
+@inline(__always)
 private func bytes(_ pointer: UnsafePointer<UInt8>?, _ count: Int) -> UnsafeRawBufferPointer {
     UnsafeRawBufferPointer(start: pointer, count: count)
 }
 
-private let decodeCallbacks = yajl_callbacks(
-    yajl_null: { context in DecodeContext.from(context).scalar(.null); return 1 },
-    yajl_boolean: { context, value in DecodeContext.from(context).scalar(.bool(value != 0)); return 1 },
+/// YAJL keeps a pointer to its callbacks for the life of a handle, and handles live from
+/// line to line: the table has storage of its own that is never freed.
+nonisolated(unsafe) private let decodeCallbacks: UnsafePointer<yajl_callbacks> = {
+    let table = UnsafeMutablePointer<yajl_callbacks>.allocate(capacity: 1)
+    table.initialize(to: decodeCallbackTable)
+    return UnsafePointer(table)
+}()
+
+private let decodeCallbackTable = yajl_callbacks(
+    yajl_null: { context in state(context).pointee.scalar(.null); return 1 },
+    yajl_boolean: { context, value in state(context).pointee.scalar(.bool(value != 0)); return 1 },
     yajl_integer: nil,
     yajl_double: nil,
     yajl_number: { context, pointer, count in
-        DecodeContext.from(context).scalar(.number(UnsafeRawBufferPointer(start: pointer, count: count)))
+        state(context).pointee.scalar(.number(UnsafeRawBufferPointer(start: pointer, count: count)))
         return 1
     },
-    yajl_string: { context, pointer, count in DecodeContext.from(context).scalar(.string(bytes(pointer, count))); return 1 },
-    yajl_start_map: { context in DecodeContext.from(context).startMap(); return 1 },
-    yajl_map_key: { context, pointer, count in DecodeContext.from(context).mapKey(bytes(pointer, count)); return 1 },
-    yajl_end_map: { context in DecodeContext.from(context).endMap(); return 1 },
-    yajl_start_array: { context in DecodeContext.from(context).startArray(); return 1 },
-    yajl_end_array: { context in DecodeContext.from(context).endArray(); return 1 }
+    yajl_string: { context, pointer, count in state(context).pointee.scalar(.string(bytes(pointer, count))); return 1 },
+    yajl_start_map: { context in state(context).pointee.startMap(); return 1 },
+    yajl_map_key: { context, pointer, count in state(context).pointee.mapKey(bytes(pointer, count)); return 1 },
+    yajl_end_map: { context in state(context).pointee.endMap(); return 1 },
+    yajl_start_array: { context in state(context).pointee.startArray(); return 1 },
+    yajl_end_array: { context in state(context).pointee.endArray(); return 1 }
 )

@@ -59,19 +59,56 @@ public struct WireField: Sendable {
 }
 
 /// The members of an object, in schema order. Unknown members are rejected.
-public struct WireSchema: Sendable {
+///
+/// A class, made once per type and never changed (hence `@unchecked Sendable`: its
+/// tables are raw memory): the decoder keeps an unowned reference per open object,
+/// and looks member names up in one flat byte table (no per-lookup copies or retains).
+public final class WireSchema: @unchecked Sendable {
     public let fields: [WireField]
     /// Unknown members are skipped instead of rejected (used for unknown requests,
     /// where only the cookie is of interest).
     public let ignoresUnknownFields: Bool
     /// How many members may be present (`minProperties`/`maxProperties`).
     public let members: ClosedRange<Int>
+    /// The index of the `cookie` member, if the object has one.
+    let cookieIndex: Int
+    let types: ContiguousArray<WireType>
+    /// The same types in memory that is never freed (schemas are made once per type and
+    /// live as long as the process), so the decoder can read them without retaining.
+    let typeTable: UnsafePointer<WireType>
+    let required: ContiguousArray<Bool>
+    let hasRequired: Bool
+    /// Every member name, back to back, and where each starts (count + 1 offsets), in
+    /// never-freed memory like `typeTable`.
+    private let nameBytes: UnsafePointer<UInt8>
+    private let nameOffsets: UnsafePointer<Int>
 
     public init(_ fields: [WireField], members: ClosedRange<Int>? = nil, ignoresUnknownFields: Bool = false) {
         self.fields = fields
         self.ignoresUnknownFields = ignoresUnknownFields
         self.members = members ?? 0...Int.max
+        self.cookieIndex = fields.firstIndex { $0.name == "cookie" } ?? -1
+        self.types = ContiguousArray(fields.map(\.type))
+        let table = UnsafeMutablePointer<WireType>.allocate(capacity: max(fields.count, 1))
+        table.initialize(from: fields.map(\.type), count: fields.count)
+        self.typeTable = UnsafePointer(table)
+        self.required = ContiguousArray(fields.map(\.required))
+        self.hasRequired = fields.contains { $0.required }
+        var bytes: [UInt8] = []
+        var offsets: [Int] = [0]
+        for field in fields {
+            bytes.append(contentsOf: field.nameBytes)
+            offsets.append(bytes.count)
+        }
+        let names = UnsafeMutablePointer<UInt8>.allocate(capacity: max(bytes.count, 1))
+        names.initialize(from: bytes, count: bytes.count)
+        let starts = UnsafeMutablePointer<Int>.allocate(capacity: offsets.count)
+        starts.initialize(from: offsets, count: offsets.count)
+        self.nameBytes = UnsafePointer(names)
+        self.nameOffsets = UnsafePointer(starts)
     }
+
+    var count: Int { types.count }
 
     /// The reason given when the number of members is out of `members`.
     func memberCountReason(path: String) -> String {
@@ -88,11 +125,16 @@ public struct WireSchema: Sendable {
 
     @inline(__always)
     func index(of key: UnsafeRawBufferPointer) -> Int? {
-        for index in fields.indices {
-            let name = fields[index].nameBytes
-            if name.count == key.count && name.withUnsafeBytes({ memcmp($0.baseAddress!, key.baseAddress!, key.count) == 0 }) {
-                return index
-            }
+        let length = key.count
+        guard let keyBase = key.baseAddress?.assumingMemoryBound(to: UInt8.self) else {
+            for index in 0..<count where nameOffsets[index + 1] == nameOffsets[index] { return index }
+            return nil
+        }
+        let first = keyBase[0]
+        for index in 0..<count {
+            let start = nameOffsets[index]
+            guard nameOffsets[index + 1] - start == length, nameBytes[start] == first else { continue }
+            if memcmp(nameBytes + start, keyBase, length) == 0 { return index }
         }
         return nil
     }
@@ -143,63 +185,67 @@ public struct WireFailure: Error, Sendable, Equatable {
 /// it into its typed property.
 public enum WireValue: @unchecked Sendable {
     case string(String)
+    /// A string still in the line being decoded (it had no escapes): made into a
+    /// `String` only when a generated initialiser asks for it, so a request that fails
+    /// never pays for its strings. Valid only while that line is being decoded.
+    case text(UnsafeRawBufferPointer)
     case integer(Int64)
     case bool(Bool)
     case json(JSONValue)
-    case object(any WireDecodable)
+    case object(WireBox)
     case array([WireValue])
     case null
 }
 
-/// The checked members of one object, by schema index, handed to a generated initialiser.
-public struct WireFields: Sendable {
-    var values: [WireValue?]
+/// A decoded object, boxed so that `WireValue` stays small; `TypedWireBox<T>` holds it.
+public class WireBox: @unchecked Sendable {
+    /// The decoded value, for code that does not know its type.
+    public var anyValue: any WireDecodable { fatalError("abstract") }
+}
 
-    init(count: Int) {
-        values = Array(repeating: nil, count: count)
+public final class TypedWireBox<T: WireDecodable>: WireBox, @unchecked Sendable {
+    public let value: T
+
+    public init(_ value: T) {
+        self.value = value
     }
 
-    public func has(_ index: Int) -> Bool { values[index] != nil }
+    public override var anyValue: any WireDecodable { value }
+}
+
+extension WireDecodable {
+    /// Builds the value and boxes it (called through the metatype, so the box is typed).
+    public static func decodeBox(_ fields: WireFields) throws -> WireBox {
+        TypedWireBox(try Self(wire: fields))
+    }
+}
+
+/// The checked members of one object, by schema index, handed to a generated
+/// initialiser. A view over the decoder's slots: valid only during that call.
+public struct WireFields {
+    let base: UnsafeMutablePointer<WireValue?>
+    let count: Int
+
+    @inline(__always)
+    public func has(_ index: Int) -> Bool { base[index] != nil }
 
     private func value(_ index: Int) throws -> WireValue {
-        guard let value = values[index] else { throw WireFailure(.internal, "member \(index) is missing") }
+        guard let value = base[index] else { throw WireFailure(.internal, "member \(index) is missing") }
         return value
     }
 
-    public func string(_ index: Int) throws -> String { try value(index).string() }
-    public func optionalString(_ index: Int) throws -> String? { try values[index].map { try $0.string() } }
-    public func integer(_ index: Int) throws -> Int64 { try value(index).integer() }
-    public func optionalInteger(_ index: Int) throws -> Int64? { try values[index].map { try $0.integer() } }
-    public func bool(_ index: Int) throws -> Bool { try value(index).bool() }
-    public func optionalBool(_ index: Int) throws -> Bool? { try values[index].map { try $0.bool() } }
-    public func json(_ index: Int) throws -> JSONValue { try value(index).json() }
-    public func optionalJSON(_ index: Int) throws -> JSONValue? { try values[index].map { try $0.json() } }
+    /// A required member, converted (generated initialisers call this).
+    @inline(__always)
+    public func required<T>(_ index: Int, _ convert: (WireValue) throws -> T) throws -> T {
+        guard let value = base[index] else { throw WireFailure(.internal, "member \(index) is missing") }
+        return try convert(value)
+    }
 
-    public func object<T: WireDecodable>(_ index: Int, _ type: T.Type) throws -> T { try value(index).object(type) }
-    public func optionalObject<T: WireDecodable>(_ index: Int, _ type: T.Type) throws -> T? {
-        try values[index].map { try $0.object(type) }
-    }
-    public func union<T: WireUnionDecodable>(_ index: Int, _ type: T.Type) throws -> T { try value(index).union(type) }
-    public func optionalUnion<T: WireUnionDecodable>(_ index: Int, _ type: T.Type) throws -> T? {
-        try values[index].map { try $0.union(type) }
-    }
-    public func enumeration<T: RawRepresentable>(_ index: Int, _ type: T.Type) throws -> T where T.RawValue == String {
-        try value(index).enumeration(type)
-    }
-    public func optionalEnumeration<T: RawRepresentable>(_ index: Int, _ type: T.Type) throws -> T? where T.RawValue == String {
-        try values[index].map { try $0.enumeration(type) }
-    }
-    public func array<T>(_ index: Int, _ element: (WireValue) throws -> T) throws -> [T] {
-        try value(index).array().map(element)
-    }
-    public func optionalArray<T>(_ index: Int, _ element: (WireValue) throws -> T) throws -> [T]? {
-        try values[index].map { try $0.array().map(element) }
-    }
-    /// A member that may be absent, `null`, or a value (listChange elements, `localData: null`).
-    public func nullable<T>(_ index: Int, _ element: (WireValue) throws -> T) throws -> Nullable<T>? {
-        guard let value = values[index] else { return nil }
-        if case .null = value { return .null }
-        return .value(try element(value))
+    /// An optional member, converted when present.
+    @inline(__always)
+    public func optional<T>(_ index: Int, _ convert: (WireValue) throws -> T) throws -> T? {
+        guard let value = base[index] else { return nil }
+        return try convert(value)
     }
 }
 
@@ -207,8 +253,11 @@ extension WireValue {
     private func mismatch(_ what: String) -> WireFailure { WireFailure(.internal, "decoded value is not \(what)") }
 
     public func string() throws -> String {
-        guard case .string(let value) = self else { throw mismatch("a string") }
-        return value
+        switch self {
+        case .string(let value): return value
+        case .text(let bytes): return String(decoding: bytes, as: UTF8.self)
+        default: throw mismatch("a string")
+        }
     }
     public func integer() throws -> Int64 {
         guard case .integer(let value) = self else { throw mismatch("an integer") }
@@ -223,15 +272,15 @@ extension WireValue {
         return value
     }
     public func object<T: WireDecodable>(_ type: T.Type) throws -> T {
-        guard case .object(let value) = self, let typed = value as? T else { throw mismatch("\(T.self)") }
-        return typed
+        guard case .object(let box) = self, let typed = box as? TypedWireBox<T> else { throw mismatch("\(T.self)") }
+        return typed.value
     }
     public func union<T: WireUnionDecodable>(_ type: T.Type) throws -> T {
-        guard case .object(let value) = self else { throw mismatch("\(T.self)") }
-        return try T(variant: value)
+        guard case .object(let box) = self else { throw mismatch("\(T.self)") }
+        return try T(variant: box.anyValue)
     }
     public func enumeration<T: RawRepresentable>(_ type: T.Type) throws -> T where T.RawValue == String {
-        guard case .string(let raw) = self, let value = T(rawValue: raw) else { throw mismatch("\(T.self)") }
+        guard let value = T(rawValue: try string()) else { throw mismatch("\(T.self)") }
         return value
     }
     public func array() throws -> [WireValue] {
@@ -261,19 +310,6 @@ import Musl
 #elseif canImport(Darwin)
 import Darwin
 #endif
-
-extension WireFields {
-    /// A required member, converted (generated initialisers call this).
-    public func required<T>(_ index: Int, _ convert: (WireValue) throws -> T) throws -> T {
-        guard let value = values[index] else { throw WireFailure(.internal, "member \(index) is missing") }
-        return try convert(value)
-    }
-
-    /// An optional member, converted when present.
-    public func optional<T>(_ index: Int, _ convert: (WireValue) throws -> T) throws -> T? {
-        try values[index].map(convert)
-    }
-}
 
 extension WireValue {
     /// `null` or a value (for `Nullable` members).

@@ -1,5 +1,11 @@
 import CYAJL
 
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// Runs YAJL over one complete buffer (one line) with the given callbacks.
 ///
 /// YAJL is fed the whole line in one call, so every token lies in that buffer and
@@ -9,6 +15,49 @@ import CYAJL
 enum YAJL {
     struct SyntaxError: Error {
         let message: String
+    }
+
+    /// Parses one line with a handle kept from line to line (`yajl_allow_multiple_values`):
+    /// YAJL then allocates nothing per line. `isComplete` says whether the line held one
+    /// complete value and nothing after it but whitespace; when it did not, or YAJL
+    /// failed, the handle is freed and set to nil (its state is mid-value) and the next
+    /// line gets a fresh one.
+    static func parse(
+        _ text: UnsafeRawBufferPointer,
+        reusing handle: inout yajl_handle?,
+        callbacks: UnsafePointer<yajl_callbacks>,
+        context: UnsafeMutableRawPointer,
+        isComplete: () -> Bool
+    ) -> SyntaxError? {
+        if text.isEmpty { return SyntaxError(message: "the line is empty") }
+        if let bad = firstNonJSONWhitespace(text) {
+            return SyntaxError(message: "invalid character at byte \(bad + 1)")
+        }
+        if handle == nil {
+            handle = yajl_alloc(callbacks, nil, context)
+            guard let fresh = handle else { return SyntaxError(message: "out of memory") }
+            _ = chatcore_yajl_allow_multiple_values(fresh)
+        }
+        let base = text.baseAddress!.assumingMemoryBound(to: UInt8.self)
+        let status = yajl_parse(handle, base, text.count)
+        if status == yajl_status_ok && isComplete() { return nil }
+        var message = "the line ends before the message does"
+        if status != yajl_status_ok {
+            let offset = yajl_get_bytes_consumed(handle)
+            message = "not valid JSON"
+            if let raw = yajl_get_error(handle, 0, base, text.count) {
+                message = String(cString: raw)
+                    .trimmingSpaces()
+                    .replacingPrefix("lexical error: ", with: "")
+                    .replacingPrefix("parse error: ", with: "")
+                yajl_free_error(handle, raw)
+            }
+            if message.hasSuffix(".") { message.removeLast() }
+            message += " (near byte \(offset + 1))"
+        }
+        yajl_free(handle)
+        handle = nil
+        return SyntaxError(message: message)
     }
 
     static func parse(
@@ -49,8 +98,10 @@ enum YAJL {
     /// Form feed (0x0C) and vertical tab (0x0B) are never valid in a JSON text: outside
     /// strings they are not whitespace, inside strings control characters must be escaped.
     private static func firstNonJSONWhitespace(_ text: UnsafeRawBufferPointer) -> Int? {
-        if let formFeed = text.firstIndex(of: 0x0C) { return formFeed }
-        return text.firstIndex(of: 0x0B)
+        let base = text.baseAddress!
+        if let found = memchr(base, 0x0C, text.count) { return base.distance(to: UnsafeRawPointer(found)) }
+        if let found = memchr(base, 0x0B, text.count) { return base.distance(to: UnsafeRawPointer(found)) }
+        return nil
     }
 }
 

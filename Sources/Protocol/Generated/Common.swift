@@ -37,8 +37,8 @@ public struct MessageRef: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("tag"); writer.string(self.tag)
-        writer.key("messageId"); writer.id64(self.messageId)
+        writer.rawKey("\"tag\":"); writer.string(self.tag)
+        writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
         writer.endObject()
     }
 }
@@ -67,8 +67,8 @@ public struct Invitee: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        if let value = self.regId { writer.key("regId"); writer.id64(value) }
-        if let value = self.userId { writer.key("userId"); writer.string(value) }
+        if let value = self.regId { writer.rawKey("\"regId\":"); writer.id64(value) }
+        if let value = self.userId { writer.rawKey("\"userId\":"); writer.string(value) }
         writer.endObject()
     }
 }
@@ -124,9 +124,9 @@ public struct RefBy: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("tag"); writer.string(self.tag)
-        writer.key("newestRef"); writer.id64(self.newestRef)
-        writer.key("count"); writer.integer(self.count)
+        writer.rawKey("\"tag\":"); writer.string(self.tag)
+        writer.rawKey("\"newestRef\":"); writer.id64(self.newestRef)
+        writer.rawKey("\"count\":"); writer.integer(self.count)
         writer.endObject()
     }
 }
@@ -155,8 +155,8 @@ public struct MessageKey: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("messageId"); writer.id64(self.messageId)
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
         writer.endObject()
     }
 }

@@ -22,26 +22,27 @@ public enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
     case chatEvent(ChatEvent)
     case searchResult(SearchResult)
 
+    private static let wireTypes: [String: WireType] = [
+        "requestFailed": .object(RequestFailed.self),
+        "setupError": .object(SetupError.self),
+        "listAdd": .union(ListAdd.self),
+        "listChange": .union(ListChange.self),
+        "listRemove": .union(ListRemove.self),
+        "listChunk": .union(ListChunk.self),
+        "listAll": .object(ListAll.self),
+        "listElements": .union(ListElements.self),
+        "listMatching": .union(ListMatching.self),
+        "listChanges": .object(ListChanges.self),
+        "chatStarted": .object(ChatStarted.self),
+        "chatStartFailed": .object(ChatStartFailed.self),
+        "chatMessageState": .object(ChatMessageStateEvent.self),
+        "identities": .object(Identities.self),
+        "chatEvent": .object(ChatEvent.self),
+        "searchResult": .object(SearchResult.self),
+    ]
+
     public static func wireType(named name: String) -> WireType? {
-        switch name {
-        case "requestFailed": return .object(RequestFailed.self)
-        case "setupError": return .object(SetupError.self)
-        case "listAdd": return .union(ListAdd.self)
-        case "listChange": return .union(ListChange.self)
-        case "listRemove": return .union(ListRemove.self)
-        case "listChunk": return .union(ListChunk.self)
-        case "listAll": return .object(ListAll.self)
-        case "listElements": return .union(ListElements.self)
-        case "listMatching": return .union(ListMatching.self)
-        case "listChanges": return .object(ListChanges.self)
-        case "chatStarted": return .object(ChatStarted.self)
-        case "chatStartFailed": return .object(ChatStartFailed.self)
-        case "chatMessageState": return .object(ChatMessageStateEvent.self)
-        case "identities": return .object(Identities.self)
-        case "chatEvent": return .object(ChatEvent.self)
-        case "searchResult": return .object(SearchResult.self)
-        default: return nil
-        }
+        wireTypes[name]
     }
 
     public init(name: String, value: WireValue) throws {
@@ -93,22 +94,22 @@ public enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         switch self {
-        case .requestFailed(let value): writer.key("requestFailed"); value.encode(to: &writer)
-        case .setupError(let value): writer.key("setupError"); value.encode(to: &writer)
-        case .listAdd(let value): writer.key("listAdd"); value.encode(to: &writer)
-        case .listChange(let value): writer.key("listChange"); value.encode(to: &writer)
-        case .listRemove(let value): writer.key("listRemove"); value.encode(to: &writer)
-        case .listChunk(let value): writer.key("listChunk"); value.encode(to: &writer)
-        case .listAll(let value): writer.key("listAll"); value.encode(to: &writer)
-        case .listElements(let value): writer.key("listElements"); value.encode(to: &writer)
-        case .listMatching(let value): writer.key("listMatching"); value.encode(to: &writer)
-        case .listChanges(let value): writer.key("listChanges"); value.encode(to: &writer)
-        case .chatStarted(let value): writer.key("chatStarted"); value.encode(to: &writer)
-        case .chatStartFailed(let value): writer.key("chatStartFailed"); value.encode(to: &writer)
-        case .chatMessageState(let value): writer.key("chatMessageState"); value.encode(to: &writer)
-        case .identities(let value): writer.key("identities"); value.encode(to: &writer)
-        case .chatEvent(let value): writer.key("chatEvent"); value.encode(to: &writer)
-        case .searchResult(let value): writer.key("searchResult"); value.encode(to: &writer)
+        case .requestFailed(let value): writer.rawKey("\"requestFailed\":"); value.encode(to: &writer)
+        case .setupError(let value): writer.rawKey("\"setupError\":"); value.encode(to: &writer)
+        case .listAdd(let value): writer.rawKey("\"listAdd\":"); value.encode(to: &writer)
+        case .listChange(let value): writer.rawKey("\"listChange\":"); value.encode(to: &writer)
+        case .listRemove(let value): writer.rawKey("\"listRemove\":"); value.encode(to: &writer)
+        case .listChunk(let value): writer.rawKey("\"listChunk\":"); value.encode(to: &writer)
+        case .listAll(let value): writer.rawKey("\"listAll\":"); value.encode(to: &writer)
+        case .listElements(let value): writer.rawKey("\"listElements\":"); value.encode(to: &writer)
+        case .listMatching(let value): writer.rawKey("\"listMatching\":"); value.encode(to: &writer)
+        case .listChanges(let value): writer.rawKey("\"listChanges\":"); value.encode(to: &writer)
+        case .chatStarted(let value): writer.rawKey("\"chatStarted\":"); value.encode(to: &writer)
+        case .chatStartFailed(let value): writer.rawKey("\"chatStartFailed\":"); value.encode(to: &writer)
+        case .chatMessageState(let value): writer.rawKey("\"chatMessageState\":"); value.encode(to: &writer)
+        case .identities(let value): writer.rawKey("\"identities\":"); value.encode(to: &writer)
+        case .chatEvent(let value): writer.rawKey("\"chatEvent\":"); value.encode(to: &writer)
+        case .searchResult(let value): writer.rawKey("\"searchResult\":"); value.encode(to: &writer)
         }
         writer.endObject()
         writer.endLine()

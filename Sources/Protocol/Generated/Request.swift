@@ -30,34 +30,35 @@ public enum Request: Sendable, Equatable, WireMessageSet, WireEncodable {
     case chatEventSend(ChatEventSend)
     case search(Search)
 
+    private static let wireTypes: [String: WireType] = [
+        "authToken": .object(AuthToken.self),
+        "identitiesGet": .object(IdentitiesGet.self),
+        "requestListAll": .object(RequestListAll.self),
+        "requestListElements": .union(RequestListElements.self),
+        "requestListMatching": .union(RequestListMatching.self),
+        "requestListChange": .union(RequestListChange.self),
+        "requestListChanges": .object(RequestListChanges.self),
+        "chatStart": .object(ChatStart.self),
+        "chatInvite": .object(ChatInvite.self),
+        "chatLeave": .object(ChatLeave.self),
+        "participantRemove": .object(ParticipantRemove.self),
+        "participantPromote": .object(ParticipantPromote.self),
+        "participantDemote": .object(ParticipantDemote.self),
+        "chatHide": .object(ChatHide.self),
+        "chatMessageSend": .object(ChatMessageSend.self),
+        "chatMessageRead": .object(ChatMessageRead.self),
+        "chatMessageStateGet": .object(ChatMessageStateGet.self),
+        "chatMessageDelete": .object(ChatMessageDelete.self),
+        "chatMessageDestroy": .object(ChatMessageDestroy.self),
+        "chatMessageFileDownload": .object(ChatMessageFileDownload.self),
+        "chatMessageDetach": .object(ChatMessageDetach.self),
+        "chatTyping": .object(ChatTyping.self),
+        "chatEventSend": .object(ChatEventSend.self),
+        "search": .object(Search.self),
+    ]
+
     public static func wireType(named name: String) -> WireType? {
-        switch name {
-        case "authToken": return .object(AuthToken.self)
-        case "identitiesGet": return .object(IdentitiesGet.self)
-        case "requestListAll": return .object(RequestListAll.self)
-        case "requestListElements": return .union(RequestListElements.self)
-        case "requestListMatching": return .union(RequestListMatching.self)
-        case "requestListChange": return .union(RequestListChange.self)
-        case "requestListChanges": return .object(RequestListChanges.self)
-        case "chatStart": return .object(ChatStart.self)
-        case "chatInvite": return .object(ChatInvite.self)
-        case "chatLeave": return .object(ChatLeave.self)
-        case "participantRemove": return .object(ParticipantRemove.self)
-        case "participantPromote": return .object(ParticipantPromote.self)
-        case "participantDemote": return .object(ParticipantDemote.self)
-        case "chatHide": return .object(ChatHide.self)
-        case "chatMessageSend": return .object(ChatMessageSend.self)
-        case "chatMessageRead": return .object(ChatMessageRead.self)
-        case "chatMessageStateGet": return .object(ChatMessageStateGet.self)
-        case "chatMessageDelete": return .object(ChatMessageDelete.self)
-        case "chatMessageDestroy": return .object(ChatMessageDestroy.self)
-        case "chatMessageFileDownload": return .object(ChatMessageFileDownload.self)
-        case "chatMessageDetach": return .object(ChatMessageDetach.self)
-        case "chatTyping": return .object(ChatTyping.self)
-        case "chatEventSend": return .object(ChatEventSend.self)
-        case "search": return .object(Search.self)
-        default: return nil
-        }
+        wireTypes[name]
     }
 
     public init(name: String, value: WireValue) throws {
@@ -154,30 +155,30 @@ public enum Request: Sendable, Equatable, WireMessageSet, WireEncodable {
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         switch self {
-        case .authToken(let value): writer.key("authToken"); value.encode(to: &writer)
-        case .identitiesGet(let value): writer.key("identitiesGet"); value.encode(to: &writer)
-        case .requestListAll(let value): writer.key("requestListAll"); value.encode(to: &writer)
-        case .requestListElements(let value): writer.key("requestListElements"); value.encode(to: &writer)
-        case .requestListMatching(let value): writer.key("requestListMatching"); value.encode(to: &writer)
-        case .requestListChange(let value): writer.key("requestListChange"); value.encode(to: &writer)
-        case .requestListChanges(let value): writer.key("requestListChanges"); value.encode(to: &writer)
-        case .chatStart(let value): writer.key("chatStart"); value.encode(to: &writer)
-        case .chatInvite(let value): writer.key("chatInvite"); value.encode(to: &writer)
-        case .chatLeave(let value): writer.key("chatLeave"); value.encode(to: &writer)
-        case .participantRemove(let value): writer.key("participantRemove"); value.encode(to: &writer)
-        case .participantPromote(let value): writer.key("participantPromote"); value.encode(to: &writer)
-        case .participantDemote(let value): writer.key("participantDemote"); value.encode(to: &writer)
-        case .chatHide(let value): writer.key("chatHide"); value.encode(to: &writer)
-        case .chatMessageSend(let value): writer.key("chatMessageSend"); value.encode(to: &writer)
-        case .chatMessageRead(let value): writer.key("chatMessageRead"); value.encode(to: &writer)
-        case .chatMessageStateGet(let value): writer.key("chatMessageStateGet"); value.encode(to: &writer)
-        case .chatMessageDelete(let value): writer.key("chatMessageDelete"); value.encode(to: &writer)
-        case .chatMessageDestroy(let value): writer.key("chatMessageDestroy"); value.encode(to: &writer)
-        case .chatMessageFileDownload(let value): writer.key("chatMessageFileDownload"); value.encode(to: &writer)
-        case .chatMessageDetach(let value): writer.key("chatMessageDetach"); value.encode(to: &writer)
-        case .chatTyping(let value): writer.key("chatTyping"); value.encode(to: &writer)
-        case .chatEventSend(let value): writer.key("chatEventSend"); value.encode(to: &writer)
-        case .search(let value): writer.key("search"); value.encode(to: &writer)
+        case .authToken(let value): writer.rawKey("\"authToken\":"); value.encode(to: &writer)
+        case .identitiesGet(let value): writer.rawKey("\"identitiesGet\":"); value.encode(to: &writer)
+        case .requestListAll(let value): writer.rawKey("\"requestListAll\":"); value.encode(to: &writer)
+        case .requestListElements(let value): writer.rawKey("\"requestListElements\":"); value.encode(to: &writer)
+        case .requestListMatching(let value): writer.rawKey("\"requestListMatching\":"); value.encode(to: &writer)
+        case .requestListChange(let value): writer.rawKey("\"requestListChange\":"); value.encode(to: &writer)
+        case .requestListChanges(let value): writer.rawKey("\"requestListChanges\":"); value.encode(to: &writer)
+        case .chatStart(let value): writer.rawKey("\"chatStart\":"); value.encode(to: &writer)
+        case .chatInvite(let value): writer.rawKey("\"chatInvite\":"); value.encode(to: &writer)
+        case .chatLeave(let value): writer.rawKey("\"chatLeave\":"); value.encode(to: &writer)
+        case .participantRemove(let value): writer.rawKey("\"participantRemove\":"); value.encode(to: &writer)
+        case .participantPromote(let value): writer.rawKey("\"participantPromote\":"); value.encode(to: &writer)
+        case .participantDemote(let value): writer.rawKey("\"participantDemote\":"); value.encode(to: &writer)
+        case .chatHide(let value): writer.rawKey("\"chatHide\":"); value.encode(to: &writer)
+        case .chatMessageSend(let value): writer.rawKey("\"chatMessageSend\":"); value.encode(to: &writer)
+        case .chatMessageRead(let value): writer.rawKey("\"chatMessageRead\":"); value.encode(to: &writer)
+        case .chatMessageStateGet(let value): writer.rawKey("\"chatMessageStateGet\":"); value.encode(to: &writer)
+        case .chatMessageDelete(let value): writer.rawKey("\"chatMessageDelete\":"); value.encode(to: &writer)
+        case .chatMessageDestroy(let value): writer.rawKey("\"chatMessageDestroy\":"); value.encode(to: &writer)
+        case .chatMessageFileDownload(let value): writer.rawKey("\"chatMessageFileDownload\":"); value.encode(to: &writer)
+        case .chatMessageDetach(let value): writer.rawKey("\"chatMessageDetach\":"); value.encode(to: &writer)
+        case .chatTyping(let value): writer.rawKey("\"chatTyping\":"); value.encode(to: &writer)
+        case .chatEventSend(let value): writer.rawKey("\"chatEventSend\":"); value.encode(to: &writer)
+        case .search(let value): writer.rawKey("\"search\":"); value.encode(to: &writer)
         }
         writer.endObject()
         writer.endLine()

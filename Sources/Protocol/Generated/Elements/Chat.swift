@@ -22,7 +22,7 @@ public struct ChatKey: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         writer.endObject()
     }
 }
@@ -102,17 +102,17 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("subject"); writer.string(self.subject)
-        writer.key("state"); writer.string(self.state.rawValue)
-        writer.key("flags"); writer.string(self.flags)
-        writer.key("lastMessage"); writer.id64(self.lastMessage)
-        writer.key("numMessages"); writer.id64(self.numMessages)
-        writer.key("numUnread"); writer.integer(self.numUnread)
-        writer.key("lastActivity"); writer.integer(self.lastActivity)
-        writer.key("invitePolicy"); writer.string(self.invitePolicy.rawValue)
-        if let value = self.data { writer.key("data"); writer.json(value) }
-        if let value = self.localData { writer.key("localData"); writer.json(value) }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"subject\":"); writer.string(self.subject)
+        writer.rawKey("\"state\":"); writer.string(self.state.rawValue)
+        writer.rawKey("\"flags\":"); writer.string(self.flags)
+        writer.rawKey("\"lastMessage\":"); writer.id64(self.lastMessage)
+        writer.rawKey("\"numMessages\":"); writer.id64(self.numMessages)
+        writer.rawKey("\"numUnread\":"); writer.integer(self.numUnread)
+        writer.rawKey("\"lastActivity\":"); writer.integer(self.lastActivity)
+        writer.rawKey("\"invitePolicy\":"); writer.string(self.invitePolicy.rawValue)
+        if let value = self.data { writer.rawKey("\"data\":"); writer.json(value) }
+        if let value = self.localData { writer.rawKey("\"localData\":"); writer.json(value) }
         writer.endObject()
     }
 }
@@ -176,17 +176,17 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        if let value = self.subject { writer.key("subject"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
-        if let value = self.state { writer.key("state"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
-        if let value = self.flags { writer.key("flags"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
-        if let value = self.lastMessage { writer.key("lastMessage"); switch value { case .null: writer.null(); case .value(let inner): writer.id64(inner) } }
-        if let value = self.numMessages { writer.key("numMessages"); switch value { case .null: writer.null(); case .value(let inner): writer.id64(inner) } }
-        if let value = self.numUnread { writer.key("numUnread"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
-        if let value = self.lastActivity { writer.key("lastActivity"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
-        if let value = self.invitePolicy { writer.key("invitePolicy"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
-        if let value = self.data { writer.key("data"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
-        if let value = self.localData { writer.key("localData"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        if let value = self.subject { writer.rawKey("\"subject\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
+        if let value = self.state { writer.rawKey("\"state\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
+        if let value = self.flags { writer.rawKey("\"flags\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
+        if let value = self.lastMessage { writer.rawKey("\"lastMessage\":"); switch value { case .null: writer.null(); case .value(let inner): writer.id64(inner) } }
+        if let value = self.numMessages { writer.rawKey("\"numMessages\":"); switch value { case .null: writer.null(); case .value(let inner): writer.id64(inner) } }
+        if let value = self.numUnread { writer.rawKey("\"numUnread\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
+        if let value = self.lastActivity { writer.rawKey("\"lastActivity\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
+        if let value = self.invitePolicy { writer.rawKey("\"invitePolicy\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
+        if let value = self.data { writer.rawKey("\"data\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
+        if let value = self.localData { writer.rawKey("\"localData\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
         writer.endObject()
     }
 }

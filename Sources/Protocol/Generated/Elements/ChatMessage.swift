@@ -27,8 +27,8 @@ public struct ChatMessageKey: Sendable, Equatable, WireDecodable, WireEncodable 
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("messageId"); writer.id64(self.messageId)
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
         writer.endObject()
     }
 }
@@ -149,24 +149,24 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("messageId"); writer.id64(self.messageId)
-        writer.key("senderUri"); writer.string(self.senderUri)
-        writer.key("tag"); writer.string(self.tag)
-        if let value = self.content { writer.key("content"); writer.string(value) }
-        if let value = self.data { writer.key("data"); writer.json(value) }
-        if let value = self.localData { writer.key("localData"); writer.json(value) }
-        if let value = self.thumb { writer.key("thumb"); writer.string(value) }
-        if let value = self.file { writer.key("file"); writer.string(value) }
-        if let value = self.fileSize { writer.key("fileSize"); writer.integer(value) }
-        if let value = self.fileState { writer.key("fileState"); writer.string(value.rawValue) }
-        writer.key("flags"); writer.string(self.flags)
-        writer.key("state"); writer.string(self.state.rawValue)
-        writer.key("stateIsPartial"); writer.bool(self.stateIsPartial)
-        if let value = self.recall { writer.key("recall"); writer.string(value.rawValue) }
-        if let value = self.ref { writer.key("ref"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
-        if let value = self.refBy { writer.key("refBy"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
-        writer.key("timestamp"); writer.integer(self.timestamp)
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
+        writer.rawKey("\"senderUri\":"); writer.string(self.senderUri)
+        writer.rawKey("\"tag\":"); writer.string(self.tag)
+        if let value = self.content { writer.rawKey("\"content\":"); writer.string(value) }
+        if let value = self.data { writer.rawKey("\"data\":"); writer.json(value) }
+        if let value = self.localData { writer.rawKey("\"localData\":"); writer.json(value) }
+        if let value = self.thumb { writer.rawKey("\"thumb\":"); writer.string(value) }
+        if let value = self.file { writer.rawKey("\"file\":"); writer.string(value) }
+        if let value = self.fileSize { writer.rawKey("\"fileSize\":"); writer.integer(value) }
+        if let value = self.fileState { writer.rawKey("\"fileState\":"); writer.string(value.rawValue) }
+        writer.rawKey("\"flags\":"); writer.string(self.flags)
+        writer.rawKey("\"state\":"); writer.string(self.state.rawValue)
+        writer.rawKey("\"stateIsPartial\":"); writer.bool(self.stateIsPartial)
+        if let value = self.recall { writer.rawKey("\"recall\":"); writer.string(value.rawValue) }
+        if let value = self.ref { writer.rawKey("\"ref\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
+        if let value = self.refBy { writer.rawKey("\"refBy\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
+        writer.rawKey("\"timestamp\":"); writer.integer(self.timestamp)
         writer.endObject()
     }
 }
@@ -259,24 +259,24 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("messageId"); writer.id64(self.messageId)
-        if let value = self.senderUri { writer.key("senderUri"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
-        if let value = self.tag { writer.key("tag"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
-        if let value = self.content { writer.key("content"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
-        if let value = self.data { writer.key("data"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
-        if let value = self.localData { writer.key("localData"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
-        if let value = self.thumb { writer.key("thumb"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
-        if let value = self.file { writer.key("file"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
-        if let value = self.fileSize { writer.key("fileSize"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
-        if let value = self.fileState { writer.key("fileState"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
-        if let value = self.flags { writer.key("flags"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
-        if let value = self.state { writer.key("state"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
-        if let value = self.stateIsPartial { writer.key("stateIsPartial"); switch value { case .null: writer.null(); case .value(let inner): writer.bool(inner) } }
-        if let value = self.recall { writer.key("recall"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
-        if let value = self.ref { writer.key("ref"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { element.encode(to: &writer) }; writer.endArray() } }
-        if let value = self.refBy { writer.key("refBy"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { element.encode(to: &writer) }; writer.endArray() } }
-        if let value = self.timestamp { writer.key("timestamp"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
+        if let value = self.senderUri { writer.rawKey("\"senderUri\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
+        if let value = self.tag { writer.rawKey("\"tag\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
+        if let value = self.content { writer.rawKey("\"content\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
+        if let value = self.data { writer.rawKey("\"data\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
+        if let value = self.localData { writer.rawKey("\"localData\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
+        if let value = self.thumb { writer.rawKey("\"thumb\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
+        if let value = self.file { writer.rawKey("\"file\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
+        if let value = self.fileSize { writer.rawKey("\"fileSize\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
+        if let value = self.fileState { writer.rawKey("\"fileState\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
+        if let value = self.flags { writer.rawKey("\"flags\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
+        if let value = self.state { writer.rawKey("\"state\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
+        if let value = self.stateIsPartial { writer.rawKey("\"stateIsPartial\":"); switch value { case .null: writer.null(); case .value(let inner): writer.bool(inner) } }
+        if let value = self.recall { writer.rawKey("\"recall\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
+        if let value = self.ref { writer.rawKey("\"ref\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { element.encode(to: &writer) }; writer.endArray() } }
+        if let value = self.refBy { writer.rawKey("\"refBy\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { element.encode(to: &writer) }; writer.endArray() } }
+        if let value = self.timestamp { writer.rawKey("\"timestamp\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         writer.endObject()
     }
 }

@@ -27,8 +27,8 @@ public struct ChatParticipantKey: Sendable, Equatable, WireDecodable, WireEncoda
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("userUri"); writer.string(self.userUri)
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"userUri\":"); writer.string(self.userUri)
         writer.endObject()
     }
 }
@@ -72,10 +72,10 @@ public struct ChatParticipant: Sendable, Equatable, WireDecodable, WireEncodable
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("userUri"); writer.string(self.userUri)
-        writer.key("state"); writer.string(self.state.rawValue)
-        writer.key("flags"); writer.string(self.flags)
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"userUri\":"); writer.string(self.userUri)
+        writer.rawKey("\"state\":"); writer.string(self.state.rawValue)
+        writer.rawKey("\"flags\":"); writer.string(self.flags)
         writer.endObject()
     }
 }
@@ -112,10 +112,10 @@ public struct ChatParticipantChange: Sendable, Equatable, WireDecodable, WireEnc
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("userUri"); writer.string(self.userUri)
-        if let value = self.state { writer.key("state"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
-        if let value = self.flags { writer.key("flags"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"userUri\":"); writer.string(self.userUri)
+        if let value = self.state { writer.rawKey("\"state\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
+        if let value = self.flags { writer.rawKey("\"flags\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
         writer.endObject()
     }
 }

@@ -22,7 +22,7 @@ public struct GlobalKey: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("name"); writer.string(self.name)
+        writer.rawKey("\"name\":"); writer.string(self.name)
         writer.endObject()
     }
 }
@@ -51,8 +51,8 @@ public struct Global: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("name"); writer.string(self.name)
-        writer.key("value"); writer.json(self.value)
+        writer.rawKey("\"name\":"); writer.string(self.name)
+        writer.rawKey("\"value\":"); writer.json(self.value)
         writer.endObject()
     }
 }
@@ -80,8 +80,8 @@ public struct GlobalChange: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("name"); writer.string(self.name)
-        if let value = self.value { writer.key("value"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
+        writer.rawKey("\"name\":"); writer.string(self.name)
+        if let value = self.value { writer.rawKey("\"value\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
         writer.endObject()
     }
 }

@@ -27,8 +27,8 @@ public struct TypingKey: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("userUri"); writer.string(self.userUri)
-        writer.key("chatId"); writer.string(self.chatId)
+        writer.rawKey("\"userUri\":"); writer.string(self.userUri)
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         writer.endObject()
     }
 }
@@ -57,8 +57,8 @@ public struct Typing: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("userUri"); writer.string(self.userUri)
-        writer.key("chatId"); writer.string(self.chatId)
+        writer.rawKey("\"userUri\":"); writer.string(self.userUri)
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         writer.endObject()
     }
 }
@@ -87,8 +87,8 @@ public struct TypingChange: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("userUri"); writer.string(self.userUri)
-        writer.key("chatId"); writer.string(self.chatId)
+        writer.rawKey("\"userUri\":"); writer.string(self.userUri)
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         writer.endObject()
     }
 }

@@ -22,7 +22,7 @@ public struct UserKey: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("uri"); writer.string(self.uri)
+        writer.rawKey("\"uri\":"); writer.string(self.uri)
         writer.endObject()
     }
 }
@@ -56,9 +56,9 @@ public struct User: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("uri"); writer.string(self.uri)
-        writer.key("regId"); writer.id64(self.regId)
-        writer.key("userId"); writer.string(self.userId)
+        writer.rawKey("\"uri\":"); writer.string(self.uri)
+        writer.rawKey("\"regId\":"); writer.id64(self.regId)
+        writer.rawKey("\"userId\":"); writer.string(self.userId)
         writer.endObject()
     }
 }
@@ -90,9 +90,9 @@ public struct UserChange: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("uri"); writer.string(self.uri)
-        if let value = self.regId { writer.key("regId"); switch value { case .null: writer.null(); case .value(let inner): writer.id64(inner) } }
-        if let value = self.userId { writer.key("userId"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
+        writer.rawKey("\"uri\":"); writer.string(self.uri)
+        if let value = self.regId { writer.rawKey("\"regId\":"); switch value { case .null: writer.null(); case .value(let inner): writer.id64(inner) } }
+        if let value = self.userId { writer.rawKey("\"userId\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
         writer.endObject()
     }
 }

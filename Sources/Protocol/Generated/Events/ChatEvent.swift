@@ -40,10 +40,10 @@ public struct ChatEvent: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("senderUri"); writer.string(self.senderUri)
-        writer.key("tag"); writer.string(self.tag)
-        writer.key("data"); writer.json(self.data)
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"senderUri\":"); writer.string(self.senderUri)
+        writer.rawKey("\"tag\":"); writer.string(self.tag)
+        writer.rawKey("\"data\":"); writer.json(self.data)
         writer.endObject()
     }
 }

@@ -27,8 +27,8 @@ public struct RecipientState: Sendable, Equatable, WireDecodable, WireEncodable 
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("userUri"); writer.string(self.userUri)
-        writer.key("state"); writer.string(self.state.rawValue)
+        writer.rawKey("\"userUri\":"); writer.string(self.userUri)
+        writer.rawKey("\"state\":"); writer.string(self.state.rawValue)
         writer.endObject()
     }
 }
@@ -70,10 +70,10 @@ public struct ChatMessageStateEvent: Sendable, Equatable, WireDecodable, WireEnc
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("messageId"); writer.id64(self.messageId)
-        writer.key("states"); writer.beginArray(); for element in self.states { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
+        writer.rawKey("\"states\":"); writer.beginArray(); for element in self.states { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }

@@ -37,8 +37,8 @@ public struct ChatStartFailed: Sendable, Equatable, WireDecodable, WireEncodable
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("reason"); writer.string(self.reason.rawValue)
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"reason\":"); writer.string(self.reason.rawValue)
         writer.endObject()
     }
 }

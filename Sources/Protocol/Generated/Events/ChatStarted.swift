@@ -30,8 +30,8 @@ public struct ChatStarted: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("chatId"); writer.string(self.chatId)
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         writer.endObject()
     }
 }

@@ -32,9 +32,9 @@ public struct Identity: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("userId"); writer.string(self.userId)
-        writer.key("regId"); writer.id64(self.regId)
-        writer.key("uri"); writer.string(self.uri)
+        writer.rawKey("\"userId\":"); writer.string(self.userId)
+        writer.rawKey("\"regId\":"); writer.id64(self.regId)
+        writer.rawKey("\"uri\":"); writer.string(self.uri)
         writer.endObject()
     }
 }
@@ -66,8 +66,8 @@ public struct Identities: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("identities"); writer.beginArray(); for element in self.identities { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"identities\":"); writer.beginArray(); for element in self.identities { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }

@@ -23,8 +23,8 @@ public struct ListChangeGlobal: Sendable, Equatable, WireDecodable, WireEncodabl
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("global")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"type\":"); writer.string("global")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }
@@ -49,8 +49,8 @@ public struct ListChangeUser: Sendable, Equatable, WireDecodable, WireEncodable 
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("user")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"type\":"); writer.string("user")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }
@@ -75,8 +75,8 @@ public struct ListChangeChat: Sendable, Equatable, WireDecodable, WireEncodable 
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chat")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"type\":"); writer.string("chat")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }
@@ -101,8 +101,8 @@ public struct ListChangeChatParticipant: Sendable, Equatable, WireDecodable, Wir
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatParticipant")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"type\":"); writer.string("chatParticipant")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }
@@ -127,8 +127,8 @@ public struct ListChangeChatMessage: Sendable, Equatable, WireDecodable, WireEnc
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatMessage")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"type\":"); writer.string("chatMessage")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }
@@ -153,8 +153,8 @@ public struct ListChangeTyping: Sendable, Equatable, WireDecodable, WireEncodabl
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("typing")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"type\":"); writer.string("typing")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }

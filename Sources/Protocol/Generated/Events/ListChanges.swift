@@ -41,11 +41,11 @@ public struct ListChanges: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatMessage")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("changed"); writer.beginArray(); for element in self.changed { element.encode(to: &writer) }; writer.endArray()
-        writer.key("token"); writer.string(self.token)
-        writer.key("hasMore"); writer.bool(self.hasMore)
+        writer.rawKey("\"type\":"); writer.string("chatMessage")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"changed\":"); writer.beginArray(); for element in self.changed { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"token\":"); writer.string(self.token)
+        writer.rawKey("\"hasMore\":"); writer.bool(self.hasMore)
         writer.endObject()
     }
 }

@@ -28,9 +28,9 @@ public struct ListChunkGlobal: Sendable, Equatable, WireDecodable, WireEncodable
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("global")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"type\":"); writer.string("global")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }
@@ -60,9 +60,9 @@ public struct ListChunkUser: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("user")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"type\":"); writer.string("user")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }
@@ -92,9 +92,9 @@ public struct ListChunkChat: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chat")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"type\":"); writer.string("chat")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }
@@ -124,9 +124,9 @@ public struct ListChunkChatParticipant: Sendable, Equatable, WireDecodable, Wire
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatParticipant")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"type\":"); writer.string("chatParticipant")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }
@@ -156,9 +156,9 @@ public struct ListChunkChatMessage: Sendable, Equatable, WireDecodable, WireEnco
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatMessage")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"type\":"); writer.string("chatMessage")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }
@@ -188,9 +188,9 @@ public struct ListChunkTyping: Sendable, Equatable, WireDecodable, WireEncodable
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("typing")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"type\":"); writer.string("typing")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }

@@ -28,9 +28,9 @@ public struct ListElementsGlobal: Sendable, Equatable, WireDecodable, WireEncoda
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("global")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        if let value = self.missing { writer.key("missing"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
+        writer.rawKey("\"type\":"); writer.string("global")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        if let value = self.missing { writer.rawKey("\"missing\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
     }
 }
@@ -60,9 +60,9 @@ public struct ListElementsUser: Sendable, Equatable, WireDecodable, WireEncodabl
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("user")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        if let value = self.missing { writer.key("missing"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
+        writer.rawKey("\"type\":"); writer.string("user")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        if let value = self.missing { writer.rawKey("\"missing\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
     }
 }
@@ -92,9 +92,9 @@ public struct ListElementsChat: Sendable, Equatable, WireDecodable, WireEncodabl
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chat")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        if let value = self.missing { writer.key("missing"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
+        writer.rawKey("\"type\":"); writer.string("chat")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        if let value = self.missing { writer.rawKey("\"missing\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
     }
 }
@@ -124,9 +124,9 @@ public struct ListElementsChatParticipant: Sendable, Equatable, WireDecodable, W
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatParticipant")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        if let value = self.missing { writer.key("missing"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
+        writer.rawKey("\"type\":"); writer.string("chatParticipant")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        if let value = self.missing { writer.rawKey("\"missing\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
     }
 }
@@ -156,9 +156,9 @@ public struct ListElementsChatMessage: Sendable, Equatable, WireDecodable, WireE
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatMessage")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        if let value = self.missing { writer.key("missing"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
+        writer.rawKey("\"type\":"); writer.string("chatMessage")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        if let value = self.missing { writer.rawKey("\"missing\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
     }
 }
@@ -188,9 +188,9 @@ public struct ListElementsTyping: Sendable, Equatable, WireDecodable, WireEncoda
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("typing")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        if let value = self.missing { writer.key("missing"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
+        writer.rawKey("\"type\":"); writer.string("typing")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        if let value = self.missing { writer.rawKey("\"missing\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
     }
 }

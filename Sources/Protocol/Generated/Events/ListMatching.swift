@@ -43,12 +43,12 @@ public struct ListMatchingChatMessage: Sendable, Equatable, WireDecodable, WireE
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatMessage")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("result"); writer.beginArray(); for element in self.result { element.encode(to: &writer) }; writer.endArray()
-        if let value = self.hasMoreBefore { writer.key("hasMoreBefore"); writer.bool(value) }
-        if let value = self.hasMoreAfter { writer.key("hasMoreAfter"); writer.bool(value) }
-        if let value = self.refTargets { writer.key("refTargets"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
+        writer.rawKey("\"type\":"); writer.string("chatMessage")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"result\":"); writer.beginArray(); for element in self.result { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.hasMoreBefore { writer.rawKey("\"hasMoreBefore\":"); writer.bool(value) }
+        if let value = self.hasMoreAfter { writer.rawKey("\"hasMoreAfter\":"); writer.bool(value) }
+        if let value = self.refTargets { writer.rawKey("\"refTargets\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
     }
 }
@@ -78,9 +78,9 @@ public struct ListMatchingChatParticipant: Sendable, Equatable, WireDecodable, W
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatParticipant")
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("result"); writer.beginArray(); for element in self.result { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"type\":"); writer.string("chatParticipant")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"result\":"); writer.beginArray(); for element in self.result { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }

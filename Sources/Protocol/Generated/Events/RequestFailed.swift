@@ -58,11 +58,11 @@ public struct RequestFailed: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        if let value = self.request { writer.key("request"); writer.string(value) }
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("error"); writer.string(self.error.rawValue)
-        writer.key("reason"); writer.string(self.reason)
-        writer.key("line"); writer.integer(self.line)
+        if let value = self.request { writer.rawKey("\"request\":"); writer.string(value) }
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"error\":"); writer.string(self.error.rawValue)
+        writer.rawKey("\"reason\":"); writer.string(self.reason)
+        writer.rawKey("\"line\":"); writer.integer(self.line)
         writer.endObject()
     }
 }

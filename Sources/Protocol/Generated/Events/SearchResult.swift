@@ -35,9 +35,9 @@ public struct SearchResult: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
-        writer.key("chatIds"); writer.beginArray(); for element in self.chatIds { writer.string(element) }; writer.endArray()
-        writer.key("messages"); writer.beginArray(); for element in self.messages { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.rawKey("\"chatIds\":"); writer.beginArray(); for element in self.chatIds { writer.string(element) }; writer.endArray()
+        writer.rawKey("\"messages\":"); writer.beginArray(); for element in self.messages { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }

@@ -39,8 +39,8 @@ public struct SetupError: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("error"); writer.string(self.error.rawValue)
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"error\":"); writer.string(self.error.rawValue)
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

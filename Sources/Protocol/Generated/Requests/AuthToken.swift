@@ -35,9 +35,9 @@ public struct AuthToken: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("userId"); writer.string(self.userId)
-        writer.key("authToken"); writer.string(self.authToken)
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"userId\":"); writer.string(self.userId)
+        writer.rawKey("\"authToken\":"); writer.string(self.authToken)
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

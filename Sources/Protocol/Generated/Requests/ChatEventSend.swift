@@ -40,10 +40,10 @@ public struct ChatEventSend: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("tag"); writer.string(self.tag)
-        writer.key("data"); writer.json(self.data)
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"tag\":"); writer.string(self.tag)
+        writer.rawKey("\"data\":"); writer.json(self.data)
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

@@ -35,9 +35,9 @@ public struct ChatInvite: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("invitees"); writer.beginArray(); for element in self.invitees { element.encode(to: &writer) }; writer.endArray()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"invitees\":"); writer.beginArray(); for element in self.invitees { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

@@ -30,8 +30,8 @@ public struct ChatLeave: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatIds"); writer.beginArray(); for element in self.chatIds { writer.string(element) }; writer.endArray()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"chatIds\":"); writer.beginArray(); for element in self.chatIds { writer.string(element) }; writer.endArray()
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

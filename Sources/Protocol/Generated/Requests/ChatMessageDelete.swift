@@ -35,9 +35,9 @@ public struct ChatMessageDelete: Sendable, Equatable, WireDecodable, WireEncodab
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("messageId"); writer.id64(self.messageId)
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

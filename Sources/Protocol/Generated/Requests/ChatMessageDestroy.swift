@@ -35,9 +35,9 @@ public struct ChatMessageDestroy: Sendable, Equatable, WireDecodable, WireEncoda
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        if let value = self.messageId { writer.key("messageId"); writer.id64(value) }
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        if let value = self.messageId { writer.rawKey("\"messageId\":"); writer.id64(value) }
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

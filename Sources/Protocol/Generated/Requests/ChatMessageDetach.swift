@@ -45,11 +45,11 @@ public struct ChatMessageDetach: Sendable, Equatable, WireDecodable, WireEncodab
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("messageId"); writer.id64(self.messageId)
-        if let value = self.detachThumb { writer.key("detachThumb"); writer.bool(value) }
-        if let value = self.detachFile { writer.key("detachFile"); writer.bool(value) }
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
+        if let value = self.detachThumb { writer.rawKey("\"detachThumb\":"); writer.bool(value) }
+        if let value = self.detachFile { writer.rawKey("\"detachFile\":"); writer.bool(value) }
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

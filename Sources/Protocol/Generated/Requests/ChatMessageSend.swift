@@ -80,18 +80,18 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("tag"); writer.string(self.tag)
-        if let value = self.content { writer.key("content"); writer.string(value) }
-        if let value = self.data { writer.key("data"); writer.json(value) }
-        if let value = self.ref { writer.key("ref"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
-        if let value = self.thumb { writer.key("thumb"); writer.string(value) }
-        if let value = self.thumbPolicy { writer.key("thumbPolicy"); writer.string(value.rawValue) }
-        if let value = self.file { writer.key("file"); writer.string(value) }
-        if let value = self.filePolicy { writer.key("filePolicy"); writer.string(value.rawValue) }
-        if let value = self.control { writer.key("control"); writer.bool(value) }
-        if let value = self.neverCountUnread { writer.key("neverCountUnread"); writer.bool(value) }
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"tag\":"); writer.string(self.tag)
+        if let value = self.content { writer.rawKey("\"content\":"); writer.string(value) }
+        if let value = self.data { writer.rawKey("\"data\":"); writer.json(value) }
+        if let value = self.ref { writer.rawKey("\"ref\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
+        if let value = self.thumb { writer.rawKey("\"thumb\":"); writer.string(value) }
+        if let value = self.thumbPolicy { writer.rawKey("\"thumbPolicy\":"); writer.string(value.rawValue) }
+        if let value = self.file { writer.rawKey("\"file\":"); writer.string(value) }
+        if let value = self.filePolicy { writer.rawKey("\"filePolicy\":"); writer.string(value.rawValue) }
+        if let value = self.control { writer.rawKey("\"control\":"); writer.bool(value) }
+        if let value = self.neverCountUnread { writer.rawKey("\"neverCountUnread\":"); writer.bool(value) }
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

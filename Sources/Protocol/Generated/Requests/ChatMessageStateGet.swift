@@ -35,9 +35,9 @@ public struct ChatMessageStateGet: Sendable, Equatable, WireDecodable, WireEncod
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("messageId"); writer.id64(self.messageId)
-        writer.key("cookie"); writer.string(self.cookie)
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
+        writer.rawKey("\"cookie\":"); writer.string(self.cookie)
         writer.endObject()
     }
 }

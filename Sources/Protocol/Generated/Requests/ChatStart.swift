@@ -55,13 +55,13 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("cookie"); writer.string(self.cookie)
-        writer.key("invitees"); writer.beginArray(); for element in self.invitees { element.encode(to: &writer) }; writer.endArray()
-        if let value = self.subject { writer.key("subject"); writer.string(value) }
-        if let value = self.isOneToOne { writer.key("isOneToOne"); writer.bool(value) }
-        if let value = self.invitePolicy { writer.key("invitePolicy"); writer.string(value.rawValue) }
-        if let value = self.data { writer.key("data"); writer.json(value) }
-        if let value = self.localData { writer.key("localData"); writer.json(value) }
+        writer.rawKey("\"cookie\":"); writer.string(self.cookie)
+        writer.rawKey("\"invitees\":"); writer.beginArray(); for element in self.invitees { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.subject { writer.rawKey("\"subject\":"); writer.string(value) }
+        if let value = self.isOneToOne { writer.rawKey("\"isOneToOne\":"); writer.bool(value) }
+        if let value = self.invitePolicy { writer.rawKey("\"invitePolicy\":"); writer.string(value.rawValue) }
+        if let value = self.data { writer.rawKey("\"data\":"); writer.json(value) }
+        if let value = self.localData { writer.rawKey("\"localData\":"); writer.json(value) }
         writer.endObject()
     }
 }

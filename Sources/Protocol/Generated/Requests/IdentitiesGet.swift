@@ -35,9 +35,9 @@ public struct IdentitiesGet: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("cookie"); writer.string(self.cookie)
-        if let value = self.userIds { writer.key("userIds"); writer.beginArray(); for element in value { writer.string(element) }; writer.endArray() }
-        if let value = self.regIds { writer.key("regIds"); writer.beginArray(); for element in value { writer.id64(element) }; writer.endArray() }
+        writer.rawKey("\"cookie\":"); writer.string(self.cookie)
+        if let value = self.userIds { writer.rawKey("\"userIds\":"); writer.beginArray(); for element in value { writer.string(element) }; writer.endArray() }
+        if let value = self.regIds { writer.rawKey("\"regIds\":"); writer.beginArray(); for element in value { writer.id64(element) }; writer.endArray() }
         writer.endObject()
     }
 }

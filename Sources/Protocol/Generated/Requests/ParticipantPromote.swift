@@ -35,9 +35,9 @@ public struct ParticipantPromote: Sendable, Equatable, WireDecodable, WireEncoda
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("userUri"); writer.string(self.userUri)
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"userUri\":"); writer.string(self.userUri)
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

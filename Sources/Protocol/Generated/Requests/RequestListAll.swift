@@ -30,8 +30,8 @@ public struct RequestListAll: Sendable, Equatable, WireDecodable, WireEncodable 
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string(self.type.rawValue)
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"type\":"); writer.string(self.type.rawValue)
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

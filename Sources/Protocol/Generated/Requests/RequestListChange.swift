@@ -42,10 +42,10 @@ public struct ChatSettable: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        if let value = self.subject { writer.key("subject"); writer.string(value) }
-        if let value = self.data { writer.key("data"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
-        if let value = self.localData { writer.key("localData"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        if let value = self.subject { writer.rawKey("\"subject\":"); writer.string(value) }
+        if let value = self.data { writer.rawKey("\"data\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
+        if let value = self.localData { writer.rawKey("\"localData\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
         writer.endObject()
     }
 }
@@ -75,9 +75,9 @@ public struct RequestListChangeChat: Sendable, Equatable, WireDecodable, WireEnc
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chat")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"type\":"); writer.string("chat")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }
@@ -125,9 +125,9 @@ public struct ChatMessageSettable: Sendable, Equatable, WireDecodable, WireEncod
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        writer.key("messageId"); writer.id64(self.messageId)
-        if let value = self.localData { writer.key("localData"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
+        if let value = self.localData { writer.rawKey("\"localData\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
         writer.endObject()
     }
 }
@@ -157,9 +157,9 @@ public struct RequestListChangeChatMessage: Sendable, Equatable, WireDecodable, 
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatMessage")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"type\":"); writer.string("chatMessage")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

@@ -41,11 +41,11 @@ public struct RequestListChanges: Sendable, Equatable, WireDecodable, WireEncoda
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatMessage")
-        if let value = self.chatId { writer.key("chatId"); writer.string(value) }
-        if let value = self.since { writer.key("since"); writer.string(value) }
-        if let value = self.limit { writer.key("limit"); writer.integer(value) }
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"type\":"); writer.string("chatMessage")
+        if let value = self.chatId { writer.rawKey("\"chatId\":"); writer.string(value) }
+        if let value = self.since { writer.rawKey("\"since\":"); writer.string(value) }
+        if let value = self.limit { writer.rawKey("\"limit\":"); writer.integer(value) }
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

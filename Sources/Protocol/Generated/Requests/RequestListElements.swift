@@ -28,9 +28,9 @@ public struct RequestListElementsGlobal: Sendable, Equatable, WireDecodable, Wir
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("global")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"type\":"); writer.string("global")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }
@@ -60,9 +60,9 @@ public struct RequestListElementsUser: Sendable, Equatable, WireDecodable, WireE
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("user")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"type\":"); writer.string("user")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }
@@ -92,9 +92,9 @@ public struct RequestListElementsChat: Sendable, Equatable, WireDecodable, WireE
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chat")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"type\":"); writer.string("chat")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }
@@ -124,9 +124,9 @@ public struct RequestListElementsChatParticipant: Sendable, Equatable, WireDecod
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatParticipant")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"type\":"); writer.string("chatParticipant")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }
@@ -156,9 +156,9 @@ public struct RequestListElementsChatMessage: Sendable, Equatable, WireDecodable
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatMessage")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"type\":"); writer.string("chatMessage")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }
@@ -188,9 +188,9 @@ public struct RequestListElementsTyping: Sendable, Equatable, WireDecodable, Wir
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("typing")
-        writer.key("elements"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"type\":"); writer.string("typing")
+        writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

@@ -42,11 +42,11 @@ public struct ChatMessageCriteria: Sendable, Equatable, WireDecodable, WireEncod
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("chatId"); writer.string(self.chatId)
-        if let value = self.tag { writer.key("tag"); writer.string(value) }
-        if let value = self.ref { writer.key("ref"); value.encode(to: &writer) }
-        if let value = self.notRefTag { writer.key("notRefTag"); writer.string(value) }
-        if let value = self.senderUri { writer.key("senderUri"); writer.string(value) }
+        writer.rawKey("\"chatId\":"); writer.string(self.chatId)
+        if let value = self.tag { writer.rawKey("\"tag\":"); writer.string(value) }
+        if let value = self.ref { writer.rawKey("\"ref\":"); value.encode(to: &writer) }
+        if let value = self.notRefTag { writer.rawKey("\"notRefTag\":"); writer.string(value) }
+        if let value = self.senderUri { writer.rawKey("\"senderUri\":"); writer.string(value) }
         writer.endObject()
     }
 }
@@ -95,12 +95,12 @@ public struct Window: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        if let value = self.messageId { writer.key("messageId"); writer.id64(value) }
-        if let value = self.timestamp { writer.key("timestamp"); writer.integer(value) }
-        if let value = self.before { writer.key("before"); writer.integer(value) }
-        if let value = self.after { writer.key("after"); writer.integer(value) }
-        if let value = self.inclusive { writer.key("inclusive"); writer.bool(value) }
-        if let value = self.reverse { writer.key("reverse"); writer.bool(value) }
+        if let value = self.messageId { writer.rawKey("\"messageId\":"); writer.id64(value) }
+        if let value = self.timestamp { writer.rawKey("\"timestamp\":"); writer.integer(value) }
+        if let value = self.before { writer.rawKey("\"before\":"); writer.integer(value) }
+        if let value = self.after { writer.rawKey("\"after\":"); writer.integer(value) }
+        if let value = self.inclusive { writer.rawKey("\"inclusive\":"); writer.bool(value) }
+        if let value = self.reverse { writer.rawKey("\"reverse\":"); writer.bool(value) }
         writer.endObject()
     }
 }
@@ -140,11 +140,11 @@ public struct RequestListMatchingChatMessage: Sendable, Equatable, WireDecodable
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatMessage")
-        writer.key("criteria"); self.criteria.encode(to: &writer)
-        if let value = self.window { writer.key("window"); value.encode(to: &writer) }
-        if let value = self.withRefTargets { writer.key("withRefTargets"); writer.bool(value) }
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"type\":"); writer.string("chatMessage")
+        writer.rawKey("\"criteria\":"); self.criteria.encode(to: &writer)
+        if let value = self.window { writer.rawKey("\"window\":"); value.encode(to: &writer) }
+        if let value = self.withRefTargets { writer.rawKey("\"withRefTargets\":"); writer.bool(value) }
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }
@@ -178,9 +178,9 @@ public struct ChatParticipantCriteria: Sendable, Equatable, WireDecodable, WireE
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        if let value = self.chatId { writer.key("chatId"); writer.string(value) }
-        if let value = self.userUri { writer.key("userUri"); writer.string(value) }
-        if let value = self.state { writer.key("state"); writer.string(value.rawValue) }
+        if let value = self.chatId { writer.rawKey("\"chatId\":"); writer.string(value) }
+        if let value = self.userUri { writer.rawKey("\"userUri\":"); writer.string(value) }
+        if let value = self.state { writer.rawKey("\"state\":"); writer.string(value.rawValue) }
         writer.endObject()
     }
 }
@@ -210,9 +210,9 @@ public struct RequestListMatchingChatParticipant: Sendable, Equatable, WireDecod
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("type"); writer.string("chatParticipant")
-        writer.key("criteria"); self.criteria.encode(to: &writer)
-        if let value = self.cookie { writer.key("cookie"); writer.string(value) }
+        writer.rawKey("\"type\":"); writer.string("chatParticipant")
+        writer.rawKey("\"criteria\":"); self.criteria.encode(to: &writer)
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

@@ -40,10 +40,10 @@ public struct Search: Sendable, Equatable, WireDecodable, WireEncodable {
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.key("text"); writer.string(self.text)
-        writer.key("cookie"); writer.string(self.cookie)
-        if let value = self.chatId { writer.key("chatId"); writer.string(value) }
-        if let value = self.suggestedMaxResults { writer.key("suggestedMaxResults"); writer.integer(value) }
+        writer.rawKey("\"text\":"); writer.string(self.text)
+        writer.rawKey("\"cookie\":"); writer.string(self.cookie)
+        if let value = self.chatId { writer.rawKey("\"chatId\":"); writer.string(value) }
+        if let value = self.suggestedMaxResults { writer.rawKey("\"suggestedMaxResults\":"); writer.integer(value) }
         writer.endObject()
     }
 }
