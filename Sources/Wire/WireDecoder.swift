@@ -52,6 +52,7 @@ public final class LineDecoder {
 
     deinit {
         if let handle = state.pointee.reusableHandle { yajl_free(handle) }
+        state.pointee.frames.release()
         state.deinitialize(count: 1)
         state.deallocate()
     }
@@ -261,6 +262,51 @@ private struct Frame {
     }
 }
 
+/// The open frames, in memory of their own: a field of a frame is read and written in
+/// place (an array subscript would copy the whole frame to read one field).
+private struct FrameStack {
+    private(set) var base: UnsafeMutablePointer<Frame>
+    private(set) var count = 0
+    private var capacity: Int
+
+    init() {
+        capacity = 16
+        base = .allocate(capacity: capacity)
+    }
+
+    var isEmpty: Bool { count == 0 }
+
+    mutating func append(_ frame: Frame) {
+        if count == capacity {
+            let larger = UnsafeMutablePointer<Frame>.allocate(capacity: capacity * 2)
+            larger.moveInitialize(from: base, count: count)
+            base.deallocate()
+            base = larger
+            capacity *= 2
+        }
+        (base + count).initialize(to: frame)
+        count += 1
+    }
+
+    @discardableResult
+    mutating func removeLast() -> Frame {
+        count -= 1
+        return (base + count).move()
+    }
+
+    mutating func removeAll() {
+        base.deinitialize(count: count)
+        count = 0
+    }
+
+    func release() {
+        base.deinitialize(count: count)
+        base.deallocate()
+    }
+
+    subscript(index: Int) -> UnsafeMutablePointer<Frame> { base + index }
+}
+
 private enum Scalar {
     case null
     case bool(Bool)
@@ -286,9 +332,11 @@ private struct DecodeState {
     var topValues = 0
     /// Where the top-level value ended.
     var topEnd = 0
-    var frames = ContiguousArray<Frame>()
-    /// Members of every open object, back to back.
+    var frames = FrameStack()
+    /// Members of every open object, back to back; `slotCount` are in use (the rest are
+    /// left over from earlier objects and cleared when reused).
     var slots = ContiguousArray<WireValue?>()
+    var slotCount = 0
     /// The offset just past the token of the previous callback.
     var previousEnd = 0
 
@@ -314,8 +362,9 @@ private struct DecodeState {
     }
 
     mutating func end() {
-        frames.removeAll(keepingCapacity: true)
-        slots.removeAll(keepingCapacity: true)
+        frames.removeAll()
+        for index in 0..<slotCount { slots[index] = nil }
+        slotCount = 0
         result = nil
         mode = .idle
         handle = nil
@@ -345,7 +394,7 @@ private struct DecodeState {
         var parts = pathPrefix
         let end = endIndex ?? frames.count
         for index in 0..<end {
-            let frame = frames[index]
+            let frame = frames[index].pointee
             switch frame.kind {
             case .object:
                 guard frame.pending >= 0, let schema = frame.schema else { continue }
@@ -380,11 +429,11 @@ private struct DecodeState {
             if case .document(let type) = mode { return type }
             return nil
         }
-        switch frames[top].kind {
-        case .envelope, .array: return frames[top].type
+        switch frames[top].pointee.kind {
+        case .envelope, .array: return frames[top].pointee.type
         case .object:
-            let pending = frames[top].pending
-            return pending >= 0 ? frames[top].types![pending] : nil
+            let pending = frames[top].pointee.pending
+            return pending >= 0 ? frames[top].pointee.types![pending] : nil
         case .capture, .skip: return nil
         }
     }
@@ -395,23 +444,23 @@ private struct DecodeState {
             result = value
             return
         }
-        switch frames[top].kind {
+        switch frames[top].pointee.kind {
         case .envelope:
             result = value
         case .object:
-            let pending = frames[top].pending
-            if pending >= 0, let value { slots[frames[top].slotBase + pending] = value }
-            frames[top].pending = -1
+            let pending = frames[top].pointee.pending
+            if pending >= 0, let value { slots[frames[top].pointee.slotBase + pending] = value }
+            frames[top].pointee.pending = -1
         case .array:
             if let value {
-                if frames[top].values.count >= frames[top].maxItems {
-                    let reason = "'\(path(through: top))' must have at most \(frames[top].maxItems) items"
+                if frames[top].pointee.values.count >= frames[top].pointee.maxItems {
+                    let reason = "'\(path(through: top))' must have at most \(frames[top].pointee.maxItems) items"
                     fail(reason)
                 } else {
-                    frames[top].values.append(value)
+                    frames[top].pointee.values.append(value)
                 }
             }
-            frames[top].index += 1
+            frames[top].pointee.index += 1
         case .capture, .skip:
             break
         }
@@ -420,8 +469,8 @@ private struct DecodeState {
     /// Inside a skipped or captured value only depth counts.
     mutating func nest() -> Bool {
         let top = frames.count - 1
-        guard top >= 0, frames[top].kind == .skip || frames[top].kind == .capture else { return false }
-        frames[top].depth += 1
+        guard top >= 0, frames[top].pointee.kind == .skip || frames[top].pointee.kind == .capture else { return false }
+        frames[top].pointee.depth += 1
         return true
     }
 
@@ -436,8 +485,10 @@ private struct DecodeState {
         frame.types = schema.typeTable
         frame.objectType = type
         frame.isRequest = isRequest
-        frame.slotBase = slots.count
-        for _ in 0..<schema.count { slots.append(nil) }
+        frame.slotBase = slotCount
+        let needed = slotCount + schema.count
+        while slots.count < needed { slots.append(nil) }
+        slotCount = needed
         frames.append(frame)
     }
 
@@ -476,7 +527,7 @@ private struct DecodeState {
             frames.append(Frame(kind: .envelope))
             return
         }
-        let topIsEnvelope = !frames.isEmpty && frames[frames.count - 1].kind == .envelope
+        let topIsEnvelope = !frames.isEmpty && frames[frames.count - 1].pointee.kind == .envelope
         guard var type = target() else {
             pushSkip()
             return
@@ -501,39 +552,39 @@ private struct DecodeState {
         defer { previousEnd = consumed }
         let top = frames.count - 1
         guard top >= 0 else { return }
-        switch frames[top].kind {
+        switch frames[top].pointee.kind {
         case .envelope:
-            frames[top].members += 1
-            if frames[top].members > 1 {
+            frames[top].pointee.members += 1
+            if frames[top].pointee.members > 1 {
                 failStructure("a message must have exactly one member, the request name: {\"<request>\":{...}}")
                 requestName = nil
-                frames[top].type = nil
+                frames[top].pointee.type = nil
                 return
             }
             let name = String(decoding: key, as: UTF8.self)
             requestName = name
             if case .line(let messages) = mode, let type = messages.wireType(named: name) {
-                frames[top].type = type
+                frames[top].pointee.type = type
             } else {
                 fail("unknown request '\(name)'", kind: .unknownRequest)
-                frames[top].type = .object(UnknownRequest.self)
+                frames[top].pointee.type = .object(UnknownRequest.self)
             }
         case .object:
-            let schema = frames[top].schema!
+            unowned(unsafe) let schema = frames[top].pointee.schema!
             guard let index = schema.index(of: key) else {
-                frames[top].pending = -1
+                frames[top].pointee.pending = -1
                 if !schema.ignoresUnknownFields && failure == nil {
                     let reason = "unknown field '\(path(last: String(decoding: key, as: UTF8.self)))'"
                     fail(reason)
                 }
                 return
             }
-            if failure != nil && !(frames[top].isRequest && index == schema.cookieIndex) {
-                frames[top].pending = -1
+            if failure != nil && !(frames[top].pointee.isRequest && index == schema.cookieIndex) {
+                frames[top].pointee.pending = -1
                 return
             }
-            frames[top].pending = index
-            if slots[frames[top].slotBase + index] != nil {
+            frames[top].pointee.pending = index
+            if slots[frames[top].pointee.slotBase + index] != nil {
                 let reason = "'\(path())' is given twice"
                 fail(reason)
             }
@@ -549,18 +600,18 @@ private struct DecodeState {
         }
         let top = frames.count - 1
         guard top >= 0 else { return }
-        switch frames[top].kind {
+        switch frames[top].pointee.kind {
         case .skip:
-            frames[top].depth -= 1
-            if frames[top].depth == 0 {
+            frames[top].pointee.depth -= 1
+            if frames[top].pointee.depth == 0 {
                 frames.removeLast()
                 deliver(nil)
             }
         case .capture:
-            frames[top].depth -= 1
-            if frames[top].depth == 0 { finishCapture() }
+            frames[top].pointee.depth -= 1
+            if frames[top].pointee.depth == 0 { finishCapture() }
         case .envelope:
-            let members = frames[top].members
+            let members = frames[top].pointee.members
             frames.removeLast()
             if members == 0 {
                 failStructure("a message must have exactly one member, the request name: {\"<request>\":{...}}")
@@ -573,8 +624,8 @@ private struct DecodeState {
     }
 
     private mutating func finishObject(_ top: Int) {
-        let frame = frames[top]
-        let schema = frame.schema!
+        let frame = frames[top].pointee
+        unowned(unsafe) let schema = frame.schema!
         if failure == nil {
             if schema.hasRequired {
                 for index in 0..<schema.count where schema.required[index] && slots[frame.slotBase + index] == nil {
@@ -605,7 +656,8 @@ private struct DecodeState {
             }
         }
         frames.removeLast()
-        slots.removeLast(schema.count)
+        for index in frame.slotBase..<slotCount { slots[index] = nil }
+        slotCount = frame.slotBase
         deliver(value)
     }
 
@@ -617,8 +669,8 @@ private struct DecodeState {
             pushSkip()
             return
         }
-        if !frames.isEmpty && frames[frames.count - 1].kind == .envelope {
-            if frames[frames.count - 1].type != nil { failStructure("the value of '\(requestName ?? "")' must be an object") }
+        if !frames.isEmpty && frames[frames.count - 1].pointee.kind == .envelope {
+            if frames[frames.count - 1].pointee.type != nil { failStructure("the value of '\(requestName ?? "")' must be an object") }
             pushSkip()
             return
         }
@@ -653,16 +705,16 @@ private struct DecodeState {
         }
         let top = frames.count - 1
         guard top >= 0 else { return }
-        switch frames[top].kind {
+        switch frames[top].pointee.kind {
         case .skip:
-            frames[top].depth -= 1
-            if frames[top].depth == 0 {
+            frames[top].pointee.depth -= 1
+            if frames[top].pointee.depth == 0 {
                 frames.removeLast()
                 deliver(nil)
             }
         case .capture:
-            frames[top].depth -= 1
-            if frames[top].depth == 0 { finishCapture() }
+            frames[top].pointee.depth -= 1
+            if frames[top].pointee.depth == 0 { finishCapture() }
         case .array:
             let frame = frames.removeLast()
             if frame.values.count < frame.minItems {
@@ -688,14 +740,14 @@ private struct DecodeState {
                 return
             }
         } else {
-            switch frames[top].kind {
+            switch frames[top].pointee.kind {
             case .skip, .capture:
                 return
             case .envelope:
-                if frames[top].type != nil { failStructure("the value of '\(requestName ?? "")' must be an object") }
+                if frames[top].pointee.type != nil { failStructure("the value of '\(requestName ?? "")' must be an object") }
                 return
             case .object:
-                if frames[top].isRequest, frames[top].pending >= 0, frames[top].pending == frames[top].schema!.cookieIndex,
+                if frames[top].pointee.isRequest, frames[top].pointee.pending >= 0, frames[top].pointee.pending == frames[top].pointee.schema!.cookieIndex,
                    case .string(let text) = value {
                     cookie = String(decoding: text, as: UTF8.self)
                 }
@@ -799,7 +851,7 @@ private struct DecodeState {
                 deliver(nil)
                 return
             }
-            let isRequest = !frames.isEmpty && frames[frames.count - 1].kind == .envelope
+            let isRequest = !frames.isEmpty && frames[frames.count - 1].pointee.kind == .envelope
             deliver(decodeUnion(unionType, text: text, isRequest: isRequest))
         default:
             deliver(nil)
