@@ -3,7 +3,7 @@ import json
 import pathlib
 
 from jsonschema import Draft202012Validator
-from referencing import Registry, Resource
+from referencing import Registry, Resource  # jsonschema >= 4.18
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "Schemas"

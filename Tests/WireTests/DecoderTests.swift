@@ -1,0 +1,76 @@
+import Foundation
+import Protocol
+import Testing
+@testable import Wire
+
+private func decode(_ line: String) -> DecodedLine<Request> {
+    WireDecoder.decodeLine(line, as: Request.self)
+}
+
+@Test func freeFormValuesRoundTripExactly() throws {
+    let data = #"{"big":123456789012345678901234567890,"inf":1E400,"neg":-0,"esc":"\u00e9\n\/","order":{"z":1,"a":[1.50,2e-3]},"t":true}"#
+    let decoded = decode(#"{"chatMessageSend":{"chatId":"1","tag":"T","data":  "# + data.replacingOccurrences(of: ",", with: " , ") + "  }}")
+    guard case .success(.chatMessageSend(let send)) = decoded.result else {
+        Issue.record("expected a chatMessageSend, got \(decoded.result)")
+        return
+    }
+    #expect(send.data?.json == data)
+    var writer = JSONWriter()
+    send.encode(to: &writer)
+    #expect(String(decoding: writer.bytes, as: UTF8.self).contains(data))
+}
+
+@Test func idsAcceptStringsAndIntegersAndWriteStrings() throws {
+    for spelling in ["7", "\"7\""] {
+        let decoded = decode(#"{"chatMessageRead":{"chatId":"c","messageId":"# + spelling + "}}")
+        guard case .success(.chatMessageRead(let read)) = decoded.result else {
+            Issue.record("\(decoded.result)")
+            continue
+        }
+        #expect(read.messageId == 7)
+        var writer = JSONWriter()
+        read.encode(to: &writer)
+        #expect(String(decoding: writer.bytes, as: UTF8.self) == #"{"chatId":"c","messageId":"7"}"#)
+    }
+}
+
+@Test func escapedStringsAreDecoded() throws {
+    let decoded = decode(#"{"search":{"text":"caf\u00e9 \"x\"","cookie":"k"}}"#)
+    guard case .success(.search(let search)) = decoded.result else {
+        Issue.record("\(decoded.result)")
+        return
+    }
+    #expect(search.text == "café \"x\"")
+}
+
+@Test func failuresNameTheFieldAndKeepTheCookie() {
+    let decoded = decode(#"{"chatMessageSend":{"zzz":[{"a":1}],"chatId":"1","tag":"T","cookie":"after"}}"#)
+    #expect(decoded.request == "chatMessageSend")
+    #expect(decoded.cookie == "after")
+    #expect(decoded.result == .failure(WireFailure(.invalidParameter, "unknown field 'zzz'")))
+}
+
+@Test func syntaxErrorsWinOverEverythingElse() {
+    let decoded = decode(#"{"chatMessageSend":{"zzz":1,"cookie":"c"}} x"#)
+    #expect(decoded.request == nil)
+    #expect(decoded.cookie == nil)
+    if case .failure(let failure) = decoded.result { #expect(failure.kind == .parseError) } else { Issue.record("decoded") }
+}
+
+@Test func aDecoderRecoversAfterEveryKindOfBadLine() {
+    let decoder = LineDecoder()
+    let bad = ["{", "{\"a\":{}} {\"b\":{}}", "[1]", "5", "{\"a\":{}}5", "\"x", "{\"a\":{\"b\":[1,2"]
+    for line in bad {
+        var text = line
+        let result = text.withUTF8 { decoder.decode(UnsafeRawBufferPointer($0), as: Request.self) }
+        if case .failure(let failure) = result.result { #expect(failure.kind == .parseError, "\(line)") } else { Issue.record("\(line) decoded") }
+        var good = #"{"chatTyping":{"chatId":"x"}}"#
+        let next = good.withUTF8 { decoder.decode(UnsafeRawBufferPointer($0), as: Request.self) }
+        #expect(next.result == .success(.chatTyping(ChatTyping(chatId: "x"))), "after \(line)")
+    }
+}
+
+@Test func unionsPickTheirVariant() {
+    let decoded = decode(#"{"requestListChange":{"elements":[{"chatId":"1","localData":null}],"type":"chat"}}"#)
+    #expect(decoded.result == .success(.requestListChange(.chat(RequestListChangeChat(elements: [ChatSettable(chatId: "1", localData: .null)])))))
+}

@@ -1,0 +1,33 @@
+import Testing
+@testable import Wire
+
+private func written(_ body: (inout JSONWriter) -> Void) -> String {
+    var writer = JSONWriter()
+    body(&writer)
+    return String(decoding: writer.bytes, as: UTF8.self)
+}
+
+@Test func escapesWhatJSONRequires() {
+    #expect(written { $0.string("a\"b\\c\nd\u{01}é😀/") } == #""a\"b\\c\nd\u0001é😀/""#)
+}
+
+@Test func separatesMembersAndElements() {
+    let text = written { writer in
+        writer.beginObject()
+        writer.rawKey("\"a\":"); writer.integer(Int64(-12))
+        writer.rawKey("\"b\":"); writer.beginArray(); writer.bool(true); writer.null(); writer.id64(42); writer.endArray()
+        writer.key(dynamic: "c\"d"); writer.json(JSONValue(compactJSON: "{\"x\":1E400}"))
+        writer.endObject()
+    }
+    #expect(text == #"{"a":-12,"b":[true,null,"42"],"c\"d":{"x":1E400}}"#)
+}
+
+@Test func writesExtremeIntegers() {
+    #expect(written { $0.integer(Int64.min) } == "-9223372036854775808")
+    #expect(written { $0.id64(Int64.max) } == "\"9223372036854775807\"")
+}
+
+@Test func jsonValueBuildersKeepOrder() {
+    let value = JSONValue.object(["z": .integer(1), "a": .array([.string("x"), .bool(false), .null])])
+    #expect(value.json == #"{"z":1,"a":["x",false,null]}"#)
+}
