@@ -47,7 +47,8 @@ check-generated: ## fail when the generated code and Schemas/ disagree
 	$(SWIFT) run chatcore-codegen --check Schemas Sources/Protocol/Generated
 
 bench: setup ## run the benchmarks and print a table
-	$(SWIFT) build -c release --product chatcore --product chatcore-bench
+	$(SWIFT) build -c release --product chatcore
+	$(SWIFT) build -c release --product chatcore-bench
 	$(PYTHON) Benchmarks/run.py
 
 clean:

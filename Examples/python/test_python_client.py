@@ -1,0 +1,23 @@
+"""Drives the Python example against the real binary."""
+import os
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from chatcore_client import ChatcoreClient  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BINARY = os.environ.get("CHATCORE_BINARY", str(ROOT / ".build" / "debug" / "chatcore"))
+
+
+def test_the_python_client_spawns_chatcore_and_talks_to_it():
+    client = ChatcoreClient("alice", binary=BINARY)
+    identities = client.request("identitiesGet", {"userIds": ["alice", "nobody"]})
+    assert identities["identities"]["identities"][0]["uri"] == "bbmpim://user/id/1"
+    global_list = client.request("requestListAll", {"type": "global"})
+    names = [element["name"] for element in global_list["listChunk"]["elements"]]
+    assert names == ["authTokenState", "setupState", "localUri", "localRegId"]
+    assert client.receive() == {"listAll": {"type": "global", "cookie": "py2"}}
+    failed = client.request("chatMessageSend", {"chatId": "1", "tag": "Text", "oops": True})
+    assert failed["requestFailed"]["reason"] == "unknown field 'oops'"
+    assert client.close() == 0
