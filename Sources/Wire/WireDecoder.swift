@@ -601,15 +601,8 @@ private struct DecodeState {
         let top = frames.count - 1
         guard top >= 0 else { return }
         switch frames[top].pointee.kind {
-        case .skip:
-            frames[top].pointee.depth -= 1
-            if frames[top].pointee.depth == 0 {
-                frames.removeLast()
-                deliver(nil)
-            }
-        case .capture:
-            frames[top].pointee.depth -= 1
-            if frames[top].pointee.depth == 0 { finishCapture() }
+        case .skip, .capture:
+            closeNested(top)
         case .envelope:
             let members = frames[top].pointee.members
             frames.removeLast()
@@ -661,6 +654,18 @@ private struct DecodeState {
         deliver(value)
     }
 
+    /// A `}` or `]` inside a skipped or captured value: the value ends when its depth does.
+    private mutating func closeNested(_ top: Int) {
+        frames[top].pointee.depth -= 1
+        guard frames[top].pointee.depth == 0 else { return }
+        if frames[top].pointee.kind == .capture {
+            finishCapture()
+        } else {
+            frames.removeLast()
+            deliver(nil)
+        }
+    }
+
     mutating func startArray() {
         defer { previousEnd = consumed }
         if nest() { return }
@@ -706,15 +711,8 @@ private struct DecodeState {
         let top = frames.count - 1
         guard top >= 0 else { return }
         switch frames[top].pointee.kind {
-        case .skip:
-            frames[top].pointee.depth -= 1
-            if frames[top].pointee.depth == 0 {
-                frames.removeLast()
-                deliver(nil)
-            }
-        case .capture:
-            frames[top].pointee.depth -= 1
-            if frames[top].pointee.depth == 0 { finishCapture() }
+        case .skip, .capture:
+            closeNested(top)
         case .array:
             let frame = frames.removeLast()
             if frame.values.count < frame.minItems {

@@ -41,20 +41,7 @@ enum YAJL {
         let base = text.baseAddress!.assumingMemoryBound(to: UInt8.self)
         let status = yajl_parse(handle, base, text.count)
         if status == yajl_status_ok && isComplete() { return nil }
-        var message = "the line ends before the message does"
-        if status != yajl_status_ok {
-            let offset = yajl_get_bytes_consumed(handle)
-            message = "not valid JSON"
-            if let raw = yajl_get_error(handle, 0, base, text.count) {
-                message = String(cString: raw)
-                    .trimmingSpaces()
-                    .replacingPrefix("lexical error: ", with: "")
-                    .replacingPrefix("parse error: ", with: "")
-                yajl_free_error(handle, raw)
-            }
-            if message.hasSuffix(".") { message.removeLast() }
-            message += " (near byte \(offset + 1))"
-        }
+        let message = status == yajl_status_ok ? "the line ends before the message does" : describeError(handle, base, text.count)
         yajl_free(handle)
         handle = nil
         return SyntaxError(message: message)
@@ -82,9 +69,14 @@ enum YAJL {
         }
         if status == yajl_status_ok { return nil }
         if status == yajl_status_client_canceled { return SyntaxError(message: "parsing was cancelled") }
+        return SyntaxError(message: describeError(handle, base, text.count))
+    }
+
+    /// YAJL's own words for its error, without its decorations, and where it happened.
+    private static func describeError(_ handle: yajl_handle?, _ base: UnsafePointer<UInt8>, _ count: Int) -> String {
         let offset = yajl_get_bytes_consumed(handle)
         var message = "not valid JSON"
-        if let raw = yajl_get_error(handle, 0, base, text.count) {
+        if let raw = yajl_get_error(handle, 0, base, count) {
             message = String(cString: raw)
                 .trimmingSpaces()
                 .replacingPrefix("lexical error: ", with: "")
@@ -92,7 +84,7 @@ enum YAJL {
             yajl_free_error(handle, raw)
         }
         if message.hasSuffix(".") { message.removeLast() }
-        return SyntaxError(message: "\(message) (near byte \(offset + 1))")
+        return "\(message) (near byte \(offset + 1))"
     }
 
     /// Form feed (0x0C) and vertical tab (0x0B) are never valid in a JSON text: outside
