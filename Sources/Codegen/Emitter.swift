@@ -283,8 +283,23 @@ struct Emitter {
             }
         }
         doc(description)
-        line("public enum \(name): Sendable, Equatable, WireMessageSet, WireEncodable {")
+        line("public indirect enum \(name): Sendable, Equatable, WireMessageSet, WireEncodable {")
         for message in messages { line("    case \(Emitter.identifier(message.wireName))(\(typeName(message.shape)))") }
+        line()
+        line("    public static let wireMessages = WireSchema([")
+        for message in messages { line("        WireField(\(Emitter.literal(message.wireName)), \(Emitter.wireType(message.shape))),") }
+        line("    ])")
+        line()
+        line("    public init(messageIndex: Int, fields: WireFields) throws {")
+        line("        switch messageIndex {")
+        for (index, message) in messages.enumerated() {
+            if case .object(let type) = message.shape {
+                line("        case \(index): self = .\(Emitter.identifier(message.wireName))(try \(type)(wire: fields))")
+            }
+        }
+        line("        default: throw WireFailure(.internal, \"message \\(messageIndex) is not built from members\")")
+        line("        }")
+        line("    }")
         line()
         line("    private static let wireTypes: [String: WireType] = [")
         for message in messages { line("        \(Emitter.literal(message.wireName)): \(Emitter.wireType(message.shape)),") }

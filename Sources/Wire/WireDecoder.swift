@@ -9,8 +9,21 @@ import Darwin
 /// The set of messages a line may carry (the generated `Request`): maps a top-level
 /// member name to the type of its value, and builds the message from the decoded value.
 public protocol WireMessageSet: Sendable {
+    /// Every message: its name and the type of its value, as members of one table.
+    static var wireMessages: WireSchema { get }
     static func wireType(named name: String) -> WireType?
+    /// Builds a message whose value was decoded as a whole (a union).
     init(name: String, value: WireValue) throws
+    /// Builds the message at `messageIndex` of `wireMessages` straight from its members.
+    init(messageIndex: Int, fields: WireFields) throws
+}
+
+/// How a decoded request's value is handed over.
+public enum DecodedRequest {
+    /// The members of the request object, to build in place (valid during the call only).
+    case fields(messageIndex: Int, WireFields)
+    /// A value decoded as a whole (unions).
+    case value(WireValue)
 }
 
 /// The outcome of decoding one line: the message, or why not, with what the error
@@ -60,7 +73,12 @@ public final class LineDecoder {
     @inlinable
     public func decode<M: WireMessageSet>(_ line: UnsafeRawBufferPointer, as type: M.Type) -> DecodedLine<M> {
         var message: M?
-        let outcome = decode(line, messages: type) { name, value in message = try M(name: name, value: value) }
+        let outcome = decode(line, messages: type) { name, request in
+            switch request {
+            case .fields(let index, let fields): message = try M(messageIndex: index, fields: fields)
+            case .value(let value): message = try M(name: name, value: value)
+            }
+        }
         switch outcome.failure {
         case let failure?:
             return DecodedLine(request: outcome.request, cookie: outcome.cookie, result: .failure(failure))
@@ -78,7 +96,7 @@ public final class LineDecoder {
 
     /// Decodes a line; on success calls `build` (while the line's bytes are still valid)
     /// with the request name and value.
-    public func decode(_ line: UnsafeRawBufferPointer, messages: any WireMessageSet.Type, build: (String, WireValue) throws -> Void) -> Outcome {
+    public func decode(_ line: UnsafeRawBufferPointer, messages: any WireMessageSet.Type, build: (String, DecodedRequest) throws -> Void) -> Outcome {
         state.pointee.begin(base: line.baseAddress, count: line.count, mode: .line(messages), pathPrefix: "")
         defer { state.pointee.end() }
         if let syntax = run(line) {
@@ -96,7 +114,16 @@ public final class LineDecoder {
             return Outcome(request: requestName, cookie: cookie, failure: WireFailure(.parseError, "a message must be one object with one member"))
         }
         do {
-            try build(name, value)
+            let base = state.pointee.requestSlotBase
+            if base >= 0 {
+                let index = state.pointee.requestMessageIndex
+                let count = state.pointee.requestSlotCount
+                try state.pointee.slots.withUnsafeMutableBufferPointer { slots in
+                    try build(name, .fields(messageIndex: index, WireFields(base: slots.baseAddress! + base, count: count)))
+                }
+            } else {
+                try build(name, .value(value))
+            }
             return Outcome(request: name, cookie: cookie, failure: nil)
         } catch let failure as WireFailure {
             return Outcome(request: name, cookie: cookie, failure: failure)
@@ -228,6 +255,9 @@ private struct Frame {
         case array
         /// A free-form value or a union, kept as bytes.
         case capture
+        /// A union before its first member: if that is the discriminator, the frame becomes
+        /// the chosen variant's object; otherwise it becomes a capture.
+        case union
         case skip
     }
 
@@ -246,8 +276,11 @@ private struct Frame {
     var slotBase = 0
     /// object: the request itself (its `cookie` is echoed in failures).
     var isRequest = false
-    /// object: its schema (schemas are static: they outlive every decoder).
-    unowned(unsafe) var schema: WireSchema?
+    /// object: its schema (schemas are static: they outlive every decoder, so no
+    /// reference is counted for them).
+    var schemaReference: Unmanaged<WireSchema>?
+    /// object: the index of its `cookie` member (-1 when none).
+    var cookieIndex = -1
     /// object: the schema's member types, read without reference counting.
     var types: UnsafePointer<WireType>?
     var objectType: (any WireDecodable.Type)?
@@ -256,6 +289,9 @@ private struct Frame {
     var maxItems = 0
     var minItems = 0
     var values: [WireValue] = []
+    /// union: its type, and whether the discriminator's value comes next.
+    var unionType: (any WireUnionDecodable.Type)?
+    var awaitingDiscriminator = false
 
     init(kind: Kind) {
         self.kind = kind
@@ -342,6 +378,10 @@ private struct DecodeState {
 
     var failure: WireFailure?
     var structural: WireFailure?
+    /// The request object's members, left in the arena for the message to be built from.
+    var requestSlotBase = -1
+    var requestSlotCount = 0
+    var requestMessageIndex = -1
     var requestName: String?
     var cookie: String?
     var result: WireValue?
@@ -354,6 +394,9 @@ private struct DecodeState {
         previousEnd = 0
         topValues = 0
         topEnd = 0
+        requestSlotBase = -1
+        requestSlotCount = 0
+        requestMessageIndex = -1
         failure = nil
         structural = nil
         requestName = nil
@@ -397,7 +440,7 @@ private struct DecodeState {
             let frame = frames[index].pointee
             switch frame.kind {
             case .object:
-                guard frame.pending >= 0, let schema = frame.schema else { continue }
+                guard frame.pending >= 0, let schema = frame.schemaReference?.takeUnretainedValue() else { continue }
                 if !parts.isEmpty { parts += "." }
                 parts += schema.fields[frame.pending].name
             case .array:
@@ -434,7 +477,7 @@ private struct DecodeState {
         case .object:
             let pending = frames[top].pointee.pending
             return pending >= 0 ? frames[top].pointee.types![pending] : nil
-        case .capture, .skip: return nil
+        case .capture, .skip, .union: return nil
         }
     }
 
@@ -461,9 +504,15 @@ private struct DecodeState {
                 }
             }
             frames[top].pointee.index += 1
-        case .capture, .skip:
+        case .capture, .skip, .union:
             break
         }
+    }
+
+    /// A union whose discriminator is given an object or array: not a variant name.
+    private mutating func rejectNestedDiscriminator() {
+        let top = frames.count - 1
+        if top >= 0 && frames[top].pointee.kind == .union { chooseVariant(top, .null) }
     }
 
     /// Inside a skipped or captured value only depth counts.
@@ -481,7 +530,8 @@ private struct DecodeState {
     mutating func pushObject(_ type: any WireDecodable.Type, isRequest: Bool) {
         let schema = type.wireSchema
         var frame = Frame(kind: .object)
-        frame.schema = schema
+        frame.schemaReference = Unmanaged.passUnretained(schema)
+        frame.cookieIndex = schema.cookieIndex
         frame.types = schema.typeTable
         frame.objectType = type
         frame.isRequest = isRequest
@@ -522,6 +572,7 @@ private struct DecodeState {
 
     mutating func startMap() {
         defer { previousEnd = consumed }
+        rejectNestedDiscriminator()
         if nest() { return }
         if frames.isEmpty, isLineMode {
             frames.append(Frame(kind: .envelope))
@@ -536,7 +587,13 @@ private struct DecodeState {
         switch type {
         case .object(let objectType):
             pushObject(objectType, isRequest: topIsEnvelope)
-        case .union, .json:
+        case .union(let unionType):
+            var frame = Frame(kind: .union)
+            frame.start = consumed - 1
+            frame.unionType = unionType
+            frame.isRequest = topIsEnvelope
+            frames.append(frame)
+        case .json:
             pushCapture(type)
         case .rejected:
             let reason = "'\(path())' is read-only"
@@ -553,6 +610,16 @@ private struct DecodeState {
         let top = frames.count - 1
         guard top >= 0 else { return }
         switch frames[top].pointee.kind {
+        case .union:
+            let unionType = frames[top].pointee.unionType!
+            if unionType.discriminator.utf8.elementsEqual(key) {
+                frames[top].pointee.awaitingDiscriminator = true
+            } else {
+                // The discriminator comes later: keep the bytes, decode them at the end.
+                frames[top].pointee.kind = .capture
+                frames[top].pointee.depth = 1
+                frames[top].pointee.type = .union(unionType)
+            }
         case .envelope:
             frames[top].pointee.members += 1
             if frames[top].pointee.members > 1 {
@@ -563,23 +630,25 @@ private struct DecodeState {
             }
             let name = String(decoding: key, as: UTF8.self)
             requestName = name
-            if case .line(let messages) = mode, let type = messages.wireType(named: name) {
-                frames[top].pointee.type = type
+            if case .line(let messages) = mode, let index = messages.wireMessages.index(of: key) {
+                requestMessageIndex = index
+                frames[top].pointee.type = messages.wireMessages.typeTable[index]
             } else {
                 fail("unknown request '\(name)'", kind: .unknownRequest)
                 frames[top].pointee.type = .object(UnknownRequest.self)
             }
         case .object:
-            unowned(unsafe) let schema = frames[top].pointee.schema!
-            guard let index = schema.index(of: key) else {
+            let found = frames[top].pointee.schemaReference!._withUnsafeGuaranteedRef { $0.index(of: key) }
+            guard let index = found else {
                 frames[top].pointee.pending = -1
-                if !schema.ignoresUnknownFields && failure == nil {
+                let ignores = frames[top].pointee.schemaReference!._withUnsafeGuaranteedRef { $0.ignoresUnknownFields }
+                if !ignores && failure == nil {
                     let reason = "unknown field '\(path(last: String(decoding: key, as: UTF8.self)))'"
                     fail(reason)
                 }
                 return
             }
-            if failure != nil && !(frames[top].pointee.isRequest && index == schema.cookieIndex) {
+            if failure != nil && !(frames[top].pointee.isRequest && index == frames[top].pointee.cookieIndex) {
                 frames[top].pointee.pending = -1
                 return
             }
@@ -611,14 +680,50 @@ private struct DecodeState {
             }
         case .object:
             finishObject(top)
+        case .union:
+            let discriminator = frames[top].pointee.unionType!.discriminator
+            let reason = "'\(path(last: discriminator, through: top))' is required"
+            fail(reason)
+            frames.removeLast()
+            deliver(nil)
         case .array:
             break
         }
     }
 
+    /// The discriminator's value picks the variant: the union frame becomes its object.
+    private mutating func chooseVariant(_ top: Int, _ value: Scalar) {
+        let unionType = frames[top].pointee.unionType!
+        let isRequest = frames[top].pointee.isRequest
+        var chosen: (name: String, type: any WireDecodable.Type)?
+        if case .string(let text) = value {
+            chosen = unionType.variants.first { $0.name.utf8.elementsEqual(text) }
+        }
+        guard let variant = chosen else {
+            let names = unionType.variants.map { "'\($0.name)'" }.joined(separator: ", ")
+            let reason = "'\(path(last: unionType.discriminator, through: top))' must be one of \(names)"
+            fail(reason)
+            frames.removeLast()
+            if isRequest {
+                // Still echo the request's cookie.
+                pushObject(UnknownRequest.self, isRequest: true)
+            } else {
+                pushSkip()
+            }
+            return
+        }
+        frames.removeLast()
+        pushObject(variant.type, isRequest: isRequest)
+        let object = frames.count - 1
+        let index = variant.type.wireSchema.index(ofName: unionType.discriminator)
+        if index >= 0 {
+            slots[frames[object].pointee.slotBase + index] = .string(variant.name)
+        }
+    }
+
     private mutating func finishObject(_ top: Int) {
         let frame = frames[top].pointee
-        unowned(unsafe) let schema = frame.schema!
+        let schema = frame.schemaReference!.takeUnretainedValue()
         if failure == nil {
             if schema.hasRequired {
                 for index in 0..<schema.count where schema.required[index] && slots[frame.slotBase + index] == nil {
@@ -634,6 +739,14 @@ private struct DecodeState {
                     fail(schema.memberCountReason(path: path(through: top)))
                 }
             }
+        }
+        if frame.isRequest, failure == nil, case .line = mode, case .object? = frames[top - 1].pointee.type {
+            // The message is built from these slots once the line is through.
+            requestSlotBase = frame.slotBase
+            requestSlotCount = schema.count
+            frames.removeLast()
+            deliver(.null)
+            return
         }
         var value: WireValue?
         if failure == nil {
@@ -668,6 +781,7 @@ private struct DecodeState {
 
     mutating func startArray() {
         defer { previousEnd = consumed }
+        rejectNestedDiscriminator()
         if nest() { return }
         if frames.isEmpty, isLineMode {
             failStructure("a message must be a JSON object")
@@ -741,11 +855,14 @@ private struct DecodeState {
             switch frames[top].pointee.kind {
             case .skip, .capture:
                 return
+            case .union:
+                chooseVariant(top, value)
+                return
             case .envelope:
                 if frames[top].pointee.type != nil { failStructure("the value of '\(requestName ?? "")' must be an object") }
                 return
             case .object:
-                if frames[top].pointee.isRequest, frames[top].pointee.pending >= 0, frames[top].pointee.pending == frames[top].pointee.schema!.cookieIndex,
+                if frames[top].pointee.isRequest, frames[top].pointee.pending >= 0, frames[top].pointee.pending == frames[top].pointee.cookieIndex,
                    case .string(let text) = value {
                     cookie = String(decoding: text, as: UTF8.self)
                 }

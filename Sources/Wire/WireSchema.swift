@@ -123,6 +123,11 @@ public final class WireSchema: @unchecked Sendable {
         return "\(subject) must have between \(members.lowerBound) and \(members.upperBound) of \(names)"
     }
 
+    /// The index of the member with this name, or -1.
+    func index(ofName name: String) -> Int {
+        fields.firstIndex { $0.name == name } ?? -1
+    }
+
     @inline(__always)
     func index(of key: UnsafeRawBufferPointer) -> Int? {
         let length = key.count

@@ -74,3 +74,29 @@ private func decode(_ line: String) -> DecodedLine<Request> {
     let decoded = decode(#"{"requestListChange":{"elements":[{"chatId":"1","localData":null}],"type":"chat"}}"#)
     #expect(decoded.result == .success(.requestListChange(.chat(RequestListChangeChat(elements: [ChatSettable(chatId: "1", localData: .null)])))))
 }
+
+@Test func unionsDecodeTheSameWhereverTheDiscriminatorStands() {
+    let expected = Request.requestListMatching(.chatMessage(RequestListMatchingChatMessage(
+        criteria: ChatMessageCriteria(chatId: "1", notRefTag: "Thread"), window: Window(messageId: 9, before: 5), cookie: "k")))
+    let first = decode(#"{"requestListMatching":{"type":"chatMessage","criteria":{"chatId":"1","notRefTag":"Thread"},"window":{"messageId":"9","before":5},"cookie":"k"}}"#)
+    let last = decode(#"{"requestListMatching":{"criteria":{"chatId":"1","notRefTag":"Thread"},"window":{"messageId":9,"before":5},"cookie":"k","type":"chatMessage"}}"#)
+    #expect(first.result == .success(expected))
+    #expect(last.result == .success(expected))
+}
+
+@Test func aBadDiscriminatorNamesTheChoicesAndKeepsTheCookie() {
+    for line in [#"{"requestListMatching":{"type":"chat","criteria":{},"cookie":"c"}}"#,
+                 #"{"requestListMatching":{"type":{"x":[1]},"criteria":{},"cookie":"c"}}"#,
+                 #"{"requestListMatching":{"criteria":{},"type":"chat","cookie":"c"}}"#] {
+        let decoded = decode(line)
+        #expect(decoded.cookie == "c", "\(line)")
+        #expect(decoded.result == .failure(WireFailure(.invalidParameter, "'type' must be one of 'chatMessage', 'chatParticipant'")), "\(line)")
+    }
+    let missing = decode(#"{"requestListMatching":{"cookie":"c"}}"#)
+    #expect(missing.result == .failure(WireFailure(.invalidParameter, "'type' is required")))
+}
+
+@Test func errorsInsideAVariantNameTheirPath() {
+    let decoded = decode(#"{"requestListMatching":{"type":"chatMessage","criteria":{"chatId":"1","bogus":1}}}"#)
+    #expect(decoded.result == .failure(WireFailure(.invalidParameter, "unknown field 'criteria.bogus'")))
+}

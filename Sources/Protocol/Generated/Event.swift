@@ -4,7 +4,7 @@
 import Wire
 
 /// One event line: an object with exactly one member, the event name, whose value is the event.
-public enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
+public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
     case requestFailed(RequestFailed)
     case setupError(SetupError)
     case listAdd(ListAdd)
@@ -21,6 +21,41 @@ public enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
     case identities(Identities)
     case chatEvent(ChatEvent)
     case searchResult(SearchResult)
+
+    public static let wireMessages = WireSchema([
+        WireField("requestFailed", .object(RequestFailed.self)),
+        WireField("setupError", .object(SetupError.self)),
+        WireField("listAdd", .union(ListAdd.self)),
+        WireField("listChange", .union(ListChange.self)),
+        WireField("listRemove", .union(ListRemove.self)),
+        WireField("listChunk", .union(ListChunk.self)),
+        WireField("listAll", .object(ListAll.self)),
+        WireField("listElements", .union(ListElements.self)),
+        WireField("listMatching", .union(ListMatching.self)),
+        WireField("listChanges", .object(ListChanges.self)),
+        WireField("chatStarted", .object(ChatStarted.self)),
+        WireField("chatStartFailed", .object(ChatStartFailed.self)),
+        WireField("chatMessageState", .object(ChatMessageStateEvent.self)),
+        WireField("identities", .object(Identities.self)),
+        WireField("chatEvent", .object(ChatEvent.self)),
+        WireField("searchResult", .object(SearchResult.self)),
+    ])
+
+    public init(messageIndex: Int, fields: WireFields) throws {
+        switch messageIndex {
+        case 0: self = .requestFailed(try RequestFailed(wire: fields))
+        case 1: self = .setupError(try SetupError(wire: fields))
+        case 6: self = .listAll(try ListAll(wire: fields))
+        case 9: self = .listChanges(try ListChanges(wire: fields))
+        case 10: self = .chatStarted(try ChatStarted(wire: fields))
+        case 11: self = .chatStartFailed(try ChatStartFailed(wire: fields))
+        case 12: self = .chatMessageState(try ChatMessageStateEvent(wire: fields))
+        case 13: self = .identities(try Identities(wire: fields))
+        case 14: self = .chatEvent(try ChatEvent(wire: fields))
+        case 15: self = .searchResult(try SearchResult(wire: fields))
+        default: throw WireFailure(.internal, "message \(messageIndex) is not built from members")
+        }
+    }
 
     private static let wireTypes: [String: WireType] = [
         "requestFailed": .object(RequestFailed.self),

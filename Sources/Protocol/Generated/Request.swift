@@ -4,7 +4,7 @@
 import Wire
 
 /// One request line: an object with exactly one member, the request name, whose value is the request.
-public enum Request: Sendable, Equatable, WireMessageSet, WireEncodable {
+public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable {
     case authToken(AuthToken)
     case identitiesGet(IdentitiesGet)
     case requestListAll(RequestListAll)
@@ -29,6 +29,60 @@ public enum Request: Sendable, Equatable, WireMessageSet, WireEncodable {
     case chatTyping(ChatTyping)
     case chatEventSend(ChatEventSend)
     case search(Search)
+
+    public static let wireMessages = WireSchema([
+        WireField("authToken", .object(AuthToken.self)),
+        WireField("identitiesGet", .object(IdentitiesGet.self)),
+        WireField("requestListAll", .object(RequestListAll.self)),
+        WireField("requestListElements", .union(RequestListElements.self)),
+        WireField("requestListMatching", .union(RequestListMatching.self)),
+        WireField("requestListChange", .union(RequestListChange.self)),
+        WireField("requestListChanges", .object(RequestListChanges.self)),
+        WireField("chatStart", .object(ChatStart.self)),
+        WireField("chatInvite", .object(ChatInvite.self)),
+        WireField("chatLeave", .object(ChatLeave.self)),
+        WireField("participantRemove", .object(ParticipantRemove.self)),
+        WireField("participantPromote", .object(ParticipantPromote.self)),
+        WireField("participantDemote", .object(ParticipantDemote.self)),
+        WireField("chatHide", .object(ChatHide.self)),
+        WireField("chatMessageSend", .object(ChatMessageSend.self)),
+        WireField("chatMessageRead", .object(ChatMessageRead.self)),
+        WireField("chatMessageStateGet", .object(ChatMessageStateGet.self)),
+        WireField("chatMessageDelete", .object(ChatMessageDelete.self)),
+        WireField("chatMessageDestroy", .object(ChatMessageDestroy.self)),
+        WireField("chatMessageFileDownload", .object(ChatMessageFileDownload.self)),
+        WireField("chatMessageDetach", .object(ChatMessageDetach.self)),
+        WireField("chatTyping", .object(ChatTyping.self)),
+        WireField("chatEventSend", .object(ChatEventSend.self)),
+        WireField("search", .object(Search.self)),
+    ])
+
+    public init(messageIndex: Int, fields: WireFields) throws {
+        switch messageIndex {
+        case 0: self = .authToken(try AuthToken(wire: fields))
+        case 1: self = .identitiesGet(try IdentitiesGet(wire: fields))
+        case 2: self = .requestListAll(try RequestListAll(wire: fields))
+        case 6: self = .requestListChanges(try RequestListChanges(wire: fields))
+        case 7: self = .chatStart(try ChatStart(wire: fields))
+        case 8: self = .chatInvite(try ChatInvite(wire: fields))
+        case 9: self = .chatLeave(try ChatLeave(wire: fields))
+        case 10: self = .participantRemove(try ParticipantRemove(wire: fields))
+        case 11: self = .participantPromote(try ParticipantPromote(wire: fields))
+        case 12: self = .participantDemote(try ParticipantDemote(wire: fields))
+        case 13: self = .chatHide(try ChatHide(wire: fields))
+        case 14: self = .chatMessageSend(try ChatMessageSend(wire: fields))
+        case 15: self = .chatMessageRead(try ChatMessageRead(wire: fields))
+        case 16: self = .chatMessageStateGet(try ChatMessageStateGet(wire: fields))
+        case 17: self = .chatMessageDelete(try ChatMessageDelete(wire: fields))
+        case 18: self = .chatMessageDestroy(try ChatMessageDestroy(wire: fields))
+        case 19: self = .chatMessageFileDownload(try ChatMessageFileDownload(wire: fields))
+        case 20: self = .chatMessageDetach(try ChatMessageDetach(wire: fields))
+        case 21: self = .chatTyping(try ChatTyping(wire: fields))
+        case 22: self = .chatEventSend(try ChatEventSend(wire: fields))
+        case 23: self = .search(try Search(wire: fields))
+        default: throw WireFailure(.internal, "message \(messageIndex) is not built from members")
+        }
+    }
 
     private static let wireTypes: [String: WireType] = [
         "authToken": .object(AuthToken.self),
