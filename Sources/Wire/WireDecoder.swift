@@ -324,8 +324,14 @@ private struct FrameStack {
         count += 1
     }
 
-    @discardableResult
-    mutating func removeLast() -> Frame {
+    /// Drops the top frame in place.
+    mutating func removeLast() {
+        count -= 1
+        (base + count).deinitialize(count: 1)
+    }
+
+    /// Takes the top frame out (when its contents are needed afterwards).
+    mutating func popLast() -> Frame {
         count -= 1
         return (base + count).move()
     }
@@ -722,11 +728,13 @@ private struct DecodeState {
     }
 
     private mutating func finishObject(_ top: Int) {
-        let frame = frames[top].pointee
-        let schema = frame.schemaReference!.takeUnretainedValue()
+        let slotBase = frames[top].pointee.slotBase
+        let isRequest = frames[top].pointee.isRequest
+        let objectType = frames[top].pointee.objectType!
+        let schema = frames[top].pointee.schemaReference!.takeUnretainedValue()
         if failure == nil {
             if schema.hasRequired {
-                for index in 0..<schema.count where schema.required[index] && slots[frame.slotBase + index] == nil {
+                for index in 0..<schema.count where schema.required[index] && slots[slotBase + index] == nil {
                     let reason = "'\(path(last: schema.fields[index].name, through: top))' is required"
                     fail(reason)
                     break
@@ -734,15 +742,15 @@ private struct DecodeState {
             }
             if schema.members.lowerBound > 0 || schema.members.upperBound < Int.max {
                 var present = 0
-                for index in 0..<schema.count where slots[frame.slotBase + index] != nil { present += 1 }
+                for index in 0..<schema.count where slots[slotBase + index] != nil { present += 1 }
                 if !schema.members.contains(present) {
                     fail(schema.memberCountReason(path: path(through: top)))
                 }
             }
         }
-        if frame.isRequest, failure == nil, case .line = mode, case .object? = frames[top - 1].pointee.type {
+        if isRequest, failure == nil, case .line = mode, case .object? = frames[top - 1].pointee.type {
             // The message is built from these slots once the line is through.
-            requestSlotBase = frame.slotBase
+            requestSlotBase = slotBase
             requestSlotCount = schema.count
             frames.removeLast()
             deliver(.null)
@@ -752,7 +760,7 @@ private struct DecodeState {
         if failure == nil {
             do {
                 let box = try slots.withUnsafeMutableBufferPointer { buffer in
-                    try frame.objectType!.decodeBox(WireFields(base: buffer.baseAddress! + frame.slotBase, count: schema.count))
+                    try objectType.decodeBox(WireFields(base: buffer.baseAddress! + slotBase, count: schema.count))
                 }
                 value = .object(box)
             } catch let error as WireFailure {
@@ -762,8 +770,8 @@ private struct DecodeState {
             }
         }
         frames.removeLast()
-        for index in frame.slotBase..<slotCount { slots[index] = nil }
-        slotCount = frame.slotBase
+        for index in slotBase..<slotCount { slots[index] = nil }
+        slotCount = slotBase
         deliver(value)
     }
 
@@ -828,7 +836,7 @@ private struct DecodeState {
         case .skip, .capture:
             closeNested(top)
         case .array:
-            let frame = frames.removeLast()
+            let frame = frames.popLast()
             if frame.values.count < frame.minItems {
                 let reason = "'\(path())' must have at least \(frame.minItems) item\(frame.minItems == 1 ? "" : "s")"
                 fail(reason)
@@ -950,7 +958,7 @@ private struct DecodeState {
     }
 
     private mutating func finishCapture() {
-        let frame = frames.removeLast()
+        let frame = frames.popLast()
         let raw = UnsafeRawBufferPointer(start: base! + frame.start, count: consumed - frame.start)
         let text = WireDecoder.minify(raw)
         switch frame.type {
