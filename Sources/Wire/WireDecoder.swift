@@ -312,7 +312,23 @@ private struct FrameStack {
 
     var isEmpty: Bool { count == 0 }
 
+    /// A new top frame of this kind, made in place; returns where it is.
+    @discardableResult
+    mutating func push(_ kind: Frame.Kind) -> UnsafeMutablePointer<Frame> {
+        grow()
+        let slot = base + count
+        slot.initialize(to: Frame(kind: kind))
+        count += 1
+        return slot
+    }
+
     mutating func append(_ frame: Frame) {
+        grow()
+        (base + count).initialize(to: frame)
+        count += 1
+    }
+
+    private mutating func grow() {
         if count == capacity {
             let larger = UnsafeMutablePointer<Frame>.allocate(capacity: capacity * 2)
             larger.moveInitialize(from: base, count: count)
@@ -320,8 +336,6 @@ private struct FrameStack {
             base = larger
             capacity *= 2
         }
-        (base + count).initialize(to: frame)
-        count += 1
     }
 
     /// Drops the top frame in place.
@@ -530,22 +544,21 @@ private struct DecodeState {
     }
 
     mutating func pushSkip() {
-        frames.append(Frame(kind: .skip))
+        frames.push(.skip)
     }
 
     mutating func pushObject(_ type: any WireDecodable.Type, isRequest: Bool) {
         let schema = type.wireSchema
-        var frame = Frame(kind: .object)
-        frame.schemaReference = Unmanaged.passUnretained(schema)
-        frame.cookieIndex = schema.cookieIndex
-        frame.types = schema.typeTable
-        frame.objectType = type
-        frame.isRequest = isRequest
-        frame.slotBase = slotCount
         let needed = slotCount + schema.count
         while slots.count < needed { slots.append(nil) }
+        let frame = frames.push(.object)
+        frame.pointee.schemaReference = Unmanaged.passUnretained(schema)
+        frame.pointee.cookieIndex = schema.cookieIndex
+        frame.pointee.types = schema.typeTable
+        frame.pointee.objectType = type
+        frame.pointee.isRequest = isRequest
+        frame.pointee.slotBase = slotCount
         slotCount = needed
-        frames.append(frame)
     }
 
     mutating func pushCapture(_ type: WireType) {
@@ -581,7 +594,7 @@ private struct DecodeState {
         rejectNestedDiscriminator()
         if nest() { return }
         if frames.isEmpty, isLineMode {
-            frames.append(Frame(kind: .envelope))
+            frames.push(.envelope)
             return
         }
         let topIsEnvelope = !frames.isEmpty && frames[frames.count - 1].pointee.kind == .envelope
