@@ -219,17 +219,6 @@ struct Emitter {
         }
         line("    }")
         line()
-        if let wireName = wireNames[structure.name] {
-            line("    /// Writes the whole line: `{\"\(wireName)\":{...}}` and a newline.")
-            line("    public func encodeLine(to writer: inout JSONWriter) {")
-            line("        writer.beginObject()")
-            line("        writer.rawKey(\(Emitter.literal("\"" + wireName + "\":")))")
-            line("        encode(to: &writer)")
-            line("        writer.endObject()")
-            line("        writer.endLine()")
-            line("    }")
-            line()
-        }
         line("    public func encode(to writer: inout JSONWriter) {")
         line("        writer.beginObject()")
         for field in structure.fields {

@@ -28,11 +28,6 @@ public struct ProtocolError: Error, Sendable, Equatable {
 
     /// The answer to the request on `line`.
     public func requestFailed(request: String?, cookie: String?, line: Int) -> Event {
-        .requestFailed(answer(request: request, cookie: cookie, line: line))
-    }
-
-    /// The same answer, not wrapped in an `Event` (for writing it straight out).
-    public func answer(request: String?, cookie: String?, line: Int) -> RequestFailed {
-        RequestFailed(request: request, cookie: cookie, error: code, reason: reason, line: Int64(line))
+        .requestFailed(RequestFailed(request: request, cookie: cookie, error: code, reason: reason, line: Int64(line)))
     }
 }

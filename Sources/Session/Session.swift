@@ -70,7 +70,7 @@ public final class Session: EventSink, @unchecked Sendable {
             receive(line: bytes, number: number)
         case .tooLarge(let number):
             respond(ProtocolError(.tooLarge, "the line is longer than the limit of \(limits.maxLineBytes) bytes (--max-line-bytes)")
-                .answer(request: nil, cookie: nil, line: number))
+                .requestFailed(request: nil, cookie: nil, line: number))
         }
     }
 
@@ -78,7 +78,7 @@ public final class Session: EventSink, @unchecked Sendable {
         let decoded = decoder.decode(line, as: Request.self)
         switch decoded.result {
         case .failure(let failure):
-            respond(ProtocolError(failure).answer(request: decoded.request, cookie: decoded.cookie, line: number))
+            respond(ProtocolError(failure).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number))
         case .success(.authToken(let request)):
             if let error = authenticator.verify(token: request.authToken, userId: request.userId) {
                 respond(.setupError(SetupError(error: error, cookie: request.cookie)))
@@ -102,17 +102,6 @@ public final class Session: EventSink, @unchecked Sendable {
     public func close() {
         handOver(flush: true)
         engine.close(handle)
-    }
-
-    /// A failure answer made here: written straight out when nothing of this session
-    /// waits in the engine (no `Event` is built for it), else queued behind that work.
-    private func respond(_ failed: RequestFailed) {
-        if inFlight.load(ordering: .acquiring) == 0 {
-            failed.encodeLine(to: &pending)
-            if pending.bytes.count >= 64 * 1024 { handOver(flush: false) }
-        } else {
-            respond(.requestFailed(failed))
-        }
     }
 
     /// An answer made here, kept in order behind the session's work in the engine.

@@ -69,7 +69,7 @@ data.withUnsafeBytes { all in
             switch decoded.result {
             case .success(let request): request.encode(to: &writer)
             case .failure(let failure):
-                ProtocolError(failure).answer(request: decoded.request, cookie: decoded.cookie, line: number + 1).encodeLine(to: &writer)
+                ProtocolError(failure).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number + 1).encode(to: &writer)
             }
             if writer.bytes.count > 1 << 20 { sink &+= writer.bytes.count; writer.bytes.removeAll(keepingCapacity: true) }
         }

@@ -38,15 +38,6 @@ public struct ChatEvent: Sendable, Equatable, WireDecodable, WireEncodable {
         self.data = try fields.required(3) { value in try value.json() }
     }
 
-    /// Writes the whole line: `{"chatEvent":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"chatEvent\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)

@@ -68,15 +68,6 @@ public struct ChatMessageStateEvent: Sendable, Equatable, WireDecodable, WireEnc
         self.states = try fields.required(3) { value in try value.array().map { element in try element.object(RecipientState.self) } }
     }
 
-    /// Writes the whole line: `{"chatMessageState":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"chatMessageState\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }

@@ -35,15 +35,6 @@ public struct ChatStartFailed: Sendable, Equatable, WireDecodable, WireEncodable
         self.reason = try fields.required(1) { value in try value.enumeration(ChatStartFailure.self) }
     }
 
-    /// Writes the whole line: `{"chatStartFailed":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"chatStartFailed\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }

@@ -28,15 +28,6 @@ public struct ChatStarted: Sendable, Equatable, WireDecodable, WireEncodable {
         self.chatId = try fields.required(1) { value in try value.string() }
     }
 
-    /// Writes the whole line: `{"chatStarted":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"chatStarted\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }

@@ -64,15 +64,6 @@ public struct Identities: Sendable, Equatable, WireDecodable, WireEncodable {
         self.identities = try fields.required(1) { value in try value.array().map { element in try element.object(Identity.self) } }
     }
 
-    /// Writes the whole line: `{"identities":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"identities\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }

@@ -28,15 +28,6 @@ public struct ListAll: Sendable, Equatable, WireDecodable, WireEncodable {
         self.cookie = try fields.optional(1) { value in try value.string() }
     }
 
-    /// Writes the whole line: `{"listAll":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"listAll\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"type\":"); writer.string(self.type.rawValue)

@@ -39,15 +39,6 @@ public struct ListChanges: Sendable, Equatable, WireDecodable, WireEncodable {
         self.hasMore = try fields.required(4) { value in try value.bool() }
     }
 
-    /// Writes the whole line: `{"listChanges":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"listChanges\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"type\":"); writer.string("chatMessage")

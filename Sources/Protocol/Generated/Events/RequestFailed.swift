@@ -56,15 +56,6 @@ public struct RequestFailed: Sendable, Equatable, WireDecodable, WireEncodable {
         self.line = try fields.required(4) { value in try value.integer() }
     }
 
-    /// Writes the whole line: `{"requestFailed":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"requestFailed\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         if let value = self.request { writer.rawKey("\"request\":"); writer.string(value) }

@@ -33,15 +33,6 @@ public struct SearchResult: Sendable, Equatable, WireDecodable, WireEncodable {
         self.messages = try fields.required(2) { value in try value.array().map { element in try element.object(MessageKey.self) } }
     }
 
-    /// Writes the whole line: `{"searchResult":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"searchResult\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }

@@ -37,15 +37,6 @@ public struct SetupError: Sendable, Equatable, WireDecodable, WireEncodable {
         self.cookie = try fields.optional(1) { value in try value.string() }
     }
 
-    /// Writes the whole line: `{"setupError":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"setupError\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"error\":"); writer.string(self.error.rawValue)

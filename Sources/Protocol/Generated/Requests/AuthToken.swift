@@ -33,15 +33,6 @@ public struct AuthToken: Sendable, Equatable, WireDecodable, WireEncodable {
         self.cookie = try fields.optional(2) { value in try value.string() }
     }
 
-    /// Writes the whole line: `{"authToken":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"authToken\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"userId\":"); writer.string(self.userId)

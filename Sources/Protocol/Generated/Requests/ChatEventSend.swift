@@ -38,15 +38,6 @@ public struct ChatEventSend: Sendable, Equatable, WireDecodable, WireEncodable {
         self.cookie = try fields.optional(3) { value in try value.string() }
     }
 
-    /// Writes the whole line: `{"chatEventSend":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"chatEventSend\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)

@@ -33,15 +33,6 @@ public struct ChatInvite: Sendable, Equatable, WireDecodable, WireEncodable {
         self.cookie = try fields.optional(2) { value in try value.string() }
     }
 
-    /// Writes the whole line: `{"chatInvite":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"chatInvite\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)

@@ -28,15 +28,6 @@ public struct ChatLeave: Sendable, Equatable, WireDecodable, WireEncodable {
         self.cookie = try fields.optional(1) { value in try value.string() }
     }
 
-    /// Writes the whole line: `{"chatLeave":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"chatLeave\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"chatIds\":"); writer.beginArray(); for element in self.chatIds { writer.string(element) }; writer.endArray()

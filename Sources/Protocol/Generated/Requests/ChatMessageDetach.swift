@@ -43,15 +43,6 @@ public struct ChatMessageDetach: Sendable, Equatable, WireDecodable, WireEncodab
         self.cookie = try fields.optional(4) { value in try value.string() }
     }
 
-    /// Writes the whole line: `{"chatMessageDetach":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"chatMessageDetach\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)

@@ -78,15 +78,6 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
         self.cookie = try fields.optional(11) { value in try value.string() }
     }
 
-    /// Writes the whole line: `{"chatMessageSend":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"chatMessageSend\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)

@@ -33,15 +33,6 @@ public struct ChatMessageStateGet: Sendable, Equatable, WireDecodable, WireEncod
         self.cookie = try fields.required(2) { value in try value.string() }
     }
 
-    /// Writes the whole line: `{"chatMessageStateGet":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"chatMessageStateGet\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)

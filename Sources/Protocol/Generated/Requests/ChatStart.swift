@@ -53,15 +53,6 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
         self.localData = try fields.optional(6) { value in try value.json() }
     }
 
-    /// Writes the whole line: `{"chatStart":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"chatStart\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"cookie\":"); writer.string(self.cookie)

@@ -28,15 +28,6 @@ public struct ChatTyping: Sendable, Equatable, WireDecodable, WireEncodable {
         self.cookie = try fields.optional(1) { value in try value.string() }
     }
 
-    /// Writes the whole line: `{"chatTyping":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"chatTyping\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)

@@ -33,15 +33,6 @@ public struct IdentitiesGet: Sendable, Equatable, WireDecodable, WireEncodable {
         self.regIds = try fields.optional(2) { value in try value.array().map { element in try element.integer() } }
     }
 
-    /// Writes the whole line: `{"identitiesGet":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"identitiesGet\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"cookie\":"); writer.string(self.cookie)

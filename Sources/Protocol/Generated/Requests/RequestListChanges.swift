@@ -39,15 +39,6 @@ public struct RequestListChanges: Sendable, Equatable, WireDecodable, WireEncoda
         self.cookie = try fields.optional(4) { value in try value.string() }
     }
 
-    /// Writes the whole line: `{"requestListChanges":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"requestListChanges\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"type\":"); writer.string("chatMessage")

@@ -38,15 +38,6 @@ public struct Search: Sendable, Equatable, WireDecodable, WireEncodable {
         self.suggestedMaxResults = try fields.optional(3) { value in try value.integer() }
     }
 
-    /// Writes the whole line: `{"search":{...}}` and a newline.
-    public func encodeLine(to writer: inout JSONWriter) {
-        writer.beginObject()
-        writer.rawKey("\"search\":")
-        encode(to: &writer)
-        writer.endObject()
-        writer.endLine()
-    }
-
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"text\":"); writer.string(self.text)
