@@ -72,8 +72,7 @@ public final class WireSchema: @unchecked Sendable {
     public let members: ClosedRange<Int>
     /// The index of the `cookie` member, if the object has one.
     let cookieIndex: Int
-    let types: ContiguousArray<WireType>
-    /// The same types in memory that is never freed (schemas are made once per type and
+    /// The member types in memory that is never freed (schemas are made once per type and
     /// live as long as the process), so the decoder can read them without retaining.
     let typeTable: UnsafePointer<WireType>
     let required: ContiguousArray<Bool>
@@ -87,8 +86,6 @@ public final class WireSchema: @unchecked Sendable {
         self.fields = fields
         self.ignoresUnknownFields = ignoresUnknownFields
         self.members = members ?? 0...Int.max
-        self.cookieIndex = fields.firstIndex { $0.name == "cookie" } ?? -1
-        self.types = ContiguousArray(fields.map(\.type))
         let table = UnsafeMutablePointer<WireType>.allocate(capacity: max(fields.count, 1))
         table.initialize(from: fields.map(\.type), count: fields.count)
         self.typeTable = UnsafePointer(table)
@@ -106,9 +103,10 @@ public final class WireSchema: @unchecked Sendable {
         starts.initialize(from: offsets, count: offsets.count)
         self.nameBytes = UnsafePointer(names)
         self.nameOffsets = UnsafePointer(starts)
+        self.cookieIndex = fields.firstIndex { $0.name == "cookie" } ?? -1
     }
 
-    var count: Int { types.count }
+    var count: Int { fields.count }
 
     /// The reason given when the number of members is out of `members`.
     func memberCountReason(path: String) -> String {
@@ -125,7 +123,8 @@ public final class WireSchema: @unchecked Sendable {
 
     /// The index of the member with this name, or -1.
     func index(ofName name: String) -> Int {
-        fields.firstIndex { $0.name == name } ?? -1
+        var name = name
+        return name.withUTF8 { index(of: UnsafeRawBufferPointer($0)) } ?? -1
     }
 
     @inline(__always)
@@ -242,8 +241,7 @@ public struct WireFields {
     /// A required member, converted (generated initialisers call this).
     @inline(__always)
     public func required<T>(_ index: Int, _ convert: (WireValue) throws -> T) throws -> T {
-        guard let value = base[index] else { throw WireFailure(.internal, "member \(index) is missing") }
-        return try convert(value)
+        try convert(try value(index))
     }
 
     /// An optional member, converted when present.
