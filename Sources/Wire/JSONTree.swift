@@ -51,7 +51,7 @@ public indirect enum JSONTree: Sendable, Equatable {
         let builder = TreeBuilder()
         let context = Unmanaged.passUnretained(builder).toOpaque()
         let error = withUnsafePointer(to: treeCallbacks) { callbacks in
-            YAJL.parse(text, callbacks: callbacks, context: context, handleOut: { _ in })
+            YAJL.parse(text, callbacks: callbacks, context: context)
         }
         if let error { throw SyntaxError(description: error.message) }
         guard let root = builder.root else { throw SyntaxError(description: "no value") }

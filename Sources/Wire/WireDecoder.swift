@@ -64,7 +64,7 @@ public final class LineDecoder {
     }
 
     deinit {
-        if let handle = state.pointee.reusableHandle { yajl_free(handle) }
+        if let handle = state.pointee.handle { yajl_free(handle) }
         state.pointee.frames.release()
         state.deinitialize(count: 1)
         state.deallocate()
@@ -145,20 +145,19 @@ public final class LineDecoder {
     }
 
     private func run(_ text: UnsafeRawBufferPointer) -> YAJL.SyntaxError? {
-        let context = UnsafeMutableRawPointer(state)
         let state = self.state
-        var handle = state.pointee.reusableHandle
-        state.pointee.reusableHandle = nil
-        // The handle is also what callbacks ask for offsets: set it before parsing.
-        if handle == nil {
-            handle = yajl_alloc(decodeCallbacks, nil, context)
-            if let handle { _ = chatcore_yajl_allow_multiple_values(handle) }
+        // Callbacks ask the handle for offsets: it is in the state before parsing starts.
+        if state.pointee.handle == nil {
+            state.pointee.handle = YAJL.makeReusableHandle(callbacks: decodeCallbacks, context: UnsafeMutableRawPointer(state))
         }
-        state.pointee.handle = handle
-        let error = YAJL.parse(text, reusing: &handle, callbacks: decodeCallbacks, context: context) {
+        guard let handle = state.pointee.handle else { return YAJL.SyntaxError(message: "out of memory") }
+        let (error, reusable) = YAJL.parse(text, with: handle) {
             state.pointee.isComplete(lineLength: text.count, text: text)
         }
-        state.pointee.reusableHandle = handle
+        if !reusable {
+            yajl_free(handle)
+            state.pointee.handle = nil
+        }
         return error
     }
 }
@@ -381,9 +380,8 @@ private struct DecodeState {
     var count = 0
     var mode: Mode = .idle
     var pathPrefix = ""
+    /// Kept from line to line until a line leaves it mid-value (see `YAJL.parse(_:with:isComplete:)`).
     var handle: yajl_handle?
-    /// Kept between lines (see `YAJL.parse(_:reusing:...)`).
-    var reusableHandle: yajl_handle?
     /// Values completed at the top level (a line must hold exactly one).
     var topValues = 0
     /// Where the top-level value ended.
@@ -430,7 +428,6 @@ private struct DecodeState {
         slotCount = 0
         result = nil
         mode = .idle
-        handle = nil
         base = nil
     }
 

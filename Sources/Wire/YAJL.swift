@@ -17,51 +17,38 @@ enum YAJL {
         let message: String
     }
 
-    /// Parses one line with a handle kept from line to line (`yajl_allow_multiple_values`):
-    /// YAJL then allocates nothing per line. `isComplete` says whether the line held one
-    /// complete value and nothing after it but whitespace; when it did not, or YAJL
-    /// failed, the handle is freed and set to nil (its state is mid-value) and the next
-    /// line gets a fresh one.
-    static func parse(
-        _ text: UnsafeRawBufferPointer,
-        reusing handle: inout yajl_handle?,
-        callbacks: UnsafePointer<yajl_callbacks>,
-        context: UnsafeMutableRawPointer,
-        isComplete: () -> Bool
-    ) -> SyntaxError? {
-        if text.isEmpty { return SyntaxError(message: "the line is empty") }
-        if let bad = firstNonJSONWhitespace(text) {
-            return SyntaxError(message: "invalid character at byte \(bad + 1)")
-        }
-        if handle == nil {
-            handle = yajl_alloc(callbacks, nil, context)
-            guard let fresh = handle else { return SyntaxError(message: "out of memory") }
-            _ = chatcore_yajl_allow_multiple_values(fresh)
-        }
-        let base = text.baseAddress!.assumingMemoryBound(to: UInt8.self)
-        let status = yajl_parse(handle, base, text.count)
-        if status == yajl_status_ok && isComplete() { return nil }
-        let message = status == yajl_status_ok ? "the line ends before the message does" : describeError(handle, base, text.count)
-        yajl_free(handle)
-        handle = nil
-        return SyntaxError(message: message)
+    /// A handle that parses line after line (`yajl_allow_multiple_values`), so YAJL
+    /// allocates nothing per line. YAJL keeps `callbacks` by pointer: it must outlive the handle.
+    static func makeReusableHandle(callbacks: UnsafePointer<yajl_callbacks>, context: UnsafeMutableRawPointer) -> yajl_handle? {
+        guard let handle = yajl_alloc(callbacks, nil, context) else { return nil }
+        _ = chatcore_yajl_allow_multiple_values(handle)
+        return handle
     }
 
+    /// Parses one line with a reusable handle. `isComplete` says whether the line held one
+    /// complete value and nothing after it but whitespace. `reusable` is false when YAJL
+    /// failed or the line was incomplete: the handle's state is then mid-value, and the
+    /// caller must free it and use a fresh one for the next line.
+    static func parse(_ text: UnsafeRawBufferPointer, with handle: yajl_handle, isComplete: () -> Bool) -> (error: SyntaxError?, reusable: Bool) {
+        if let refused = refuseBeforeParsing(text) { return (refused, true) }
+        let base = text.baseAddress!.assumingMemoryBound(to: UInt8.self)
+        let status = yajl_parse(handle, base, text.count)
+        if status == yajl_status_ok && isComplete() { return (nil, true) }
+        let message = status == yajl_status_ok ? "the line ends before the message does" : describeError(handle, base, text.count)
+        return (SyntaxError(message: message), false)
+    }
+
+    /// Parses one complete text with a handle of its own.
     static func parse(
         _ text: UnsafeRawBufferPointer,
         callbacks: UnsafePointer<yajl_callbacks>,
-        context: UnsafeMutableRawPointer,
-        handleOut: (yajl_handle) -> Void
+        context: UnsafeMutableRawPointer
     ) -> SyntaxError? {
-        if text.isEmpty { return SyntaxError(message: "the line is empty") }
-        if let bad = firstNonJSONWhitespace(text) {
-            return SyntaxError(message: "invalid character at byte \(bad + 1)")
-        }
+        if let refused = refuseBeforeParsing(text) { return refused }
         guard let handle = yajl_alloc(callbacks, nil, context) else {
             return SyntaxError(message: "out of memory")
         }
         defer { yajl_free(handle) }
-        handleOut(handle)
         let base = text.baseAddress!.assumingMemoryBound(to: UInt8.self)
         var status = yajl_parse(handle, base, text.count)
         if status == yajl_status_ok {
@@ -85,6 +72,15 @@ enum YAJL {
         }
         if message.hasSuffix(".") { message.removeLast() }
         return "\(message) (near byte \(offset + 1))"
+    }
+
+    /// What is refused before YAJL sees it: an empty line, and form feed or vertical tab.
+    private static func refuseBeforeParsing(_ text: UnsafeRawBufferPointer) -> SyntaxError? {
+        if text.isEmpty { return SyntaxError(message: "the line is empty") }
+        if let bad = firstNonJSONWhitespace(text) {
+            return SyntaxError(message: "invalid character at byte \(bad + 1)")
+        }
+        return nil
     }
 
     /// Form feed (0x0C) and vertical tab (0x0B) are never valid in a JSON text: outside
