@@ -235,7 +235,7 @@ final class SocketOutput: SessionOutput, @unchecked Sendable {
         self.resume = resume
     }
 
-    func write(_ bytes: [UInt8], flush: Bool) {
+    func write(_ bytes: UnsafeRawBufferPointer, flush: Bool) {
         let count = bytes.count
         if count > 0 {
             let total = queued.add(count, ordering: .relaxed).newValue
@@ -246,10 +246,9 @@ final class SocketOutput: SessionOutput, @unchecked Sendable {
             }
         }
         let channel = self.channel
+        let buffer = count > 0 ? channel.allocator.buffer(bytes: bytes) : nil
         let send: @Sendable () -> Void = { [self] in
-            if count > 0 {
-                var buffer = channel.allocator.buffer(capacity: count)
-                buffer.writeBytes(bytes)
+            if let buffer {
                 let promise = channel.eventLoop.makePromise(of: Void.self)
                 promise.futureResult.whenComplete { _ in self.queued.subtract(count, ordering: .relaxed) }
                 channel.write(buffer, promise: promise)

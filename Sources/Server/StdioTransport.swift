@@ -85,7 +85,7 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
         thread.start()
     }
 
-    func write(_ bytes: [UInt8], flush: Bool) {
+    func write(_ bytes: UnsafeRawBufferPointer, flush: Bool) {
         condition.lock()
         if !isBroken { buffer.append(contentsOf: bytes) }
         if flush { flushRequested = true }

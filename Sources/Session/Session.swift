@@ -6,8 +6,9 @@ import Wire
 /// Where a session's output goes: a transport's writer. Implementations buffer, keep
 /// order, and never block the caller.
 public protocol SessionOutput: AnyObject, Sendable {
-    /// Appends complete lines; `flush` ends a batch of events (PROTOCOL.md §1).
-    func write(_ bytes: [UInt8], flush: Bool)
+    /// Appends complete lines (copied before returning); `flush` ends a batch of events
+    /// (PROTOCOL.md §1).
+    func write(_ bytes: UnsafeRawBufferPointer, flush: Bool)
     /// The engine has caught up with this session's input: reading may resume.
     func resumeInput()
 }
@@ -108,7 +109,7 @@ public final class Session: EventSink, @unchecked Sendable {
     private func respond(_ event: Event) {
         if inFlight.load(ordering: .acquiring) == 0 {
             event.encode(to: &pending)
-            if pending.bytes.count >= 64 * 1024 { handOver(flush: false) }
+            if pending.count >= 64 * 1024 { handOver(flush: false) }
         } else {
             handOver()
             inFlight.add(1, ordering: .relaxed)
@@ -117,12 +118,12 @@ public final class Session: EventSink, @unchecked Sendable {
     }
 
     private func handOver(flush: Bool = false) {
-        guard !pending.bytes.isEmpty else {
-            if flush { output.write([], flush: true) }
+        guard !pending.isEmpty else {
+            if flush { output.write(UnsafeRawBufferPointer(start: nil, count: 0), flush: true) }
             return
         }
-        output.write(pending.bytes, flush: flush)
-        pending.bytes.removeAll(keepingCapacity: true)
+        pending.withBytes { output.write($0, flush: flush) }
+        pending.removeAll()
     }
 
     // MARK: EventSink (engine thread)
@@ -130,7 +131,7 @@ public final class Session: EventSink, @unchecked Sendable {
     public func deliver(_ events: [Event]) {
         var writer = JSONWriter(capacity: 256 * events.count)
         for event in events { event.encode(to: &writer) }
-        output.write(writer.bytes, flush: true)
+        writer.withBytes { output.write($0, flush: true) }
     }
 
     public func engineFinished(_ count: Int) {

@@ -4,78 +4,97 @@
 /// embedded verbatim, which is why this is not `yajl_gen`: YAJL's generator cannot
 /// insert an already-encoded value, and re-generating one would change its escapes and
 /// number spellings (PROTOCOL.md requires them to come back as sent).
-public struct JSONWriter: Sendable {
-    public var bytes: [UInt8]
+///
+/// The buffer is raw memory owned by the writer (it is not copyable): every answer is
+/// written through here, and an `Array` pays a uniqueness and capacity check per byte
+/// appended.
+public struct JSONWriter: ~Copyable, @unchecked Sendable {
+    private var base: UnsafeMutablePointer<UInt8>
+    private var capacity: Int
+    /// Bytes written so far.
+    public private(set) var count = 0
     /// True when the next value or key must be preceded by a comma.
     private var needsComma = false
 
     public init(capacity: Int = 256) {
-        bytes = []
-        bytes.reserveCapacity(capacity)
+        self.capacity = max(capacity, 64)
+        base = .allocate(capacity: self.capacity)
+    }
+
+    deinit { base.deallocate() }
+
+    public var isEmpty: Bool { count == 0 }
+
+    /// A copy of what was written.
+    public var bytes: [UInt8] { Array(UnsafeBufferPointer(start: base, count: count)) }
+
+    /// What was written, valid inside `body` only.
+    public func withBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        try body(UnsafeRawBufferPointer(start: base, count: count))
+    }
+
+    /// Forgets what was written, keeping the memory.
+    public mutating func removeAll() {
+        count = 0
+        needsComma = false
     }
 
     public mutating func beginObject() {
         separate()
-        bytes.append(UInt8(ascii: "{"))
+        put(UInt8(ascii: "{"))
         needsComma = false
     }
 
     public mutating func endObject() {
-        bytes.append(UInt8(ascii: "}"))
+        put(UInt8(ascii: "}"))
         needsComma = true
     }
 
     public mutating func beginArray() {
         separate()
-        bytes.append(UInt8(ascii: "["))
+        put(UInt8(ascii: "["))
         needsComma = false
     }
 
     public mutating func endArray() {
-        bytes.append(UInt8(ascii: "]"))
+        put(UInt8(ascii: "]"))
         needsComma = true
     }
 
     /// A member name known at compile time (ASCII, nothing to escape).
     public mutating func key(_ name: StaticString) {
         separate()
-        bytes.append(UInt8(ascii: "\""))
-        name.withUTF8Buffer { bytes.append(contentsOf: $0) }
-        bytes.append(UInt8(ascii: "\""))
-        bytes.append(UInt8(ascii: ":"))
+        reserve(name.utf8CodeUnitCount + 3)
+        putReserved(UInt8(ascii: "\""))
+        name.withUTF8Buffer { putReserved($0) }
+        putReserved(UInt8(ascii: "\""))
+        putReserved(UInt8(ascii: ":"))
         needsComma = false
     }
 
     /// A member name with its quotes and colon, known at compile time: `"chatId":`
-    /// (generated encoders use this: one append per key).
+    /// (generated encoders use this: one copy per key).
     public mutating func rawKey(_ token: StaticString) {
-        separate()
-        token.withUTF8Buffer { bytes.append(contentsOf: $0) }
+        reserve(token.utf8CodeUnitCount + 1)
+        if needsComma { putReserved(UInt8(ascii: ",")) }
+        token.withUTF8Buffer { putReserved($0) }
         needsComma = false
     }
 
     /// A member name from data (escaped as needed).
     public mutating func key(dynamic name: String) {
         string(name)
-        bytes.append(UInt8(ascii: ":"))
+        put(UInt8(ascii: ":"))
         needsComma = false
     }
 
     public mutating func string(_ value: String) {
-        separate()
-        bytes.append(UInt8(ascii: "\""))
         var value = value
-        value.withUTF8 { appendEscaped($0) }
-        bytes.append(UInt8(ascii: "\""))
-        needsComma = true
+        value.withUTF8 { quoted($0) }
     }
 
     public mutating func string(_ value: StaticString) {
-        separate()
-        bytes.append(UInt8(ascii: "\""))
-        value.withUTF8Buffer { appendEscaped($0) }
-        bytes.append(UInt8(ascii: "\""))
-        needsComma = true
+        value.withUTF8Buffer { quoted($0) }
     }
 
     public mutating func integer(_ value: Int64) {
@@ -89,25 +108,23 @@ public struct JSONWriter: Sendable {
     /// A 64-bit id: written as a decimal string (PROTOCOL.md §1).
     public mutating func id64(_ value: Int64) {
         separate()
-        bytes.append(UInt8(ascii: "\""))
+        put(UInt8(ascii: "\""))
         appendDecimal(value)
-        bytes.append(UInt8(ascii: "\""))
+        put(UInt8(ascii: "\""))
         needsComma = true
     }
 
     public mutating func bool(_ value: Bool) {
         separate()
-        if value {
-            bytes.append(contentsOf: [0x74, 0x72, 0x75, 0x65])
-        } else {
-            bytes.append(contentsOf: [0x66, 0x61, 0x6C, 0x73, 0x65])
-        }
+        let text: StaticString = value ? "true" : "false"
+        text.withUTF8Buffer { put($0) }
         needsComma = true
     }
 
     public mutating func null() {
         separate()
-        bytes.append(contentsOf: [0x6E, 0x75, 0x6C, 0x6C])
+        let text: StaticString = "null"
+        text.withUTF8Buffer { put($0) }
         needsComma = true
     }
 
@@ -115,72 +132,131 @@ public struct JSONWriter: Sendable {
     public mutating func json(_ value: JSONValue) {
         separate()
         var text = value.json
-        text.withUTF8 { bytes.append(contentsOf: $0) }
+        text.withUTF8 { put($0) }
         needsComma = true
     }
 
     /// Ends a top-level message: a newline, ready for the next one.
     public mutating func endLine() {
-        bytes.append(0x0A)
+        put(0x0A)
         needsComma = false
     }
 
+    // MARK: bytes
+
     @inline(__always)
     private mutating func separate() {
-        if needsComma { bytes.append(UInt8(ascii: ",")) }
+        if needsComma { put(UInt8(ascii: ",")) }
+    }
+
+    @inline(__always)
+    private mutating func reserve(_ extra: Int) {
+        if capacity - count < extra { grow(toHold: extra) }
+    }
+
+    @inline(never)
+    private mutating func grow(toHold extra: Int) {
+        var newCapacity = capacity * 2
+        while newCapacity - count < extra { newCapacity *= 2 }
+        let newBase = UnsafeMutablePointer<UInt8>.allocate(capacity: newCapacity)
+        newBase.update(from: base, count: count)
+        base.deallocate()
+        base = newBase
+        capacity = newCapacity
+    }
+
+    @inline(__always)
+    private mutating func put(_ byte: UInt8) {
+        reserve(1)
+        putReserved(byte)
+    }
+
+    @inline(__always)
+    private mutating func put(_ buffer: UnsafeBufferPointer<UInt8>) {
+        reserve(buffer.count)
+        putReserved(buffer)
+    }
+
+    @inline(__always)
+    private mutating func putReserved(_ byte: UInt8) {
+        base[count] = byte
+        count += 1
+    }
+
+    @inline(__always)
+    private mutating func putReserved(_ buffer: UnsafeBufferPointer<UInt8>) {
+        guard let source = buffer.baseAddress, buffer.count > 0 else { return }
+        (base + count).update(from: source, count: buffer.count)
+        count += buffer.count
     }
 
     private mutating func appendDecimal(_ value: Int64) {
+        reserve(20)
         if value == 0 {
-            bytes.append(UInt8(ascii: "0"))
+            putReserved(UInt8(ascii: "0"))
             return
         }
+        if value < 0 { putReserved(UInt8(ascii: "-")) }
         var magnitude = value.magnitude
-        if value < 0 { bytes.append(UInt8(ascii: "-")) }
-        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
-                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
-            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        var count = 0
-        withUnsafeMutableBytes(of: &digits) { buffer in
-            while magnitude > 0 {
-                buffer[19 - count] = UInt8(ascii: "0") + UInt8(magnitude % 10)
-                magnitude /= 10
-                count += 1
-            }
-            bytes.append(contentsOf: buffer[(20 - count)...])
+        var digits = 0
+        var probe = magnitude
+        while probe > 0 {
+            digits += 1
+            probe /= 10
+        }
+        var index = count + digits
+        count = index
+        while magnitude > 0 {
+            index -= 1
+            base[index] = UInt8(ascii: "0") + UInt8(truncatingIfNeeded: magnitude % 10)
+            magnitude /= 10
         }
     }
 
-    private mutating func appendEscaped(_ utf8: UnsafeBufferPointer<UInt8>) {
+    /// A string value: quoted, with what RFC 8259 requires escaped.
+    private mutating func quoted(_ utf8: UnsafeBufferPointer<UInt8>) {
+        // Room for the common case (nothing to escape): comma, quotes, the bytes.
+        reserve(utf8.count + 3)
+        if needsComma { putReserved(UInt8(ascii: ",")) }
+        putReserved(UInt8(ascii: "\""))
         var runStart = 0
         var index = 0
-        let count = utf8.count
-        while index < count {
+        let total = utf8.count
+        while index < total {
             let byte = utf8[index]
             if byte >= 0x20 && byte != UInt8(ascii: "\"") && byte != UInt8(ascii: "\\") {
                 index += 1
                 continue
             }
-            if runStart < index {
-                bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[runStart..<index]))
-            }
+            putReserved(UnsafeBufferPointer(rebasing: utf8[runStart..<index]))
+            // An escape is at most six bytes where the input had one; keep the rest's room.
+            reserve(6 + (total - index) + 1)
+            putReserved(0x5C)
             switch byte {
-            case UInt8(ascii: "\""): bytes.append(contentsOf: [0x5C, 0x22])
-            case UInt8(ascii: "\\"): bytes.append(contentsOf: [0x5C, 0x5C])
-            case 0x0A: bytes.append(contentsOf: [0x5C, UInt8(ascii: "n")])
-            case 0x0D: bytes.append(contentsOf: [0x5C, UInt8(ascii: "r")])
-            case 0x09: bytes.append(contentsOf: [0x5C, UInt8(ascii: "t")])
-            case 0x08: bytes.append(contentsOf: [0x5C, UInt8(ascii: "b")])
-            case 0x0C: bytes.append(contentsOf: [0x5C, UInt8(ascii: "f")])
+            case UInt8(ascii: "\""): putReserved(0x22)
+            case UInt8(ascii: "\\"): putReserved(0x5C)
+            case 0x0A: putReserved(UInt8(ascii: "n"))
+            case 0x0D: putReserved(UInt8(ascii: "r"))
+            case 0x09: putReserved(UInt8(ascii: "t"))
+            case 0x08: putReserved(UInt8(ascii: "b"))
+            case 0x0C: putReserved(UInt8(ascii: "f"))
             default:
-                let hex: [UInt8] = Array("0123456789abcdef".utf8)
-                bytes.append(contentsOf: [0x5C, UInt8(ascii: "u"), 0x30, 0x30, hex[Int(byte >> 4)], hex[Int(byte & 0xF)]])
+                putReserved(UInt8(ascii: "u"))
+                putReserved(0x30)
+                putReserved(0x30)
+                putReserved(hexDigit(byte >> 4))
+                putReserved(hexDigit(byte & 0xF))
             }
             index += 1
             runStart = index
         }
-        if runStart < count {
-            bytes.append(contentsOf: UnsafeBufferPointer(rebasing: utf8[runStart..<count]))
-        }
+        putReserved(UnsafeBufferPointer(rebasing: utf8[runStart..<total]))
+        putReserved(UInt8(ascii: "\""))
+        needsComma = true
+    }
+
+    @inline(__always)
+    private func hexDigit(_ nibble: UInt8) -> UInt8 {
+        nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "a") + nibble - 10
     }
 }

@@ -452,16 +452,20 @@ private struct DecodeState {
     /// The dotted path of the member being decoded: `criteria.window.before`, `invitees[2].regId`.
     func path(last: String? = nil, through endIndex: Int? = nil) -> String {
         var parts = pathPrefix
+        parts.reserveCapacity(64)
         let end = endIndex ?? frames.count
         for index in 0..<end {
-            let frame = frames[index].pointee
-            switch frame.kind {
+            let frame = frames[index]
+            switch frame.pointee.kind {
             case .object:
-                guard frame.pending >= 0, let schema = frame.schemaReference?.takeUnretainedValue() else { continue }
+                let pending = frame.pointee.pending
+                guard pending >= 0, let schema = frame.pointee.schemaReference else { continue }
                 if !parts.isEmpty { parts += "." }
-                parts += schema.fields[frame.pending].name
+                schema._withUnsafeGuaranteedRef { parts += $0.fields[pending].name }
             case .array:
-                parts += "[\(frame.index)]"
+                parts += "["
+                parts += String(frame.pointee.index)
+                parts += "]"
             default:
                 continue
             }
@@ -659,7 +663,9 @@ private struct DecodeState {
                 frames[top].pointee.pending = -1
                 let ignores = frames[top].pointee.schemaReference!._withUnsafeGuaranteedRef { $0.ignoresUnknownFields }
                 if !ignores && failure == nil {
-                    let reason = "unknown field '\(path(last: String(decoding: key, as: UTF8.self)))'"
+                    var reason = "unknown field '"
+                    reason += path(last: String(decoding: key, as: UTF8.self))
+                    reason += "'"
                     fail(reason)
                 }
                 return

@@ -31,3 +31,20 @@ private func written(_ body: (inout JSONWriter) -> Void) -> String {
     let value = JSONValue.object(["z": .integer(1), "a": .array([.string("x"), .bool(false), .null])])
     #expect(value.json == #"{"z":1,"a":["x",false,null]}"#)
 }
+
+@Test func growsPastItsFirstBufferWhileEscaping() {
+    // Every byte needs a six-byte escape: the worst case for the room reserved up front.
+    let controls = String(repeating: "\u{01}", count: 5000)
+    var writer = JSONWriter(capacity: 1)
+    writer.beginArray()
+    writer.string(controls)
+    writer.string("tail\"")
+    writer.integer(Int64(7))
+    writer.endArray()
+    let text = String(decoding: writer.bytes, as: UTF8.self)
+    #expect(text == "[\"" + String(repeating: "\\u0001", count: 5000) + "\",\"tail\\\"\",7]")
+    #expect(writer.count == text.utf8.count)
+    writer.removeAll()
+    writer.null()
+    #expect(String(decoding: writer.bytes, as: UTF8.self) == "null")
+}

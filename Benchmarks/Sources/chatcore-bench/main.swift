@@ -71,7 +71,7 @@ data.withUnsafeBytes { all in
             case .failure(let failure):
                 ProtocolError(failure).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number + 1).encode(to: &writer)
             }
-            if writer.bytes.count > 1 << 20 { sink &+= writer.bytes.count; writer.bytes.removeAll(keepingCapacity: true) }
+            if writer.count > 1 << 20 { sink &+= writer.count; writer.removeAll() }
         }
     }
     measure("foundation", lines: ranges.count) {
