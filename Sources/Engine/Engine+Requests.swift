@@ -12,7 +12,43 @@ extension Engine {
             try listAll(request, user: user, session: session, batch: batch)
         case .requestListElements(let request):
             listElements(request, user: user, session: session, batch: batch)
-        default:
+        case .requestListMatching(let request):
+            try listMatching(request, user: user, session: session, batch: batch)
+        case .requestListChange(.chat(let request)):
+            try changeChats(request, user: user, batch: batch)
+        case .requestListChange(.chatMessage(let request)):
+            try setLocalData(request, user: user, batch: batch)
+        case .requestListChanges(let request):
+            batch.emit(try listChanges(request, user: user), to: session)
+        case .chatStart(let request):
+            start(request, user: user, session: session, batch: batch)
+        case .chatInvite(let request):
+            try invite(request, user: user, batch: batch)
+        case .chatLeave(let request):
+            try leave(request, user: user, batch: batch)
+        case .participantRemove(let request):
+            try remove(request, user: user, batch: batch)
+        case .participantPromote(let request):
+            try setAdmin(chatId: request.chatId, userUri: request.userUri, admin: true, user: user, batch: batch)
+        case .participantDemote(let request):
+            try setAdmin(chatId: request.chatId, userUri: request.userUri, admin: false, user: user, batch: batch)
+        case .chatHide(let request):
+            try hide(request, user: user, batch: batch)
+        case .chatMessageSend(let request):
+            try send(request, user: user, batch: batch)
+        case .chatMessageRead(let request):
+            try read(request, user: user, batch: batch)
+        case .chatMessageStateGet(let request):
+            batch.emit(try stateGet(request, user: user), to: session)
+        case .chatMessageDelete(let request):
+            try deletePrivately(request, user: user, batch: batch)
+        case .chatMessageDestroy(let request):
+            try destroy(request, user: user, batch: batch)
+        case .chatTyping(let request):
+            try startTyping(request, user: user, batch: batch)
+        case .chatEventSend(let request):
+            try sendEvent(request, user: user, session: session, batch: batch)
+        case .chatMessageFileDownload, .chatMessageDetach, .search:
             throw ProtocolError(.internal, "'\(request.name)' is not carried out by this version of chatcore yet")
         }
     }

@@ -18,6 +18,8 @@ public final class Engine: @unchecked Sendable {
         case passthrough([Event], session: EngineSession)
         case close(EngineSession)
         case barrier(@Sendable () -> Void)
+        /// Time passed: typing indications may have expired.
+        case tick
     }
 
     /// At most this many work items go into one batch (and one transaction).
@@ -34,6 +36,15 @@ public final class Engine: @unchecked Sendable {
     // Engine-thread state.
     var users = UserDirectory()
     var sessionsByUser: [Int64: [EngineSession]] = [:]
+    var chats: [Int64: ChatRecord] = [:]
+    /// The chats each user takes part in now.
+    var chatsOfUser: [Int64: Set<Int64>] = [:]
+    var lastChatNumber: Int64 = 0
+    /// The change feed's position: every message change takes the next number.
+    var changeSeq: Int64 = 0
+    /// Who is typing where, and when that expires (seconds on the monotonic clock).
+    var typing: [TypingEntry: Double] = [:]
+    var tickScheduled = false
 
     public init(store: ChatStore, logger: Logger) throws {
         self.store = store
@@ -44,6 +55,40 @@ public final class Engine: @unchecked Sendable {
     private func reload() throws {
         let snapshot = try store.loadSnapshot()
         users = UserDirectory(snapshot.users)
+        chats = [:]
+        chatsOfUser = [:]
+        lastChatNumber = 0
+        changeSeq = 0
+        for row in snapshot.chats {
+            chats[row.number] = ChatRecord(row)
+            lastChatNumber = max(lastChatNumber, row.number)
+        }
+        for row in snapshot.members {
+            guard let chat = chats[row.chat] else { continue }
+            chat.members[row.user] = MemberRecord(row)
+            if row.isActive { chatsOfUser[row.user, default: []].insert(row.chat) }
+        }
+        for row in snapshot.messages {
+            guard let chat = chats[row.chat] else { continue }
+            guard row.id == chat.lastMessage + 1 else {
+                throw StoreInconsistency(description: "chat \(row.chat) has message \(row.id) after \(chat.lastMessage): ids must be consecutive")
+            }
+            chat.append(MessageRecord(row))
+            changeSeq = max(changeSeq, row.changeSeq)
+        }
+        for row in snapshot.messageUsers {
+            chats[row.chat]?.message(row.id)?.privateStates[row.user] = PrivateState(
+                localData: row.localData.map { JSONValue(compactJSON: $0) }, isDeleted: row.isDeleted)
+        }
+        for chat in chats.values {
+            chat.changeLog.sort { $0.seq < $1.seq }
+            for member in chat.members.values { chat.recountUnread(member) }
+        }
+        typing = [:]
+    }
+
+    struct StoreInconsistency: Error, CustomStringConvertible {
+        let description: String
     }
 
     public func start() {
@@ -86,6 +131,11 @@ public final class Engine: @unchecked Sendable {
         inbox.put(.barrier(body))
     }
 
+    /// Asks the engine thread to look at the clock (typing expiry).
+    func tick() {
+        inbox.put(.tick)
+    }
+
     /// Waits until everything submitted before this call is done.
     public func drain() {
         let done = DispatchSemaphore(value: 0)
@@ -117,6 +167,9 @@ public final class Engine: @unchecked Sendable {
                     detach(session)
                 case .barrier(let body):
                     barriers.append(body)
+                case .tick:
+                    tickScheduled = false
+                    expireTyping(batch: batch)
                 }
             }
             commit(batch)
@@ -126,6 +179,7 @@ public final class Engine: @unchecked Sendable {
     }
 
     private func commit(_ batch: Batch) {
+        batch.collectRows()
         guard !batch.store.isEmpty else { return }
         do {
             try store.commit(batch.store)
@@ -168,6 +222,47 @@ public final class Engine: @unchecked Sendable {
 /// The outcome of one batch: the store writes, and the events per session in order.
 final class Batch {
     var store = StoreBatch()
+    /// Records changed by the batch, written whole at commit (each once).
+    private var dirtyChats: [Int64: ChatRecord] = [:]
+    private var dirtyMembers: [RowKey: (chat: Int64, member: MemberRecord)] = [:]
+    private var dirtyMessages: [RowKey: (chat: Int64, message: MessageRecord)] = [:]
+    private var dirtyPrivate: [PrivateKey: (chat: Int64, message: MessageRecord, user: Int64)] = [:]
+
+    struct RowKey: Hashable {
+        let chat: Int64
+        let item: Int64
+    }
+
+    struct PrivateKey: Hashable {
+        let chat: Int64
+        let message: Int64
+        let user: Int64
+    }
+
+    func changed(_ chat: ChatRecord) { dirtyChats[chat.number] = chat }
+
+    func changed(_ member: MemberRecord, of chat: ChatRecord) {
+        dirtyMembers[RowKey(chat: chat.number, item: member.user)] = (chat.number, member)
+    }
+
+    func changed(_ message: MessageRecord, of chat: ChatRecord) {
+        dirtyMessages[RowKey(chat: chat.number, item: message.id)] = (chat.number, message)
+    }
+
+    func changedPrivately(_ message: MessageRecord, of chat: ChatRecord, for user: Int64) {
+        dirtyPrivate[PrivateKey(chat: chat.number, message: message.id, user: user)] = (chat.number, message, user)
+    }
+
+    /// Turns the changed records into the rows of the store batch.
+    func collectRows() {
+        store.chats = dirtyChats.values.map(\.row)
+        store.members = dirtyMembers.values.map { $0.member.row(chat: $0.chat) }
+        store.messages = dirtyMessages.values.map { $0.message.row(chat: $0.chat) }
+        store.messageUsers = dirtyPrivate.values.map { entry in
+            let state = entry.message.privateStates[entry.user] ?? PrivateState()
+            return MessageUserRow(chat: entry.chat, id: entry.message.id, user: entry.user, localData: state.localData?.json, isDeleted: state.isDeleted)
+        }
+    }
     private var outputs: [ObjectIdentifier: (session: EngineSession, events: [Event])] = [:]
     private var order: [ObjectIdentifier] = []
     private var finished: [ObjectIdentifier: Int] = [:]

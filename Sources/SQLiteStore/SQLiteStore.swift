@@ -73,13 +73,103 @@ public final class SQLiteStore: ChatStore {
                 table.column("regId", .integer).notNull().unique()
             }
         }
+        migrator.registerMigration("v2-chats") { db in
+            try db.execute(sql: """
+                CREATE TABLE chat (
+                    number INTEGER PRIMARY KEY,
+                    subject TEXT NOT NULL,
+                    isOneToOne INTEGER NOT NULL,
+                    invitePolicy TEXT NOT NULL,
+                    isDefunct INTEGER NOT NULL,
+                    data TEXT,
+                    lastMessage INTEGER NOT NULL
+                );
+                CREATE TABLE member (
+                    chat INTEGER NOT NULL,
+                    user INTEGER NOT NULL,
+                    isActive INTEGER NOT NULL,
+                    isAdmin INTEGER NOT NULL,
+                    joinedAt INTEGER NOT NULL,
+                    leftAt INTEGER,
+                    isHidden INTEGER NOT NULL,
+                    localData TEXT,
+                    deliveredUpTo INTEGER NOT NULL,
+                    readUpTo INTEGER NOT NULL,
+                    PRIMARY KEY (chat, user)
+                ) WITHOUT ROWID;
+                CREATE INDEX member_by_user ON member(user);
+                CREATE TABLE message (
+                    chat INTEGER NOT NULL,
+                    id INTEGER NOT NULL,
+                    sender INTEGER NOT NULL,
+                    tag TEXT NOT NULL,
+                    content TEXT,
+                    data TEXT,
+                    timestamp INTEGER NOT NULL,
+                    isControl INTEGER NOT NULL,
+                    neverCountsUnread INTEGER NOT NULL,
+                    isRecalled INTEGER NOT NULL,
+                    changeSeq INTEGER NOT NULL,
+                    PRIMARY KEY (chat, id)
+                ) WITHOUT ROWID;
+                CREATE INDEX message_by_change ON message(chat, changeSeq);
+                CREATE TABLE message_ref (
+                    chat INTEGER NOT NULL,
+                    source INTEGER NOT NULL,
+                    tag TEXT NOT NULL,
+                    target INTEGER NOT NULL,
+                    PRIMARY KEY (chat, source, tag)
+                ) WITHOUT ROWID;
+                CREATE INDEX message_ref_by_target ON message_ref(chat, target, tag, source);
+                CREATE TABLE message_user (
+                    chat INTEGER NOT NULL,
+                    id INTEGER NOT NULL,
+                    user INTEGER NOT NULL,
+                    localData TEXT,
+                    isDeleted INTEGER NOT NULL,
+                    PRIMARY KEY (chat, id, user)
+                ) WITHOUT ROWID;
+                """)
+        }
         return migrator
     }
 
     public func loadSnapshot() throws -> StoreSnapshot {
         try pool.read { db in
-            let rows = try Row.fetchAll(db, sql: "SELECT number, userId, regId FROM user ORDER BY number")
-            return StoreSnapshot(users: rows.map { UserRecord(number: $0["number"], userId: $0["userId"], regId: $0["regId"]) })
+            var snapshot = StoreSnapshot()
+            snapshot.users = try Row.fetchAll(db, sql: "SELECT number, userId, regId FROM user ORDER BY number").map {
+                UserRecord(number: $0["number"], userId: $0["userId"], regId: $0["regId"])
+            }
+            snapshot.chats = try Row.fetchAll(db, sql: "SELECT * FROM chat ORDER BY number").map {
+                ChatRow(number: $0["number"], subject: $0["subject"], isOneToOne: $0["isOneToOne"], invitePolicy: $0["invitePolicy"],
+                        isDefunct: $0["isDefunct"], data: $0["data"], lastMessage: $0["lastMessage"])
+            }
+            snapshot.members = try Row.fetchAll(db, sql: "SELECT * FROM member ORDER BY chat, user").map {
+                MemberRow(chat: $0["chat"], user: $0["user"], isActive: $0["isActive"], isAdmin: $0["isAdmin"], joinedAt: $0["joinedAt"],
+                          leftAt: $0["leftAt"], isHidden: $0["isHidden"], localData: $0["localData"],
+                          deliveredUpTo: $0["deliveredUpTo"], readUpTo: $0["readUpTo"])
+            }
+            var refs: [Int64: [Int64: [RefRow]]] = [:]
+            let refRows = try Row.fetchCursor(db, sql: "SELECT chat, source, tag, target FROM message_ref ORDER BY chat, source, tag")
+            while let row = try refRows.next() {
+                refs[row["chat"], default: [:]][row["source"], default: []].append(RefRow(tag: row["tag"], target: row["target"]))
+            }
+            let messages = try Row.fetchCursor(db, sql: """
+                SELECT chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq
+                FROM message ORDER BY chat, id
+                """)
+            while let row = try messages.next() {
+                let chat: Int64 = row[0]
+                let id: Int64 = row[1]
+                snapshot.messages.append(MessageRow(
+                    chat: chat, id: id, sender: row[2], tag: row[3], content: row[4], data: row[5],
+                    refs: refs[chat]?[id] ?? [], timestamp: row[6], isControl: row[7], neverCountsUnread: row[8],
+                    isRecalled: row[9], changeSeq: row[10]))
+            }
+            snapshot.messageUsers = try Row.fetchAll(db, sql: "SELECT chat, id, user, localData, isDeleted FROM message_user").map {
+                MessageUserRow(chat: $0["chat"], id: $0["id"], user: $0["user"], localData: $0["localData"], isDeleted: $0["isDeleted"])
+            }
+            return snapshot
         }
     }
 
@@ -88,6 +178,53 @@ public final class SQLiteStore: ChatStore {
         try pool.write { db in
             for user in batch.newUsers {
                 try db.execute(sql: "INSERT INTO user (number, userId, regId) VALUES (?, ?, ?)", arguments: [user.number, user.userId, user.regId])
+            }
+            if !batch.chats.isEmpty {
+                let statement = try db.cachedStatement(sql: """
+                    INSERT OR REPLACE INTO chat (number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage)
+                    VALUES (?, ?, ?, ?, ?, ?, ?)
+                    """)
+                for chat in batch.chats {
+                    try statement.execute(arguments: [chat.number, chat.subject, chat.isOneToOne, chat.invitePolicy, chat.isDefunct, chat.data, chat.lastMessage])
+                }
+            }
+            if !batch.members.isEmpty {
+                let statement = try db.cachedStatement(sql: """
+                    INSERT OR REPLACE INTO member (chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, deliveredUpTo, readUpTo)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    """)
+                for member in batch.members {
+                    try statement.execute(arguments: [member.chat, member.user, member.isActive, member.isAdmin, member.joinedAt, member.leftAt,
+                                                      member.isHidden, member.localData, member.deliveredUpTo, member.readUpTo])
+                }
+            }
+            if !batch.messages.isEmpty {
+                let insert = try db.cachedStatement(sql: """
+                    INSERT OR REPLACE INTO message (chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    """)
+                let insertRef = try db.cachedStatement(sql: "INSERT OR IGNORE INTO message_ref (chat, source, tag, target) VALUES (?, ?, ?, ?)")
+                let clearRefs = try db.cachedStatement(sql: "DELETE FROM message_ref WHERE chat = ? AND source = ?")
+                for message in batch.messages {
+                    try insert.execute(arguments: [message.chat, message.id, message.sender, message.tag, message.content, message.data,
+                                                   message.timestamp, message.isControl, message.neverCountsUnread, message.isRecalled, message.changeSeq])
+                    // References only ever go away (a recall); they are never edited.
+                    if message.refs.isEmpty {
+                        if message.isRecalled { try clearRefs.execute(arguments: [message.chat, message.id]) }
+                    } else {
+                        for ref in message.refs {
+                            try insertRef.execute(arguments: [message.chat, message.id, ref.tag, ref.target])
+                        }
+                    }
+                }
+            }
+            if !batch.messageUsers.isEmpty {
+                let statement = try db.cachedStatement(sql: """
+                    INSERT OR REPLACE INTO message_user (chat, id, user, localData, isDeleted) VALUES (?, ?, ?, ?, ?)
+                    """)
+                for row in batch.messageUsers {
+                    try statement.execute(arguments: [row.chat, row.id, row.user, row.localData, row.isDeleted])
+                }
             }
         }
     }

@@ -40,20 +40,151 @@ public struct UserRecord: Sendable, Hashable {
     }
 }
 
-/// The state loaded at start-up.
-public struct StoreSnapshot: Sendable {
-    public var users: [UserRecord]
+/// A chat as the store keeps it. Per-user parts are in `MemberRow`.
+public struct ChatRow: Sendable, Equatable {
+    public var number: Int64
+    public var subject: String
+    public var isOneToOne: Bool
+    public var invitePolicy: String
+    public var isDefunct: Bool
+    /// Compact JSON, or nil.
+    public var data: String?
+    /// The newest message id (ids are consecutive from 1 and never reused).
+    public var lastMessage: Int64
 
-    public init(users: [UserRecord] = []) {
-        self.users = users
+    public init(number: Int64, subject: String, isOneToOne: Bool, invitePolicy: String, isDefunct: Bool, data: String?, lastMessage: Int64) {
+        self.number = number
+        self.subject = subject
+        self.isOneToOne = isOneToOne
+        self.invitePolicy = invitePolicy
+        self.isDefunct = isDefunct
+        self.data = data
+        self.lastMessage = lastMessage
     }
 }
 
-/// The writes of one group commit.
+/// One user's place in one chat, also after they left (their read and delivery marks
+/// still decide the states of the messages they received).
+public struct MemberRow: Sendable, Equatable {
+    public var chat: Int64
+    public var user: Int64
+    public var isActive: Bool
+    public var isAdmin: Bool
+    /// The first message id this member sees (their `Join`, or 1 for a chat's starters).
+    public var joinedAt: Int64
+    /// The id of the message that announced their leaving, when they left.
+    public var leftAt: Int64?
+    public var isHidden: Bool
+    public var localData: String?
+    /// Every message up to this id was received by one of their sessions / marked read.
+    public var deliveredUpTo: Int64
+    public var readUpTo: Int64
+
+    public init(chat: Int64, user: Int64, isActive: Bool, isAdmin: Bool, joinedAt: Int64, leftAt: Int64?, isHidden: Bool,
+                localData: String?, deliveredUpTo: Int64, readUpTo: Int64) {
+        self.chat = chat
+        self.user = user
+        self.isActive = isActive
+        self.isAdmin = isAdmin
+        self.joinedAt = joinedAt
+        self.leftAt = leftAt
+        self.isHidden = isHidden
+        self.localData = localData
+        self.deliveredUpTo = deliveredUpTo
+        self.readUpTo = readUpTo
+    }
+}
+
+/// A message's outgoing reference.
+public struct RefRow: Sendable, Equatable {
+    public var tag: String
+    public var target: Int64
+
+    public init(tag: String, target: Int64) {
+        self.tag = tag
+        self.target = target
+    }
+}
+
+/// A message as everyone sees it (per-user parts are in `MessageUserRow`).
+public struct MessageRow: Sendable, Equatable {
+    public var chat: Int64
+    public var id: Int64
+    public var sender: Int64
+    public var tag: String
+    public var content: String?
+    public var data: String?
+    public var refs: [RefRow]
+    public var timestamp: Int64
+    public var isControl: Bool
+    public var neverCountsUnread: Bool
+    public var isRecalled: Bool
+    /// The change feed position of the message's latest change (PROTOCOL.md §4).
+    public var changeSeq: Int64
+
+    public init(chat: Int64, id: Int64, sender: Int64, tag: String, content: String?, data: String?, refs: [RefRow], timestamp: Int64,
+                isControl: Bool, neverCountsUnread: Bool, isRecalled: Bool, changeSeq: Int64) {
+        self.chat = chat
+        self.id = id
+        self.sender = sender
+        self.tag = tag
+        self.content = content
+        self.data = data
+        self.refs = refs
+        self.timestamp = timestamp
+        self.isControl = isControl
+        self.neverCountsUnread = neverCountsUnread
+        self.isRecalled = isRecalled
+        self.changeSeq = changeSeq
+    }
+}
+
+/// What one user changed about a message for themselves only.
+public struct MessageUserRow: Sendable, Equatable {
+    public var chat: Int64
+    public var id: Int64
+    public var user: Int64
+    public var localData: String?
+    public var isDeleted: Bool
+
+    public init(chat: Int64, id: Int64, user: Int64, localData: String?, isDeleted: Bool) {
+        self.chat = chat
+        self.id = id
+        self.user = user
+        self.localData = localData
+        self.isDeleted = isDeleted
+    }
+}
+
+/// The state loaded at start-up.
+public struct StoreSnapshot: Sendable {
+    public var users: [UserRecord]
+    public var chats: [ChatRow]
+    public var members: [MemberRow]
+    /// Ordered by chat, then id.
+    public var messages: [MessageRow]
+    public var messageUsers: [MessageUserRow]
+
+    public init(users: [UserRecord] = [], chats: [ChatRow] = [], members: [MemberRow] = [], messages: [MessageRow] = [], messageUsers: [MessageUserRow] = []) {
+        self.users = users
+        self.chats = chats
+        self.members = members
+        self.messages = messages
+        self.messageUsers = messageUsers
+    }
+}
+
+/// The writes of one group commit: rows to insert or replace whole.
 public struct StoreBatch: Sendable {
     public var newUsers: [UserRecord] = []
+    public var chats: [ChatRow] = []
+    public var members: [MemberRow] = []
+    public var messages: [MessageRow] = []
+    public var messageUsers: [MessageUserRow] = []
 
     public init() {}
 
-    public var isEmpty: Bool { newUsers.isEmpty }
+    public var isEmpty: Bool {
+        newUsers.isEmpty && chats.isEmpty && members.isEmpty && messages.isEmpty && messageUsers.isEmpty
+    }
 }

@@ -38,6 +38,11 @@ public struct JSONValue: Sendable, Hashable, CustomStringConvertible {
 
     /// An object whose members are written in the order given.
     public static func object(_ members: KeyValuePairs<String, JSONValue>) -> JSONValue {
+        object(members.map { ($0.key, $0.value) })
+    }
+
+    /// An object whose members are written in the order given (built at run time).
+    public static func object(_ members: [(String, JSONValue)]) -> JSONValue {
         build { writer in
             writer.beginObject()
             for (name, value) in members {

@@ -1,0 +1,352 @@
+import Protocol
+import Store
+
+/// The list requests (PROTOCOL.md §4) and message matching (§8).
+extension Engine {
+    /// Results of a match without a window, and the most a window side may ask for.
+    static let maxMatches = 1000
+
+    // MARK: requestListAll
+
+    func listAll(_ request: RequestListAll, user: Int64, session: EngineSession, batch: Batch) throws {
+        let cookie = request.cookie
+        switch request.type {
+        case .global:
+            for chunk in globalElements(of: session).chunked(Engine.chunkSize) {
+                batch.emit(.listChunk(.global(ListChunkGlobal(cookie: cookie, elements: chunk))), to: session)
+            }
+        case .user:
+            for chunk in visibleUsers(of: user).map(userElement).chunked(Engine.chunkSize) {
+                batch.emit(.listChunk(.user(ListChunkUser(cookie: cookie, elements: chunk))), to: session)
+            }
+        case .chat:
+            let elements = chatsOf(user).map { renderChat($0, for: $0.members[user]!) }
+            for chunk in elements.chunked(Engine.chunkSize) {
+                batch.emit(.listChunk(.chat(ListChunkChat(cookie: cookie, elements: chunk))), to: session)
+            }
+        case .chatParticipant:
+            let elements = chatsOf(user).flatMap { chat in
+                chat.activeMembers.filter { $0.user != user }.map { renderParticipant(chat, $0) }
+            }
+            for chunk in elements.chunked(Engine.chunkSize) {
+                batch.emit(.listChunk(.chatParticipant(ListChunkChatParticipant(cookie: cookie, elements: chunk))), to: session)
+            }
+        case .typing:
+            for chunk in typingSeen(by: user).chunked(Engine.chunkSize) {
+                batch.emit(.listChunk(.typing(ListChunkTyping(cookie: cookie, elements: chunk))), to: session)
+            }
+        case .chatMessage:
+            throw ProtocolError.invalid("'type' chatMessage cannot be listed whole: use requestListMatching or requestListChanges")
+        }
+        batch.emit(.listAll(ListAll(type: request.type, cookie: cookie)), to: session)
+    }
+
+    /// The chats `user` takes part in, in the order they were started.
+    func chatsOf(_ user: Int64) -> [ChatRecord] {
+        (chatsOfUser[user] ?? []).sorted().compactMap { chats[$0] }
+    }
+
+    func typingSeen(by user: Int64) -> [Typing] {
+        typing.keys
+            .filter { $0.user != user && chats[$0.chat]?.activeMember(user) != nil }
+            .sorted { ($0.chat, $0.user) < ($1.chat, $1.user) }
+            .map { Typing(userUri: uri($0.user), chatId: String($0.chat)) }
+    }
+
+    // MARK: requestListElements
+
+    func listElements(_ request: RequestListElements, user: Int64, session: EngineSession, batch: Batch) {
+        switch request {
+        case .global(let request):
+            let all = globalElements(of: session)
+            let (found, missing) = lookUp(request.elements) { key in all.first { $0.name == key.name } }
+            for chunk in found.chunked(Engine.chunkSize) {
+                batch.emit(.listChunk(.global(ListChunkGlobal(cookie: request.cookie, elements: chunk))), to: session)
+            }
+            batch.emit(.listElements(.global(ListElementsGlobal(cookie: request.cookie, missing: missing))), to: session)
+        case .user(let request):
+            let visible = Set(visibleUsers(of: user).map(\.number))
+            let (found, missing) = lookUp(request.elements) { key in
+                users.find(uri: key.uri).flatMap { visible.contains($0.number) ? userElement($0) : nil }
+            }
+            for chunk in found.chunked(Engine.chunkSize) {
+                batch.emit(.listChunk(.user(ListChunkUser(cookie: request.cookie, elements: chunk))), to: session)
+            }
+            batch.emit(.listElements(.user(ListElementsUser(cookie: request.cookie, missing: missing))), to: session)
+        case .chat(let request):
+            let (found, missing) = lookUp(request.elements) { key in
+                (try? chat(key.chatId, of: user)).map { renderChat($0.0, for: $0.1) }
+            }
+            for chunk in found.chunked(Engine.chunkSize) {
+                batch.emit(.listChunk(.chat(ListChunkChat(cookie: request.cookie, elements: chunk))), to: session)
+            }
+            batch.emit(.listElements(.chat(ListElementsChat(cookie: request.cookie, missing: missing))), to: session)
+        case .chatParticipant(let request):
+            let (found, missing) = lookUp(request.elements) { key -> ChatParticipant? in
+                guard let (chat, _) = try? chat(key.chatId, of: user), let number = UserRecord.number(fromURI: key.userUri),
+                      number != user, let member = chat.activeMember(number) else { return nil }
+                return renderParticipant(chat, member)
+            }
+            for chunk in found.chunked(Engine.chunkSize) {
+                batch.emit(.listChunk(.chatParticipant(ListChunkChatParticipant(cookie: request.cookie, elements: chunk))), to: session)
+            }
+            batch.emit(.listElements(.chatParticipant(ListElementsChatParticipant(cookie: request.cookie, missing: missing))), to: session)
+        case .chatMessage(let request):
+            let (found, missing) = lookUp(request.elements) { key -> ChatMessage? in
+                guard let (chat, member) = try? chat(key.chatId, of: user),
+                      let message = try? message(key.messageId, in: chat, seenBy: member) else { return nil }
+                return renderMessage(message, in: chat, for: user)
+            }
+            for chunk in found.chunked(Engine.chunkSize) {
+                batch.emit(.listChunk(.chatMessage(ListChunkChatMessage(cookie: request.cookie, elements: chunk))), to: session)
+            }
+            batch.emit(.listElements(.chatMessage(ListElementsChatMessage(cookie: request.cookie, missing: missing))), to: session)
+        case .typing(let request):
+            let current = typingSeen(by: user)
+            let (found, missing) = lookUp(request.elements) { key in
+                current.first { $0.userUri == key.userUri && $0.chatId == key.chatId }
+            }
+            for chunk in found.chunked(Engine.chunkSize) {
+                batch.emit(.listChunk(.typing(ListChunkTyping(cookie: request.cookie, elements: chunk))), to: session)
+            }
+            batch.emit(.listElements(.typing(ListElementsTyping(cookie: request.cookie, missing: missing))), to: session)
+        }
+    }
+
+    /// The elements found for `keys`, and the keys not found (nil when none are missing).
+    private func lookUp<Key, Element>(_ keys: [Key], _ find: (Key) -> Element?) -> ([Element], [Key]?) {
+        var found: [Element] = []
+        var missing: [Key] = []
+        for key in keys {
+            if let element = find(key) { found.append(element) } else { missing.append(key) }
+        }
+        return (found, missing.isEmpty ? nil : missing)
+    }
+
+    // MARK: requestListMatching
+
+    func listMatching(_ request: RequestListMatching, user: Int64, session: EngineSession, batch: Batch) throws {
+        switch request {
+        case .chatParticipant(let request):
+            batch.emit(.listMatching(.chatParticipant(try matchParticipants(request, user: user))), to: session)
+        case .chatMessage(let request):
+            batch.emit(.listMatching(.chatMessage(try matchMessages(request, user: user))), to: session)
+        }
+    }
+
+    func matchParticipants(_ request: RequestListMatchingChatParticipant, user: Int64) throws -> ListMatchingChatParticipant {
+        let criteria = request.criteria
+        let wanted = criteria.userUri.map { UserRecord.number(fromURI: $0) ?? -1 }
+        var result: [ChatParticipant] = []
+        if let chatId = criteria.chatId {
+            let (chat, _) = try chat(chatId, of: user)
+            for member in chat.activeMembers where member.user != user && (wanted == nil || wanted == member.user) {
+                result.append(renderParticipant(chat, member))
+            }
+        } else if let wanted {
+            for chat in chatsOf(user) where wanted != user {
+                if let member = chat.activeMember(wanted) { result.append(renderParticipant(chat, member)) }
+            }
+        } else {
+            throw ProtocolError.invalid("'criteria' needs 'chatId', or 'userUri' and 'state'")
+        }
+        return ListMatchingChatParticipant(cookie: request.cookie, result: result)
+    }
+
+    func matchMessages(_ request: RequestListMatchingChatMessage, user: Int64) throws -> ListMatchingChatMessage {
+        let criteria = request.criteria
+        let (chat, member) = try chat(criteria.chatId, of: user)
+        let narrows = criteria.tag != nil || criteria.ref != nil || criteria.notRefTag != nil || criteria.senderUri != nil
+        guard narrows || request.window != nil else {
+            throw ProtocolError.invalid("'criteria' needs at least one of 'tag', 'ref', 'notRefTag' and 'senderUri', or the request a 'window'")
+        }
+        let sender: Int64? = criteria.senderUri.map { UserRecord.number(fromURI: $0) ?? -1 }
+        let candidates = Candidates(chat: chat, criteria: criteria, first: max(member.joinedAt, 1))
+        func matches(_ id: Int64) -> Bool {
+            let message = chat.messages[Int(id - 1)]
+            if let tag = criteria.tag, message.tag != tag { return false }
+            if let notRefTag = criteria.notRefTag, message.refs.contains(where: { $0.tag == notRefTag }) { return false }
+            if let sender, message.sender != sender { return false }
+            return true
+        }
+
+        var ids: [Int64] = []
+        var hasMoreBefore: Bool?
+        var hasMoreAfter: Bool?
+        if let window = request.window {
+            let anchor: Int64
+            var anchorExact: Bool
+            switch (window.messageId, window.timestamp) {
+            case (let id?, nil):
+                anchor = id
+                anchorExact = true
+            case (nil, let timestamp?):
+                // Timestamps never decrease along the ids: the first message at or after it.
+                let index = chat.messages.partitioningIndex { $0.timestamp >= timestamp }
+                anchor = Int64(index) + 1
+                anchorExact = index < chat.messages.count && chat.messages[index].timestamp == timestamp
+            default:
+                throw ProtocolError.invalid("'window' needs exactly one of 'messageId' and 'timestamp'")
+            }
+            let position = candidates.firstPosition(atLeast: anchor)
+            let anchorIsCandidate = position < candidates.count && candidates[position] == anchor
+            anchorExact = anchorExact && anchorIsCandidate && matches(anchor)
+            var before: [Int64] = []
+            var index = position - 1
+            let wantBefore = Int(window.before ?? 0)
+            while index >= 0 {
+                let id = candidates[index]
+                if matches(id) {
+                    if before.count == wantBefore {
+                        hasMoreBefore = true
+                        break
+                    }
+                    before.append(id)
+                }
+                index -= 1
+            }
+            var after: [Int64] = []
+            index = anchorIsCandidate ? position + 1 : position
+            let wantAfter = Int(window.after ?? 0)
+            while index < candidates.count {
+                let id = candidates[index]
+                if matches(id) {
+                    if after.count == wantAfter {
+                        hasMoreAfter = true
+                        break
+                    }
+                    after.append(id)
+                }
+                index += 1
+            }
+            ids = before.reversed()
+            if anchorExact && (window.inclusive ?? true) { ids.append(anchor) }
+            ids += after
+            if window.reverse ?? false { ids.reverse() }
+            hasMoreBefore = hasMoreBefore ?? false
+            hasMoreAfter = hasMoreAfter ?? false
+        } else {
+            var index = 0
+            while index < candidates.count {
+                let id = candidates[index]
+                if matches(id) {
+                    if ids.count == Engine.maxMatches {
+                        hasMoreAfter = true
+                        break
+                    }
+                    ids.append(id)
+                }
+                index += 1
+            }
+        }
+        let result = ids.map { renderMessage(chat.messages[Int($0 - 1)], in: chat, for: user) }
+        var refTargets: [ChatMessage]?
+        if request.withRefTargets ?? false {
+            var seen = Set<Int64>()
+            var targets: [ChatMessage] = []
+            for id in ids {
+                for ref in chat.messages[Int(id - 1)].refs where ref.messageId >= member.joinedAt && seen.insert(ref.messageId).inserted {
+                    if let target = chat.message(ref.messageId) { targets.append(renderMessage(target, in: chat, for: user)) }
+                }
+            }
+            refTargets = targets
+        }
+        return ListMatchingChatMessage(cookie: request.cookie, result: result, hasMoreBefore: hasMoreBefore, hasMoreAfter: hasMoreAfter,
+                                       refTargets: refTargets)
+    }
+
+    // MARK: requestListChanges
+
+    func listChanges(_ request: RequestListChanges, user: Int64) throws -> Event {
+        let scope: [ChatRecord]
+        if let chatId = request.chatId {
+            scope = [try chat(chatId, of: user).0]
+        } else {
+            scope = chatsOf(user)
+        }
+        guard let token = request.since else {
+            return .listChanges(ListChanges(cookie: request.cookie, changed: [], token: String(changeSeq), hasMore: false))
+        }
+        guard let since = Int64(token), since >= 0, since <= changeSeq else {
+            throw ProtocolError.invalid("'since' \(token) is not a token this service gave out")
+        }
+        let limit = Int(request.limit ?? 100)
+        var found: [(seq: Int64, chat: ChatRecord, message: MessageRecord)] = []
+        for chat in scope {
+            guard let member = chat.activeMember(user) else { continue }
+            var index = chat.changeLog.partitioningIndex { $0.seq > since }
+            var taken = 0
+            while index < chat.changeLog.count && taken <= limit {
+                let entry = chat.changeLog[index]
+                index += 1
+                guard let message = chat.message(entry.id), message.changeSeq == entry.seq, entry.id >= member.joinedAt else { continue }
+                found.append((entry.seq, chat, message))
+                taken += 1
+            }
+        }
+        found.sort { $0.seq < $1.seq }
+        let hasMore = found.count > limit
+        if hasMore { found.removeLast(found.count - limit) }
+        let changed = found.map { renderMessage($0.message, in: $0.chat, for: user) }
+        let next = hasMore ? found.last!.seq : changeSeq
+        return .listChanges(ListChanges(cookie: request.cookie, changed: changed, token: String(next), hasMore: hasMore))
+    }
+}
+
+/// The message ids a match starts from, ascending: a `ref` criterion's sources, a `tag`'s
+/// messages, or the member's whole history: each an index, never a scan of the chat.
+struct Candidates {
+    private let list: ArraySlice<Int64>?
+    private let first: Int64
+    let count: Int
+
+    init(chat: ChatRecord, criteria: ChatMessageCriteria, first: Int64) {
+        self.first = first
+        let last = chat.lastMessage
+        var ids: [Int64]?
+        if let ref = criteria.ref {
+            ids = chat.message(ref.messageId)?.referencedBy[ref.tag] ?? []
+        } else if let tag = criteria.tag {
+            ids = chat.idsByTag[tag] ?? []
+        }
+        if let ids {
+            let start = ids.partitioningIndex { $0 >= first }
+            list = ids[start...]
+            count = ids.count - start
+        } else {
+            list = nil
+            count = first <= last ? Int(last - first + 1) : 0
+        }
+    }
+
+    subscript(position: Int) -> Int64 {
+        if let list { return list[list.startIndex + position] }
+        return first + Int64(position)
+    }
+
+    /// The first position whose id is at least `id`.
+    func firstPosition(atLeast id: Int64) -> Int {
+        if let list { return list.partitioningIndex { $0 >= id } - list.startIndex }
+        return Int(min(max(id - first, 0), Int64(count)))
+    }
+}
+
+extension Collection {
+    /// The first index where `predicate` holds, for a predicate that is false and then
+    /// true along the collection (binary search).
+    func partitioningIndex(where predicate: (Element) -> Bool) -> Index {
+        var low = startIndex
+        var length = count
+        while length > 0 {
+            let half = length / 2
+            let middle = index(low, offsetBy: half)
+            if predicate(self[middle]) {
+                length = half
+            } else {
+                low = index(after: middle)
+                length -= half + 1
+            }
+        }
+        return low
+    }
+}

@@ -1,0 +1,304 @@
+import Foundation
+import Protocol
+import Store
+
+/// Messages (PROTOCOL.md §6): sending, states, reading, private delete, recall, typing,
+/// and chat events.
+extension Engine {
+    /// content (UTF-8) + data (compact JSON) + thumb, in bytes.
+    static let maxMessageBytes = 71_680
+
+    // MARK: finding things
+
+    /// The chat, when `user` takes part in it (otherwise it is not found: PROTOCOL.md §2).
+    func chat(_ chatId: String, of user: Int64) throws -> (ChatRecord, MemberRecord) {
+        if let number = Int64(chatId), let chat = chats[number], let member = chat.activeMember(user) {
+            return (chat, member)
+        }
+        throw ProtocolError.notFound("chat '\(chatId)' was not found")
+    }
+
+    /// A message `member` can see.
+    func message(_ id: Int64, in chat: ChatRecord, seenBy member: MemberRecord) throws -> MessageRecord {
+        guard id >= member.joinedAt, let message = chat.message(id) else {
+            throw ProtocolError.notFound("message \(id) was not found in chat '\(chat.chatId)'")
+        }
+        return message
+    }
+
+    func now() -> Int64 {
+        Int64(Date().timeIntervalSince1970)
+    }
+
+    // MARK: posting
+
+    /// Adds a message to the chat's history (records and store only; announcing is the
+    /// caller's). The chat must have been passed to `willChange` first.
+    @discardableResult
+    func append(to chat: ChatRecord, sender: Int64, tag: String, content: String? = nil, data: JSONValue? = nil, refs: [MessageRef] = [],
+                isControl: Bool = false, neverCountsUnread: Bool = false, batch: Batch, changes: PendingChanges) -> MessageRecord {
+        for ref in refs {
+            if let target = chat.message(ref.messageId) { willChange(target, in: chat, changes) }
+        }
+        changeSeq += 1
+        let timestamp = max(now(), chat.messages.last?.timestamp ?? 0)
+        let message = MessageRecord(id: chat.lastMessage + 1, sender: sender, tag: tag, content: content, data: data, refs: refs,
+                                    timestamp: timestamp, isControl: isControl, neverCountsUnread: neverCountsUnread, changeSeq: changeSeq)
+        chat.append(message)
+        batch.changed(message, of: chat)
+        batch.changed(chat)
+        for member in chat.members.values where member.isActive {
+            if member.isHidden {
+                member.isHidden = false
+                batch.changed(member, of: chat)
+            }
+            if member.received(message.id) && message.countsUnread(for: member.user) { member.numUnread += 1 }
+        }
+        return message
+    }
+
+    /// Sends `listAdd chatMessage` to every connected member who sees the new messages,
+    /// and marks them delivered to recipients that are connected.
+    func announceNew(_ messages: [MessageRecord], in chat: ChatRecord, batch: Batch, changes: PendingChanges) {
+        guard !messages.isEmpty else { return }
+        for member in chat.members.values where member.isActive && isOnline(member.user) {
+            let visible = messages.filter { $0.id >= member.joinedAt }
+            guard !visible.isEmpty else { continue }
+            let elements = visible.map { renderMessage($0, in: chat, for: member.user) }
+            for chunk in elements.chunked(Engine.chunkSize) {
+                emit(.listAdd(.chatMessage(ListAddChatMessage(elements: chunk))), toUser: member.user, batch: batch)
+            }
+        }
+        markDelivered(chat, batch: batch, changes: changes)
+    }
+
+    /// Every connected member has now received everything up to the chat's last message:
+    /// the senders' states move (PROTOCOL.md §6).
+    func markDelivered(_ chat: ChatRecord, only user: Int64? = nil, batch: Batch, changes: PendingChanges) {
+        let last = chat.lastMessage
+        for member in chat.members.values where member.isActive && member.deliveredUpTo < last && isOnline(member.user) {
+            if let user, member.user != user { continue }
+            let start = max(member.deliveredUpTo + 1, member.joinedAt)
+            if start <= last {
+                for id in start...last {
+                    let message = chat.messages[Int(id - 1)]
+                    if message.sender != member.user { willChange(message, in: chat, changes) }
+                }
+            }
+            member.deliveredUpTo = last
+            batch.changed(member, of: chat)
+        }
+    }
+
+    // MARK: requests
+
+    func send(_ request: ChatMessageSend, user: Int64, batch: Batch) throws {
+        let (chat, member) = try chat(request.chatId, of: user)
+        if reservedTags.contains(request.tag) {
+            throw ProtocolError(.reservedTag, "the tag '\(request.tag)' is reserved for messages the service posts")
+        }
+        if chat.isDefunct {
+            throw ProtocolError.notPermitted("chat '\(chat.chatId)' is Defunct: the other party left")
+        }
+        if request.tag == "Text" && request.content == nil {
+            throw ProtocolError.invalid("'content' is required for tag Text")
+        }
+        if request.thumb != nil || request.file != nil {
+            throw ProtocolError(.internal, "attachments ('thumb', 'file') are not carried out by this version of chatcore yet")
+        }
+        let size = (request.content?.utf8.count ?? 0) + (request.data?.json.utf8.count ?? 0)
+        if size > Engine.maxMessageBytes {
+            throw ProtocolError(.tooLarge, "'content' and 'data' are \(size) bytes together, over the limit of \(Engine.maxMessageBytes)")
+        }
+        let refs = request.ref ?? []
+        var tags = Set<String>()
+        for (index, ref) in refs.enumerated() {
+            guard tags.insert(ref.tag).inserted else {
+                throw ProtocolError.invalid("'ref[\(index)].tag' \(ref.tag) is given twice: at most one reference per tag")
+            }
+            guard ref.messageId >= member.joinedAt, let target = chat.message(ref.messageId) else {
+                throw ProtocolError.invalid("'ref[\(index)].messageId' \(ref.messageId) is not a message of chat '\(chat.chatId)'")
+            }
+            if target.isSystem {
+                throw ProtocolError.invalid("'ref[\(index)].messageId' \(ref.messageId) is a system message (\(target.tag)): it cannot be referenced")
+            }
+        }
+        let changes = PendingChanges()
+        willChange(chat, changes)
+        let message = append(to: chat, sender: user, tag: request.tag, content: request.content, data: request.data, refs: refs,
+                             isControl: request.control ?? false, neverCountsUnread: request.neverCountUnread ?? false,
+                             batch: batch, changes: changes)
+        stopTyping(user: user, chat: chat, batch: batch)
+        announceNew([message], in: chat, batch: batch, changes: changes)
+        publish(changes, batch: batch)
+    }
+
+    func read(_ request: ChatMessageRead, user: Int64, batch: Batch) throws {
+        let (chat, member) = try chat(request.chatId, of: user)
+        let target = try message(request.messageId, in: chat, seenBy: member)
+        guard target.id > member.readUpTo else { return }
+        let changes = PendingChanges()
+        willChange(chat, changes)
+        let start = max(member.readUpTo + 1, member.joinedAt)
+        for id in start...target.id {
+            let message = chat.messages[Int(id - 1)]
+            if message.sender != user { willChange(message, in: chat, changes) }
+        }
+        member.readUpTo = target.id
+        member.deliveredUpTo = max(member.deliveredUpTo, target.id)
+        chat.recountUnread(member)
+        batch.changed(member, of: chat)
+        publish(changes, batch: batch)
+    }
+
+    func stateGet(_ request: ChatMessageStateGet, user: Int64) throws -> Event {
+        let (chat, member) = try chat(request.chatId, of: user)
+        let message = try message(request.messageId, in: chat, seenBy: member)
+        guard message.sender == user else {
+            throw ProtocolError.notPermitted("message \(message.id) was not sent by you: only the sender sees its states")
+        }
+        let states = chat.members.values
+            .filter { $0.user != user && $0.received(message.id) }
+            .sorted { $0.user < $1.user }
+            .map { member -> RecipientState in
+                let state: MessageState = member.readUpTo >= message.id ? .read : member.deliveredUpTo >= message.id ? .delivered : .sent
+                return RecipientState(userUri: uri(member.user), state: state)
+            }
+        return .chatMessageState(ChatMessageStateEvent(cookie: request.cookie, chatId: chat.chatId, messageId: message.id, states: states))
+    }
+
+    func deletePrivately(_ request: ChatMessageDelete, user: Int64, batch: Batch) throws {
+        let (chat, member) = try chat(request.chatId, of: user)
+        let message = try message(request.messageId, in: chat, seenBy: member)
+        guard message.privateStates[user]?.isDeleted != true else { return }
+        let changes = PendingChanges()
+        willChange(message, in: chat, changes)
+        message.privateStates[user] = PrivateState(localData: nil, isDeleted: true)
+        batch.changedPrivately(message, of: chat, for: user)
+        publish(changes, batch: batch)
+    }
+
+    func destroy(_ request: ChatMessageDestroy, user: Int64, batch: Batch) throws {
+        let (chat, member) = try chat(request.chatId, of: user)
+        let changes = PendingChanges()
+        if let id = request.messageId {
+            let message = try message(id, in: chat, seenBy: member)
+            guard message.sender == user else {
+                throw ProtocolError.notPermitted("message \(id) was not sent by you: only its sender can recall it")
+            }
+            guard !message.isSystem else {
+                throw ProtocolError.notPermitted("message \(id) is a system message (\(message.tag)): it cannot be recalled")
+            }
+            recall(message, in: chat, batch: batch, changes: changes)
+            publish(changes, batch: batch)
+            return
+        }
+        if chat.isDefunct {
+            throw ProtocolError.notPermitted("chat '\(chat.chatId)' is Defunct: nothing can be posted into it")
+        }
+        for message in chat.messages where message.sender == user && !message.isSystem && !message.isRecalled {
+            recall(message, in: chat, batch: batch, changes: changes)
+        }
+        willChange(chat, changes)
+        let shred = append(to: chat, sender: user, tag: "Shred", neverCountsUnread: true, batch: batch, changes: changes)
+        announceNew([shred], in: chat, batch: batch, changes: changes)
+        publish(changes, batch: batch)
+    }
+
+    /// Recalls a message for everyone; its targets' `refBy` are recomputed.
+    private func recall(_ message: MessageRecord, in chat: ChatRecord, batch: Batch, changes: PendingChanges) {
+        guard !message.isRecalled else { return }
+        willChange(message, in: chat, changes)
+        for ref in message.refs {
+            if let target = chat.message(ref.messageId) { willChange(target, in: chat, changes) }
+        }
+        chat.dropReferences(of: message)
+        message.content = nil
+        message.data = nil
+        message.isRecalled = true
+        batch.changed(message, of: chat)
+    }
+
+    func setLocalData(_ request: RequestListChangeChatMessage, user: Int64, batch: Batch) throws {
+        var targets: [(ChatRecord, MessageRecord, JSONValue?)] = []
+        for (index, element) in request.elements.enumerated() {
+            let (chat, member) = try chat(element.chatId, of: user)
+            let message = try message(element.messageId, in: chat, seenBy: member)
+            guard let localData = element.localData else {
+                throw ProtocolError.invalid("'elements[\(index)]' changes nothing: only 'localData' can be set on a chatMessage")
+            }
+            targets.append((chat, message, localData.value))
+        }
+        let changes = PendingChanges()
+        for (chat, message, localData) in targets {
+            willChange(message, in: chat, changes)
+            var state = message.privateStates[user] ?? PrivateState()
+            state.localData = localData
+            message.privateStates[user] = state
+            batch.changedPrivately(message, of: chat, for: user)
+        }
+        publish(changes, batch: batch)
+    }
+
+    // MARK: typing and events
+
+    func startTyping(_ request: ChatTyping, user: Int64, batch: Batch) throws {
+        let (chat, _) = try chat(request.chatId, of: user)
+        let entry = TypingEntry(user: user, chat: chat.number)
+        let isNew = typing[entry] == nil
+        typing[entry] = monotonicSeconds() + Engine.typingSeconds
+        scheduleTick()
+        guard isNew else { return }
+        let element = Typing(userUri: uri(user), chatId: chat.chatId)
+        for member in chat.members.values where member.isActive && member.user != user {
+            emit(.listAdd(.typing(ListAddTyping(elements: [element]))), toUser: member.user, batch: batch)
+        }
+    }
+
+    func stopTyping(user: Int64, chat: ChatRecord, batch: Batch) {
+        guard typing.removeValue(forKey: TypingEntry(user: user, chat: chat.number)) != nil else { return }
+        let key = TypingKey(userUri: uri(user), chatId: chat.chatId)
+        for member in chat.members.values where member.isActive && member.user != user {
+            emit(.listRemove(.typing(ListRemoveTyping(elements: [key]))), toUser: member.user, batch: batch)
+        }
+    }
+
+    func expireTyping(batch: Batch) {
+        let now = monotonicSeconds()
+        for (entry, expiry) in typing where expiry <= now {
+            if let chat = chats[entry.chat] {
+                stopTyping(user: entry.user, chat: chat, batch: batch)
+            } else {
+                typing[entry] = nil
+            }
+        }
+        if !typing.isEmpty { scheduleTick() }
+    }
+
+    static let typingSeconds = 5.0
+
+    func monotonicSeconds() -> Double {
+        Double(DispatchTime.now().uptimeNanoseconds) / 1e9
+    }
+
+    func scheduleTick() {
+        guard !tickScheduled, let earliest = typing.values.min() else { return }
+        tickScheduled = true
+        let delay = max(0.01, earliest - monotonicSeconds())
+        DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [self] in tick() }
+    }
+
+    func sendEvent(_ request: ChatEventSend, user: Int64, session: EngineSession, batch: Batch) throws {
+        let (chat, _) = try chat(request.chatId, of: user)
+        let event = Event.chatEvent(ChatEvent(chatId: chat.chatId, senderUri: uri(user), tag: request.tag, data: request.data))
+        for member in chat.members.values where member.isActive {
+            for other in sessions(of: member.user) where other !== session { batch.emit(event, to: other) }
+        }
+    }
+}
+
+/// One user typing in one chat.
+struct TypingEntry: Hashable {
+    let user: Int64
+    let chat: Int64
+}

@@ -1,0 +1,204 @@
+import Protocol
+import Store
+
+/// Rendering elements per viewer, and turning "before" and "after" renderings into the
+/// `listChange` events (PROTOCOL.md §4). Handlers change records; what each user sees
+/// changing is always derived here, from the records, never computed on the side.
+extension Engine {
+    // MARK: sessions
+
+    func sessions(of user: Int64) -> [EngineSession] {
+        sessionsByUser[user] ?? []
+    }
+
+    func isOnline(_ user: Int64) -> Bool {
+        !(sessionsByUser[user]?.isEmpty ?? true)
+    }
+
+    func emit(_ event: Event, toUser user: Int64, batch: Batch) {
+        for session in sessions(of: user) { batch.emit(event, to: session) }
+    }
+
+    func uri(_ user: Int64) -> String {
+        UserRecord.uriPrefix + String(user)
+    }
+
+    // MARK: elements
+
+    func renderChat(_ chat: ChatRecord, for member: MemberRecord) -> Chat {
+        var flags = ""
+        if member.isAdmin { flags += "A" }
+        if member.isHidden { flags += "H" }
+        if chat.isOneToOne { flags += "O" }
+        let last = chat.lastMessage
+        return Chat(chatId: chat.chatId, subject: chat.subject, state: chat.isDefunct ? .defunct : .ready, flags: flags,
+                    lastMessage: last, numMessages: last >= member.joinedAt ? last - member.joinedAt + 1 : 0,
+                    numUnread: member.numUnread, lastActivity: chat.lastActivity, invitePolicy: chat.invitePolicy,
+                    data: chat.data, localData: member.localData)
+    }
+
+    func renderParticipant(_ chat: ChatRecord, _ member: MemberRecord) -> ChatParticipant {
+        ChatParticipant(chatId: chat.chatId, userUri: uri(member.user), state: .joined, flags: member.isAdmin ? "A" : "")
+    }
+
+    /// The state of `message` as its sender sees it: the furthest any recipient got, and
+    /// whether they all got equally far.
+    func senderState(_ message: MessageRecord, in chat: ChatRecord) -> (MessageState, Bool) {
+        var best: MessageState = .sent
+        var first: MessageState?
+        var partial = false
+        for member in chat.members.values where member.user != message.sender && member.received(message.id) {
+            let state = recipientState(message, member)
+            if let first, first != state { partial = true }
+            if first == nil { first = state }
+            if rank(state) > rank(best) { best = state }
+        }
+        return (best, partial)
+    }
+
+    private func recipientState(_ message: MessageRecord, _ member: MemberRecord) -> MessageState {
+        if member.readUpTo >= message.id { return .read }
+        if member.deliveredUpTo >= message.id { return .delivered }
+        return .sent
+    }
+
+    private func rank(_ state: MessageState) -> Int {
+        switch state {
+        case .sending, .failed: 0
+        case .sent: 1
+        case .delivered: 2
+        case .read: 3
+        }
+    }
+
+    /// A message as `viewer` sees it.
+    func renderMessage(_ message: MessageRecord, in chat: ChatRecord, for viewer: Int64) -> ChatMessage {
+        let own = message.sender == viewer
+        let privateState = message.privateStates[viewer]
+        let deleted = privateState?.isDeleted ?? false
+        var flags = ""
+        if message.isControl { flags += "C" }
+        if deleted { flags += "D" }
+        if !own { flags += "I" }
+        if message.neverCountsUnread { flags += "N" }
+        let state: MessageState
+        var partial = false
+        if own {
+            (state, partial) = senderState(message, in: chat)
+        } else {
+            state = (chat.members[viewer]?.readUpTo ?? 0) >= message.id ? .read : .delivered
+        }
+        let hidesBody = deleted || message.isRecalled
+        var refBy: [RefBy]?
+        if !message.referencedBy.isEmpty {
+            refBy = message.referencedBy.keys.sorted().compactMap { tag in
+                guard let sources = message.referencedBy[tag], let newest = sources.last else { return nil }
+                return RefBy(tag: tag, newestRef: newest, count: Int64(sources.count))
+            }
+        }
+        return ChatMessage(chatId: chat.chatId, messageId: message.id, senderUri: uri(message.sender), tag: message.tag,
+                           content: hidesBody ? nil : message.content, data: hidesBody ? nil : message.data,
+                           localData: deleted ? nil : privateState?.localData, flags: flags, state: state, stateIsPartial: partial,
+                           recall: message.isRecalled ? .recalled : nil, ref: message.refs.isEmpty ? nil : message.refs,
+                           refBy: refBy, timestamp: message.timestamp)
+    }
+
+    func key(_ chat: ChatRecord, _ message: MessageRecord) -> ChatMessageKey {
+        ChatMessageKey(chatId: chat.chatId, messageId: message.id)
+    }
+
+    /// Who sees `message` now: the chat's current members who were there for it.
+    func viewers(of message: MessageRecord, in chat: ChatRecord) -> [MemberRecord] {
+        chat.members.values.filter { $0.isActive && $0.joinedAt <= message.id }
+    }
+}
+
+/// What one request is about to change: the elements as each connected viewer saw them
+/// before. `Engine.publish` renders them again afterwards and sends the differences.
+final class PendingChanges {
+    fileprivate var messages: [(chat: ChatRecord, message: MessageRecord, before: [Int64: ChatMessage])] = []
+    fileprivate var messageIndex: Set<Batch.RowKey> = []
+    fileprivate var chats: [(chat: ChatRecord, before: [Int64: Chat])] = []
+    fileprivate var chatIndex: Set<Int64> = []
+}
+
+extension Engine {
+    /// Call before changing anything `message` shows to anyone.
+    func willChange(_ message: MessageRecord, in chat: ChatRecord, _ changes: PendingChanges) {
+        guard changes.messageIndex.insert(Batch.RowKey(chat: chat.number, item: message.id)).inserted else { return }
+        var before: [Int64: ChatMessage] = [:]
+        for member in viewers(of: message, in: chat) where isOnline(member.user) {
+            before[member.user] = renderMessage(message, in: chat, for: member.user)
+        }
+        changes.messages.append((chat, message, before))
+    }
+
+    /// Call before changing anything the chat element shows to any member.
+    func willChange(_ chat: ChatRecord, _ changes: PendingChanges) {
+        guard changes.chatIndex.insert(chat.number).inserted else { return }
+        var before: [Int64: Chat] = [:]
+        for member in chat.members.values where member.isActive && isOnline(member.user) {
+            before[member.user] = renderChat(chat, for: member)
+        }
+        changes.chats.append((chat, before))
+    }
+
+    /// Stores what changed and sends each connected viewer what changed for them:
+    /// message changes first, then chat changes (PROTOCOL.md §4 ordering).
+    func publish(_ changes: PendingChanges, batch: Batch) {
+        var messageChanges: [Int64: [ChatMessageChange]] = [:]
+        var userOrder: [Int64] = []
+        for (chat, message, before) in changes.messages {
+            changeSeq += 1
+            chat.touch(message, seq: changeSeq)
+            batch.changed(message, of: chat)
+            for member in viewers(of: message, in: chat) {
+                guard let old = before[member.user] else { continue }
+                let new = renderMessage(message, in: chat, for: member.user)
+                guard let change = difference(old, new) else { continue }
+                if messageChanges[member.user] == nil { userOrder.append(member.user) }
+                messageChanges[member.user, default: []].append(change)
+            }
+        }
+        for user in userOrder {
+            for chunk in messageChanges[user]!.chunked(Engine.chunkSize) {
+                emit(.listChange(.chatMessage(ListChangeChatMessage(elements: chunk))), toUser: user, batch: batch)
+            }
+        }
+        for (chat, before) in changes.chats {
+            batch.changed(chat)
+            for member in chat.members.values where member.isActive {
+                guard let old = before[member.user] else { continue }
+                let new = renderChat(chat, for: member)
+                guard let change = difference(old, new) else { continue }
+                emit(.listChange(.chat(ListChangeChat(elements: [change]))), toUser: member.user, batch: batch)
+            }
+        }
+    }
+
+    private func field<T: Equatable>(_ old: T?, _ new: T?) -> Nullable<T>? {
+        if old == new { return nil }
+        guard let new else { return .null }
+        return .value(new)
+    }
+
+    func difference(_ old: ChatMessage, _ new: ChatMessage) -> ChatMessageChange? {
+        guard old != new else { return nil }
+        return ChatMessageChange(
+            chatId: new.chatId, messageId: new.messageId, senderUri: field(old.senderUri, new.senderUri), tag: field(old.tag, new.tag),
+            content: field(old.content, new.content), data: field(old.data, new.data), localData: field(old.localData, new.localData),
+            thumb: field(old.thumb, new.thumb), file: field(old.file, new.file), fileSize: field(old.fileSize, new.fileSize),
+            fileState: field(old.fileState, new.fileState), flags: field(old.flags, new.flags), state: field(old.state, new.state),
+            stateIsPartial: field(old.stateIsPartial, new.stateIsPartial), recall: field(old.recall, new.recall),
+            ref: field(old.ref, new.ref), refBy: field(old.refBy, new.refBy), timestamp: field(old.timestamp, new.timestamp))
+    }
+
+    func difference(_ old: Chat, _ new: Chat) -> ChatChange? {
+        guard old != new else { return nil }
+        return ChatChange(
+            chatId: new.chatId, subject: field(old.subject, new.subject), state: field(old.state, new.state), flags: field(old.flags, new.flags),
+            lastMessage: field(old.lastMessage, new.lastMessage), numMessages: field(old.numMessages, new.numMessages),
+            numUnread: field(old.numUnread, new.numUnread), lastActivity: field(old.lastActivity, new.lastActivity),
+            invitePolicy: field(old.invitePolicy, new.invitePolicy), data: field(old.data, new.data), localData: field(old.localData, new.localData))
+    }
+}

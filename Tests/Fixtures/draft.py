@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Drafts a transcript: plays the `NAME> ` and `!` steps of a script against the real
+binary over TCP (`--insecure-no-auth`) and prints the script with what each session
+received after each step, timestamps replaced by "$int".
+
+    python3 Tests/Fixtures/draft.py script.txt > Tests/Fixtures/x/y.transcript
+
+A draft is not a test: read every received line against PROTOCOL.md before keeping it.
+Script steps: `!connect NAME` (then `NAME> {"authToken":...}` as usual), `NAME> JSON`,
+`!restart`, `!kill`, `#` comments (kept).
+"""
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BINARY = os.environ.get("CHATCORE_BINARY", os.path.join(ROOT, ".build", "debug", "chatcore"))
+
+
+def start(data_dir):
+    process = subprocess.Popen([BINARY, "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0", "--insecure-no-auth"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while True:
+        line = process.stderr.readline()
+        match = re.search(r"port=(\d+)", line)
+        if match:
+            return process, int(match.group(1))
+        if not line:
+            raise RuntimeError("chatcore did not start")
+
+
+def scrub(value, key=None):
+    if isinstance(value, dict):
+        return {k: scrub(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    if key in ("timestamp", "lastActivity") and isinstance(value, int) and value > 0:
+        return "$int"
+    return value
+
+
+def main():
+    data_dir = tempfile.mkdtemp()
+    process, port = start(data_dir)
+    sessions = {}
+    buffers = {}
+
+    def collect(wait=0.15):
+        deadline = time.time() + wait
+        out = []
+        while True:
+            remaining = deadline - time.time()
+            if remaining <= 0:
+                break
+            readable, _, _ = select.select(list(sessions.values()), [], [], remaining)
+            for sock in readable:
+                name = next(n for n, s in sessions.items() if s is sock)
+                data = sock.recv(1 << 20)
+                buffers[name] += data
+                while b"\n" in buffers[name]:
+                    line, buffers[name] = buffers[name].split(b"\n", 1)
+                    out.append(f"{name}< " + json.dumps(scrub(json.loads(line)), separators=(",", ":"), ensure_ascii=False))
+        return out
+
+    for raw in open(sys.argv[1]):
+        step = raw.rstrip("\n")
+        print(step)
+        if not step or step.startswith("#"):
+            continue
+        if step.startswith("!connect "):
+            name = step.split()[1]
+            sessions[name] = socket.create_connection(("127.0.0.1", port))
+            buffers[name] = b""
+        elif step in ("!restart", "!kill"):
+            process.send_signal(signal.SIGTERM if step == "!restart" else signal.SIGKILL)
+            process.wait()
+            sessions.clear()
+            process, port = start(data_dir)
+        elif step.startswith("!sleep "):
+            time.sleep(int(step.split()[1]) / 1000)
+            for line in collect(0.05):
+                print(line)
+        else:
+            name, line = step.split("> ", 1)
+            sessions[name].sendall(line.encode() + b"\n")
+            for line in collect():
+                print(line)
+    process.send_signal(signal.SIGTERM)
+    process.wait()
+
+
+if __name__ == "__main__":
+    main()
