@@ -27,7 +27,7 @@ extension Engine {
     }
 
     func now() -> Int64 {
-        Int64(Date().timeIntervalSince1970)
+        clock()
     }
 
     // MARK: posting

@@ -29,6 +29,8 @@ public final class Engine: @unchecked Sendable {
 
     let store: ChatStore
     let logger: Logger
+    /// Seconds since 1970: message timestamps.
+    let clock: @Sendable () -> Int64
     private let inbox = Inbox<Work>()
     private let sessionCounter = Atomic<Int>(0)
     private var thread: Thread?
@@ -46,9 +48,11 @@ public final class Engine: @unchecked Sendable {
     var typing: [TypingEntry: Double] = [:]
     var tickScheduled = false
 
-    public init(store: ChatStore, logger: Logger) throws {
+    /// `clock` gives message timestamps (seconds since 1970); tests pass a fixed one.
+    public init(store: ChatStore, logger: Logger, clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }) throws {
         self.store = store
         self.logger = logger
+        self.clock = clock
         try reload()
     }
 

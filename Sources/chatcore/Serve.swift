@@ -108,7 +108,14 @@ struct Serve: AsyncParsableCommand {
             logger.critical("cannot open the store", metadata: ["error": "\(error)"])
             throw ExitCode(1)
         }
-        let engine = try Engine(store: store, logger: logger)
+        let engine: Engine
+        if let fixed = ProcessInfo.processInfo.environment["CHATCORE_FIXED_TIME"].flatMap(Int64.init) {
+            // For golden transcripts: every message gets this timestamp.
+            logger.warning("CHATCORE_FIXED_TIME is set: every timestamp is \(fixed)")
+            engine = try Engine(store: store, logger: logger, clock: { fixed })
+        } else {
+            engine = try Engine(store: store, logger: logger)
+        }
         engine.start()
         logger.info("store ready", metadata: ["dataDir": "\(directory.path)"])
 

@@ -22,6 +22,10 @@ final class ServerProcess {
         let errors = Pipe()
         process.executableURL = binary
         process.arguments = arguments
+        // Timestamps in transcripts are exact: the server's clock stands still.
+        var environment = ProcessInfo.processInfo.environment
+        environment["CHATCORE_FIXED_TIME"] = "1700000000"
+        process.environment = environment
         process.standardInput = input
         process.standardOutput = output
         process.standardError = errors

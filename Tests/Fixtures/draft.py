@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Drafts a transcript: plays the `NAME> ` and `!` steps of a script against the real
 binary over TCP (`--insecure-no-auth`) and prints the script with what each session
-received after each step, timestamps replaced by "$int".
+received after each step (with the clock fixed, as the test runner does).
 
     python3 Tests/Fixtures/draft.py script.txt > Tests/Fixtures/x/y.transcript
 
@@ -26,7 +26,8 @@ BINARY = os.environ.get("CHATCORE_BINARY", os.path.join(ROOT, ".build", "debug",
 
 def start(data_dir):
     process = subprocess.Popen([BINARY, "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0", "--insecure-no-auth"],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, CHATCORE_FIXED_TIME="1700000000"))
     while True:
         line = process.stderr.readline()
         match = re.search(r"port=(\d+)", line)
@@ -41,8 +42,6 @@ def scrub(value, key=None):
         return {k: scrub(v, k) for k, v in value.items()}
     if isinstance(value, list):
         return [scrub(v) for v in value]
-    if key in ("timestamp", "lastActivity") and isinstance(value, int) and value > 0:
-        return "$int"
     return value
 
 
@@ -69,9 +68,10 @@ def main():
                     out.append(f"{name}< " + json.dumps(scrub(json.loads(line)), separators=(",", ":"), ensure_ascii=False))
         return out
 
+    print("!server --insecure-no-auth")
     for raw in open(sys.argv[1]):
         step = raw.rstrip("\n")
-        print(step)
+        print(step + (" tcp" if step.startswith("!connect ") else ""))
         if not step or step.startswith("#"):
             continue
         if step.startswith("!connect "):
