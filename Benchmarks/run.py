@@ -6,6 +6,10 @@ parsing the same bytes with no callbacks (Benchmarks/rawyajl.c, built from the s
 library) and against Foundation's JSONSerialization — in the same run, reported as ratios.
 End to end: 200,000 chatMessageSend lines whose last member is unknown, through the real
 `chatcore serve` on stdin, each answered InvalidParameter.
+Engine (Benchmarks/engine.py): durable sends, latency, a 1,000,000-message chat, and the
+Python+SQLite reference peer.
+
+    python3 Benchmarks/run.py [codec] [engine]     (both when none is named)
 """
 import json
 import pathlib
@@ -76,6 +80,19 @@ def codec_rows(corpus):
 
 
 def main():
+    wanted = set(sys.argv[1:]) or {"codec", "engine"}
+    if "codec" in wanted:
+        codec_table()
+    if "engine" in wanted:
+        sys.path.insert(0, str(ROOT / "Benchmarks"))
+        import engine
+        rows = engine.rows()
+        print(f"\n{'benchmark':<48} {'measure':<32} {'result':>20}")
+        for group, name, value in rows:
+            print(f"{group:<48} {name:<32} {value:>20}")
+
+
+def codec_table():
     OUT.mkdir(parents=True, exist_ok=True)
     rawyajl = OUT / "rawyajl"
     subprocess.run(["cc", "-O2", "-o", str(rawyajl), str(ROOT / "Benchmarks" / "rawyajl.c"), "-lyajl"], check=True)

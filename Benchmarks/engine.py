@@ -1,0 +1,243 @@
+"""Engine benchmarks (issue 4), run by `Benchmarks/run.py` (`make bench`).
+
+- durable sends/s: one stdio session pipelining sends into a two-person chat, timed until
+  the last `Sent` arrives; and 50 sessions on a Unix socket doing the same at once.
+- latency from request to `Sent`, p50/p99: one session, one message at a time.
+- a 100-message window and a thread's children in a chat of 1,000,000 messages, timed
+  from request to answer through the real service.
+- database bytes per message.
+- the same pipelined loop against `reference_peer.py` (Python + SQLite, one commit per
+  message), and the ratio.
+"""
+import json
+import os
+import pathlib
+import re
+import socket
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CHATCORE = ROOT / ".build" / "release" / "chatcore"
+QUIET = ["--log-level", "error"]
+
+
+class Stdio:
+    """`chatcore serve --user USER` with a reader thread that notes when lines arrive."""
+
+    def __init__(self, user, data_dir):
+        self.process = subprocess.Popen([str(CHATCORE), "serve", "--user", user, "--data-dir", data_dir] + QUIET,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.sent = 0
+        self.arrived = threading.Condition()
+        self.answers = {}
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            with self.arrived:
+                if line.startswith(b'{"listAdd":{"type":"chatMessage"'):
+                    self.sent += line.count(b'"state":"Sent"')
+                elif b'"cookie"' in line:
+                    cookie = re.search(rb'"cookie":"([^"]*)"', line).group(1).decode()
+                    self.answers[cookie] = (time.perf_counter(), line)
+                self.arrived.notify_all()
+
+    def write(self, data):
+        self.process.stdin.write(data)
+        self.process.stdin.flush()
+
+    def wait_sent(self, count, timeout=600):
+        with self.arrived:
+            return self.arrived.wait_for(lambda: self.sent >= count, timeout)
+
+    def ask(self, request, cookie):
+        start = time.perf_counter()
+        self.write(json.dumps(request, separators=(",", ":")).encode() + b"\n")
+        with self.arrived:
+            self.arrived.wait_for(lambda: cookie in self.answers, 60)
+        at, line = self.answers.pop(cookie)
+        return at - start, json.loads(line)
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait(timeout=600)
+
+
+def send_line(chat, n):
+    return b'{"chatMessageSend":{"chatId":"%s","tag":"Text","content":"benchmark message number %d"}}\n' % (chat.encode(), n)
+
+
+def start_chat(session, other):
+    session.ask({"chatStart": {"cookie": "start", "invitees": [{"userId": other}], "subject": "bench"}}, "start")
+
+
+def pipelined(count=20000):
+    with tempfile.TemporaryDirectory() as data:
+        session = Stdio("alice", data)
+        start_chat(session, "bob")
+        before = session.sent
+        payload = b"".join(send_line("1", n) for n in range(count))
+        start = time.perf_counter()
+        session.write(payload)
+        session.wait_sent(before + count)
+        seconds = time.perf_counter() - start
+        session.close()
+        size = sum(f.stat().st_size for f in pathlib.Path(data).iterdir() if f.name.startswith("chatcore.sqlite"))
+    return count / seconds, seconds
+
+
+def latency(count=2000):
+    with tempfile.TemporaryDirectory() as data:
+        session = Stdio("alice", data)
+        start_chat(session, "bob")
+        times = []
+        for n in range(count):
+            target = session.sent + 1
+            start = time.perf_counter()
+            session.write(send_line("1", n))
+            session.wait_sent(target)
+            times.append(time.perf_counter() - start)
+        session.close()
+    times.sort()
+    return times[len(times) // 2], times[int(len(times) * 0.99)]
+
+
+def many_senders(senders=50, each=2000):
+    with tempfile.TemporaryDirectory() as data:
+        path = os.path.join(data, "chatcore.sock")
+        process = subprocess.Popen([str(CHATCORE), "serve", "--data-dir", data, "--listen", "unix:" + path, "--insecure-no-auth"] + QUIET,
+                                   stdin=subprocess.DEVNULL)
+        for _ in range(200):
+            if os.path.exists(path):
+                break
+            time.sleep(0.05)
+        connections = []
+        for n in range(senders):
+            connection = socket.socket(socket.AF_UNIX)
+            connection.connect(path)
+            reader = connection.makefile("rb")
+            connection.sendall(b'{"authToken":{"userId":"sender%d","authToken":"-"}}\n' % n)
+            connection.sendall(b'{"chatStart":{"cookie":"s","invitees":[{"userId":"peer%d"}],"isOneToOne":true}}\n' % n)
+            chat = None
+            for line in reader:
+                if line.startswith(b'{"chatStarted"'):
+                    chat = json.loads(line)["chatStarted"]["chatId"]
+                    break
+            connections.append((connection, reader, chat))
+        counts = [0] * senders
+        done = threading.Barrier(senders + 1)
+
+        def drain(index, reader):
+            while counts[index] < each:
+                line = reader.readline()
+                if not line:
+                    break
+                if line.startswith(b'{"listAdd":{"type":"chatMessage"'):
+                    counts[index] += line.count(b'"state":"Sent"')
+            done.wait()
+
+        threads = [threading.Thread(target=drain, args=(i, reader), daemon=True) for i, (_, reader, _) in enumerate(connections)]
+        payloads = [b"".join(send_line(chat, k) for k in range(each)) for (_, _, chat) in connections]
+        for thread in threads:
+            thread.start()
+        start = time.perf_counter()
+        writers = [threading.Thread(target=c.sendall, args=(p,)) for (c, _, _), p in zip(connections, payloads)]
+        for writer in writers:
+            writer.start()
+        done.wait()
+        seconds = time.perf_counter() - start
+        for connection, _, _ in connections:
+            connection.close()
+        process.terminate()
+        process.wait()
+    return senders * each / seconds, seconds
+
+
+def million(count=1_000_000):
+    with tempfile.TemporaryDirectory() as data:
+        corpus = pathlib.Path(data) / "load.ndjson"
+        with corpus.open("wb") as f:
+            f.write(b'{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"million"}}\n')
+            for n in range(count):
+                if n % 10 == 9:
+                    # Thread replies under message 1000.
+                    f.write(b'{"chatMessageSend":{"chatId":"1","tag":"Text","content":"reply %d","ref":[{"tag":"Thread","messageId":1000}]}}\n' % n)
+                else:
+                    f.write(send_line("1", n))
+        start = time.perf_counter()
+        with corpus.open("rb") as stdin:
+            subprocess.run([str(CHATCORE), "serve", "--user", "alice", "--data-dir", data] + QUIET, stdin=stdin,
+                           stdout=subprocess.DEVNULL, check=True)
+        load_seconds = time.perf_counter() - start
+        size = sum(f.stat().st_size for f in pathlib.Path(data).iterdir() if f.name.startswith("chatcore.sqlite"))
+        start = time.perf_counter()
+        session = Stdio("alice", data)
+        session.ask({"identitiesGet": {"cookie": "ready", "userIds": ["alice"]}}, "ready")
+        restart_seconds = time.perf_counter() - start
+        windows = []
+        threads = []
+        for n in range(200):
+            anchor = 1 + (n * 4999) % count
+            seconds, answer = session.ask({"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": "1"},
+                                                                    "window": {"messageId": anchor, "before": 99, "after": 0},
+                                                                    "cookie": "w%d" % n}}, "w%d" % n)
+            assert len(answer["listMatching"]["result"]) == 100 or anchor <= 100
+            windows.append(seconds)
+            seconds, answer = session.ask({"requestListMatching": {"type": "chatMessage",
+                                                                    "criteria": {"chatId": "1", "ref": {"tag": "Thread", "messageId": 1000}},
+                                                                    "window": {"messageId": anchor, "before": 50, "after": 50},
+                                                                    "cookie": "t%d" % n}}, "t%d" % n)
+            threads.append(seconds)
+        session.close()
+    return {
+        "load": (count / load_seconds, load_seconds),
+        "restart": restart_seconds,
+        "window": (statistics.median(windows), sorted(windows)[int(len(windows) * 0.99)]),
+        "thread": (statistics.median(threads), sorted(threads)[int(len(threads) * 0.99)]),
+        "bytes": size / (count + 2),
+    }
+
+
+def reference(count=5000):
+    with tempfile.TemporaryDirectory() as data:
+        process = subprocess.Popen(["python3", str(ROOT / "Benchmarks" / "reference_peer.py"), os.path.join(data, "ref.sqlite")],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        payload = b"".join(send_line("1", n) for n in range(count))
+        start = time.perf_counter()
+        writer = threading.Thread(target=lambda: (process.stdin.write(payload), process.stdin.close()))
+        writer.start()
+        got = 0
+        for _ in process.stdout:
+            got += 1
+            if got == count:
+                break
+        seconds = time.perf_counter() - start
+        writer.join()
+        process.wait()
+    return count / seconds, seconds
+
+
+def rows():
+    """(benchmark, measure, value) rows for the table."""
+    table = []
+    rate, seconds = pipelined()
+    table.append(("engine: one stdio sender, pipelined", "durable sends/s (20,000)", f"{rate:,.0f}"))
+    reference_rate, _ = reference()
+    table.append(("engine: reference Python+SQLite peer", "durable sends/s (5,000)", f"{reference_rate:,.0f}"))
+    table.append(("engine: chatcore vs reference", "ratio", f"{rate / reference_rate:.1f}×"))
+    rate, seconds = many_senders()
+    table.append(("engine: 50 senders on a Unix socket", "durable sends/s (100,000)", f"{rate:,.0f}"))
+    p50, p99 = latency()
+    table.append(("engine: one at a time, request → Sent", "p50 / p99 latency", f"{p50 * 1000:.2f} / {p99 * 1000:.2f} ms"))
+    big = million()
+    table.append(("engine: 1,000,000-message chat", "load through stdio", f"{big['load'][0]:,.0f} msg/s"))
+    table.append(("engine: 1,000,000-message chat", "restart until answering", f"{big['restart']:.2f} s"))
+    table.append(("engine: 1,000,000-message chat", "100-message window p50 / p99", f"{big['window'][0] * 1000:.2f} / {big['window'][1] * 1000:.2f} ms"))
+    table.append(("engine: 1,000,000-message chat", "thread children p50 / p99", f"{big['thread'][0] * 1000:.2f} / {big['thread'][1] * 1000:.2f} ms"))
+    table.append(("engine: 1,000,000-message chat", "database bytes per message", f"{big['bytes']:.0f}"))
+    return table
