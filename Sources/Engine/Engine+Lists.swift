@@ -65,10 +65,8 @@ extension Engine {
             }
             batch.emit(.listElements(.global(ListElementsGlobal(cookie: request.cookie, missing: missing))), to: session)
         case .user(let request):
-            let visible = Set(visibleUsers(of: user).map(\.number))
-            let (found, missing) = lookUp(request.elements) { key in
-                users.find(uri: key.uri).flatMap { visible.contains($0.number) ? userElement($0) : nil }
-            }
+            // Any user, by uri (a client resolving a sender it has not seen yet).
+            let (found, missing) = lookUp(request.elements) { key in users.find(uri: key.uri).map(userElement) }
             for chunk in found.chunked(Engine.chunkSize) {
                 batch.emit(.listChunk(.user(ListChunkUser(cookie: request.cookie, elements: chunk))), to: session)
             }

@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Simple Chat: the flow of the Spark "Simple Chat" sample, in a terminal, over chatcore.
+
+Authenticate, create a chat, list chats, send Text messages, mark them read, and watch
+each message's delivery status change live.
+
+    # spawn chatcore on this user's own data directory (standard input/output):
+    python3 simple_chat.py --user alice
+    # or connect to a running service (make run) as one of several users:
+    python3 simple_chat.py --user alice --connect 127.0.0.1:7400 [--token JWT]
+
+Commands (anything else is sent as a Text message to the open chat):
+
+    /start USERID [SUBJECT]   start a chat with someone (one-to-one without a subject)
+    /chats                    list your chats, with unread counts
+    /open CHATID              open a chat and show its last 20 messages
+    /read                     mark everything in the open chat as read
+    /quit
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+
+
+class Connection:
+    """Newline-delimited JSON to chatcore: a spawned child, or a TCP / Unix socket."""
+
+    def __init__(self, args):
+        if args.connect:
+            if args.connect.startswith("unix:"):
+                sock = socket.socket(socket.AF_UNIX)
+                sock.connect(args.connect[5:])
+            else:
+                host, port = args.connect.rsplit(":", 1)
+                sock = socket.create_connection((host, int(port)))
+            self.reader = sock.makefile("r", encoding="utf-8")
+            self.writer = sock.makefile("w", encoding="utf-8")
+            self.process = None
+        else:
+            data_dir = args.data_dir or os.path.join(tempfile.gettempdir(), "simple-chat-" + args.user)
+            self.process = subprocess.Popen([args.binary, "serve", "--user", args.user, "--data-dir", data_dir],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                            text=True, bufsize=1)
+            self.reader, self.writer = self.process.stdout, self.process.stdin
+
+    def send(self, message):
+        self.writer.write(json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\n")
+        self.writer.flush()
+
+    def events(self):
+        for line in self.reader:
+            yield json.loads(line)
+
+    def close(self):
+        try:
+            self.writer.close()
+        except OSError:
+            pass
+        if self.process:
+            self.process.wait(timeout=30)
+
+
+class SimpleChat:
+    def __init__(self, connection, user, out=sys.stdout):
+        self.connection = connection
+        self.user = user
+        self.out = out
+        self.lock = threading.Lock()
+        self.my_uri = None
+        self.users = {}          # uri -> userId
+        self.chats = {}          # chatId -> chat element
+        self.open_chat = None
+        self.ready = threading.Event()
+
+    def say(self, text):
+        with self.lock:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def name(self, uri):
+        if uri == self.my_uri:
+            return "me"
+        return self.users.get(uri, uri)
+
+    # events
+
+    def listen(self):
+        for event in self.connection.events():
+            (kind, body), = event.items()
+            handler = getattr(self, "on_" + kind, None)
+            if handler:
+                handler(body)
+        self.say("* chatcore closed the connection")
+
+    def on_listChange(self, body):
+        if body["type"] == "global":
+            for element in body["elements"]:
+                if element["name"] == "localUri":
+                    self.my_uri = element["value"]
+                    self.say(f"* signed in as {self.user} ({self.my_uri})")
+                    self.connection.send({"requestListAll": {"type": "chat", "cookie": "chats-initial"}})
+                    self.ready.set()
+        elif body["type"] == "chat":
+            for change in body["elements"]:
+                chat = self.chats.setdefault(change["chatId"], {"chatId": change["chatId"]})
+                chat.update({k: v for k, v in change.items() if v is not None})
+        elif body["type"] == "chatMessage":
+            for change in body["elements"]:
+                if "state" in change and change["chatId"] == self.open_chat:
+                    self.say(f"  #{change['messageId']} is now {change['state']}")
+
+    def on_listAdd(self, body):
+        if body["type"] == "chat":
+            for chat in body["elements"]:
+                self.chats[chat["chatId"]] = chat
+                self.say(f"* chat {chat['chatId']}: {chat['subject'] or '(one-to-one)'}")
+        elif body["type"] == "chatMessage":
+            for message in body["elements"]:
+                self.show(message, live=True)
+        elif body["type"] == "chatParticipant":
+            for participant in body["elements"]:
+                if participant["userUri"] not in self.users:
+                    self.connection.send({"requestListElements": {"type": "user", "elements": [{"uri": participant["userUri"]}]}})
+
+    def on_listChunk(self, body):
+        if body["type"] == "global":
+            # A spawned service trusts its parent: the identity comes from the global list.
+            self.on_listChange(body)
+        elif body["type"] == "chat":
+            for chat in body["elements"]:
+                self.chats[chat["chatId"]] = chat
+        elif body["type"] == "user":
+            for user in body["elements"]:
+                self.users[user["uri"]] = user["userId"]
+
+    def on_listAll(self, body):
+        if body["type"] == "chat" and body.get("cookie") == "chats":
+            self.list_chats()
+
+    def on_listMatching(self, body):
+        for message in body["result"]:
+            self.show(message, live=False)
+
+    def on_chatStarted(self, body):
+        self.open_chat = body["chatId"]
+        self.say(f"* chat {body['chatId']} is open: type to send")
+
+    def on_chatStartFailed(self, body):
+        self.say(f"! could not start the chat: {body['reason']}")
+
+    def on_requestFailed(self, body):
+        self.say(f"! {body.get('request', 'request')} failed: {body['error']}: {body['reason']}")
+
+    def on_setupError(self, body):
+        self.say(f"! authentication failed: {body['error']}")
+
+    def show(self, message, live):
+        if message["tag"] != "Text":
+            return  # like the Spark sample: only Text is rendered
+        if live and message["chatId"] != self.open_chat:
+            self.say(f"* new message in chat {message['chatId']}")
+            return
+        text = message.get("content", "(recalled)" if message.get("recall") else "(deleted)")
+        status = f" [{message['state']}]" if message["senderUri"] == self.my_uri else ""
+        self.say(f"  #{message['messageId']} {self.name(message['senderUri'])}: {text}{status}")
+
+    def list_chats(self):
+        if not self.chats:
+            self.say("* no chats yet: /start USERID [SUBJECT]")
+        for chat in sorted(self.chats.values(), key=lambda c: int(c["chatId"])):
+            self.say(f"  chat {chat['chatId']}: {chat.get('subject') or '(one-to-one)'}  unread {chat.get('numUnread', 0)}")
+
+    # commands
+
+    def command(self, line):
+        if line.startswith("/start "):
+            parts = line.split(maxsplit=2)
+            request = {"cookie": "start", "invitees": [{"userId": parts[1]}]}
+            if len(parts) == 3:
+                request["subject"] = parts[2]
+            else:
+                request["isOneToOne"] = True
+            self.connection.send({"chatStart": request})
+        elif line == "/chats":
+            self.connection.send({"requestListAll": {"type": "chat", "cookie": "chats"}})
+        elif line.startswith("/open "):
+            self.open_chat = line.split()[1]
+            self.connection.send({"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": self.open_chat, "tag": "Text"},
+                                                          "window": {"timestamp": 2 ** 40, "before": 20}, "cookie": "open"}})
+        elif line == "/read":
+            chat = self.chats.get(self.open_chat)
+            if chat and chat.get("lastMessage"):
+                self.connection.send({"chatMessageRead": {"chatId": self.open_chat, "messageId": chat["lastMessage"]}})
+        elif line == "/quit":
+            return False
+        elif line.startswith("/"):
+            self.say("? commands: /start USERID [SUBJECT], /chats, /open CHATID, /read, /quit")
+        elif self.open_chat is None:
+            self.say("? open a chat first: /open CHATID or /start USERID")
+        elif line:
+            self.connection.send({"chatMessageSend": {"chatId": self.open_chat, "tag": "Text", "content": line}})
+        return True
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--user", required=True)
+    parser.add_argument("--connect", help="HOST:PORT or unix:PATH of a running chatcore")
+    parser.add_argument("--token", default="-", help="JWT for --connect (any text with --insecure-no-auth)")
+    parser.add_argument("--binary", default=os.environ.get("CHATCORE_BINARY", "chatcore"))
+    parser.add_argument("--data-dir")
+    args = parser.parse_args()
+    connection = Connection(args)
+    app = SimpleChat(connection, args.user)
+    threading.Thread(target=app.listen, daemon=True).start()
+    if args.connect:
+        connection.send({"authToken": {"userId": args.user, "authToken": args.token}})
+    else:
+        connection.send({"requestListAll": {"type": "global", "cookie": "me"}})
+    for line in sys.stdin:
+        if not app.command(line.strip()):
+            break
+    connection.close()
+
+
+if __name__ == "__main__":
+    main()
