@@ -139,14 +139,17 @@ extension Engine {
         guard target.id > member.readUpTo else { return }
         let changes = PendingChanges()
         willChange(chat, changes)
+        // Only the newly read range is visited: reading one message at a time through a
+        // long backlog stays linear.
         let start = max(member.readUpTo + 1, member.joinedAt)
         for id in start...target.id {
             let message = chat.messages[Int(id - 1)]
-            if message.sender != user { willChange(message, in: chat, changes) }
+            guard message.sender != user else { continue }
+            willChange(message, in: chat, changes)
+            if message.countsUnread(for: user) { member.numUnread -= 1 }
         }
         member.readUpTo = target.id
         member.deliveredUpTo = max(member.deliveredUpTo, target.id)
-        chat.recountUnread(member)
         batch.changed(member, of: chat)
         publish(changes, batch: batch)
     }
