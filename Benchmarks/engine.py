@@ -193,13 +193,32 @@ def million(count=1_000_000):
                                                                     "window": {"messageId": anchor, "before": 50, "after": 50},
                                                                     "cookie": "t%d" % n}}, "t%d" % n)
             threads.append(seconds)
+        searches = []
+        for n in range(100):
+            term = "number %d" % (n * 7919 % count)
+            seconds, answer = session.ask({"search": {"text": term, "cookie": "s%d" % n}}, "s%d" % n)
+            assert answer["searchResult"]["messages"], term
+            searches.append(seconds)
         session.close()
+        # The same searches as a plain LIKE scan over the same store, in the same run.
+        import sqlite3
+        database = sqlite3.connect(os.path.join(data, "chatcore.sqlite"))
+        scans = []
+        for n in range(10):
+            term = "number %d" % (n * 7919 % count)
+            start = time.perf_counter()
+            database.execute("SELECT chat, id FROM message WHERE content LIKE ? ORDER BY timestamp DESC, id DESC LIMIT 100",
+                             ("%" + term + "%",)).fetchall()
+            scans.append(time.perf_counter() - start)
+        database.close()
     return {
         "load": (count / load_seconds, load_seconds),
         "restart": restart_seconds,
         "window": (statistics.median(windows), sorted(windows)[int(len(windows) * 0.99)]),
         "thread": (statistics.median(threads), sorted(threads)[int(len(threads) * 0.99)]),
         "bytes": size / (count + 2),
+        "search": (statistics.median(searches), sorted(searches)[int(len(searches) * 0.99)]),
+        "like": (statistics.median(scans), max(scans)),
     }
 
 
@@ -240,4 +259,6 @@ def rows():
     table.append(("engine: 1,000,000-message chat", "100-message window p50 / p99", f"{big['window'][0] * 1000:.2f} / {big['window'][1] * 1000:.2f} ms"))
     table.append(("engine: 1,000,000-message chat", "thread children p50 / p99", f"{big['thread'][0] * 1000:.2f} / {big['thread'][1] * 1000:.2f} ms"))
     table.append(("engine: 1,000,000-message chat", "database bytes per message", f"{big['bytes']:.0f}"))
+    table.append(("search: 1,000,000 messages", "search p50 / p99 (trigram index)", f"{big['search'][0] * 1000:.2f} / {big['search'][1] * 1000:.2f} ms"))
+    table.append(("search: 1,000,000 messages", "plain LIKE scan p50 / max", f"{big['like'][0] * 1000:.1f} / {big['like'][1] * 1000:.1f} ms"))
     return table

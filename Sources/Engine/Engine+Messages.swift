@@ -45,6 +45,11 @@ extension Engine {
         let message = MessageRecord(id: chat.lastMessage + 1, sender: sender, tag: tag, content: content, data: data, refs: refs,
                                     timestamp: timestamp, isControl: isControl, neverCountsUnread: neverCountsUnread, changeSeq: changeSeq)
         chat.append(message)
+        if let content, !message.isSystem {
+            lastSearchRow += 1
+            message.searchRow = lastSearchRow
+            batch.store.searchAdds.append(SearchEntry(row: lastSearchRow, chat: chat.number, id: message.id, text: content))
+        }
         batch.changed(message, of: chat)
         batch.changed(chat)
         for member in chat.members.values where member.isActive {
@@ -216,6 +221,10 @@ extension Engine {
             if let target = chat.message(ref.messageId) { willChange(target, in: chat, changes) }
         }
         chat.dropReferences(of: message)
+        if message.searchRow > 0 {
+            batch.store.searchRemovals.append(message.searchRow)
+            message.searchRow = 0
+        }
         message.content = nil
         message.data = nil
         message.isRecalled = true

@@ -48,7 +48,9 @@ extension Engine {
             try startTyping(request, user: user, batch: batch)
         case .chatEventSend(let request):
             try sendEvent(request, user: user, session: session, batch: batch)
-        case .chatMessageFileDownload, .chatMessageDetach, .search:
+        case .search(let request):
+            batch.emit(try search(request, user: user, batch: batch), to: session)
+        case .chatMessageFileDownload, .chatMessageDetach:
             throw ProtocolError(.internal, "'\(request.name)' is not carried out by this version of chatcore yet")
         }
     }

@@ -44,6 +44,8 @@ public final class Engine: @unchecked Sendable {
     var lastChatNumber: Int64 = 0
     /// The change feed's position: every message change takes the next number.
     var changeSeq: Int64 = 0
+    /// The newest message's row in the search index.
+    var lastSearchRow: Int64 = 0
     /// Who is typing where, and when that expires (seconds on the monotonic clock).
     var typing: [TypingEntry: Double] = [:]
     var tickScheduled = false
@@ -63,6 +65,7 @@ public final class Engine: @unchecked Sendable {
         chatsOfUser = [:]
         lastChatNumber = 0
         changeSeq = 0
+        lastSearchRow = 0
         for row in snapshot.chats {
             chats[row.number] = ChatRecord(row)
             lastChatNumber = max(lastChatNumber, row.number)
@@ -79,6 +82,7 @@ public final class Engine: @unchecked Sendable {
             }
             chat.append(MessageRecord(row))
             changeSeq = max(changeSeq, row.changeSeq)
+            lastSearchRow = max(lastSearchRow, row.searchRow)
         }
         for row in snapshot.messageUsers {
             chats[row.chat]?.message(row.id)?.privateStates[row.user] = PrivateState(
@@ -182,6 +186,19 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
+    /// Commits what the batch changed so far (before reading from the store). If that
+    /// fails, the batch keeps its rows: its final commit fails again and answers all.
+    func commitSoFar(_ batch: Batch) throws {
+        batch.collectRows()
+        guard !batch.store.isEmpty else { return }
+        do {
+            try store.commit(batch.store)
+            batch.committed()
+        } catch {
+            throw ProtocolError(.internal, "the store could not commit the change: \(error)")
+        }
+    }
+
     private func commit(_ batch: Batch) {
         batch.collectRows()
         guard !batch.store.isEmpty else { return }
@@ -255,6 +272,15 @@ final class Batch {
 
     func changedPrivately(_ message: MessageRecord, of chat: ChatRecord, for user: Int64) {
         dirtyPrivate[PrivateKey(chat: chat.number, message: message.id, user: user)] = (chat.number, message, user)
+    }
+
+    /// The rows so far are durable: later commits of this batch need not write them again.
+    func committed() {
+        store = StoreBatch()
+        dirtyChats = [:]
+        dirtyMembers = [:]
+        dirtyMessages = [:]
+        dirtyPrivate = [:]
     }
 
     /// Turns the changed records into the rows of the store batch.

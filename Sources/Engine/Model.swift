@@ -76,6 +76,8 @@ final class MessageRecord {
     let neverCountsUnread: Bool
     var isRecalled: Bool
     var changeSeq: Int64
+    /// Its row in the store's search index; 0 when its text is not indexed.
+    var searchRow: Int64 = 0
     /// The messages that reference this one, per tag, in ascending id order.
     var referencedBy: [String: [Int64]] = [:]
     var privateStates: [Int64: PrivateState] = [:]
@@ -107,12 +109,13 @@ final class MessageRecord {
         neverCountsUnread = row.neverCountsUnread
         isRecalled = row.isRecalled
         changeSeq = row.changeSeq
+        searchRow = row.searchRow
     }
 
     func row(chat: Int64) -> MessageRow {
         MessageRow(chat: chat, id: id, sender: sender, tag: tag, content: content, data: data?.json,
                    refs: refs.map { RefRow(tag: $0.tag, target: $0.messageId) }, timestamp: timestamp, isControl: isControl,
-                   neverCountsUnread: neverCountsUnread, isRecalled: isRecalled, changeSeq: changeSeq)
+                   neverCountsUnread: neverCountsUnread, isRecalled: isRecalled, changeSeq: changeSeq, searchRow: searchRow)
     }
 
     var isSystem: Bool { reservedTags.contains(tag) }

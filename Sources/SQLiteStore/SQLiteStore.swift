@@ -131,6 +131,23 @@ public final class SQLiteStore: ChatStore {
                 ) WITHOUT ROWID;
                 """)
         }
+        migrator.registerMigration("v3-search") { db in
+            // Message text for `search` (PROTOCOL.md §9): FTS5 with trigrams answers
+            // case-insensitive substring queries from an index. The rowid is the message's
+            // search row, which grows with every message: newest first is rowid order.
+            try db.execute(sql: """
+                ALTER TABLE message ADD COLUMN searchRow INTEGER NOT NULL DEFAULT 0;
+                CREATE VIRTUAL TABLE message_search USING fts5(text, chat UNINDEXED, id UNINDEXED, tokenize = 'trigram');
+                WITH ordered AS (
+                    SELECT chat, id, ROW_NUMBER() OVER (ORDER BY timestamp, chat, id) AS row FROM message
+                    WHERE content IS NOT NULL AND isRecalled = 0
+                      AND tag NOT IN ('Join', 'Leave', 'Subject', 'Gap', 'Shred', 'Clear', 'Admin', 'Remove')
+                )
+                UPDATE message SET searchRow = (SELECT row FROM ordered WHERE ordered.chat = message.chat AND ordered.id = message.id)
+                WHERE EXISTS (SELECT 1 FROM ordered WHERE ordered.chat = message.chat AND ordered.id = message.id);
+                INSERT INTO message_search (rowid, text, chat, id) SELECT searchRow, content, chat, id FROM message WHERE searchRow > 0;
+                """)
+        }
         return migrator
     }
 
@@ -155,7 +172,7 @@ public final class SQLiteStore: ChatStore {
                 refs[row["chat"], default: [:]][row["source"], default: []].append(RefRow(tag: row["tag"], target: row["target"]))
             }
             let messages = try Row.fetchCursor(db, sql: """
-                SELECT chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq
+                SELECT chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow
                 FROM message ORDER BY chat, id
                 """)
             while let row = try messages.next() {
@@ -164,7 +181,7 @@ public final class SQLiteStore: ChatStore {
                 snapshot.messages.append(MessageRow(
                     chat: chat, id: id, sender: row[2], tag: row[3], content: row[4], data: row[5],
                     refs: refs[chat]?[id] ?? [], timestamp: row[6], isControl: row[7], neverCountsUnread: row[8],
-                    isRecalled: row[9], changeSeq: row[10]))
+                    isRecalled: row[9], changeSeq: row[10], searchRow: row[11]))
             }
             snapshot.messageUsers = try Row.fetchAll(db, sql: "SELECT chat, id, user, localData, isDeleted FROM message_user").map {
                 MessageUserRow(chat: $0["chat"], id: $0["id"], user: $0["user"], localData: $0["localData"], isDeleted: $0["isDeleted"])
@@ -200,14 +217,15 @@ public final class SQLiteStore: ChatStore {
             }
             if !batch.messages.isEmpty {
                 let insert = try db.cachedStatement(sql: """
-                    INSERT OR REPLACE INTO message (chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    INSERT OR REPLACE INTO message (chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     """)
                 let insertRef = try db.cachedStatement(sql: "INSERT OR IGNORE INTO message_ref (chat, source, tag, target) VALUES (?, ?, ?, ?)")
                 let clearRefs = try db.cachedStatement(sql: "DELETE FROM message_ref WHERE chat = ? AND source = ?")
                 for message in batch.messages {
                     try insert.execute(arguments: [message.chat, message.id, message.sender, message.tag, message.content, message.data,
-                                                   message.timestamp, message.isControl, message.neverCountsUnread, message.isRecalled, message.changeSeq])
+                                                   message.timestamp, message.isControl, message.neverCountsUnread, message.isRecalled, message.changeSeq,
+                                                   message.searchRow])
                     // References only ever go away (a recall); they are never edited.
                     if message.refs.isEmpty {
                         if message.isRecalled { try clearRefs.execute(arguments: [message.chat, message.id]) }
@@ -218,6 +236,16 @@ public final class SQLiteStore: ChatStore {
                     }
                 }
             }
+            if !batch.searchAdds.isEmpty {
+                let statement = try db.cachedStatement(sql: "INSERT OR REPLACE INTO message_search (rowid, text, chat, id) VALUES (?, ?, ?, ?)")
+                for entry in batch.searchAdds {
+                    try statement.execute(arguments: [entry.row, entry.text, entry.chat, entry.id])
+                }
+            }
+            if !batch.searchRemovals.isEmpty {
+                let statement = try db.cachedStatement(sql: "DELETE FROM message_search WHERE rowid = ?")
+                for row in batch.searchRemovals { try statement.execute(arguments: [row]) }
+            }
             if !batch.messageUsers.isEmpty {
                 let statement = try db.cachedStatement(sql: """
                     INSERT OR REPLACE INTO message_user (chat, id, user, localData, isDeleted) VALUES (?, ?, ?, ?, ?)
@@ -226,6 +254,24 @@ public final class SQLiteStore: ChatStore {
                     try statement.execute(arguments: [row.chat, row.id, row.user, row.localData, row.isDeleted])
                 }
             }
+        }
+    }
+
+    public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit] {
+        guard !chats.isEmpty else { return [] }
+        // One FTS5 phrase: with trigrams, a case-insensitive substring match.
+        let phrase = "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+        let chatList = chats.map(String.init).joined(separator: ",")
+        var sql = "SELECT chat, id, rowid FROM message_search WHERE message_search MATCH ? AND chat IN (\(chatList))"
+        var arguments: StatementArguments = [phrase]
+        if let belowRow {
+            sql += " AND rowid < ?"
+            arguments += [belowRow]
+        }
+        sql += " ORDER BY rowid DESC LIMIT ?"
+        arguments += [limit]
+        return try pool.read { db in
+            try Row.fetchAll(db, sql: sql, arguments: arguments).map { SearchHit(chat: $0[0], id: $0[1], row: $0[2]) }
         }
     }
 }

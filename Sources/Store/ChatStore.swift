@@ -10,6 +10,39 @@ public protocol ChatStore: AnyObject, Sendable {
 
     /// Applies the batch atomically and durably. On error nothing of it was applied.
     func commit(_ batch: StoreBatch) throws
+
+    /// Messages of `chats` whose text contains `text` case-insensitively (at least three
+    /// characters), newest first (descending search row), below `belowRow` when given.
+    func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit]
+}
+
+/// A message found by `searchMessages`.
+public struct SearchHit: Sendable, Equatable {
+    public var chat: Int64
+    public var id: Int64
+    /// The message's position in the search index (newer is larger).
+    public var row: Int64
+
+    public init(chat: Int64, id: Int64, row: Int64) {
+        self.chat = chat
+        self.id = id
+        self.row = row
+    }
+}
+
+/// A message's text entering the search index.
+public struct SearchEntry: Sendable, Equatable {
+    public var row: Int64
+    public var chat: Int64
+    public var id: Int64
+    public var text: String
+
+    public init(row: Int64, chat: Int64, id: Int64, text: String) {
+        self.row = row
+        self.chat = chat
+        self.id = id
+        self.text = text
+    }
 }
 
 /// A user as the store keeps them.
@@ -121,9 +154,11 @@ public struct MessageRow: Sendable, Equatable {
     public var isRecalled: Bool
     /// The change feed position of the message's latest change (PROTOCOL.md §4).
     public var changeSeq: Int64
+    /// Its row in the search index, 0 when its text is not indexed.
+    public var searchRow: Int64
 
     public init(chat: Int64, id: Int64, sender: Int64, tag: String, content: String?, data: String?, refs: [RefRow], timestamp: Int64,
-                isControl: Bool, neverCountsUnread: Bool, isRecalled: Bool, changeSeq: Int64) {
+                isControl: Bool, neverCountsUnread: Bool, isRecalled: Bool, changeSeq: Int64, searchRow: Int64) {
         self.chat = chat
         self.id = id
         self.sender = sender
@@ -136,6 +171,7 @@ public struct MessageRow: Sendable, Equatable {
         self.neverCountsUnread = neverCountsUnread
         self.isRecalled = isRecalled
         self.changeSeq = changeSeq
+        self.searchRow = searchRow
     }
 }
 
@@ -181,10 +217,14 @@ public struct StoreBatch: Sendable {
     public var members: [MemberRow] = []
     public var messages: [MessageRow] = []
     public var messageUsers: [MessageUserRow] = []
+    public var searchAdds: [SearchEntry] = []
+    /// Search rows whose text is gone (recalled).
+    public var searchRemovals: [Int64] = []
 
     public init() {}
 
     public var isEmpty: Bool {
         newUsers.isEmpty && chats.isEmpty && members.isEmpty && messages.isEmpty && messageUsers.isEmpty
+            && searchAdds.isEmpty && searchRemovals.isEmpty
     }
 }
