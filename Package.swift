@@ -8,6 +8,7 @@ import PackageDescription
 //   Protocol    – the messages, generated from Schemas/ by Codegen
 //   Store       – the storage protocol the engine needs, and its records
 //   SQLiteStore – that protocol on SQLite (GRDB)
+//   Attachments – the service's own copies of attached files (content-addressed)
 //   Engine      – the chat semantics: one place that decides
 //   Session     – authentication, per-session output and backpressure
 //   Server      – transports: stdio, TCP and Unix sockets (SwiftNIO)
@@ -36,13 +37,17 @@ let package = Package(
         .target(name: "Protocol", dependencies: ["Wire"]),
         .target(name: "Store"),
         .target(
+            name: "Attachments",
+            dependencies: [.product(name: "Crypto", package: "swift-crypto")]
+        ),
+        .target(
             name: "SQLiteStore",
             dependencies: ["Store", .product(name: "GRDB", package: "GRDB.swift")]
         ),
         .target(
             name: "Engine",
             dependencies: [
-                "Protocol", "Store",
+                "Protocol", "Store", "Attachments",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -67,7 +72,7 @@ let package = Package(
         .executableTarget(
             name: "chatcore",
             dependencies: [
-                "Server", "Session", "Engine", "SQLiteStore",
+                "Server", "Session", "Engine", "SQLiteStore", "Attachments",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]

@@ -2,6 +2,10 @@ import Foundation
 import Protocol
 import Store
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Messages (PROTOCOL.md §6): sending, states, reading, private delete, recall, typing,
 /// and chat events.
 extension Engine {
@@ -97,7 +101,7 @@ extension Engine {
 
     // MARK: requests
 
-    func send(_ request: ChatMessageSend, user: Int64, batch: Batch) throws {
+    func send(_ request: ChatMessageSend, user: Int64, session: EngineSession, batch: Batch) throws {
         let (chat, member) = try chat(request.chatId, of: user)
         if reservedTags.contains(request.tag) {
             throw ProtocolError(.reservedTag, "the tag '\(request.tag)' is reserved for messages the service posts")
@@ -107,9 +111,6 @@ extension Engine {
         }
         if request.tag == "Text" && request.content == nil {
             throw ProtocolError.invalid("'content' is required for tag Text")
-        }
-        if request.thumb != nil || request.file != nil {
-            throw ProtocolError(.internal, "attachments ('thumb', 'file') are not carried out by this version of chatcore yet")
         }
         let size = (request.content?.utf8.count ?? 0) + (request.data?.json.utf8.count ?? 0)
         if size > Engine.maxMessageBytes {
@@ -128,11 +129,25 @@ extension Engine {
                 throw ProtocolError.invalid("'ref[\(index)].messageId' \(ref.messageId) is a system message (\(target.tag)): it cannot be referenced")
             }
         }
+        // Files last: everything else is known to be fine, so an opened file is always used.
+        let (thumb, file) = try admitAttachments(request, session: session)
+        let total = size + Int(thumb?.size ?? 0)
+        if total > Engine.maxMessageBytes {
+            if let thumb { Glibc.close(thumb.descriptor) }
+            if let file { Glibc.close(file.descriptor) }
+            throw ProtocolError(.tooLarge, "'content', 'data' and 'thumb' are \(total) bytes together, over the limit of \(Engine.maxMessageBytes)")
+        }
         let changes = PendingChanges()
         willChange(chat, changes)
         let message = append(to: chat, sender: user, tag: request.tag, content: request.content, data: request.data, refs: refs,
                              isControl: request.control ?? false, neverCountsUnread: request.neverCountUnread ?? false,
                              batch: batch, changes: changes)
+        if thumb != nil || file != nil {
+            message.thumb = thumb.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
+            message.file = file.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
+            message.attachment = .sending
+            storeAttachments(of: message, in: chat, thumb: thumb, file: file, request: request, session: session)
+        }
         stopTyping(user: user, chat: chat, batch: batch)
         announceNew([message], in: chat, batch: batch, changes: changes)
         publish(changes, batch: batch)
@@ -181,6 +196,7 @@ extension Engine {
         guard message.privateStates[user]?.isDeleted != true else { return }
         let changes = PendingChanges()
         willChange(message, in: chat, changes)
+        releaseDownload(of: message, in: chat, for: user)
         message.privateStates[user] = PrivateState(localData: nil, isDeleted: true)
         batch.changedPrivately(message, of: chat, for: user)
         publish(changes, batch: batch)
@@ -215,7 +231,7 @@ extension Engine {
 
     /// Recalls a message for everyone; its targets' `refBy` are recomputed.
     private func recall(_ message: MessageRecord, in chat: ChatRecord, batch: Batch, changes: PendingChanges) {
-        guard !message.isRecalled else { return }
+        guard !message.isRecalled, message.attachment != .failed else { return }
         willChange(message, in: chat, changes)
         for ref in message.refs {
             if let target = chat.message(ref.messageId) { willChange(target, in: chat, changes) }
@@ -225,6 +241,7 @@ extension Engine {
             batch.store.searchRemovals.append(message.searchRow)
             message.searchRow = 0
         }
+        releaseAttachments(of: message, in: chat)
         message.content = nil
         message.data = nil
         message.isRecalled = true

@@ -84,7 +84,11 @@ extension Engine {
         let state: MessageState
         var partial = false
         if own {
-            (state, partial) = senderState(message, in: chat)
+            switch message.attachment {
+            case .sending: state = .sending
+            case .failed: state = .failed
+            case .stored, nil: (state, partial) = senderState(message, in: chat)
+            }
         } else {
             state = (chat.members[viewer]?.readUpTo ?? 0) >= message.id ? .read : .delivered
         }
@@ -96,9 +100,32 @@ extension Engine {
                 return RefBy(tag: tag, newestRef: newest, count: Int64(sources.count))
             }
         }
+        // Attachments (PROTOCOL.md §7): the sender sees the stored copy; a recipient the
+        // thumb at once, and the file's name until they download it, then their copy.
+        var thumb: String?
+        var file: String?
+        var fileSize: Int64?
+        var fileState: FileState?
+        if !hidesBody, let attachments {
+            if let stored = message.thumb, stored.blob != nil, privateState?.thumbDetached != true {
+                thumb = attachments.messagePath(chat: chat.number, id: message.id, kind: "thumb", name: stored.name)
+            }
+            if let stored = message.file, stored.blob != nil {
+                fileSize = stored.size
+                if own {
+                    file = attachments.messagePath(chat: chat.number, id: message.id, kind: "file", name: stored.name)
+                    fileState = .done
+                } else {
+                    let mine = privateState?.fileState ?? .available
+                    fileState = mine
+                    file = mine == .done ? attachments.downloadPath(user: viewer, chat: chat.number, id: message.id, name: stored.name) : stored.name
+                }
+            }
+        }
         return ChatMessage(chatId: chat.chatId, messageId: message.id, senderUri: uri(message.sender), tag: message.tag,
                            content: hidesBody ? nil : message.content, data: hidesBody ? nil : message.data,
-                           localData: deleted ? nil : privateState?.localData, flags: flags, state: state, stateIsPartial: partial,
+                           localData: deleted ? nil : privateState?.localData, thumb: thumb, file: file, fileSize: fileSize,
+                           fileState: fileState, flags: flags, state: state, stateIsPartial: partial,
                            recall: message.isRecalled ? .recalled : nil, ref: message.refs.isEmpty ? nil : message.refs,
                            refBy: refBy, timestamp: message.timestamp)
     }

@@ -35,7 +35,7 @@ extension Engine {
         case .chatHide(let request):
             try hide(request, user: user, batch: batch)
         case .chatMessageSend(let request):
-            try send(request, user: user, batch: batch)
+            try send(request, user: user, session: session, batch: batch)
         case .chatMessageRead(let request):
             try read(request, user: user, batch: batch)
         case .chatMessageStateGet(let request):
@@ -50,8 +50,10 @@ extension Engine {
             try sendEvent(request, user: user, session: session, batch: batch)
         case .search(let request):
             batch.emit(try search(request, user: user, batch: batch), to: session)
-        case .chatMessageFileDownload, .chatMessageDetach:
-            throw ProtocolError(.internal, "'\(request.name)' is not carried out by this version of chatcore yet")
+        case .chatMessageFileDownload(let request):
+            try download(request, user: user, batch: batch)
+        case .chatMessageDetach(let request):
+            try detach(request, user: user, batch: batch)
         }
     }
 }

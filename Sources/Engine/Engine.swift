@@ -1,3 +1,4 @@
+import Attachments
 import Foundation
 import Logging
 import Protocol
@@ -20,6 +21,8 @@ public final class Engine: @unchecked Sendable {
         case barrier(@Sendable () -> Void)
         /// Time passed: typing indications may have expired.
         case tick
+        /// A message's attachments were stored (blobs) or could not be (error).
+        case attachmentsStored(chat: Int64, id: Int64, thumb: String?, file: String?, error: String?)
     }
 
     /// At most this many work items go into one batch (and one transaction).
@@ -31,8 +34,14 @@ public final class Engine: @unchecked Sendable {
     let logger: Logger
     /// Seconds since 1970: message timestamps.
     let clock: @Sendable () -> Int64
+    /// Where attached files are kept (nil: attachments are refused).
+    let attachments: AttachmentStore?
+    /// The only directory socket sessions may attach files from (resolved), if any.
+    let attachmentsDirectory: String?
     private let inbox = Inbox<Work>()
     private let sessionCounter = Atomic<Int>(0)
+    /// Attachments being stored on worker threads.
+    let attachmentJobs = Atomic<Int>(0)
     private var thread: Thread?
 
     // Engine-thread state.
@@ -49,12 +58,17 @@ public final class Engine: @unchecked Sendable {
     /// Who is typing where, and when that expires (seconds on the monotonic clock).
     var typing: [TypingEntry: Double] = [:]
     var tickScheduled = false
+    /// How many messages hold on to each stored content; at 0 it is deleted.
+    var blobUses: [String: Int] = [:]
 
     /// `clock` gives message timestamps (seconds since 1970); tests pass a fixed one.
-    public init(store: ChatStore, logger: Logger, clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }) throws {
+    public init(store: ChatStore, logger: Logger, attachments: AttachmentStore? = nil, attachmentsDirectory: String? = nil,
+                clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }) throws {
         self.store = store
         self.logger = logger
         self.clock = clock
+        self.attachments = attachments
+        self.attachmentsDirectory = attachmentsDirectory
         try reload()
     }
 
@@ -86,7 +100,14 @@ public final class Engine: @unchecked Sendable {
         }
         for row in snapshot.messageUsers {
             chats[row.chat]?.message(row.id)?.privateStates[row.user] = PrivateState(
-                localData: row.localData.map { JSONValue(compactJSON: $0) }, isDeleted: row.isDeleted)
+                localData: row.localData.map { JSONValue(compactJSON: $0) }, isDeleted: row.isDeleted,
+                thumbDetached: row.thumbDetached, fileState: row.fileDownloaded ? .done : nil)
+        }
+        blobUses = [:]
+        for chat in chats.values {
+            for message in chat.messages where !message.isRecalled {
+                for blob in message.blobs { blobUses[blob, default: 0] += 1 }
+            }
         }
         for chat in chats.values {
             chat.changeLog.sort { $0.seq < $1.seq }
@@ -139,16 +160,35 @@ public final class Engine: @unchecked Sendable {
         inbox.put(.barrier(body))
     }
 
+    /// Hands the outcome of storing a message's attachments to the engine thread.
+    func attachmentsFinished(chat: Int64, id: Int64, thumb: String?, file: String?, error: String?) {
+        inbox.put(.attachmentsStored(chat: chat, id: id, thumb: thumb, file: file, error: error))
+    }
+
     /// Asks the engine thread to look at the clock (typing expiry).
     func tick() {
         inbox.put(.tick)
     }
 
-    /// Waits until everything submitted before this call is done.
+    /// Waits until everything submitted before this call is done, attachments being
+    /// stored included.
     public func drain() {
-        let done = DispatchSemaphore(value: 0)
-        barrier { done.signal() }
-        done.wait()
+        func waitForBarrier() {
+            let done = DispatchSemaphore(value: 0)
+            barrier { done.signal() }
+            done.wait()
+        }
+        while true {
+            // Everything submitted so far is decided, so every attachment job it started
+            // is counted. A job hands its outcome to the inbox before it stops counting:
+            // when none counts, one more barrier has taken every outcome.
+            waitForBarrier()
+            if attachmentJobs.load(ordering: .acquiring) == 0 {
+                waitForBarrier()
+                return
+            }
+            usleep(10_000)
+        }
     }
 
     // MARK: the loop
@@ -178,6 +218,8 @@ public final class Engine: @unchecked Sendable {
                 case .tick:
                     tickScheduled = false
                     expireTyping(batch: batch)
+                case .attachmentsStored(let chat, let id, let thumb, let file, let error):
+                    attachmentsStored(chat: chat, id: id, thumb: thumb, file: file, error: error, batch: batch)
                 }
             }
             commit(batch)
@@ -290,7 +332,10 @@ final class Batch {
         store.messages = dirtyMessages.values.map { $0.message.row(chat: $0.chat) }
         store.messageUsers = dirtyPrivate.values.map { entry in
             let state = entry.message.privateStates[entry.user] ?? PrivateState()
-            return MessageUserRow(chat: entry.chat, id: entry.message.id, user: entry.user, localData: state.localData?.json, isDeleted: state.isDeleted)
+            var row = MessageUserRow(chat: entry.chat, id: entry.message.id, user: entry.user, localData: state.localData?.json, isDeleted: state.isDeleted)
+            row.thumbDetached = state.thumbDetached
+            row.fileDownloaded = state.fileState == .done
+            return row
         }
     }
     private var outputs: [ObjectIdentifier: (session: EngineSession, events: [Event])] = [:]

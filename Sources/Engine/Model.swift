@@ -61,6 +61,25 @@ final class MemberRecord {
 struct PrivateState {
     var localData: JSONValue?
     var isDeleted = false
+    /// They removed their copy of the thumb (for good).
+    var thumbDetached = false
+    /// Their copy of the file: nil (Available), Transferring, or Done.
+    var fileState: FileState?
+}
+
+/// An attached thumb or file: its kept base name, its stored content (nil until stored).
+struct StoredFile {
+    var name: String
+    var blob: String?
+    var size: Int64
+}
+
+/// Where a message's attachments are: being stored (the sender sees `Sending`), stored,
+/// or not storable (`Failed`).
+enum AttachmentPhase: String {
+    case sending = "Sending"
+    case stored = "Stored"
+    case failed = "Failed"
 }
 
 /// A message (engine thread only).
@@ -78,6 +97,9 @@ final class MessageRecord {
     var changeSeq: Int64
     /// Its row in the store's search index; 0 when its text is not indexed.
     var searchRow: Int64 = 0
+    var thumb: StoredFile?
+    var file: StoredFile?
+    var attachment: AttachmentPhase?
     /// The messages that reference this one, per tag, in ascending id order.
     var referencedBy: [String: [Int64]] = [:]
     var privateStates: [Int64: PrivateState] = [:]
@@ -110,12 +132,29 @@ final class MessageRecord {
         isRecalled = row.isRecalled
         changeSeq = row.changeSeq
         searchRow = row.searchRow
+        thumb = row.thumbName.map { StoredFile(name: $0, blob: row.thumbBlob, size: 0) }
+        file = row.fileName.map { StoredFile(name: $0, blob: row.fileBlob, size: row.fileSize ?? 0) }
+        // Storing that was under way when the process stopped cannot go on: its source
+        // was an open file of the old process.
+        attachment = row.attachment.map { AttachmentPhase(rawValue: $0) == .stored ? .stored : .failed }
     }
 
     func row(chat: Int64) -> MessageRow {
-        MessageRow(chat: chat, id: id, sender: sender, tag: tag, content: content, data: data?.json,
-                   refs: refs.map { RefRow(tag: $0.tag, target: $0.messageId) }, timestamp: timestamp, isControl: isControl,
-                   neverCountsUnread: neverCountsUnread, isRecalled: isRecalled, changeSeq: changeSeq, searchRow: searchRow)
+        var row = MessageRow(chat: chat, id: id, sender: sender, tag: tag, content: content, data: data?.json,
+                             refs: refs.map { RefRow(tag: $0.tag, target: $0.messageId) }, timestamp: timestamp, isControl: isControl,
+                             neverCountsUnread: neverCountsUnread, isRecalled: isRecalled, changeSeq: changeSeq, searchRow: searchRow)
+        row.thumbName = thumb?.name
+        row.thumbBlob = thumb?.blob
+        row.fileName = file?.name
+        row.fileBlob = file?.blob
+        row.fileSize = file?.size
+        row.attachment = attachment?.rawValue
+        return row
+    }
+
+    /// The stored contents this message holds on to.
+    var blobs: [String] {
+        [thumb?.blob, file?.blob].compactMap { $0 }
     }
 
     var isSystem: Bool { reservedTags.contains(tag) }

@@ -148,6 +148,18 @@ public final class SQLiteStore: ChatStore {
                 INSERT INTO message_search (rowid, text, chat, id) SELECT searchRow, content, chat, id FROM message WHERE searchRow > 0;
                 """)
         }
+        migrator.registerMigration("v4-attachments") { db in
+            try db.execute(sql: """
+                ALTER TABLE message ADD COLUMN thumbName TEXT;
+                ALTER TABLE message ADD COLUMN thumbBlob TEXT;
+                ALTER TABLE message ADD COLUMN fileName TEXT;
+                ALTER TABLE message ADD COLUMN fileBlob TEXT;
+                ALTER TABLE message ADD COLUMN fileSize INTEGER;
+                ALTER TABLE message ADD COLUMN attachment TEXT;
+                ALTER TABLE message_user ADD COLUMN thumbDetached INTEGER NOT NULL DEFAULT 0;
+                ALTER TABLE message_user ADD COLUMN fileDownloaded INTEGER NOT NULL DEFAULT 0;
+                """)
+        }
         return migrator
     }
 
@@ -172,19 +184,30 @@ public final class SQLiteStore: ChatStore {
                 refs[row["chat"], default: [:]][row["source"], default: []].append(RefRow(tag: row["tag"], target: row["target"]))
             }
             let messages = try Row.fetchCursor(db, sql: """
-                SELECT chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow
+                SELECT chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow,
+                       thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment
                 FROM message ORDER BY chat, id
                 """)
             while let row = try messages.next() {
                 let chat: Int64 = row[0]
                 let id: Int64 = row[1]
-                snapshot.messages.append(MessageRow(
+                var message = MessageRow(
                     chat: chat, id: id, sender: row[2], tag: row[3], content: row[4], data: row[5],
                     refs: refs[chat]?[id] ?? [], timestamp: row[6], isControl: row[7], neverCountsUnread: row[8],
-                    isRecalled: row[9], changeSeq: row[10], searchRow: row[11]))
+                    isRecalled: row[9], changeSeq: row[10], searchRow: row[11])
+                message.thumbName = row[12]
+                message.thumbBlob = row[13]
+                message.fileName = row[14]
+                message.fileBlob = row[15]
+                message.fileSize = row[16]
+                message.attachment = row[17]
+                snapshot.messages.append(message)
             }
-            snapshot.messageUsers = try Row.fetchAll(db, sql: "SELECT chat, id, user, localData, isDeleted FROM message_user").map {
-                MessageUserRow(chat: $0["chat"], id: $0["id"], user: $0["user"], localData: $0["localData"], isDeleted: $0["isDeleted"])
+            snapshot.messageUsers = try Row.fetchAll(db, sql: "SELECT * FROM message_user").map {
+                var row = MessageUserRow(chat: $0["chat"], id: $0["id"], user: $0["user"], localData: $0["localData"], isDeleted: $0["isDeleted"])
+                row.thumbDetached = $0["thumbDetached"]
+                row.fileDownloaded = $0["fileDownloaded"]
+                return row
             }
             return snapshot
         }
@@ -217,15 +240,17 @@ public final class SQLiteStore: ChatStore {
             }
             if !batch.messages.isEmpty {
                 let insert = try db.cachedStatement(sql: """
-                    INSERT OR REPLACE INTO message (chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    INSERT OR REPLACE INTO message (chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled,
+                                                    changeSeq, searchRow, thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     """)
                 let insertRef = try db.cachedStatement(sql: "INSERT OR IGNORE INTO message_ref (chat, source, tag, target) VALUES (?, ?, ?, ?)")
                 let clearRefs = try db.cachedStatement(sql: "DELETE FROM message_ref WHERE chat = ? AND source = ?")
                 for message in batch.messages {
                     try insert.execute(arguments: [message.chat, message.id, message.sender, message.tag, message.content, message.data,
                                                    message.timestamp, message.isControl, message.neverCountsUnread, message.isRecalled, message.changeSeq,
-                                                   message.searchRow])
+                                                   message.searchRow, message.thumbName, message.thumbBlob, message.fileName, message.fileBlob,
+                                                   message.fileSize, message.attachment])
                     // References only ever go away (a recall); they are never edited.
                     if message.refs.isEmpty {
                         if message.isRecalled { try clearRefs.execute(arguments: [message.chat, message.id]) }
@@ -248,10 +273,11 @@ public final class SQLiteStore: ChatStore {
             }
             if !batch.messageUsers.isEmpty {
                 let statement = try db.cachedStatement(sql: """
-                    INSERT OR REPLACE INTO message_user (chat, id, user, localData, isDeleted) VALUES (?, ?, ?, ?, ?)
+                    INSERT OR REPLACE INTO message_user (chat, id, user, localData, isDeleted, thumbDetached, fileDownloaded)
+                    VALUES (?, ?, ?, ?, ?, ?, ?)
                     """)
                 for row in batch.messageUsers {
-                    try statement.execute(arguments: [row.chat, row.id, row.user, row.localData, row.isDeleted])
+                    try statement.execute(arguments: [row.chat, row.id, row.user, row.localData, row.isDeleted, row.thumbDetached, row.fileDownloaded])
                 }
             }
         }

@@ -156,6 +156,14 @@ public struct MessageRow: Sendable, Equatable {
     public var changeSeq: Int64
     /// Its row in the search index, 0 when its text is not indexed.
     public var searchRow: Int64
+    /// Attachments: sanitized base names, stored contents (SHA-256 hex, nil until
+    /// stored), and `Sending`, `Stored` or `Failed` (nil without attachments).
+    public var thumbName: String?
+    public var thumbBlob: String?
+    public var fileName: String?
+    public var fileBlob: String?
+    public var fileSize: Int64?
+    public var attachment: String?
 
     public init(chat: Int64, id: Int64, sender: Int64, tag: String, content: String?, data: String?, refs: [RefRow], timestamp: Int64,
                 isControl: Bool, neverCountsUnread: Bool, isRecalled: Bool, changeSeq: Int64, searchRow: Int64) {
@@ -182,6 +190,8 @@ public struct MessageUserRow: Sendable, Equatable {
     public var user: Int64
     public var localData: String?
     public var isDeleted: Bool
+    public var thumbDetached = false
+    public var fileDownloaded = false
 
     public init(chat: Int64, id: Int64, user: Int64, localData: String?, isDeleted: Bool) {
         self.chat = chat

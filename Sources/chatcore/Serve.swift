@@ -1,5 +1,6 @@
 import ArgumentParser
 import Dispatch
+import Attachments
 import Engine
 import Foundation
 import Logging
@@ -43,6 +44,9 @@ struct Serve: AsyncParsableCommand {
 
     @Flag(name: .long, help: "Accept any authToken. Refuses to listen on anything but loopback addresses and Unix sockets.")
     var insecureNoAuth = false
+
+    @Option(name: .long, help: ArgumentHelp("The only directory socket sessions may attach files from (after resolving links). Without it they attach nothing; standard input/output may name any readable file.", valueName: "dir"))
+    var attachmentsDir: String?
 
     @Option(name: .long, help: "A longer line is skipped without being buffered and answered with TooLarge.")
     var maxLineBytes: Int = 1 << 20
@@ -108,13 +112,30 @@ struct Serve: AsyncParsableCommand {
             logger.critical("cannot open the store", metadata: ["error": "\(error)"])
             throw ExitCode(1)
         }
+        var allowedDirectory: String?
+        if let attachmentsDir {
+            var isDirectory: ObjCBool = false
+            guard let resolved = AttachmentStore.realPath(attachmentsDir),
+                  FileManager.default.fileExists(atPath: resolved, isDirectory: &isDirectory), isDirectory.boolValue else {
+                logger.critical("--attachments-dir must be an existing directory", metadata: ["path": "\(attachmentsDir)"])
+                throw ExitCode(1)
+            }
+            allowedDirectory = resolved
+        }
+        let attachments: AttachmentStore
+        do {
+            attachments = try AttachmentStore(directory: directory)
+        } catch {
+            logger.critical("cannot prepare the attachment store", metadata: ["error": "\(error)"])
+            throw ExitCode(1)
+        }
         let engine: Engine
         if let fixed = ProcessInfo.processInfo.environment["CHATCORE_FIXED_TIME"].flatMap(Int64.init) {
             // For golden transcripts: every message gets this timestamp.
             logger.warning("CHATCORE_FIXED_TIME is set: every timestamp is \(fixed)")
-            engine = try Engine(store: store, logger: logger, clock: { fixed })
+            engine = try Engine(store: store, logger: logger, attachments: attachments, attachmentsDirectory: allowedDirectory, clock: { fixed })
         } else {
-            engine = try Engine(store: store, logger: logger)
+            engine = try Engine(store: store, logger: logger, attachments: attachments, attachmentsDirectory: allowedDirectory)
         }
         engine.start()
         logger.info("store ready", metadata: ["dataDir": "\(directory.path)"])

@@ -1,0 +1,252 @@
+import Crypto
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The service's own copies of attached files (PROTOCOL.md §7), under the data directory:
+///
+///     attachments/blobs/<sha256>                    each distinct content once
+///     attachments/messages/<chat>-<id>/<kind>/<name> a message's thumb or file (hard link)
+///     attachments/downloads/<user>/<chat>-<id>/<name> a recipient's downloaded file (hard link)
+///     attachments/tmp/                              copies in progress
+///
+/// Storing reads an already opened descriptor (so the file that was checked is the file
+/// that is read), hashes while copying, syncs, and renames into place: a blob is either
+/// complete or absent.
+public final class AttachmentStore: @unchecked Sendable {
+    public let root: URL
+    private let blobs: URL
+    private let messages: URL
+    private let downloads: URL
+    private let temporary: URL
+
+    public init(directory: URL) throws {
+        root = directory.appendingPathComponent("attachments", isDirectory: true)
+        blobs = root.appendingPathComponent("blobs", isDirectory: true)
+        messages = root.appendingPathComponent("messages", isDirectory: true)
+        downloads = root.appendingPathComponent("downloads", isDirectory: true)
+        temporary = root.appendingPathComponent("tmp", isDirectory: true)
+        for directory in [blobs, messages, downloads, temporary] {
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        }
+        // Copies that were in progress when the process stopped are garbage.
+        for leftover in (try? FileManager.default.contentsOfDirectory(atPath: temporary.path)) ?? [] {
+            unlink(temporary.appendingPathComponent(leftover).path)
+        }
+    }
+
+    // MARK: names
+
+    /// The base name kept of a path (PROTOCOL.md §7): no directory parts, no control
+    /// characters, no leading dots, `/ \ : * ? " < > |` replaced by `_`, at most 255 bytes.
+    public static func sanitize(_ path: String) -> String {
+        let base = path.split(separator: "/", omittingEmptySubsequences: true).last.map(String.init) ?? ""
+        var name = ""
+        for scalar in base.unicodeScalars {
+            if scalar.value < 0x20 || scalar.value == 0x7F || (0x80...0x9F).contains(scalar.value) { continue }
+            if "\\:*?\"<>|".unicodeScalars.contains(scalar) {
+                name.unicodeScalars.append("_")
+            } else {
+                name.unicodeScalars.append(scalar)
+            }
+        }
+        while name.hasPrefix(".") { name.removeFirst() }
+        while name.utf8.count > 255 { name.removeLast() }
+        return name.isEmpty ? "file" : name
+    }
+
+    // MARK: admitting a source
+
+    /// A file a request named, opened for reading.
+    public struct Source: Sendable {
+        public let descriptor: Int32
+        /// The resolved path (no symbolic links).
+        public let path: String
+        public let size: Int64
+        /// The sanitized base name of the path as the request gave it.
+        public let name: String
+    }
+
+    public enum AdmitError: Error, Sendable {
+        /// The session may not name this file.
+        case notPermitted(String)
+        /// It cannot be used (missing, not a regular file, unreadable).
+        case unusable(String)
+    }
+
+    /// Opens the file at `path` for a session. With `allowed` (a resolved directory), only
+    /// files inside it, after resolving symbolic links and `..`, may be opened; nothing
+    /// outside is opened at all.
+    public static func open(_ path: String, field: String, allowed: String?) throws(AdmitError) -> Source {
+        var candidate = path
+        if let allowed, !path.hasPrefix("/") { candidate = allowed + "/" + path }
+        guard let resolved = realPath(candidate) else {
+            let reason = String(cString: strerror(errno))
+            if let allowed, !isInside(lexicallyNormalized(candidate), allowed) {
+                throw .notPermitted("'\(field)' is outside the attachments directory")
+            }
+            throw .unusable("'\(field)' \(path) cannot be read: \(reason)")
+        }
+        if let allowed, !isInside(resolved, allowed) {
+            throw .notPermitted("'\(field)' is outside the attachments directory")
+        }
+        let descriptor = Glibc.open(resolved, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
+        guard descriptor >= 0 else {
+            throw .unusable("'\(field)' \(path) cannot be read: \(String(cString: strerror(errno)))")
+        }
+        var status = stat()
+        guard fstat(descriptor, &status) == 0, (status.st_mode & S_IFMT) == S_IFREG else {
+            close(descriptor)
+            throw .unusable("'\(field)' \(path) is not a regular file")
+        }
+        // What was opened, not what the path says now: a swapped link cannot lead out.
+        if let allowed {
+            guard let opened = realPath("/proc/self/fd/\(descriptor)"), isInside(opened, allowed) else {
+                close(descriptor)
+                throw .notPermitted("'\(field)' is outside the attachments directory")
+            }
+        }
+        return Source(descriptor: descriptor, path: resolved, size: Int64(status.st_size), name: sanitize(path))
+    }
+
+    public static func realPath(_ path: String) -> String? {
+        guard let resolved = realpath(path, nil) else { return nil }
+        defer { free(resolved) }
+        return String(cString: resolved)
+    }
+
+    static func isInside(_ path: String, _ directory: String) -> Bool {
+        path.hasPrefix(directory.hasSuffix("/") ? directory : directory + "/")
+    }
+
+    static func lexicallyNormalized(_ path: String) -> String {
+        var parts: [Substring] = []
+        for part in path.split(separator: "/") {
+            if part == "." { continue }
+            if part == ".." { _ = parts.popLast() } else { parts.append(part) }
+        }
+        return "/" + parts.joined(separator: "/")
+    }
+
+    // MARK: storing
+
+    public struct StoreError: Error, CustomStringConvertible, Sendable {
+        public let description: String
+    }
+
+    /// Copies the source into the blob store and returns its content's SHA-256 (hex).
+    /// Blocking: call it off the engine and event loops. The source must still have the
+    /// size it had when it was opened, and at most `maxBytes`.
+    public func store(_ source: Source, maxBytes: Int64) throws -> String {
+        var template = Array(temporary.appendingPathComponent("copy-XXXXXX").path.utf8CString)
+        let output = template.withUnsafeMutableBufferPointer { mkstemp($0.baseAddress!) }
+        guard output >= 0 else { throw StoreError(description: "cannot create a copy: \(String(cString: strerror(errno)))") }
+        let temporaryPath = String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        var keep = false
+        defer {
+            close(output)
+            if !keep { unlink(temporaryPath) }
+        }
+        var hasher = SHA256()
+        let chunk = 1 << 20
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunk, alignment: 16)
+        defer { buffer.deallocate() }
+        var total: Int64 = 0
+        while true {
+            let count = pread(source.descriptor, buffer.baseAddress, chunk, off_t(total))
+            if count < 0 {
+                if errno == EINTR || errno == EAGAIN { continue }
+                throw StoreError(description: "reading \(source.name) failed: \(String(cString: strerror(errno)))")
+            }
+            if count == 0 { break }
+            total += Int64(count)
+            guard total <= maxBytes else { throw StoreError(description: "\(source.name) grew over \(maxBytes) bytes") }
+            let bytes = UnsafeRawBufferPointer(rebasing: buffer[0..<count])
+            hasher.update(bufferPointer: bytes)
+            var written = 0
+            while written < count {
+                let result = write(output, bytes.baseAddress! + written, count - written)
+                if result < 0 {
+                    if errno == EINTR { continue }
+                    throw StoreError(description: "writing the copy of \(source.name) failed: \(String(cString: strerror(errno)))")
+                }
+                written += result
+            }
+        }
+        guard total == source.size else {
+            throw StoreError(description: "\(source.name) changed while it was being stored (\(source.size) bytes, then \(total))")
+        }
+        guard fsync(output) == 0 else { throw StoreError(description: "cannot sync the copy of \(source.name)") }
+        let hex = hasher.finalize().map { String(format: "%02x", $0) }.joined()
+        let destination = blobPath(hex)
+        if access(destination, F_OK) == 0 {
+            return hex  // the same content is stored already
+        }
+        guard rename(temporaryPath, destination) == 0 else {
+            throw StoreError(description: "cannot store \(source.name): \(String(cString: strerror(errno)))")
+        }
+        keep = true
+        syncDirectory(blobs.path)
+        return hex
+    }
+
+    /// Removes the source after it was stored (`Move`, `Delete` policies), if it is still
+    /// the file that was stored and, with `allowed`, still inside that directory.
+    public func removeSource(_ source: Source, allowed: String?) {
+        var now = stat()
+        var then = stat()
+        guard lstat(source.path, &now) == 0, fstat(source.descriptor, &then) == 0,
+              now.st_dev == then.st_dev, now.st_ino == then.st_ino else { return }
+        if let allowed {
+            let parent = (source.path as NSString).deletingLastPathComponent
+            guard let resolvedParent = AttachmentStore.realPath(parent), AttachmentStore.isInside(resolvedParent + "/x", allowed) else { return }
+        }
+        unlink(source.path)
+    }
+
+    // MARK: paths and links
+
+    public func blobPath(_ blob: String) -> String {
+        blobs.appendingPathComponent(blob).path
+    }
+
+    public func messagePath(chat: Int64, id: Int64, kind: String, name: String) -> String {
+        messages.appendingPathComponent("\(chat)-\(id)/\(kind)/\(name)").path
+    }
+
+    public func downloadPath(user: Int64, chat: Int64, id: Int64, name: String) -> String {
+        downloads.appendingPathComponent("\(user)/\(chat)-\(id)/\(name)").path
+    }
+
+    /// Makes `path` name the blob (a hard link, so no bytes are copied).
+    public func link(blob: String, at path: String) throws {
+        let directory = (path as NSString).deletingLastPathComponent
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        if access(path, F_OK) == 0 { return }
+        guard Glibc.link(blobPath(blob), path) == 0 else {
+            throw StoreError(description: "cannot link \(path): \(String(cString: strerror(errno)))")
+        }
+    }
+
+    public func removeLink(_ path: String) {
+        unlink(path)
+        rmdir((path as NSString).deletingLastPathComponent)
+    }
+
+    public func removeMessageLinks(chat: Int64, id: Int64) {
+        try? FileManager.default.removeItem(at: messages.appendingPathComponent("\(chat)-\(id)"))
+    }
+
+    public func removeBlob(_ blob: String) {
+        unlink(blobPath(blob))
+    }
+
+    private func syncDirectory(_ path: String) {
+        let descriptor = Glibc.open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard descriptor >= 0 else { return }
+        fsync(descriptor)
+        close(descriptor)
+    }
+}

@@ -1,0 +1,200 @@
+import Attachments
+import Dispatch
+import Protocol
+import Store
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Attachments (PROTOCOL.md §7): which files a session may name, storing them off the
+/// engine thread, downloads and detaching, and releasing stored contents.
+extension Engine {
+    static let maxThumbBytes: Int64 = 56_320
+    static let maxFileBytes: Int64 = 134_217_728
+
+    /// The attachments of a send, opened and checked (sizes included) before anything is
+    /// posted. On a throw nothing stays open.
+    func admitAttachments(_ request: ChatMessageSend, session: EngineSession) throws -> (thumb: AttachmentStore.Source?, file: AttachmentStore.Source?) {
+        guard request.thumb != nil || request.file != nil else { return (nil, nil) }
+        guard attachments != nil else {
+            throw ProtocolError.notPermitted("this service keeps no attachments")
+        }
+        let allowed: String?
+        if session.transport == .stdio {
+            allowed = nil
+        } else if let directory = attachmentsDirectory {
+            allowed = directory
+        } else {
+            throw ProtocolError.notPermitted("sessions over sockets may not attach files: the service was started without --attachments-dir")
+        }
+        func open(_ path: String?, field: String, limit: Int64) throws -> AttachmentStore.Source? {
+            guard let path else { return nil }
+            let source: AttachmentStore.Source
+            do {
+                source = try AttachmentStore.open(path, field: field, allowed: allowed)
+            } catch {
+                switch error {
+                case .notPermitted(let reason): throw ProtocolError.notPermitted(reason)
+                case .unusable(let reason): throw ProtocolError.invalid(reason)
+                }
+            }
+            if source.size > limit {
+                Glibc.close(source.descriptor)
+                throw ProtocolError(.tooLarge, "'\(field)' is \(source.size) bytes, over the limit of \(limit)")
+            }
+            return source
+        }
+        let thumb = try open(request.thumb, field: "thumb", limit: Engine.maxThumbBytes)
+        do {
+            let file = try open(request.file, field: "file", limit: Engine.maxFileBytes)
+            return (thumb, file)
+        } catch {
+            if let thumb { Glibc.close(thumb.descriptor) }
+            throw error
+        }
+    }
+
+    /// Stores the attachments of a posted message on a worker thread; the outcome comes
+    /// back to the engine thread as work (`attachmentsStored`).
+    func storeAttachments(of message: MessageRecord, in chat: ChatRecord, thumb: AttachmentStore.Source?, file: AttachmentStore.Source?,
+                          request: ChatMessageSend, session: EngineSession) {
+        guard let attachments else { return }
+        let chatNumber = chat.number
+        let id = message.id
+        let allowed = session.transport == .stdio ? nil : attachmentsDirectory
+        let removeThumb = (request.thumbPolicy ?? .copy) != .copy
+        let removeFile = (request.filePolicy ?? .copy) != .copy
+        attachmentJobs.add(1, ordering: .relaxed)
+        DispatchQueue.global(qos: .utility).async { [self] in
+            var thumbBlob: String?
+            var fileBlob: String?
+            var failure: String?
+            do {
+                if let thumb { thumbBlob = try attachments.store(thumb, maxBytes: Engine.maxThumbBytes) }
+                if let file { fileBlob = try attachments.store(file, maxBytes: Engine.maxFileBytes) }
+                if let thumb, removeThumb { attachments.removeSource(thumb, allowed: allowed) }
+                if let file, removeFile { attachments.removeSource(file, allowed: allowed) }
+            } catch {
+                failure = "\(error)"
+            }
+            if let thumb { Glibc.close(thumb.descriptor) }
+            if let file { Glibc.close(file.descriptor) }
+            attachmentsFinished(chat: chatNumber, id: id, thumb: thumbBlob, file: fileBlob, error: failure)
+            attachmentJobs.subtract(1, ordering: .releasing)
+        }
+    }
+
+    /// The worker is done with a message's attachments: `Sent` (and the files appear to
+    /// recipients) or `Failed`.
+    func attachmentsStored(chat number: Int64, id: Int64, thumb: String?, file: String?, error: String?, batch: Batch) {
+        guard let attachments, let chat = chats[number], let message = chat.message(id), message.attachment == .sending else {
+            // Recalled while being stored: nothing holds on to what was stored.
+            for blob in [thumb, file].compactMap({ $0 }) where blobUses[blob, default: 0] == 0 { attachments?.removeBlob(blob) }
+            return
+        }
+        let changes = PendingChanges()
+        willChange(message, in: chat, changes)
+        var failure = error
+        if failure == nil {
+            do {
+                if let thumb, let name = message.thumb?.name {
+                    try attachments.link(blob: thumb, at: attachments.messagePath(chat: chat.number, id: id, kind: "thumb", name: name))
+                }
+                if let file, let name = message.file?.name {
+                    try attachments.link(blob: file, at: attachments.messagePath(chat: chat.number, id: id, kind: "file", name: name))
+                }
+            } catch {
+                failure = "\(error)"
+            }
+        }
+        if let failure {
+            logger.warning("an attachment could not be stored", metadata: ["chat": "\(number)", "message": "\(id)", "error": "\(failure)"])
+            message.attachment = .failed
+            attachments.removeMessageLinks(chat: chat.number, id: id)
+            for blob in [thumb, file].compactMap({ $0 }) where blobUses[blob, default: 0] == 0 { attachments.removeBlob(blob) }
+        } else {
+            message.thumb?.blob = thumb
+            message.file?.blob = file
+            message.attachment = .stored
+            for blob in message.blobs { blobUses[blob, default: 0] += 1 }
+        }
+        batch.changed(message, of: chat)
+        publish(changes, batch: batch)
+    }
+
+    /// A recalled message lets go of its stored contents, links and downloads.
+    func releaseAttachments(of message: MessageRecord, in chat: ChatRecord) {
+        guard let attachments, message.thumb != nil || message.file != nil else { return }
+        if let name = message.file?.name {
+            for (user, state) in message.privateStates where state.fileState == .done {
+                attachments.removeLink(attachments.downloadPath(user: user, chat: chat.number, id: message.id, name: name))
+            }
+        }
+        attachments.removeMessageLinks(chat: chat.number, id: message.id)
+        if message.attachment == .stored {
+            for blob in message.blobs {
+                let uses = blobUses[blob, default: 1] - 1
+                if uses <= 0 {
+                    blobUses[blob] = nil
+                    attachments.removeBlob(blob)
+                } else {
+                    blobUses[blob] = uses
+                }
+            }
+        }
+        message.thumb = nil
+        message.file = nil
+        message.attachment = nil
+    }
+
+    /// A user deleted a message for themselves: their downloaded copy goes.
+    func releaseDownload(of message: MessageRecord, in chat: ChatRecord, for user: Int64) {
+        guard let attachments, let name = message.file?.name, message.privateStates[user]?.fileState == .done else { return }
+        attachments.removeLink(attachments.downloadPath(user: user, chat: chat.number, id: message.id, name: name))
+    }
+
+    // MARK: requests
+
+    func download(_ request: ChatMessageFileDownload, user: Int64, batch: Batch) throws {
+        let (chat, member) = try chat(request.chatId, of: user)
+        let message = try message(request.messageId, in: chat, seenBy: member)
+        guard let attachments, let file = message.file, let blob = file.blob, !message.isRecalled,
+              message.privateStates[user]?.isDeleted != true else {
+            throw ProtocolError.invalid("message \(message.id) has no stored file to download")
+        }
+        guard message.sender != user, message.privateStates[user]?.fileState != .done else { return }
+        let transferring = PendingChanges()
+        willChange(message, in: chat, transferring)
+        message.privateStates[user, default: PrivateState()].fileState = .transferring
+        publish(transferring, batch: batch)
+
+        let done = PendingChanges()
+        willChange(message, in: chat, done)
+        do {
+            try attachments.link(blob: blob, at: attachments.downloadPath(user: user, chat: chat.number, id: message.id, name: file.name))
+            message.privateStates[user, default: PrivateState()].fileState = .done
+        } catch {
+            message.privateStates[user, default: PrivateState()].fileState = nil
+            logger.error("a download could not be made", metadata: ["error": "\(error)"])
+        }
+        batch.changedPrivately(message, of: chat, for: user)
+        publish(done, batch: batch)
+    }
+
+    func detach(_ request: ChatMessageDetach, user: Int64, batch: Batch) throws {
+        let (chat, member) = try chat(request.chatId, of: user)
+        let message = try message(request.messageId, in: chat, seenBy: member)
+        let changes = PendingChanges()
+        willChange(message, in: chat, changes)
+        if request.detachThumb ?? false, message.thumb != nil {
+            message.privateStates[user, default: PrivateState()].thumbDetached = true
+        }
+        if request.detachFile ?? false {
+            releaseDownload(of: message, in: chat, for: user)
+            message.privateStates[user]?.fileState = nil
+        }
+        batch.changedPrivately(message, of: chat, for: user)
+        publish(changes, batch: batch)
+    }
+}

@@ -1,0 +1,283 @@
+"""Attachments over the wire (PROTOCOL.md §7, issue 5): storing, Move, downloads with
+the same bytes, detaching, recall releasing the stored copy, size limits, and every way a
+socket session could try to reach a file outside --attachments-dir."""
+import hashlib
+import json
+import os
+import queue
+import re
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+from conftest import chatcore_binary
+
+
+class Connection:
+    def __init__(self, port=None, unix=None, process=None):
+        if process is not None:
+            self.reader, self.writer = process.stdout, process.stdin
+        else:
+            sock = socket.create_connection(("127.0.0.1", port)) if port else socket.socket(socket.AF_UNIX)
+            if unix:
+                sock.connect(unix)
+            self.reader, self.writer = sock.makefile("rb"), sock.makefile("wb")
+        self.events = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.reader:
+            self.events.put(json.loads(line))
+
+    def send(self, message):
+        self.writer.write(json.dumps(message).encode() + b"\n")
+        self.writer.flush()
+
+    def expect(self, predicate, what, timeout=30):
+        deadline = time.time() + timeout
+        seen = []
+        while True:
+            try:
+                event = self.events.get(timeout=max(0.01, deadline - time.time()))
+            except queue.Empty:
+                raise AssertionError(f"never got {what}; saw {seen}")
+            seen.append(event)
+            if predicate(event):
+                return event
+
+    def failure(self, timeout=30):
+        return self.expect(lambda e: "requestFailed" in e, "requestFailed", timeout)["requestFailed"]
+
+    def message_change(self, message_id, field, timeout=60):
+        def has(event):
+            change = event.get("listChange")
+            return change and change["type"] == "chatMessage" and any(
+                e["messageId"] == str(message_id) and field in e for e in change["elements"])
+        event = self.expect(has, f"a change of {field} on message {message_id}", timeout)
+        return next(e for e in event["listChange"]["elements"] if e["messageId"] == str(message_id) and field in e)
+
+    def added(self, timeout=30):
+        event = self.expect(lambda e: e.get("listAdd", {}).get("type") == "chatMessage", "listAdd chatMessage", timeout)
+        return event["listAdd"]["elements"][-1]
+
+    def ask(self, message, timeout=30):
+        cookie = next(iter(message.values()))["cookie"]
+        self.send(message)
+        return self.expect(lambda e: next(iter(e.values())).get("cookie") == cookie and "listChunk" not in e, cookie, timeout)
+
+
+class Server:
+    """chatcore over TCP; with `allowed`, socket sessions may attach from self.allowed."""
+
+    def __init__(self, allowed=True):
+        self.scratch = tempfile.TemporaryDirectory()
+        self.data = os.path.join(self.scratch.name, "data")
+        self.allowed = os.path.join(self.scratch.name, "allowed")
+        self.outside = os.path.join(self.scratch.name, "outside")
+        os.makedirs(self.allowed)
+        os.makedirs(self.outside)
+        arguments = ["--attachments-dir", self.allowed] if allowed else []
+        self.process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", self.data, "--listen", "127.0.0.1:0",
+                                         "--insecure-no-auth", *arguments],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for line in self.process.stderr:
+            match = re.search(r"port=(\d+)", line)
+            if match:
+                self.port = int(match.group(1))
+                break
+        threading.Thread(target=self.process.stderr.read, daemon=True).start()
+
+    def connect(self, user):
+        connection = Connection(port=self.port)
+        connection.send({"authToken": {"userId": user, "authToken": "-"}})
+        connection.expect(lambda e: "listChange" in e and e["listChange"]["type"] == "global", "authenticated")
+        return connection
+
+    def write(self, directory, name, data):
+        path = os.path.join(directory, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def blobs(self):
+        return set(os.listdir(os.path.join(self.data, "attachments", "blobs")))
+
+    def close(self):
+        self.process.terminate()
+        self.process.wait(timeout=30)
+        self.scratch.cleanup()
+
+
+@pytest.fixture
+def server():
+    server = Server()
+    yield server
+    server.close()
+
+
+def start_chat(alice):
+    alice.send({"chatStart": {"cookie": "start", "invitees": [{"userId": "bob"}], "subject": "files"}})
+    alice.expect(lambda e: "chatStarted" in e, "chatStarted")
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def test_move_reaches_the_recipient_who_downloads_the_same_bytes(server):
+    alice, bob = server.connect("alice"), server.connect("bob")
+    start_chat(alice)
+    payload = os.urandom(3 << 20)
+    source = server.write(server.allowed, "holiday photo.jpg", payload)
+    thumb = server.write(server.allowed, "thumb.png", b"\x89PNG small")
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "Picture", "content": "look", "file": source, "filePolicy": "Move",
+                                    "thumb": thumb}})
+    mine = alice.added()
+    assert mine["state"] == "Sending" and "file" not in mine
+    change = alice.message_change(2, "state")
+    assert change["state"] in ("Sent", "Delivered")
+    assert not os.path.exists(source), "Move removes the source once stored"
+    assert os.path.exists(thumb), "Copy (the default) keeps it"
+
+    theirs = bob.message_change(2, "fileState")
+    assert theirs["fileState"] == "Available" and theirs["fileSize"] == len(payload) and theirs["file"] == "holiday photo.jpg"
+    assert open(theirs["thumb"], "rb").read() == b"\x89PNG small"
+
+    bob.send({"chatMessageFileDownload": {"chatId": "1", "messageId": 2}})
+    assert bob.message_change(2, "fileState")["fileState"] == "Transferring"
+    done = bob.message_change(2, "fileState")
+    assert done["fileState"] == "Done"
+    assert sha256(done["file"]) == hashlib.sha256(payload).hexdigest()
+    assert os.path.basename(done["file"]) == "holiday photo.jpg"
+
+    bob.send({"chatMessageDetach": {"chatId": "1", "messageId": 2, "detachFile": True, "detachThumb": True}})
+    detached = bob.message_change(2, "fileState")
+    assert detached["fileState"] == "Available" and detached["thumb"] is None
+    assert not os.path.exists(done["file"])
+
+
+def test_one_content_is_stored_once_and_released_by_the_last_recall(server):
+    alice, bob = server.connect("alice"), server.connect("bob")
+    start_chat(alice)
+    source = server.write(server.allowed, "report.pdf", b"%PDF same bytes" * 1000)
+    for n in range(2):
+        alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": source}})
+        alice.message_change(2 + n, "state")
+    digest = hashlib.sha256(b"%PDF same bytes" * 1000).hexdigest()
+    assert digest in server.blobs()
+    alice.send({"chatMessageDestroy": {"chatId": "1", "messageId": 2}})
+    alice.message_change(2, "recall")
+    assert digest in server.blobs(), "message 3 still holds it"
+    alice.send({"chatMessageDestroy": {"chatId": "1", "messageId": 3}})
+    recalled = bob.message_change(3, "recall")
+    assert recalled["fileState"] is None and recalled["file"] is None
+    assert digest not in server.blobs()
+
+
+@pytest.mark.parametrize("policy", ["Copy", "Move", "Delete"])
+def test_no_file_outside_the_attachments_directory_is_touched(server, policy):
+    alice = server.connect("alice")
+    start_chat(alice)
+    secret = server.write(server.outside, "secret.txt", b"top secret")
+    os.symlink(secret, os.path.join(server.allowed, "link-out"))
+    os.makedirs(os.path.join(server.allowed, "sub"))
+    os.symlink(server.outside, os.path.join(server.allowed, "sub", "dir-out"))
+    attempts = [
+        secret,
+        os.path.join(server.allowed, "..", "outside", "secret.txt"),
+        os.path.join(server.allowed, "sub", "..", "..", "outside", "secret.txt"),
+        "../outside/secret.txt",
+        os.path.join(server.allowed, "link-out"),
+        os.path.join(server.allowed, "sub", "dir-out", "secret.txt"),
+        "/etc/passwd",
+        "/proc/self/environ",
+    ]
+    before = os.stat(secret)
+    for path in attempts:
+        for field in ("file", "thumb"):
+            alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", field: path, field + "Policy": policy}})
+            failed = alice.failure()
+            assert failed["error"] == "NotPermitted", (path, failed)
+    after = os.stat(secret)
+    assert open(secret, "rb").read() == b"top secret"
+    assert (after.st_ino, after.st_mtime_ns, after.st_atime_ns) == (before.st_ino, before.st_mtime_ns, before.st_atime_ns), "not even read"
+    assert server.blobs() == set()
+
+
+def test_limits_missing_files_and_odd_names(server):
+    alice, bob = server.connect("alice"), server.connect("bob")
+    start_chat(alice)
+    big = os.path.join(server.allowed, "big.bin")
+    with open(big, "wb") as f:
+        f.truncate(129 << 20)  # sparse: 129 MiB
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": big, "filePolicy": "Move"}})
+    assert alice.failure()["error"] == "TooLarge"
+    assert os.path.exists(big)
+    big_thumb = server.write(server.allowed, "thumb.bin", b"x" * 56321)
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "thumb": big_thumb}})
+    assert alice.failure()["error"] == "TooLarge"
+    thumb = server.write(server.allowed, "t.bin", b"x" * 50000)
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "y" * 22000, "thumb": thumb}})
+    assert alice.failure()["error"] == "TooLarge"
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": os.path.join(server.allowed, "missing.bin")}})
+    assert alice.failure()["error"] == "InvalidParameter"
+    os.makedirs(os.path.join(server.allowed, "a-directory"))
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": os.path.join(server.allowed, "a-directory")}})
+    assert alice.failure()["error"] == "InvalidParameter"
+    os.mkfifo(os.path.join(server.allowed, "a-fifo"))
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": os.path.join(server.allowed, "a-fifo")}})
+    assert alice.failure()["error"] == "InvalidParameter"
+    # nothing was posted: the chat still ends at the Join
+    alice.send({"requestListAll": {"type": "chat", "cookie": "all"}})
+    chunk = alice.expect(lambda e: "listChunk" in e, "the chat list")
+    assert chunk["listChunk"]["elements"][0]["lastMessage"] == "1"
+
+    odd = server.write(server.allowed, ".hidden\x01na:me*?.txt", b"odd")
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": odd}})
+    theirs = bob.message_change(2, "fileState")
+    assert theirs["file"] == "hidden" + "na_me__.txt"
+
+
+def test_sockets_without_an_attachments_directory_attach_nothing():
+    server = Server(allowed=False)
+    try:
+        alice = server.connect("alice")
+        start_chat(alice)
+        path = server.write(server.outside, "a.txt", b"a")
+        alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": path}})
+        assert alice.failure()["error"] == "NotPermitted"
+    finally:
+        server.close()
+
+
+def test_standard_input_may_name_any_readable_file_and_a_truncated_one_fails():
+    with tempfile.TemporaryDirectory() as scratch:
+        process = subprocess.Popen([chatcore_binary(), "serve", "--user", "alice", "--data-dir", os.path.join(scratch, "data")],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        alice = Connection(process=process)
+        start_chat(alice)
+        path = os.path.join(scratch, "anywhere.txt")
+        with open(path, "wb") as f:
+            f.write(b"from anywhere")
+        alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": path, "filePolicy": "Delete"}})
+        assert alice.message_change(2, "state")["state"] == "Sent"
+        assert not os.path.exists(path)
+
+        # A file cut short while it is being stored: Failed, and nothing half-stored.
+        big = os.path.join(scratch, "big.bin")
+        with open(big, "wb") as f:
+            f.write(os.urandom(1 << 20) * 100)
+        alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": big}})
+        os.truncate(big, 1000)
+        state = alice.message_change(3, "state")["state"]
+        assert state in ("Failed", "Sent")
+        if state == "Failed":
+            assert len(os.listdir(os.path.join(scratch, "data", "attachments", "blobs"))) == 1
+        assert os.listdir(os.path.join(scratch, "data", "attachments", "tmp")) == []
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
