@@ -281,3 +281,51 @@ def test_standard_input_may_name_any_readable_file_and_a_truncated_one_fails():
         assert os.listdir(os.path.join(scratch, "data", "attachments", "tmp")) == []
         process.stdin.close()
         assert process.wait(timeout=60) == 0
+
+
+def test_stored_files_survive_a_restart_and_a_kill_mid_store_leaves_no_half_file():
+    with tempfile.TemporaryDirectory() as scratch:
+        data = os.path.join(scratch, "data")
+
+        def spawn(user):
+            process = subprocess.Popen([chatcore_binary(), "serve", "--user", user, "--data-dir", data],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            return process, Connection(process=process)
+
+        alice_process, alice = spawn("alice")
+        start_chat(alice)
+        small = os.path.join(scratch, "notes.txt")
+        with open(small, "wb") as f:
+            f.write(b"kept across restarts")
+        alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": small}})
+        assert alice.message_change(2, "state")["state"] == "Sent"
+        big = os.path.join(scratch, "big.bin")
+        block = os.urandom(1 << 20)
+        with open(big, "wb") as f:
+            for n in range(120):
+                f.write(block[n:] + block[:n])
+        alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": big}})
+        assert alice.added()["state"] == "Sending"
+        alice_process.kill()
+        alice_process.wait()
+
+        bob_process, bob = spawn("bob")
+        listed = bob.ask({"requestListElements": {"type": "chatMessage", "cookie": "m",
+                                                   "elements": [{"chatId": "1", "messageId": 2}, {"chatId": "1", "messageId": 3}]}})
+        bob.send({"chatMessageFileDownload": {"chatId": "1", "messageId": 2}})
+        bob.message_change(2, "fileState")
+        done = bob.message_change(2, "fileState")
+        assert done["fileState"] == "Done" and open(done["file"], "rb").read() == b"kept across restarts"
+        bob_process.stdin.close()
+        assert bob_process.wait(timeout=60) == 0
+
+        alice_process, alice = spawn("alice")
+        alice.send({"requestListElements": {"type": "chatMessage", "cookie": "again", "elements": [{"chatId": "1", "messageId": 3}]}})
+        chunk = alice.expect(lambda e: "listChunk" in e, "message 3")
+        third = chunk["listChunk"]["elements"][0]
+        assert third["state"] in ("Failed", "Sent"), third
+        if third["state"] == "Sent":
+            assert sha256(third["file"]) == sha256(big)
+        assert os.listdir(os.path.join(data, "attachments", "tmp")) == []
+        alice_process.stdin.close()
+        assert alice_process.wait(timeout=60) == 0
