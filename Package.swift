@@ -79,6 +79,11 @@ let package = Package(
         ),
         .executableTarget(name: "Codegen", dependencies: ["Wire"], path: "Sources/Codegen"),
         .executableTarget(
+            name: "chatcore-fuzz",
+            dependencies: ["Wire", "Protocol", "Engine", "SQLiteStore", .product(name: "Logging", package: "swift-log")],
+            path: "Fuzz/Sources/chatcore-fuzz"
+        ),
+        .executableTarget(
             name: "chatcore-bench",
             dependencies: ["Protocol", "Wire", "CYAJL"],
             path: "Benchmarks/Sources/chatcore-bench"

@@ -65,11 +65,18 @@ public final class SocketServer: Sendable {
         public var outputHighWater: Int
         /// Output a client has not read yet, above which it is disconnected.
         public var maxOutputBytes: Int
+        /// Connections open at once; more are closed as soon as they are accepted.
+        public var maxSessions: Int
+        /// A connection that sends nothing for this long is closed (nil: never).
+        public var idleTimeout: TimeAmount?
 
-        public init(session: Session.Limits = .init(), outputHighWater: Int = 1 << 20, maxOutputBytes: Int = 64 << 20) {
+        public init(session: Session.Limits = .init(), outputHighWater: Int = 1 << 20, maxOutputBytes: Int = 64 << 20,
+                    maxSessions: Int = 10_000, idleTimeout: TimeAmount? = nil) {
             self.session = session
             self.outputHighWater = outputHighWater
             self.maxOutputBytes = maxOutputBytes
+            self.maxSessions = maxSessions
+            self.idleTimeout = idleTimeout
         }
     }
 
@@ -78,6 +85,8 @@ public final class SocketServer: Sendable {
     private let authenticator: Authenticator
     private let limits: Limits
     private let logger: Logger
+    /// Connections open now, over every listener.
+    private let open = Atomic<Int>(0)
 
     public init(group: MultiThreadedEventLoopGroup, engine: Engine, authenticator: Authenticator, limits: Limits, logger: Logger) {
         self.group = group
@@ -93,6 +102,7 @@ public final class SocketServer: Sendable {
         let authenticator = self.authenticator
         let limits = self.limits
         let logger = self.logger
+        let open = self.open
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -100,7 +110,16 @@ public final class SocketServer: Sendable {
             .childChannelOption(.writeBufferWaterMark, value: .init(low: limits.outputHighWater / 2, high: limits.outputHighWater))
             .childChannelInitializer { channel in
                 let transport: Transport = channel.localAddress?.protocol == .unix ? .unix : .tcp
+                if open.add(1, ordering: .relaxed).newValue > limits.maxSessions {
+                    open.subtract(1, ordering: .relaxed)
+                    logger.warning("refusing a connection: --max-sessions reached", metadata: ["maxSessions": "\(limits.maxSessions)"])
+                    return channel.close()
+                }
+                channel.closeFuture.whenComplete { _ in open.subtract(1, ordering: .relaxed) }
                 return channel.eventLoop.makeCompletedFuture {
+                    if let idle = limits.idleTimeout {
+                        try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle))
+                    }
                     let handler = SessionHandler(engine: engine, authenticator: authenticator, transport: transport, limits: limits, logger: logger)
                     try channel.pipeline.syncOperations.addHandler(handler)
                 }
@@ -164,6 +183,15 @@ final class SessionHandler: ChannelDuplexHandler {
         session?.close()
         session = nil
         context.fireChannelInactive()
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is IdleStateHandler.IdleStateEvent {
+            logger.debug("closing an idle connection (--idle-timeout)")
+            context.close(promise: nil)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {

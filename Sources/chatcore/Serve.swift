@@ -60,6 +60,12 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: "Unread output of a socket session above which it is disconnected.")
     var maxOutputBytes: Int = 64 << 20
 
+    @Option(name: .long, help: "Socket connections open at once; further ones are closed when accepted.")
+    var maxSessions: Int = 10_000
+
+    @Option(name: .long, help: ArgumentHelp("Close a socket connection that sends nothing for this many seconds (0: never).", valueName: "seconds"))
+    var idleTimeout: Int = 0
+
     @Option(name: .long, help: "trace, debug, info, notice, warning, error or critical. Logs go to standard error.")
     var logLevel: Logger.Level = .info
 
@@ -67,6 +73,8 @@ struct Serve: AsyncParsableCommand {
         if let user, user.isEmpty || user.utf8.count > 128 { throw ValidationError("--user must be 1 to 128 bytes") }
         guard maxLineBytes > 0 else { throw ValidationError("--max-line-bytes must be positive") }
         guard maxRequestsInFlight > 0 else { throw ValidationError("--max-requests-in-flight must be positive") }
+        guard maxSessions > 0 else { throw ValidationError("--max-sessions must be positive") }
+        guard idleTimeout >= 0 else { throw ValidationError("--idle-timeout must not be negative") }
         guard outputHighWater > 0, maxOutputBytes >= outputHighWater else {
             throw ValidationError("--max-output-bytes must be at least --output-high-water, which must be positive")
         }
@@ -146,7 +154,8 @@ struct Serve: AsyncParsableCommand {
             let loops = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
             group = loops
             let server = SocketServer(group: loops, engine: engine, authenticator: authenticator,
-                                      limits: .init(session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes),
+                                      limits: .init(session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
+                                                    maxSessions: maxSessions, idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil),
                                       logger: logger)
             for text in listen {
                 let address = ListenAddress(text)!

@@ -1,0 +1,105 @@
+// chatcore-fuzz: libFuzzer targets for the line decoder and the whole request path.
+//
+//   make fuzz                     builds with -sanitize=fuzzer,address and runs both targets
+//                                 (time-bounded), seeded with every request of the fixtures
+//   chatcore-fuzz TARGET FILE...  (a normal build) runs inputs once: reproduces a finding
+//
+// TARGET is `decoder` (one line: decode; a decoded request must encode and decode to
+// itself) or `request` (lines through decode, then a real engine on a scratch SQLite
+// store, as an authenticated user with a chat, then encoding every event).
+import Engine
+import Foundation
+import Logging
+import Protocol
+import SQLiteStore
+import Wire
+
+nonisolated(unsafe) let decoder = LineDecoder()
+
+func fuzzDecoder(_ bytes: UnsafeRawBufferPointer) {
+    let decoded = decoder.decode(bytes, as: Request.self)
+    guard case .success(let request) = decoded.result else { return }
+    var writer = JSONWriter()
+    request.encode(to: &writer)
+    let again = writer.withBytes { LineDecoder().decode($0, as: Request.self) }
+    guard case .success(let same) = again.result, same == request else {
+        fatalError("a decoded request does not survive encoding: \(String(decoding: writer.bytes, as: UTF8.self))")
+    }
+}
+
+/// Counts events and encodes them (the encoders are part of the path).
+final class Sink: EventSink, @unchecked Sendable {
+    var writer = JSONWriter(capacity: 1 << 16)
+    func deliver(_ events: [Event]) {
+        for event in events { event.encode(to: &writer) }
+        writer.removeAll()
+    }
+    func engineFinished(_ count: Int) {}
+}
+
+final class RequestPath {
+    let engine: Engine
+    let session: EngineSession
+    let other: EngineSession
+    var line = 0
+
+    init() {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("chatcore-fuzz-\(getpid())")
+        try? FileManager.default.removeItem(at: directory)
+        var logger = Logger(label: "fuzz")
+        logger.logLevel = .critical
+        engine = try! Engine(store: try! SQLiteStore(directory: directory), logger: logger, clock: { 1_700_000_000 })
+        engine.start()
+        session = engine.openSession(transport: .tcp, sink: Sink())
+        other = engine.openSession(transport: .tcp, sink: Sink())
+        engine.authenticate(userId: "alice", cookie: nil, line: 0, announce: true, session: session)
+        engine.authenticate(userId: "bob", cookie: nil, line: 0, announce: true, session: other)
+        let start = #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"fuzz"}}"#
+        run(Array(start.utf8))
+        engine.drain()
+    }
+
+    func run(_ bytes: [UInt8]) {
+        for piece in bytes.split(separator: 0x0A, omittingEmptySubsequences: true) {
+            line += 1
+            piece.withUnsafeBytes { raw in
+                if case .success(let request) = decoder.decode(raw, as: Request.self).result {
+                    engine.submit(request, line: line, from: line % 5 == 0 ? other : session)
+                }
+            }
+        }
+        engine.drain()
+    }
+}
+
+nonisolated(unsafe) var requestPath: RequestPath?
+
+func fuzz(_ target: String, _ bytes: UnsafeRawBufferPointer) {
+    switch target {
+    case "request":
+        if requestPath == nil { requestPath = RequestPath() }
+        requestPath!.run(Array(bytes))
+    default:
+        fuzzDecoder(bytes)
+    }
+}
+
+#if FUZZING
+@_cdecl("LLVMFuzzerTestOneInput")
+public func fuzzerTestOneInput(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
+    let target = ProcessInfo.processInfo.environment["CHATCORE_FUZZ_TARGET"] ?? "decoder"
+    fuzz(target, UnsafeRawBufferPointer(start: data, count: size))
+    return 0
+}
+#else
+let arguments = CommandLine.arguments
+guard arguments.count >= 3 else {
+    FileHandle.standardError.write(Data("usage: chatcore-fuzz decoder|request FILE...\n".utf8))
+    exit(2)
+}
+for path in arguments.dropFirst(2) {
+    let data = try [UInt8](Data(contentsOf: URL(fileURLWithPath: path)))
+    data.withUnsafeBytes { fuzz(arguments[1], $0) }
+}
+print("ran \(arguments.count - 2) inputs through \(arguments[1])")
+#endif
