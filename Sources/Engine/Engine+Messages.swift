@@ -52,7 +52,7 @@ extension Engine {
         if let content, !message.isSystem {
             lastSearchRow += 1
             message.searchRow = lastSearchRow
-            batch.store.searchAdds.append(SearchEntry(row: lastSearchRow, chat: chat.number, id: message.id, text: content))
+            batch.searchAdds.append(SearchEntry(row: lastSearchRow, chat: chat.number, id: message.id, text: content))
         }
         batch.changed(message, of: chat)
         batch.changed(chat)
@@ -238,7 +238,7 @@ extension Engine {
         }
         chat.dropReferences(of: message)
         if message.searchRow > 0 {
-            batch.store.searchRemovals.append(message.searchRow)
+            batch.searchRemovals.append(message.searchRow)
             message.searchRow = 0
         }
         releaseAttachments(of: message, in: chat)

@@ -28,14 +28,19 @@ extension Engine {
                   message.privateStates[user]?.isDeleted != true else { return nil }
             return message
         }
-        if text.count >= Engine.indexedQueryLength {
+        if text.count >= Engine.indexedQueryLength, let searchIndex {
             // The index must see everything this batch posted or recalled before now.
             try commitSoFar(batch)
             let members = Dictionary(uniqueKeysWithValues: scope.map { ($0.0.number, $0) })
             var below: Int64?
             while found.count < limit {
                 let page = max(limit * 2, 64)
-                let hits = try store.searchMessages(containing: text, chats: Array(members.keys).sorted(), belowRow: below, limit: page)
+                let hits: [SearchHit]
+                do {
+                    hits = try searchIndex.searchMessages(containing: text, chats: Array(members.keys).sorted(), belowRow: below, limit: page)
+                } catch {
+                    throw ProtocolError(.internal, "the search index failed: \(error)")
+                }
                 for hit in hits {
                     guard let (chat, member) = members[hit.chat], visible(chat, member, hit.id) != nil else { continue }
                     found.append((hit.row, chat, hit.id))
@@ -46,7 +51,7 @@ extension Engine {
             }
         } else {
             // One or two characters (an emoji, a CJK word): no trigram to look up, so the
-            // visible history is scanned, newest first, chat by chat.
+            // visible history is scanned, newest first, chat by chat (also without an index).
             for (chat, member) in scope {
                 var taken = 0
                 var id = chat.lastMessage

@@ -38,6 +38,8 @@ public final class Engine: @unchecked Sendable {
     let attachments: AttachmentStore?
     /// The only directory socket sessions may attach files from (resolved), if any.
     let attachmentsDirectory: String?
+    /// The text index behind `search` (nil: search scans memory).
+    let searchIndex: MessageSearchIndex?
     private let inbox = Inbox<Work>()
     private let sessionCounter = Atomic<Int>(0)
     /// Attachments being stored on worker threads.
@@ -62,8 +64,9 @@ public final class Engine: @unchecked Sendable {
     var blobUses: [String: Int] = [:]
 
     /// `clock` gives message timestamps (seconds since 1970); tests pass a fixed one.
-    public init(store: ChatStore, logger: Logger, attachments: AttachmentStore? = nil, attachmentsDirectory: String? = nil,
-                clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }) throws {
+    public init(store: ChatStore, logger: Logger, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil,
+                attachmentsDirectory: String? = nil, clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }) throws {
+        self.searchIndex = searchIndex
         self.store = store
         self.logger = logger
         self.clock = clock
@@ -114,6 +117,23 @@ public final class Engine: @unchecked Sendable {
             for member in chat.members.values { chat.recountUnread(member) }
         }
         typing = [:]
+        try refillSearchIndex()
+    }
+
+    /// Hands the index every searchable message it does not have yet (it lags commits and
+    /// may lose its tail in a crash).
+    private func refillSearchIndex() throws {
+        guard let searchIndex else { return }
+        let indexed = try searchIndex.indexedUpTo()
+        guard indexed < lastSearchRow else { return }
+        var entries: [SearchEntry] = []
+        for chat in chats.values {
+            for message in chat.messages where message.searchRow > indexed {
+                if let content = message.content { entries.append(SearchEntry(row: message.searchRow, chat: chat.number, id: message.id, text: content)) }
+            }
+        }
+        entries.sort { $0.row < $1.row }
+        searchIndex.add(entries, removing: [])
     }
 
     struct StoreInconsistency: Error, CustomStringConvertible {
@@ -236,6 +256,7 @@ public final class Engine: @unchecked Sendable {
         do {
             try store.commit(batch.store)
             batch.committed()
+            searchIndex?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
         } catch {
             throw ProtocolError(.internal, "the store could not commit the change: \(error)")
         }
@@ -246,6 +267,7 @@ public final class Engine: @unchecked Sendable {
         guard !batch.store.isEmpty else { return }
         do {
             try store.commit(batch.store)
+            searchIndex?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
         } catch {
             // Nothing of the batch is durable: none of its events may be seen. The
             // in-memory state is rebuilt from the store and every request is refused.
@@ -290,6 +312,19 @@ final class Batch {
     private var dirtyMembers: [RowKey: (chat: Int64, member: MemberRecord)] = [:]
     private var dirtyMessages: [RowKey: (chat: Int64, message: MessageRecord)] = [:]
     private var dirtyPrivate: [PrivateKey: (chat: Int64, message: MessageRecord, user: Int64)] = [:]
+    /// Text for the search index, handed over once committed.
+    var searchAdds: [SearchEntry] = []
+    var searchRemovals: [Int64] = []
+
+    func takeSearchAdds() -> [SearchEntry] {
+        defer { searchAdds = [] }
+        return searchAdds
+    }
+
+    func takeSearchRemovals() -> [Int64] {
+        defer { searchRemovals = [] }
+        return searchRemovals
+    }
 
     struct RowKey: Hashable {
         let chat: Int64

@@ -132,12 +132,10 @@ public final class SQLiteStore: ChatStore {
                 """)
         }
         migrator.registerMigration("v3-search") { db in
-            // Message text for `search` (PROTOCOL.md §9): FTS5 with trigrams answers
-            // case-insensitive substring queries from an index. The rowid is the message's
-            // search row, which grows with every message: newest first is rowid order.
+            // A message's row in the search index (SQLiteSearchIndex, its own file). It
+            // grows with every message: newest first is row order.
             try db.execute(sql: """
                 ALTER TABLE message ADD COLUMN searchRow INTEGER NOT NULL DEFAULT 0;
-                CREATE VIRTUAL TABLE message_search USING fts5(text, chat UNINDEXED, id UNINDEXED, tokenize = 'trigram');
                 WITH ordered AS (
                     SELECT chat, id, ROW_NUMBER() OVER (ORDER BY timestamp, chat, id) AS row FROM message
                     WHERE content IS NOT NULL AND isRecalled = 0
@@ -145,7 +143,6 @@ public final class SQLiteStore: ChatStore {
                 )
                 UPDATE message SET searchRow = (SELECT row FROM ordered WHERE ordered.chat = message.chat AND ordered.id = message.id)
                 WHERE EXISTS (SELECT 1 FROM ordered WHERE ordered.chat = message.chat AND ordered.id = message.id);
-                INSERT INTO message_search (rowid, text, chat, id) SELECT searchRow, content, chat, id FROM message WHERE searchRow > 0;
                 """)
         }
         migrator.registerMigration("v4-attachments") { db in
@@ -261,16 +258,6 @@ public final class SQLiteStore: ChatStore {
                     }
                 }
             }
-            if !batch.searchAdds.isEmpty {
-                let statement = try db.cachedStatement(sql: "INSERT OR REPLACE INTO message_search (rowid, text, chat, id) VALUES (?, ?, ?, ?)")
-                for entry in batch.searchAdds {
-                    try statement.execute(arguments: [entry.row, entry.text, entry.chat, entry.id])
-                }
-            }
-            if !batch.searchRemovals.isEmpty {
-                let statement = try db.cachedStatement(sql: "DELETE FROM message_search WHERE rowid = ?")
-                for row in batch.searchRemovals { try statement.execute(arguments: [row]) }
-            }
             if !batch.messageUsers.isEmpty {
                 let statement = try db.cachedStatement(sql: """
                     INSERT OR REPLACE INTO message_user (chat, id, user, localData, isDeleted, thumbDetached, fileDownloaded)
@@ -280,24 +267,6 @@ public final class SQLiteStore: ChatStore {
                     try statement.execute(arguments: [row.chat, row.id, row.user, row.localData, row.isDeleted, row.thumbDetached, row.fileDownloaded])
                 }
             }
-        }
-    }
-
-    public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit] {
-        guard !chats.isEmpty else { return [] }
-        // One FTS5 phrase: with trigrams, a case-insensitive substring match.
-        let phrase = "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\""
-        let chatList = chats.map(String.init).joined(separator: ",")
-        var sql = "SELECT chat, id, rowid FROM message_search WHERE message_search MATCH ? AND chat IN (\(chatList))"
-        var arguments: StatementArguments = [phrase]
-        if let belowRow {
-            sql += " AND rowid < ?"
-            arguments += [belowRow]
-        }
-        sql += " ORDER BY rowid DESC LIMIT ?"
-        arguments += [limit]
-        return try pool.read { db in
-            try Row.fetchAll(db, sql: sql, arguments: arguments).map { SearchHit(chat: $0[0], id: $0[1], row: $0[2]) }
         }
     }
 }

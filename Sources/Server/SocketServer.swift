@@ -102,20 +102,19 @@ public final class SocketServer: Sendable {
         let authenticator = self.authenticator
         let limits = self.limits
         let logger = self.logger
-        let open = self.open
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.autoRead, value: true)
             .childChannelOption(.writeBufferWaterMark, value: .init(low: limits.outputHighWater / 2, high: limits.outputHighWater))
-            .childChannelInitializer { channel in
+            .childChannelInitializer { [self] channel in
                 let transport: Transport = channel.localAddress?.protocol == .unix ? .unix : .tcp
-                if open.add(1, ordering: .relaxed).newValue > limits.maxSessions {
-                    open.subtract(1, ordering: .relaxed)
+                if self.open.add(1, ordering: .relaxed).newValue > limits.maxSessions {
+                    self.open.subtract(1, ordering: .relaxed)
                     logger.warning("refusing a connection: --max-sessions reached", metadata: ["maxSessions": "\(limits.maxSessions)"])
                     return channel.close()
                 }
-                channel.closeFuture.whenComplete { _ in open.subtract(1, ordering: .relaxed) }
+                channel.closeFuture.whenComplete { _ in self.open.subtract(1, ordering: .relaxed) }
                 return channel.eventLoop.makeCompletedFuture {
                     if let idle = limits.idleTimeout {
                         try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle))

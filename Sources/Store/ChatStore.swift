@@ -10,9 +10,21 @@ public protocol ChatStore: AnyObject, Sendable {
 
     /// Applies the batch atomically and durably. On error nothing of it was applied.
     func commit(_ batch: StoreBatch) throws
+}
+
+/// The text index behind `search` (PROTOCOL.md §9). It is derived from the messages: it
+/// may lag behind commits (additions are handed over and written in the background) and
+/// lose its tail in a crash; the engine re-adds what it lacks at start-up.
+public protocol MessageSearchIndex: AnyObject, Sendable {
+    /// The highest search row in the index.
+    func indexedUpTo() throws -> Int64
+
+    /// Hands over committed messages' text, and rows whose text is gone (recalled).
+    func add(_ entries: [SearchEntry], removing rows: [Int64])
 
     /// Messages of `chats` whose text contains `text` case-insensitively (at least three
-    /// characters), newest first (descending search row), below `belowRow` when given.
+    /// characters), newest first (descending search row), below `belowRow` when given;
+    /// everything handed over before the call is taken into account.
     func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit]
 }
 
@@ -227,14 +239,10 @@ public struct StoreBatch: Sendable {
     public var members: [MemberRow] = []
     public var messages: [MessageRow] = []
     public var messageUsers: [MessageUserRow] = []
-    public var searchAdds: [SearchEntry] = []
-    /// Search rows whose text is gone (recalled).
-    public var searchRemovals: [Int64] = []
 
     public init() {}
 
     public var isEmpty: Bool {
         newUsers.isEmpty && chats.isEmpty && members.isEmpty && messages.isEmpty && messageUsers.isEmpty
-            && searchAdds.isEmpty && searchRemovals.isEmpty
     }
 }

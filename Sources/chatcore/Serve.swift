@@ -131,19 +131,21 @@ struct Serve: AsyncParsableCommand {
             allowedDirectory = resolved
         }
         let attachments: AttachmentStore
+        let searchIndex: SQLiteSearchIndex
         do {
             attachments = try AttachmentStore(directory: directory)
+            searchIndex = try SQLiteSearchIndex(directory: directory)
         } catch {
-            logger.critical("cannot prepare the attachment store", metadata: ["error": "\(error)"])
+            logger.critical("cannot prepare the attachment store or the search index", metadata: ["error": "\(error)"])
             throw ExitCode(1)
         }
         let engine: Engine
         if let fixed = ProcessInfo.processInfo.environment["CHATCORE_FIXED_TIME"].flatMap(Int64.init) {
             // For golden transcripts: every message gets this timestamp.
             logger.warning("CHATCORE_FIXED_TIME is set: every timestamp is \(fixed)")
-            engine = try Engine(store: store, logger: logger, attachments: attachments, attachmentsDirectory: allowedDirectory, clock: { fixed })
+            engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory, clock: { fixed })
         } else {
-            engine = try Engine(store: store, logger: logger, attachments: attachments, attachmentsDirectory: allowedDirectory)
+            engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory)
         }
         engine.start()
         logger.info("store ready", metadata: ["dataDir": "\(directory.path)"])
