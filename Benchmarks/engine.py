@@ -175,6 +175,7 @@ def million(count=1_000_000):
                            stdout=subprocess.DEVNULL, check=True)
         load_seconds = time.perf_counter() - start
         size = sum(f.stat().st_size for f in pathlib.Path(data).iterdir() if f.name.startswith("chatcore.sqlite"))
+        index_size = sum(f.stat().st_size for f in pathlib.Path(data).iterdir() if f.name.startswith("search.sqlite"))
         start = time.perf_counter()
         session = Stdio("alice", data)
         session.ask({"identitiesGet": {"cookie": "ready", "userIds": ["alice"]}}, "ready")
@@ -217,6 +218,7 @@ def million(count=1_000_000):
         "window": (statistics.median(windows), sorted(windows)[int(len(windows) * 0.99)]),
         "thread": (statistics.median(threads), sorted(threads)[int(len(threads) * 0.99)]),
         "bytes": size / (count + 2),
+        "index bytes": index_size / (count + 2),
         "search": (statistics.median(searches), sorted(searches)[int(len(searches) * 0.99)]),
         "like": (statistics.median(scans), max(scans)),
     }
@@ -299,6 +301,7 @@ def rows():
     table.append(("engine: 1,000,000-message chat", "100-message window p50 / p99", f"{big['window'][0] * 1000:.2f} / {big['window'][1] * 1000:.2f} ms"))
     table.append(("engine: 1,000,000-message chat", "thread children p50 / p99", f"{big['thread'][0] * 1000:.2f} / {big['thread'][1] * 1000:.2f} ms"))
     table.append(("engine: 1,000,000-message chat", "database bytes per message", f"{big['bytes']:.0f}"))
+    table.append(("engine: 1,000,000-message chat", "search index bytes per message", f"{big['index bytes']:.0f}"))
     table.append(("search: 1,000,000 messages", "search p50 / p99 (trigram index)", f"{big['search'][0] * 1000:.2f} / {big['search'][1] * 1000:.2f} ms"))
     table.append(("search: 1,000,000 messages", "plain LIKE scan p50 / max", f"{big['like'][0] * 1000:.1f} / {big['like'][1] * 1000:.1f} ms"))
     stored, copied, synced = attachment_ingest()

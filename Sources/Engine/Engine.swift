@@ -191,7 +191,7 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// Waits until everything submitted before this call is done, attachments being
-    /// stored included.
+    /// stored and the search index included.
     public func drain() {
         func waitForBarrier() {
             let done = DispatchSemaphore(value: 0)
@@ -205,6 +205,9 @@ public final class Engine: @unchecked Sendable {
             waitForBarrier()
             if attachmentJobs.load(ordering: .acquiring) == 0 {
                 waitForBarrier()
+                // The index is derived data, but a clean stop should not leave it to be
+                // rebuilt at the next start.
+                try? searchIndex?.waitUntilWritten()
                 return
             }
             usleep(10_000)

@@ -67,13 +67,17 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
         condition.unlock()
     }
 
-    /// Waits until everything added so far is in the index, then queries it.
-    public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit] {
+    public func waitUntilWritten() throws {
         condition.lock()
         while (!pendingAdds.isEmpty || !pendingRemovals.isEmpty || inFlight > 0) && failure == nil { condition.wait() }
         let failure = self.failure
         condition.unlock()
         if let failure { throw failure }
+    }
+
+    /// Waits until everything added so far is in the index, then queries it.
+    public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit] {
+        try waitUntilWritten()
         guard !chats.isEmpty else { return [] }
         // One FTS5 phrase: with trigrams, a case-insensitive substring match.
         let phrase = "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\""

@@ -22,6 +22,9 @@ public protocol MessageSearchIndex: AnyObject, Sendable {
     /// Hands over committed messages' text, and rows whose text is gone (recalled).
     func add(_ entries: [SearchEntry], removing rows: [Int64])
 
+    /// Waits until everything handed over is written.
+    func waitUntilWritten() throws
+
     /// Messages of `chats` whose text contains `text` case-insensitively (at least three
     /// characters), newest first (descending search row), below `belowRow` when given;
     /// everything handed over before the call is taken into account.
