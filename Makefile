@@ -4,7 +4,7 @@ PYTHON  ?= python3
 LISTEN  ?= 127.0.0.1:7400
 RELEASE := .build/release/chatcore
 
-.PHONY: help setup build run test test-swift test-python generate check-generated bench clean
+.PHONY: help setup build run test test-swift test-python test-fuzz generate check-generated bench soak fuzz asan clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -30,7 +30,7 @@ run: build ## set up, build and start the service on $(LISTEN) (any token accept
 	@echo
 	exec $(RELEASE) serve --listen $(LISTEN) --insecure-no-auth
 
-test: setup test-swift test-python ## set up and run every test
+test: setup test-swift test-python test-fuzz ## set up and run every test (a short fuzz run included)
 
 test-swift: check-generated
 	$(SWIFT) build --build-tests
@@ -46,10 +46,34 @@ generate: ## regenerate Sources/Protocol/Generated from Schemas/
 check-generated: ## fail when the generated code and Schemas/ disagree
 	$(SWIFT) run chatcore-codegen --check Schemas Sources/Protocol/Generated
 
+FUZZ_SECONDS ?= 300
+FUZZ_BINARY := .build-fuzz/release/chatcore-fuzz
+
+$(FUZZ_BINARY): $(shell find Sources Fuzz -name '*.swift')
+	$(SWIFT) build -c release --product chatcore-fuzz --scratch-path .build-fuzz \
+	  -Xswiftc -sanitize=fuzzer,address -Xswiftc -DFUZZING -Xswiftc -parse-as-library
+
+fuzz: setup $(FUZZ_BINARY) ## fuzz the decoder and the request path for FUZZ_SECONDS each (default 300)
+	$(PYTHON) Fuzz/seed.py Fuzz/corpus
+	mkdir -p Fuzz/findings
+	LSAN_OPTIONS=suppressions=$(CURDIR)/Fuzz/lsan.supp CHATCORE_FUZZ_TARGET=decoder $(FUZZ_BINARY) Fuzz/corpus/decoder -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	  -artifact_prefix=Fuzz/findings/decoder- -print_final_stats=1
+	LSAN_OPTIONS=suppressions=$(CURDIR)/Fuzz/lsan.supp CHATCORE_FUZZ_TARGET=request $(FUZZ_BINARY) Fuzz/corpus/request -max_total_time=$(FUZZ_SECONDS) -max_len=8192 \
+	  -artifact_prefix=Fuzz/findings/request- -print_final_stats=1
+
+test-fuzz: ## a short fuzz run (CI): 20 s per target
+	$(MAKE) fuzz FUZZ_SECONDS=20
+
+soak: build ## a bounded mixed load (50 sessions, SOAK_SECONDS, default 180): throughput, p99, memory
+	$(PYTHON) Benchmarks/soak.py
+
+asan: setup ## the Swift tests under AddressSanitizer/LeakSanitizer
+	$(SWIFT) test --sanitize=address --scratch-path .build-asan
+
 bench: setup ## run the benchmarks and print a table
 	$(SWIFT) build -c release --product chatcore
 	$(SWIFT) build -c release --product chatcore-bench
 	$(PYTHON) Benchmarks/run.py
 
 clean:
-	rm -rf .build Benchmarks/out
+	rm -rf .build .build-fuzz .build-asan Benchmarks/out Fuzz/corpus

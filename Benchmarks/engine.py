@@ -283,6 +283,85 @@ def attachment_ingest(megabytes=100):
     return megabytes / ingest, megabytes / min(copies), megabytes / min(synced)
 
 
+def scale(users=1000, chats=1000, messages=1_000_000):
+    """One process, 1,000 users in 1,000 chats of 5, 1,000,000 messages: start-up time and
+    memory, then window, thread, search and change-feed latency as one user, and sizes."""
+    with tempfile.TemporaryDirectory() as data:
+        path = os.path.join(data, "chatcore.sock")
+        process = subprocess.Popen([str(CHATCORE), "serve", "--data-dir", data, "--listen", "unix:" + path, "--insecure-no-auth"] + QUIET,
+                                   stdin=subprocess.DEVNULL)
+        for _ in range(400):
+            if os.path.exists(path):
+                break
+            time.sleep(0.05)
+
+        def connect(user):
+            connection = socket.socket(socket.AF_UNIX)
+            connection.connect(path)
+            connection.sendall(b'{"authToken":{"userId":"%s","authToken":"-"}}\n' % user.encode())
+            return connection
+
+        def finish(connection, cookie):
+            """Sends a marker and reads (discarding) until its answer: everything before it is done."""
+            marker = b'"cookie":"%s"' % cookie.encode()
+            connection.sendall(b'{"identitiesGet":{"cookie":"%s","userIds":[]}}\n' % cookie.encode())
+            tail = b""
+            while True:
+                chunk = connection.recv(1 << 20)
+                if not chunk:
+                    raise EOFError
+                tail = (tail + chunk)[-4096:]
+                if marker in tail:
+                    return
+
+        per_chat = messages // chats
+        start = time.perf_counter()
+        for chat in range(chats):
+            members = [f"u{(chat * 5 + k) % users}" for k in range(5)]
+            starter = connect(members[0])
+            starter.sendall(json.dumps({"chatStart": {"cookie": "s", "subject": f"chat {chat}", "invitees": [{"userId": m} for m in members[1:]]}}).encode() + b"\n")
+            lines = []
+            for n in range(per_chat):
+                if n % 10 == 9:
+                    lines.append(b'{"chatMessageSend":{"chatId":"%d","tag":"Text","content":"reply %d","ref":[{"tag":"Thread","messageId":10}]}}\n' % (chat + 1, n))
+                else:
+                    lines.append(send_line(str(chat + 1), n + chat * per_chat))
+            writer = threading.Thread(target=starter.sendall, args=(b"".join(lines),))
+            writer.start()
+            finish(starter, "done")
+            writer.join()
+            starter.close()
+        load_seconds = time.perf_counter() - start
+        process.terminate()
+        process.wait()
+        size = sum(f.stat().st_size for f in pathlib.Path(data).iterdir() if f.name.startswith(("chatcore.sqlite", "search.sqlite")))
+
+        begin = time.perf_counter()
+        session = Stdio("u0", data)
+        session.ask({"identitiesGet": {"cookie": "ready", "userIds": []}}, "ready")
+        startup = time.perf_counter() - begin
+        rss = 0
+        for line in open(f"/proc/{session.process.pid}/status"):
+            if line.startswith("VmHWM:"):
+                rss = int(line.split()[1]) / 1024
+        timings = {"window": [], "thread": [], "search": [], "feed": []}
+        for n in range(100):
+            seconds, _ = session.ask({"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": "1"},
+                                                               "window": {"messageId": 1 + (n * 37) % per_chat, "before": 99}, "cookie": f"w{n}"}}, f"w{n}")
+            timings["window"].append(seconds)
+            seconds, _ = session.ask({"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": "1", "ref": {"tag": "Thread", "messageId": 10}},
+                                                               "cookie": f"t{n}"}}, f"t{n}")
+            timings["thread"].append(seconds)
+            seconds, _ = session.ask({"search": {"text": "number %d" % (n * 9973 % per_chat // 10 * 10), "cookie": f"s{n}"}}, f"s{n}")
+            timings["search"].append(seconds)
+            seconds, _ = session.ask({"requestListChanges": {"type": "chatMessage", "since": str(n * 1000), "limit": 100, "cookie": f"f{n}"}}, f"f{n}")
+            timings["feed"].append(seconds)
+        session.close()
+    result = {name: (statistics.median(values), sorted(values)[98]) for name, values in timings.items()}
+    result.update(load=messages / load_seconds, startup=startup, rss=rss, bytes=size / messages)
+    return result
+
+
 def rows():
     """(benchmark, measure, value) rows for the table."""
     table = []
@@ -304,6 +383,14 @@ def rows():
     table.append(("engine: 1,000,000-message chat", "search index bytes per message", f"{big['index bytes']:.0f}"))
     table.append(("search: 1,000,000 messages", "search p50 / p99 (trigram index)", f"{big['search'][0] * 1000:.2f} / {big['search'][1] * 1000:.2f} ms"))
     table.append(("search: 1,000,000 messages", "plain LIKE scan p50 / max", f"{big['like'][0] * 1000:.1f} / {big['like'][1] * 1000:.1f} ms"))
+    big = scale()
+    label = "scale: 1,000 users, 1,000 chats, 1M msgs"
+    table.append((label, "load over a Unix socket", f"{big['load']:,.0f} msg/s"))
+    table.append((label, "start-up until answering", f"{big['startup']:.2f} s"))
+    table.append((label, "peak memory after start-up", f"{big['rss']:,.0f} MB"))
+    for name in ("window", "thread", "search", "feed"):
+        table.append((label, f"{name} p50 / p99", f"{big[name][0] * 1000:.2f} / {big[name][1] * 1000:.2f} ms"))
+    table.append((label, "store + index bytes per message", f"{big['bytes']:.0f}"))
     stored, copied, synced = attachment_ingest()
     table.append(("attachments: a 100 MB file", "chatcore store (hash+copy+fsync)", f"{stored:,.0f} MB/s"))
     table.append(("attachments: a 100 MB file", "cp / cp + sync", f"{copied:,.0f} / {synced:,.0f} MB/s"))

@@ -23,6 +23,8 @@ public final class Engine: @unchecked Sendable {
         case tick
         /// A message's attachments were stored (blobs) or could not be (error).
         case attachmentsStored(chat: Int64, id: Int64, thumb: String?, file: String?, error: String?)
+        /// Finish what came before, then end the engine thread.
+        case stop
     }
 
     /// At most this many work items go into one batch (and one transaction).
@@ -214,10 +216,17 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
+    /// Ends the engine thread once everything submitted before is done (tests, fuzzing).
+    /// Nothing may be submitted afterwards (`drain` would wait for ever).
+    public func stop() {
+        inbox.put(.stop)
+    }
+
     // MARK: the loop
 
     private func run() {
-        while true {
+        var stopping = false
+        while !stopping {
             let work = inbox.take(limit: Engine.batchLimit)
             let batch = Batch()
             var barriers: [@Sendable () -> Void] = []
@@ -243,12 +252,16 @@ public final class Engine: @unchecked Sendable {
                     expireTyping(batch: batch)
                 case .attachmentsStored(let chat, let id, let thumb, let file, let error):
                     attachmentsStored(chat: chat, id: id, thumb: thumb, file: file, error: error, batch: batch)
+                case .stop:
+                    stopping = true
                 }
             }
             commit(batch)
             batch.deliver()
             for body in barriers { body() }
         }
+        // The thread object holds this engine through its closure: let go of it.
+        thread = nil
     }
 
     /// Commits what the batch changed so far (before reading from the store). If that
@@ -415,8 +428,9 @@ final class Batch {
     func deliver() {
         for key in order {
             let (session, events) = outputs[key]!
-            if !events.isEmpty && session.isOpen { session.sink.deliver(events) }
-            if let count = finished[key] { session.sink.engineFinished(count) }
+            guard let sink = session.sink else { continue }
+            if !events.isEmpty && session.isOpen { sink.deliver(events) }
+            if let count = finished[key] { sink.engineFinished(count) }
         }
     }
 }

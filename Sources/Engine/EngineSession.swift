@@ -21,7 +21,9 @@ public enum Transport: String, Sendable {
 public final class EngineSession: @unchecked Sendable, Hashable {
     public let id: Int
     public let transport: Transport
-    let sink: EventSink
+    /// Weak: the session layer owns the sink (and through it this handle); an engine that
+    /// outlives a closed connection must not keep it alive.
+    weak var sink: EventSink?
     /// The user this endpoint is authenticated as (engine thread only).
     var user: Int64?
     var isOpen = true

@@ -181,6 +181,10 @@ final class SessionHandler: ChannelDuplexHandler {
         framer.finish { session?.receive($0) }
         session?.close()
         session = nil
+        // The output refers back to this handler (to resume reading): let go of it, and
+        // of any partial line, so nothing of a closed connection stays.
+        output = nil
+        framer = LineFramer(maxLineBytes: limits.session.maxLineBytes)
         context.fireChannelInactive()
     }
 

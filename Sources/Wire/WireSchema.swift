@@ -154,6 +154,30 @@ public protocol WireDecodable: Sendable {
 
 /// A type decoded as one of several object types, chosen by a string member (generated
 /// from a `oneOf` whose alternatives each fix that member with `const`).
+extension WireSchema {
+    /// Makes every schema reachable from `schema` now (they are otherwise made on first
+    /// use): a server warms up before its first request, and a fuzzer before its first
+    /// input, so that these once-only allocations are not taken for leaks.
+    public static func prepare(_ schema: WireSchema) {
+        var seen = Set<ObjectIdentifier>()
+        func visit(_ type: WireType) {
+            switch type {
+            case .object(let decodable):
+                guard seen.insert(ObjectIdentifier(decodable)).inserted else { return }
+                for field in decodable.wireSchema.fields { visit(field.type) }
+            case .union(let union):
+                guard seen.insert(ObjectIdentifier(union)).inserted else { return }
+                for variant in union.variants { visit(.object(variant.type)) }
+            case .array(let element, _, _), .nullable(let element):
+                visit(element)
+            default:
+                return
+            }
+        }
+        for field in schema.fields { visit(field.type) }
+    }
+}
+
 public protocol WireUnionDecodable: Sendable {
     static var discriminator: String { get }
     static var variants: [(name: String, type: any WireDecodable.Type)] { get }
