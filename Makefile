@@ -67,8 +67,8 @@ test-fuzz: ## a short fuzz run (CI): 20 s per target
 soak: build ## a bounded mixed load (50 sessions, SOAK_SECONDS, default 180): throughput, p99, memory
 	$(PYTHON) Benchmarks/soak.py
 
-asan: setup ## the Swift tests under AddressSanitizer/LeakSanitizer
-	$(SWIFT) test --sanitize=address --scratch-path .build-asan
+asan: setup ## the Swift tests (transcripts against an ASan-built chatcore) under AddressSanitizer/LeakSanitizer
+	LSAN_OPTIONS=suppressions=$(CURDIR)/Tests/lsan.supp $(SWIFT) test --sanitize=address --scratch-path .build-asan
 
 bench: setup ## run the benchmarks and print a table
 	$(SWIFT) build -c release --product chatcore

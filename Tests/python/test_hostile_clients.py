@@ -168,3 +168,34 @@ def test_max_sessions_and_idle_timeout():
         finally:
             process.terminate()
             process.wait(timeout=30)
+
+
+def test_closed_connections_leave_nothing_behind():
+    """Found by fuzzing: sessions, their handlers and partial lines outlived their
+    connections. Thousands of connections that hang up mid-line must not add up."""
+    with tempfile.TemporaryDirectory() as data:
+        process, port = serve(data)
+        try:
+            def burst(count):
+                for n in range(count):
+                    sock = socket.create_connection(("127.0.0.1", port))
+                    sock.sendall(b'{"authToken":{"userId":"same","authToken":"-"}}\n{"chatMessageSend":{"chatId":"1","content":"'
+                                 + b"x" * 200_000)
+                    sock.close()
+
+            def resident_kb():
+                for line in open(f"/proc/{process.pid}/status"):
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1])
+
+            burst(300)
+            time.sleep(1)
+            before = resident_kb()
+            burst(2000)
+            time.sleep(1)
+            after = resident_kb()
+            # 2,000 partial lines of 200 kB would be 400 MB if they were kept.
+            assert after - before < 40 * 1024, f"{(after - before) / 2000:.1f} kB per closed connection"
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
