@@ -302,9 +302,9 @@ def scale(users=1000, chats=1000, messages=1_000_000):
             return connection
 
         def finish(connection, cookie):
-            """Sends a marker and reads (discarding) until its answer: everything before it is done."""
+            """Reads (discarding) until the answer to the marker request that ends what was
+            sent: everything before it is done."""
             marker = b'"cookie":"%s"' % cookie.encode()
-            connection.sendall(b'{"identitiesGet":{"cookie":"%s","userIds":[]}}\n' % cookie.encode())
             tail = b""
             while True:
                 chunk = connection.recv(1 << 20)
@@ -326,6 +326,8 @@ def scale(users=1000, chats=1000, messages=1_000_000):
                     lines.append(b'{"chatMessageSend":{"chatId":"%d","tag":"Text","content":"reply %d","ref":[{"tag":"Thread","messageId":10}]}}\n' % (chat + 1, n))
                 else:
                     lines.append(send_line(str(chat + 1), n + chat * per_chat))
+            # One writer, the marker last (two threads writing one socket would interleave).
+            lines.append(b'{"identitiesGet":{"cookie":"done","userIds":[]}}\n')
             writer = threading.Thread(target=starter.sendall, args=(b"".join(lines),))
             writer.start()
             finish(starter, "done")
