@@ -151,6 +151,11 @@ struct Serve: AsyncParsableCommand {
         logger.info("store ready", metadata: ["dataDir": "\(directory.path)"])
 
         let sessionLimits = Session.Limits(maxRequestsInFlight: maxRequestsInFlight, maxLineBytes: maxLineBytes)
+        // The standard input/output session exists (and a --user is authenticated) before
+        // any socket is accepted: the trusted user is always the first user of a new store.
+        let stdio = user != nil || listen.isEmpty
+            ? StdioTransport(engine: engine, authenticator: authenticator, limits: sessionLimits, trustedUser: user, logger: logger)
+            : nil
         var group: MultiThreadedEventLoopGroup?
         if !listen.isEmpty {
             let loops = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
@@ -174,8 +179,7 @@ struct Serve: AsyncParsableCommand {
 
         installTerminationHandlers(engine: engine, logger: logger)
 
-        if user != nil || listen.isEmpty {
-            let stdio = StdioTransport(engine: engine, authenticator: authenticator, limits: sessionLimits, trustedUser: user, logger: logger)
+        if let stdio {
             await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
                 let thread = Thread {
                     stdio.run()
