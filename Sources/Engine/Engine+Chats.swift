@@ -238,12 +238,7 @@ extension Engine {
         member.isHidden = false
         batch.changed(member, of: chat)
         chatsOfUser[user]?.remove(chat.number)
-        if typing.removeValue(forKey: TypingEntry(user: user, chat: chat.number)) != nil {
-            let key = TypingKey(userUri: uri(user), chatId: chat.chatId)
-            for other in chat.activeMembers {
-                emit(.listRemove(.typing(ListRemoveTyping(elements: [key]))), toUser: other.user, batch: batch)
-            }
-        }
+        stopTyping(user: user, chat: chat, batch: batch)
         emit(.listRemove(.chat(ListRemoveChat(elements: [ChatKey(chatId: chat.chatId)]))), toUser: user, batch: batch)
         let key = ChatParticipantKey(chatId: chat.chatId, userUri: uri(user))
         for other in chat.activeMembers {

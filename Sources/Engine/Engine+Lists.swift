@@ -12,29 +12,19 @@ extension Engine {
         let cookie = request.cookie
         switch request.type {
         case .global:
-            for chunk in globalElements(of: session).chunked(Engine.chunkSize) {
-                batch.emit(.listChunk(.global(ListChunkGlobal(cookie: cookie, elements: chunk))), to: session)
-            }
+            emitChunks(globalElements(of: session), to: session, batch: batch) { .global(ListChunkGlobal(cookie: cookie, elements: $0)) }
         case .user:
-            for chunk in visibleUsers(of: user).map(userElement).chunked(Engine.chunkSize) {
-                batch.emit(.listChunk(.user(ListChunkUser(cookie: cookie, elements: chunk))), to: session)
-            }
+            emitChunks(visibleUsers(of: user).map(userElement), to: session, batch: batch) { .user(ListChunkUser(cookie: cookie, elements: $0)) }
         case .chat:
             let elements = chatsOf(user).map { renderChat($0, for: $0.members[user]!) }
-            for chunk in elements.chunked(Engine.chunkSize) {
-                batch.emit(.listChunk(.chat(ListChunkChat(cookie: cookie, elements: chunk))), to: session)
-            }
+            emitChunks(elements, to: session, batch: batch) { .chat(ListChunkChat(cookie: cookie, elements: $0)) }
         case .chatParticipant:
             let elements = chatsOf(user).flatMap { chat in
                 chat.activeMembers.filter { $0.user != user }.map { renderParticipant(chat, $0) }
             }
-            for chunk in elements.chunked(Engine.chunkSize) {
-                batch.emit(.listChunk(.chatParticipant(ListChunkChatParticipant(cookie: cookie, elements: chunk))), to: session)
-            }
+            emitChunks(elements, to: session, batch: batch) { .chatParticipant(ListChunkChatParticipant(cookie: cookie, elements: $0)) }
         case .typing:
-            for chunk in typingSeen(by: user).chunked(Engine.chunkSize) {
-                batch.emit(.listChunk(.typing(ListChunkTyping(cookie: cookie, elements: chunk))), to: session)
-            }
+            emitChunks(typingSeen(by: user), to: session, batch: batch) { .typing(ListChunkTyping(cookie: cookie, elements: $0)) }
         case .chatMessage:
             throw ProtocolError.invalid("'type' chatMessage cannot be listed whole: use requestListMatching or requestListChanges")
         }
@@ -60,24 +50,18 @@ extension Engine {
         case .global(let request):
             let all = globalElements(of: session)
             let (found, missing) = lookUp(request.elements) { key in all.first { $0.name == key.name } }
-            for chunk in found.chunked(Engine.chunkSize) {
-                batch.emit(.listChunk(.global(ListChunkGlobal(cookie: request.cookie, elements: chunk))), to: session)
-            }
+            emitChunks(found, to: session, batch: batch) { .global(ListChunkGlobal(cookie: request.cookie, elements: $0)) }
             batch.emit(.listElements(.global(ListElementsGlobal(cookie: request.cookie, missing: missing))), to: session)
         case .user(let request):
             // Any user, by uri (a client resolving a sender it has not seen yet).
             let (found, missing) = lookUp(request.elements) { key in users.find(uri: key.uri).map(userElement) }
-            for chunk in found.chunked(Engine.chunkSize) {
-                batch.emit(.listChunk(.user(ListChunkUser(cookie: request.cookie, elements: chunk))), to: session)
-            }
+            emitChunks(found, to: session, batch: batch) { .user(ListChunkUser(cookie: request.cookie, elements: $0)) }
             batch.emit(.listElements(.user(ListElementsUser(cookie: request.cookie, missing: missing))), to: session)
         case .chat(let request):
             let (found, missing) = lookUp(request.elements) { key in
                 (try? chat(key.chatId, of: user)).map { renderChat($0.0, for: $0.1) }
             }
-            for chunk in found.chunked(Engine.chunkSize) {
-                batch.emit(.listChunk(.chat(ListChunkChat(cookie: request.cookie, elements: chunk))), to: session)
-            }
+            emitChunks(found, to: session, batch: batch) { .chat(ListChunkChat(cookie: request.cookie, elements: $0)) }
             batch.emit(.listElements(.chat(ListElementsChat(cookie: request.cookie, missing: missing))), to: session)
         case .chatParticipant(let request):
             let (found, missing) = lookUp(request.elements) { key -> ChatParticipant? in
@@ -85,9 +69,7 @@ extension Engine {
                       number != user, let member = chat.activeMember(number) else { return nil }
                 return renderParticipant(chat, member)
             }
-            for chunk in found.chunked(Engine.chunkSize) {
-                batch.emit(.listChunk(.chatParticipant(ListChunkChatParticipant(cookie: request.cookie, elements: chunk))), to: session)
-            }
+            emitChunks(found, to: session, batch: batch) { .chatParticipant(ListChunkChatParticipant(cookie: request.cookie, elements: $0)) }
             batch.emit(.listElements(.chatParticipant(ListElementsChatParticipant(cookie: request.cookie, missing: missing))), to: session)
         case .chatMessage(let request):
             let (found, missing) = lookUp(request.elements) { key -> ChatMessage? in
@@ -95,20 +77,21 @@ extension Engine {
                       let message = try? message(key.messageId, in: chat, seenBy: member) else { return nil }
                 return renderMessage(message, in: chat, for: user)
             }
-            for chunk in found.chunked(Engine.chunkSize) {
-                batch.emit(.listChunk(.chatMessage(ListChunkChatMessage(cookie: request.cookie, elements: chunk))), to: session)
-            }
+            emitChunks(found, to: session, batch: batch) { .chatMessage(ListChunkChatMessage(cookie: request.cookie, elements: $0)) }
             batch.emit(.listElements(.chatMessage(ListElementsChatMessage(cookie: request.cookie, missing: missing))), to: session)
         case .typing(let request):
             let current = typingSeen(by: user)
             let (found, missing) = lookUp(request.elements) { key in
                 current.first { $0.userUri == key.userUri && $0.chatId == key.chatId }
             }
-            for chunk in found.chunked(Engine.chunkSize) {
-                batch.emit(.listChunk(.typing(ListChunkTyping(cookie: request.cookie, elements: chunk))), to: session)
-            }
+            emitChunks(found, to: session, batch: batch) { .typing(ListChunkTyping(cookie: request.cookie, elements: $0)) }
             batch.emit(.listElements(.typing(ListElementsTyping(cookie: request.cookie, missing: missing))), to: session)
         }
+    }
+
+    /// `listChunk`s of at most `chunkSize` elements each (PROTOCOL.md §4).
+    private func emitChunks<Element>(_ elements: [Element], to session: EngineSession, batch: Batch, _ chunk: ([Element]) -> ListChunk) {
+        for piece in elements.chunked(Engine.chunkSize) { batch.emit(.listChunk(chunk(piece)), to: session) }
     }
 
     /// The elements found for `keys`, and the keys not found (nil when none are missing).

@@ -183,10 +183,7 @@ extension Engine {
         let states = chat.members.values
             .filter { $0.user != user && $0.received(message.id) }
             .sorted { $0.user < $1.user }
-            .map { member -> RecipientState in
-                let state: MessageState = member.readUpTo >= message.id ? .read : member.deliveredUpTo >= message.id ? .delivered : .sent
-                return RecipientState(userUri: uri(member.user), state: state)
-            }
+            .map { RecipientState(userUri: uri($0.user), state: recipientState(message, $0)) }
         return .chatMessageState(ChatMessageStateEvent(cookie: request.cookie, chatId: chat.chatId, messageId: message.id, states: states))
     }
 

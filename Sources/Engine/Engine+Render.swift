@@ -56,7 +56,8 @@ extension Engine {
         return (best, partial)
     }
 
-    private func recipientState(_ message: MessageRecord, _ member: MemberRecord) -> MessageState {
+    /// How far one recipient got with a message.
+    func recipientState(_ message: MessageRecord, _ member: MemberRecord) -> MessageState {
         if member.readUpTo >= message.id { return .read }
         if member.deliveredUpTo >= message.id { return .delivered }
         return .sent

@@ -264,26 +264,30 @@ public final class Engine: @unchecked Sendable {
         thread = nil
     }
 
+    /// Writes what the batch changed so far in one transaction, then hands the text of
+    /// what was committed to the search index. On a throw nothing was written and the
+    /// batch keeps its rows.
+    private func writeChanges(_ batch: Batch) throws {
+        batch.collectRows()
+        guard !batch.store.isEmpty else { return }
+        try store.commit(batch.store)
+        batch.committed()
+        searchIndex?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
+    }
+
     /// Commits what the batch changed so far (before reading from the store). If that
     /// fails, the batch keeps its rows: its final commit fails again and answers all.
     func commitSoFar(_ batch: Batch) throws {
-        batch.collectRows()
-        guard !batch.store.isEmpty else { return }
         do {
-            try store.commit(batch.store)
-            batch.committed()
-            searchIndex?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
+            try writeChanges(batch)
         } catch {
             throw ProtocolError(.internal, "the store could not commit the change: \(error)")
         }
     }
 
     private func commit(_ batch: Batch) {
-        batch.collectRows()
-        guard !batch.store.isEmpty else { return }
         do {
-            try store.commit(batch.store)
-            searchIndex?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
+            try writeChanges(batch)
         } catch {
             // Nothing of the batch is durable: none of its events may be seen. The
             // in-memory state is rebuilt from the store and every request is refused.
