@@ -107,15 +107,27 @@ def latency(count=2000):
     return times[len(times) // 2], times[int(len(times) * 0.99)]
 
 
+def serve_unix(data):
+    """`chatcore serve` on a Unix socket in `data`, once it accepts connections (the socket
+    file appears before the server listens)."""
+    path = os.path.join(data, "chatcore.sock")
+    process = subprocess.Popen([str(CHATCORE), "serve", "--data-dir", data, "--listen", "unix:" + path, "--insecure-no-auth"] + QUIET,
+                               stdin=subprocess.DEVNULL)
+    for _ in range(400):
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(path)
+            return process, path
+        except OSError:
+            time.sleep(0.05)
+        finally:
+            probe.close()
+    raise RuntimeError("chatcore did not start listening")
+
+
 def many_senders(senders=50, each=2000):
     with tempfile.TemporaryDirectory() as data:
-        path = os.path.join(data, "chatcore.sock")
-        process = subprocess.Popen([str(CHATCORE), "serve", "--data-dir", data, "--listen", "unix:" + path, "--insecure-no-auth"] + QUIET,
-                                   stdin=subprocess.DEVNULL)
-        for _ in range(200):
-            if os.path.exists(path):
-                break
-            time.sleep(0.05)
+        process, path = serve_unix(data)
         connections = []
         for n in range(senders):
             connection = socket.socket(socket.AF_UNIX)
@@ -287,13 +299,7 @@ def scale(users=1000, chats=1000, messages=1_000_000):
     """One process, 1,000 users in 1,000 chats of 5, 1,000,000 messages: start-up time and
     memory, then window, thread, search and change-feed latency as one user, and sizes."""
     with tempfile.TemporaryDirectory() as data:
-        path = os.path.join(data, "chatcore.sock")
-        process = subprocess.Popen([str(CHATCORE), "serve", "--data-dir", data, "--listen", "unix:" + path, "--insecure-no-auth"] + QUIET,
-                                   stdin=subprocess.DEVNULL)
-        for _ in range(400):
-            if os.path.exists(path):
-                break
-            time.sleep(0.05)
+        process, path = serve_unix(data)
 
         def connect(user):
             connection = socket.socket(socket.AF_UNIX)

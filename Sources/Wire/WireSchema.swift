@@ -156,8 +156,8 @@ public protocol WireDecodable: Sendable {
 /// from a `oneOf` whose alternatives each fix that member with `const`).
 extension WireSchema {
     /// Makes every schema reachable from `schema` now (they are otherwise made on first
-    /// use): a server warms up before its first request, and a fuzzer before its first
-    /// input, so that these once-only allocations are not taken for leaks.
+    /// use). The fuzzer calls it before its first input, so that these once-only
+    /// allocations are not taken for leaks of an input.
     public static func prepare(_ schema: WireSchema) {
         var seen = Set<ObjectIdentifier>()
         func visit(_ type: WireType) {

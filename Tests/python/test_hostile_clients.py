@@ -14,34 +14,14 @@ from conftest import chatcore_binary
 
 def serve(data, *arguments):
     process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", data, "--listen", "127.0.0.1:0", "--insecure-no-auth",
-                                "--log-level", "error", *arguments],
+                                *arguments],
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    # --log-level error hides the "listening" line: find the port from /proc instead.
-    for _ in range(200):
-        port = listening_port(process.pid)
-        if port:
+    for line in process.stderr:
+        match = re.search(r"port=(\d+)", line)
+        if match:
             threading.Thread(target=process.stderr.read, daemon=True).start()
-            return process, port
-        time.sleep(0.05)
+            return process, int(match.group(1))
     raise AssertionError("chatcore did not start listening")
-
-
-def listening_port(pid):
-    inodes = set()
-    try:
-        import os
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            match = re.match(r"socket:\[(\d+)\]", target)
-            if match:
-                inodes.add(match.group(1))
-    except OSError:
-        return None
-    for line in open("/proc/net/tcp").read().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
-            return int(fields[1].split(":")[1], 16)
-    return None
 
 
 def peak_memory_kb(pid):
