@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -21,6 +22,8 @@ public final class AttachmentStore: @unchecked Sendable {
     private let messages: URL
     private let downloads: URL
     private let temporary: URL
+    /// Blobs returned by `store` whose use the engine has not counted yet.
+    private let pins = Mutex<[String: Int]>([:])
 
     public init(directory: URL) throws {
         root = directory.appendingPathComponent("attachments", isDirectory: true)
@@ -181,14 +184,18 @@ public final class AttachmentStore: @unchecked Sendable {
         guard fsync(output) == 0 else { throw StoreError(description: "cannot sync the copy of \(source.name)") }
         let hex = hasher.finalize().map { String(format: "%02x", $0) }.joined()
         let destination = blobPath(hex)
-        if access(destination, F_OK) == 0 {
-            return hex  // the same content is stored already
+        // Pinned under the same lock that deletion takes: a blob found here (the same
+        // content stored already) cannot be deleted before its new user is counted.
+        try pins.withLock { pins in
+            if access(destination, F_OK) != 0 {
+                guard rename(temporaryPath, destination) == 0 else {
+                    throw StoreError(description: "cannot store \(source.name): \(String(cString: strerror(errno)))")
+                }
+                keep = true
+            }
+            pins[hex, default: 0] += 1
         }
-        guard rename(temporaryPath, destination) == 0 else {
-            throw StoreError(description: "cannot store \(source.name): \(String(cString: strerror(errno)))")
-        }
-        keep = true
-        syncDirectory(blobs.path)
+        if keep { syncDirectory(blobs.path) }
         return hex
     }
 
@@ -239,8 +246,19 @@ public final class AttachmentStore: @unchecked Sendable {
         try? FileManager.default.removeItem(at: messages.appendingPathComponent("\(chat)-\(id)"))
     }
 
+    /// Deletes a stored content, unless a copy still being handed over has pinned it.
     public func removeBlob(_ blob: String) {
-        unlink(blobPath(blob))
+        pins.withLock { pins in
+            if pins[blob] == nil { unlink(blobPath(blob)) }
+        }
+    }
+
+    /// The engine has counted the use of a blob that `store` returned.
+    public func unpin(_ blob: String) {
+        pins.withLock { pins in
+            let count = pins[blob, default: 1] - 1
+            pins[blob] = count > 0 ? count : nil
+        }
     }
 
     private func syncDirectory(_ path: String) {

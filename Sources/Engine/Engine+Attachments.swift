@@ -55,42 +55,66 @@ extension Engine {
         }
     }
 
-    /// Stores the attachments of a posted message on a worker thread; the outcome comes
-    /// back to the engine thread as work (`attachmentsStored`).
+    /// Stores the attachments of a posted message on a worker thread once the message is
+    /// durable (a message whose commit fails never has its sources moved or deleted);
+    /// the outcome comes back to the engine thread as work (`attachmentsStored`).
     func storeAttachments(of message: MessageRecord, in chat: ChatRecord, thumb: AttachmentStore.Source?, file: AttachmentStore.Source?,
-                          request: ChatMessageSend, session: EngineSession) {
+                          request: ChatMessageSend, session: EngineSession, batch: Batch) {
         guard let attachments else { return }
         let chatNumber = chat.number
         let id = message.id
         let allowed = session.transport == .stdio ? nil : attachmentsDirectory
         let removeThumb = (request.thumbPolicy ?? .copy) != .copy
         let removeFile = (request.filePolicy ?? .copy) != .copy
-        attachmentJobs.add(1, ordering: .relaxed)
-        DispatchQueue.global(qos: .utility).async { [self] in
-            var thumbBlob: String?
-            var fileBlob: String?
-            var failure: String?
-            do {
-                if let thumb { thumbBlob = try attachments.store(thumb, maxBytes: Engine.maxThumbBytes) }
-                if let file { fileBlob = try attachments.store(file, maxBytes: Engine.maxFileBytes) }
-                if let thumb, removeThumb { attachments.removeSource(thumb, allowed: allowed) }
-                if let file, removeFile { attachments.removeSource(file, allowed: allowed) }
-            } catch {
-                failure = "\(error)"
-            }
+        batch.ifNotCommitted {
             if let thumb { Glibc.close(thumb.descriptor) }
             if let file { Glibc.close(file.descriptor) }
-            attachmentsFinished(chat: chatNumber, id: id, thumb: thumbBlob, file: fileBlob, error: failure)
-            attachmentJobs.subtract(1, ordering: .releasing)
+        }
+        batch.whenCommitted { [self] in
+            attachmentsInFlight.insert(Batch.RowKey(chat: chatNumber, item: id))
+            attachmentJobs.add(1, ordering: .relaxed)
+            DispatchQueue.global(qos: .utility).async { [self] in
+                var thumbBlob: String?
+                var fileBlob: String?
+                var failure: String?
+                do {
+                    // Each stored blob is pinned: it cannot be deleted until the engine
+                    // has counted this message's use of it (`attachmentsStored`).
+                    if let thumb { thumbBlob = try attachments.store(thumb, maxBytes: Engine.maxThumbBytes) }
+                    if let file { fileBlob = try attachments.store(file, maxBytes: Engine.maxFileBytes) }
+                    if let thumb, removeThumb { attachments.removeSource(thumb, allowed: allowed) }
+                    if let file, removeFile { attachments.removeSource(file, allowed: allowed) }
+                } catch {
+                    failure = "\(error)"
+                }
+                if let thumb { Glibc.close(thumb.descriptor) }
+                if let file { Glibc.close(file.descriptor) }
+                attachmentsFinished(chat: chatNumber, id: id, thumb: thumbBlob, file: fileBlob, error: failure)
+                attachmentJobs.subtract(1, ordering: .releasing)
+            }
         }
     }
 
     /// The worker is done with a message's attachments: `Sent` (and the files appear to
     /// recipients) or `Failed`.
     func attachmentsStored(chat number: Int64, id: Int64, thumb: String?, file: String?, error: String?, batch: Batch) {
+        attachmentsInFlight.remove(Batch.RowKey(chat: number, item: id))
+        let stored = [thumb, file].compactMap { $0 }
+        // The worker's pins end with this item, once its outcome is durable (or not).
+        defer {
+            if let attachments {
+                batch.whenCommitted { [self] in
+                    for blob in stored { attachments.unpin(blob) }
+                    releaseUnused(stored)
+                }
+                batch.ifNotCommitted { [self] in
+                    for blob in stored { attachments.unpin(blob) }
+                    releaseUnused(stored)
+                }
+            }
+        }
         guard let attachments, let chat = chats[number], let message = chat.message(id), message.attachment == .sending else {
             // Recalled while being stored: nothing holds on to what was stored.
-            for blob in [thumb, file].compactMap({ $0 }) where blobUses[blob, default: 0] == 0 { attachments?.removeBlob(blob) }
             return
         }
         let changes = PendingChanges()
@@ -111,8 +135,7 @@ extension Engine {
         if let failure {
             logger.warning("an attachment could not be stored", metadata: ["chat": "\(number)", "message": "\(id)", "error": "\(failure)"])
             message.attachment = .failed
-            attachments.removeMessageLinks(chat: chat.number, id: id)
-            for blob in [thumb, file].compactMap({ $0 }) where blobUses[blob, default: 0] == 0 { attachments.removeBlob(blob) }
+            batch.whenCommitted { attachments.removeMessageLinks(chat: number, id: id) }
         } else {
             message.thumb?.blob = thumb
             message.file?.blob = file
@@ -123,35 +146,50 @@ extension Engine {
         publish(changes, batch: batch)
     }
 
-    /// A recalled message lets go of its stored contents, links and downloads.
-    func releaseAttachments(of message: MessageRecord, in chat: ChatRecord) {
+    /// Deletes the stored contents no message uses (and no worker has pinned). Engine
+    /// thread, after the commit that let go of them.
+    func releaseUnused(_ blobs: [String]) {
+        guard let attachments else { return }
+        for blob in blobs where blobUses[blob, default: 0] == 0 {
+            blobUses[blob] = nil
+            attachments.removeBlob(blob)
+        }
+    }
+
+    /// A recalled message lets go of its stored contents, links and downloads; the files
+    /// go once the recall is durable.
+    func releaseAttachments(of message: MessageRecord, in chat: ChatRecord, batch: Batch) {
         guard let attachments, message.thumb != nil || message.file != nil else { return }
+        let number = chat.number
+        let id = message.id
+        var links: [String] = []
         if let name = message.file?.name {
             for (user, state) in message.privateStates where state.fileState == .done {
-                attachments.removeLink(attachments.downloadPath(user: user, chat: chat.number, id: message.id, name: name))
+                links.append(attachments.downloadPath(user: user, chat: number, id: id, name: name))
             }
         }
-        attachments.removeMessageLinks(chat: chat.number, id: message.id)
+        var released: [String] = []
         if message.attachment == .stored {
             for blob in message.blobs {
-                let uses = blobUses[blob, default: 1] - 1
-                if uses <= 0 {
-                    blobUses[blob] = nil
-                    attachments.removeBlob(blob)
-                } else {
-                    blobUses[blob] = uses
-                }
+                blobUses[blob, default: 1] -= 1
+                released.append(blob)
             }
+        }
+        batch.whenCommitted { [self] in
+            for link in links { attachments.removeLink(link) }
+            attachments.removeMessageLinks(chat: number, id: id)
+            releaseUnused(released)
         }
         message.thumb = nil
         message.file = nil
         message.attachment = nil
     }
 
-    /// A user deleted a message for themselves: their downloaded copy goes.
-    func releaseDownload(of message: MessageRecord, in chat: ChatRecord, for user: Int64) {
+    /// A user deleted a message for themselves: their downloaded copy goes (once durable).
+    func releaseDownload(of message: MessageRecord, in chat: ChatRecord, for user: Int64, batch: Batch) {
         guard let attachments, let name = message.file?.name, message.privateStates[user]?.fileState == .done else { return }
-        attachments.removeLink(attachments.downloadPath(user: user, chat: chat.number, id: message.id, name: name))
+        let path = attachments.downloadPath(user: user, chat: chat.number, id: message.id, name: name)
+        batch.whenCommitted { attachments.removeLink(path) }
     }
 
     // MARK: requests
@@ -191,7 +229,7 @@ extension Engine {
             message.privateStates[user, default: PrivateState()].thumbDetached = true
         }
         if request.detachFile ?? false {
-            releaseDownload(of: message, in: chat, for: user)
+            releaseDownload(of: message, in: chat, for: user, batch: batch)
             message.privateStates[user]?.fileState = nil
         }
         batch.changedPrivately(message, of: chat, for: user)

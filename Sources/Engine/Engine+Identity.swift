@@ -13,6 +13,7 @@ extension Engine {
             let user = users.ensure(userId: userId, batch: &batch.store)
             session.user = user.number
             sessionsByUser[user.number, default: []].append(session)
+            batch.authenticatedSession(session)
         }
         if announce {
             let elements = globalElements(of: session).map { GlobalChange(name: $0.name, value: .value($0.value)) }

@@ -146,7 +146,7 @@ extension Engine {
             message.thumb = thumb.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
             message.file = file.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
             message.attachment = .sending
-            storeAttachments(of: message, in: chat, thumb: thumb, file: file, request: request, session: session)
+            storeAttachments(of: message, in: chat, thumb: thumb, file: file, request: request, session: session, batch: batch)
         }
         stopTyping(user: user, chat: chat, batch: batch)
         announceNew([message], in: chat, batch: batch, changes: changes)
@@ -193,7 +193,7 @@ extension Engine {
         guard message.privateStates[user]?.isDeleted != true else { return }
         let changes = PendingChanges()
         willChange(message, in: chat, changes)
-        releaseDownload(of: message, in: chat, for: user)
+        releaseDownload(of: message, in: chat, for: user, batch: batch)
         message.privateStates[user] = PrivateState(localData: nil, isDeleted: true)
         batch.changedPrivately(message, of: chat, for: user)
         publish(changes, batch: batch)
@@ -238,7 +238,7 @@ extension Engine {
             batch.searchRemovals.append(message.searchRow)
             message.searchRow = 0
         }
-        releaseAttachments(of: message, in: chat)
+        releaseAttachments(of: message, in: chat, batch: batch)
         message.content = nil
         message.data = nil
         message.isRecalled = true

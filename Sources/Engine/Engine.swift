@@ -64,6 +64,15 @@ public final class Engine: @unchecked Sendable {
     var tickScheduled = false
     /// How many messages hold on to each stored content; at 0 it is deleted.
     var blobUses: [String: Int] = [:]
+    /// Messages whose attachments a worker is storing now (they stay `Sending` when
+    /// memory is rebuilt after a failed commit).
+    var attachmentsInFlight: Set<Batch.RowKey> = []
+    /// Set when memory could not be rebuilt after a failed commit: nothing more is done.
+    var brokenStore: Error?
+    private let shuttingDown = Atomic<Bool>(false)
+    /// Called (once, on the engine thread) when the store failed in a way the engine
+    /// cannot recover from; the process should answer what it has and exit non-zero.
+    public var onFatalStoreError: (@Sendable (String) -> Void)?
 
     /// `clock` gives message timestamps (seconds since 1970); tests pass a fixed one.
     public init(store: ChatStore, logger: Logger, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil,
@@ -103,6 +112,12 @@ public final class Engine: @unchecked Sendable {
             changeSeq = max(changeSeq, row.changeSeq)
             lastSearchRow = max(lastSearchRow, row.searchRow)
         }
+        for key in attachmentsInFlight {
+            // A worker is still storing these: they are Sending, not Failed.
+            if let message = chats[key.chat]?.message(key.item), message.attachment == .failed, message.thumb?.blob == nil, message.file?.blob == nil {
+                message.attachment = .sending
+            }
+        }
         for row in snapshot.messageUsers {
             chats[row.chat]?.message(row.id)?.privateStates[row.user] = PrivateState(
                 localData: row.localData.map { JSONValue(compactJSON: $0) }, isDeleted: row.isDeleted,
@@ -120,6 +135,19 @@ public final class Engine: @unchecked Sendable {
         }
         typing = [:]
         try refillSearchIndex()
+    }
+
+    /// Requests taken from now on are refused ("shutting down") instead of started.
+    public func beginShutdown() {
+        shuttingDown.store(true, ordering: .releasing)
+    }
+
+    var isShuttingDown: Bool { shuttingDown.load(ordering: .acquiring) }
+
+    private func storeIsBroken(_ error: Error) {
+        guard brokenStore == nil else { return }
+        brokenStore = error
+        onFatalStoreError?("the store failed and could not be read back: \(error)")
     }
 
     /// Hands the index every searchable message it does not have yet (it lags commits and
@@ -235,22 +263,34 @@ public final class Engine: @unchecked Sendable {
                 case .request(let request, let line, let session):
                     batch.finish(session)
                     guard session.isOpen else { continue }
+                    if isShuttingDown {
+                        batch.begin(.answered, session: session)
+                        batch.emit(ProtocolError(.internal, "the service is shutting down: the request was not started")
+                            .requestFailed(request: request.name, cookie: request.cookie, line: line), to: session)
+                        continue
+                    }
+                    batch.begin(.request(name: request.name, cookie: request.cookie, line: line), session: session)
                     process(request, line: line, session: session, batch: batch)
-                case .authenticate(let userId, let cookie, _, let announce, let session):
+                case .authenticate(let userId, let cookie, let line, let announce, let session):
                     batch.finish(session)
                     guard session.isOpen else { continue }
+                    batch.begin(.request(name: "authToken", cookie: cookie, line: line), session: session)
                     authenticate(userId: userId, cookie: cookie, announce: announce, session: session, batch: batch)
                 case .passthrough(let events, let session):
                     batch.finish(session)
+                    batch.begin(.answered, session: session)
                     for event in events { batch.emit(event, to: session) }
                 case .close(let session):
+                    batch.begin(.internal, session: nil)
                     detach(session)
                 case .barrier(let body):
                     barriers.append(body)
                 case .tick:
+                    batch.begin(.internal, session: nil)
                     tickScheduled = false
                     expireTyping(batch: batch)
                 case .attachmentsStored(let chat, let id, let thumb, let file, let error):
+                    batch.begin(.internal, session: nil)
                     attachmentsStored(chat: chat, id: id, thumb: thumb, file: file, error: error, batch: batch)
                 case .stop:
                     stopping = true
@@ -265,14 +305,16 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// Writes what the batch changed so far in one transaction, then hands the text of
-    /// what was committed to the search index. On a throw nothing was written and the
-    /// batch keeps its rows.
+    /// what was committed to the search index and carries out what had to wait for the
+    /// commit (removing files, starting attachment copies). On a throw nothing was
+    /// written and the batch keeps its rows.
     private func writeChanges(_ batch: Batch) throws {
         batch.collectRows()
-        guard !batch.store.isEmpty else { return }
-        try store.commit(batch.store)
+        if !batch.store.isEmpty {
+            try store.commit(batch.store)
+            searchIndex?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
+        }
         batch.committed()
-        searchIndex?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
     }
 
     /// Commits what the batch changed so far (before reading from the store). If that
@@ -281,29 +323,48 @@ public final class Engine: @unchecked Sendable {
         do {
             try writeChanges(batch)
         } catch {
-            throw ProtocolError(.internal, "the store could not commit the change: \(error)")
+            throw ProtocolError(.internal, Engine.storeFailure(error))
         }
+    }
+
+    static func storeFailure(_ error: Error) -> String {
+        "the store failed to commit the change, so nothing of this request was done (\(error))"
     }
 
     private func commit(_ batch: Batch) {
         do {
             try writeChanges(batch)
         } catch {
-            // Nothing of the batch is durable: none of its events may be seen. The
-            // in-memory state is rebuilt from the store and every request is refused.
-            logger.error("commit failed, answering the batch with Internal", metadata: ["error": "\(error)"])
-            batch.failAll(with: ProtocolError(.internal, "the store could not commit the change: \(error)"))
+            // Nothing since the last commit of the batch is durable: none of its events
+            // may be seen, every request it held gets one Internal answer, sessions it
+            // authenticated are unauthenticated again, and memory is rebuilt from the
+            // store, so no number handed out by it is remembered.
+            logger.error("commit failed: the requests of the batch are answered with Internal", metadata: ["error": "\(error)"])
+            for session in batch.failAll(reason: Engine.storeFailure(error)) {
+                if let user = session.user {
+                    sessionsByUser[user]?.removeAll { $0 === session }
+                    if sessionsByUser[user]?.isEmpty == true { sessionsByUser[user] = nil }
+                }
+                session.user = nil
+            }
             do {
                 try reload()
             } catch {
-                logger.critical("cannot reload the store after a failed commit", metadata: ["error": "\(error)"])
+                // Memory and store may now disagree: serving on could announce what is
+                // not durable. Every answer decided so far is delivered by the caller's
+                // shutdown path; the process must not go on.
+                logger.critical("cannot reload the store after a failed commit: stopping", metadata: ["error": "\(error)"])
+                batch.deliver()
+                storeIsBroken(error)
             }
         }
     }
 
     private func process(_ request: Request, line: Int, session: EngineSession, batch: Batch) {
-        batch.beginRequest(name: request.name, cookie: request.cookie, line: line, session: session)
         do {
+            if let brokenStore {
+                throw ProtocolError(.internal, "the store failed and the service is stopping: \(brokenStore)")
+            }
             guard let user = session.user else {
                 throw ProtocolError(.notAuthenticated, "the session is not authenticated: send authToken first")
             }
@@ -324,117 +385,3 @@ public final class Engine: @unchecked Sendable {
     }
 }
 
-/// The outcome of one batch: the store writes, and the events per session in order.
-final class Batch {
-    var store = StoreBatch()
-    /// Records changed by the batch, written whole at commit (each once).
-    private var dirtyChats: [Int64: ChatRecord] = [:]
-    private var dirtyMembers: [RowKey: (chat: Int64, member: MemberRecord)] = [:]
-    private var dirtyMessages: [RowKey: (chat: Int64, message: MessageRecord)] = [:]
-    private var dirtyPrivate: [PrivateKey: (chat: Int64, message: MessageRecord, user: Int64)] = [:]
-    /// Text for the search index, handed over once committed.
-    var searchAdds: [SearchEntry] = []
-    var searchRemovals: [Int64] = []
-
-    func takeSearchAdds() -> [SearchEntry] {
-        defer { searchAdds = [] }
-        return searchAdds
-    }
-
-    func takeSearchRemovals() -> [Int64] {
-        defer { searchRemovals = [] }
-        return searchRemovals
-    }
-
-    struct RowKey: Hashable {
-        let chat: Int64
-        let item: Int64
-    }
-
-    struct PrivateKey: Hashable {
-        let chat: Int64
-        let message: Int64
-        let user: Int64
-    }
-
-    func changed(_ chat: ChatRecord) { dirtyChats[chat.number] = chat }
-
-    func changed(_ member: MemberRecord, of chat: ChatRecord) {
-        dirtyMembers[RowKey(chat: chat.number, item: member.user)] = (chat.number, member)
-    }
-
-    func changed(_ message: MessageRecord, of chat: ChatRecord) {
-        dirtyMessages[RowKey(chat: chat.number, item: message.id)] = (chat.number, message)
-    }
-
-    func changedPrivately(_ message: MessageRecord, of chat: ChatRecord, for user: Int64) {
-        dirtyPrivate[PrivateKey(chat: chat.number, message: message.id, user: user)] = (chat.number, message, user)
-    }
-
-    /// The rows so far are durable: later commits of this batch need not write them again.
-    func committed() {
-        store = StoreBatch()
-        dirtyChats = [:]
-        dirtyMembers = [:]
-        dirtyMessages = [:]
-        dirtyPrivate = [:]
-    }
-
-    /// Turns the changed records into the rows of the store batch.
-    func collectRows() {
-        store.chats = dirtyChats.values.map(\.row)
-        store.members = dirtyMembers.values.map { $0.member.row(chat: $0.chat) }
-        store.messages = dirtyMessages.values.map { $0.message.row(chat: $0.chat) }
-        store.messageUsers = dirtyPrivate.values.map { entry in
-            let state = entry.message.privateStates[entry.user] ?? PrivateState()
-            var row = MessageUserRow(chat: entry.chat, id: entry.message.id, user: entry.user, localData: state.localData?.json, isDeleted: state.isDeleted)
-            row.thumbDetached = state.thumbDetached
-            row.fileDownloaded = state.fileState == .done
-            return row
-        }
-    }
-    private var outputs: [ObjectIdentifier: (session: EngineSession, events: [Event])] = [:]
-    private var order: [ObjectIdentifier] = []
-    private var finished: [ObjectIdentifier: Int] = [:]
-    /// Requests of this batch, so that a failed commit can answer each of them.
-    private var requests: [(name: String, cookie: String?, line: Int, session: EngineSession)] = []
-
-    func emit(_ event: Event, to session: EngineSession) {
-        let key = ObjectIdentifier(session)
-        if outputs[key] == nil {
-            outputs[key] = (session, [event])
-            order.append(key)
-        } else {
-            outputs[key]!.events.append(event)
-        }
-    }
-
-    func finish(_ session: EngineSession) {
-        let key = ObjectIdentifier(session)
-        if outputs[key] == nil {
-            outputs[key] = (session, [])
-            order.append(key)
-        }
-        finished[key, default: 0] += 1
-    }
-
-    func beginRequest(name: String, cookie: String?, line: Int, session: EngineSession) {
-        requests.append((name, cookie, line, session))
-    }
-
-    func failAll(with error: ProtocolError) {
-        for key in order { outputs[key]!.events.removeAll() }
-        for request in requests {
-            emit(error.requestFailed(request: request.name, cookie: request.cookie, line: request.line), to: request.session)
-        }
-    }
-
-    func deliver() {
-        for key in order {
-            let (session, events) = outputs[key]!
-            guard let sink = session.sink else { continue }
-            if !events.isEmpty && session.isOpen { sink.deliver(events) }
-            if let count = finished[key] { sink.engineFinished(count) }
-        }
-    }
-}

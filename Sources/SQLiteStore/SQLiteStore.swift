@@ -11,9 +11,9 @@ import Glibc
 /// The data directory holds `chatcore.sqlite` and a `lock` file: one process at a time
 /// may serve a directory, because the engine keeps state in memory.
 public final class SQLiteStore: ChatStore {
-    public let directory: URL
-    private let pool: DatabasePool
-    private let lockDescriptor: Int32
+    public let directory: URL?
+    private let pool: any DatabaseWriter
+    private let lockDescriptor: Int32?
 
     public struct OpenError: Error, CustomStringConvertible {
         public let description: String
@@ -39,17 +39,10 @@ public final class SQLiteStore: ChatStore {
 
         var configuration = Configuration()
         configuration.label = "chatcore"
-        configuration.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA synchronous = FULL")
-        }
         let path = directory.appendingPathComponent("chatcore.sqlite").path
         do {
             pool = try DatabasePool(path: path, configuration: configuration)
-            try SQLiteStore.migrator.migrate(pool)
-            let check = try pool.read { db in try String.fetchOne(db, sql: "PRAGMA quick_check") }
-            guard check == "ok" else {
-                throw OpenError(description: "the store \(path) is damaged (quick_check: \(check ?? "no answer")); restore it from a backup or move it away")
-            }
+            try SQLiteStore.prepare(pool, name: path)
         } catch let error as OpenError {
             close(descriptor)
             throw error
@@ -59,8 +52,36 @@ public final class SQLiteStore: ChatStore {
         }
     }
 
+    /// A store on a database the caller opened (tests: an in-memory `DatabaseQueue`, or
+    /// a writer that fails on purpose). No lock file is taken.
+    public init(writer: any DatabaseWriter) throws {
+        directory = nil
+        lockDescriptor = nil
+        pool = writer
+        try SQLiteStore.prepare(writer, name: writer.path)
+    }
+
     deinit {
-        close(lockDescriptor)
+        if let lockDescriptor { close(lockDescriptor) }
+    }
+
+    /// Every commit must be synced before its `Sent` is announced: `synchronous = FULL`
+    /// makes SQLite sync the WAL at each commit. It is set here, after opening, because
+    /// GRDB's WAL set-up (`Database.setUpWALMode`, run by `DatabasePool.init` after
+    /// `prepareDatabase`) lowers it to NORMAL, which syncs only at checkpoints.
+    static func prepare(_ writer: any DatabaseWriter, name: String) throws {
+        let level = try writer.writeWithoutTransaction { db in
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+            return try Int.fetchOne(db, sql: "PRAGMA synchronous")
+        }
+        guard level == 2 else {
+            throw OpenError(description: "the store \(name) does not keep synchronous = FULL (it reads \(level.map(String.init) ?? "nothing"))")
+        }
+        try SQLiteStore.migrator.migrate(writer)
+        let check = try writer.read { db in try String.fetchOne(db, sql: "PRAGMA quick_check") }
+        guard check == "ok" else {
+            throw OpenError(description: "the store \(name) is damaged (quick_check: \(check ?? "no answer")); restore it from a backup or move it away")
+        }
     }
 
     /// Named, append-only migrations: never edit one that has shipped, add the next.

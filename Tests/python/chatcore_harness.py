@@ -1,0 +1,117 @@
+"""Shared helpers for the Python tests: start the real binary, talk to it over stdio or
+a Unix socket, and read what it answers."""
+import json
+import os
+import queue
+import socket
+import subprocess
+import threading
+import time
+
+from conftest import chatcore_binary
+
+
+def line(message):
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def body(event):
+    """The value of a one-member event object."""
+    return next(iter(event.values()))
+
+
+def cookie_of(event):
+    value = body(event)
+    return value.get("cookie") if isinstance(value, dict) else None
+
+
+def start_socket_server(data_dir, path, *arguments, prefix=()):
+    """`chatcore serve --listen unix:PATH --insecure-no-auth`; returns once it accepts."""
+    command = list(prefix) + [chatcore_binary(), "serve", "--data-dir", data_dir, "--listen", "unix:" + path,
+                              "--insecure-no-auth", *arguments]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise AssertionError("chatcore exited: %s" % process.stderr.read().decode(errors="replace"))
+        try:
+            probe = socket.socket(socket.AF_UNIX)
+            probe.connect(path)
+            probe.close()
+            return process
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise AssertionError("chatcore did not listen on %s" % path)
+
+
+class Client:
+    """One socket session; a thread reads its events into a queue."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(path)
+        self.events = queue.Queue()
+        self.all = []
+        self.closed = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        buffer = b""
+        try:
+            while True:
+                chunk = self.sock.recv(1 << 16)
+                if not chunk:
+                    break
+                buffer += chunk
+                while b"\n" in buffer:
+                    text, buffer = buffer.split(b"\n", 1)
+                    event = json.loads(text)
+                    self.all.append(event)
+                    self.events.put(event)
+        except OSError:
+            pass
+        self.closed.set()
+
+    def send(self, *messages):
+        self.sock.sendall(b"".join(line(message) for message in messages))
+
+    def answer(self, cookie, timeout=30, final=None):
+        """Events up to the first one carrying `cookie` (that is not a listChunk)."""
+        got = []
+        deadline = time.time() + timeout
+        while True:
+            event = self.events.get(timeout=max(0.01, deadline - time.time()))
+            got.append(event)
+            name = next(iter(event))
+            if cookie_of(event) == cookie and name != "listChunk" and (final is None or name == final):
+                return got
+
+    def request(self, message, final=None):
+        self.send(message)
+        return self.answer(body(message)["cookie"], final=final)
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def auth(client, user, cookie="auth"):
+    """authToken, then an identitiesGet to know when its answer is complete (the
+    authToken answer, a `global` listChange, carries no cookie). Returns the events
+    before the identities answer."""
+    client.send({"authToken": {"userId": user, "authToken": "any", "cookie": cookie}},
+                {"identitiesGet": {"cookie": cookie + "-sync", "userIds": [user]}})
+    return client.answer(cookie + "-sync")[:-1]
+
+
+def global_value(events, name):
+    for event in events:
+        change = event.get("listChange")
+        if change and change["type"] == "global":
+            for element in change["elements"]:
+                if element["name"] == name:
+                    return element["value"]
+    return None
