@@ -10,7 +10,7 @@ help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 setup: ## install the system packages and Python test tools (Debian; run as root)
-	@missing=""; for p in libyajl-dev libsqlite3-dev pkg-config; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in libyajl-dev libsqlite3-dev pkg-config strace netcat-openbsd; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && apt-get install -y -qq $$missing; fi
 	@$(PYTHON) -c "import jsonschema, referencing, pytest" 2>/dev/null || \
 	  $(PYTHON) -m pip install --quiet pytest "jsonschema>=4.18" 2>/dev/null || \

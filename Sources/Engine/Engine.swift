@@ -142,7 +142,7 @@ public final class Engine: @unchecked Sendable {
         shuttingDown.store(true, ordering: .releasing)
     }
 
-    var isShuttingDown: Bool { shuttingDown.load(ordering: .acquiring) }
+    public var isShuttingDown: Bool { shuttingDown.load(ordering: .acquiring) }
 
     private func storeIsBroken(_ error: Error) {
         guard brokenStore == nil else { return }

@@ -1,3 +1,4 @@
+import Dispatch
 import Engine
 import Logging
 import NIOCore
@@ -87,6 +88,9 @@ public final class SocketServer: Sendable {
     private let logger: Logger
     /// Connections open now, over every listener.
     private let open = Atomic<Int>(0)
+    /// The listeners and the open connections, for a shutdown that answers everyone.
+    private let listeners = Mutex<[Channel]>([])
+    private let connections = Mutex<[ObjectIdentifier: Channel]>([:])
 
     public init(group: MultiThreadedEventLoopGroup, engine: Engine, authenticator: Authenticator, limits: Limits, logger: Logger) {
         self.group = group
@@ -106,6 +110,8 @@ public final class SocketServer: Sendable {
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.autoRead, value: true)
+            // A client that shuts down its write side still gets every answer.
+            .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelOption(.writeBufferWaterMark, value: .init(low: limits.outputHighWater / 2, high: limits.outputHighWater))
             .childChannelInitializer { [self] channel in
                 let transport: Transport = channel.localAddress?.protocol == .unix ? .unix : .tcp
@@ -114,7 +120,12 @@ public final class SocketServer: Sendable {
                     logger.warning("refusing a connection: --max-sessions reached", metadata: ["maxSessions": "\(limits.maxSessions)"])
                     return channel.close()
                 }
-                channel.closeFuture.whenComplete { _ in self.open.subtract(1, ordering: .relaxed) }
+                let key = ObjectIdentifier(channel)
+                self.connections.withLock { $0[key] = channel }
+                channel.closeFuture.whenComplete { _ in
+                    self.connections.withLock { _ = $0.removeValue(forKey: key) }
+                    self.open.subtract(1, ordering: .relaxed)
+                }
                 return channel.eventLoop.makeCompletedFuture {
                     if let idle = limits.idleTimeout {
                         try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle))
@@ -123,11 +134,35 @@ public final class SocketServer: Sendable {
                     try channel.pipeline.syncOperations.addHandler(handler)
                 }
             }
+        let channel: Channel
         switch address {
         case .tcp(let host, let port):
-            return try await bootstrap.bind(host: host, port: port).get()
+            channel = try await bootstrap.bind(host: host, port: port).get()
         case .unix(let path):
-            return try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
+            channel = try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
+        }
+        listeners.withLock { $0.append(channel) }
+        return channel
+    }
+
+    /// Stops accepting connections (reading stops through `Engine.beginShutdown`).
+    public func stopAccepting() {
+        for listener in listeners.withLock({ $0 }) { listener.close(promise: nil) }
+    }
+
+    /// Writes out what every connection has been answered and closes it; gives up on
+    /// clients that do not read by `deadline`. Call after the engine has drained.
+    public func flushAndCloseAll(deadline: NIODeadline) {
+        let open = connections.withLock { Array($0.values) }
+        let closed = open.map { channel in
+            channel.eventLoop.flatSubmit { SessionHandler.flushThenClose(channel) }
+        }
+        for future in closed {
+            let remaining = deadline - .now()
+            guard remaining > .zero else { break }
+            let done = DispatchSemaphore(value: 0)
+            future.whenComplete { _ in done.signal() }
+            _ = done.wait(timeout: .now() + .nanoseconds(Int(remaining.nanoseconds)))
         }
     }
 }
@@ -189,12 +224,30 @@ final class SessionHandler: ChannelDuplexHandler {
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if let event = event as? ChannelEvent, event == .inputClosed {
+            // The client is done sending (shutdown of its write side): answer everything
+            // it sent, then close.
+            framer.finish { session?.receive($0) }
+            let channel = context.channel
+            session?.finishInput {
+                channel.eventLoop.execute { _ = SessionHandler.flushThenClose(channel) }
+            }
+            return
+        }
         if event is IdleStateHandler.IdleStateEvent {
             logger.debug("closing an idle connection (--idle-timeout)")
             context.close(promise: nil)
             return
         }
         context.fireUserInboundEventTriggered(event)
+    }
+
+    /// Closes once everything written before has gone out (a write completes in order).
+    static func flushThenClose(_ channel: Channel) -> EventLoopFuture<Void> {
+        guard channel.isActive else { return channel.eventLoop.makeSucceededVoidFuture() }
+        return channel.writeAndFlush(channel.allocator.buffer(capacity: 0))
+            .flatMap { channel.close() }
+            .recover { _ in }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {

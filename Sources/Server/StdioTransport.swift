@@ -40,9 +40,9 @@ public final class StdioTransport: @unchecked Sendable {
         let chunkSize = 64 * 1024
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
         defer { buffer.deallocate() }
-        while !output.isBroken {
+        while !output.isBroken && !engine.isShuttingDown {
             output.waitUntilWritable()
-            output.waitWhile { !self.session.wantsInput }
+            output.waitWhile { !self.session.wantsInput && !self.engine.isShuttingDown }
             let count = read(input, buffer.baseAddress, chunkSize)
             if count < 0 {
                 if errno == EINTR { continue }
@@ -62,6 +62,14 @@ public final class StdioTransport: @unchecked Sendable {
     }
 }
 
+extension StdioTransport {
+    /// Shutting down (the engine has drained): writes out every answer decided so far,
+    /// giving up at `deadline` if standard output is not being read.
+    public func flushForShutdown(deadline: Date) {
+        output.finish(deadline: deadline)
+    }
+}
+
 /// Buffered, ordered output to a file descriptor, written by its own thread so that the
 /// engine never blocks on a slow reader.
 final class FileOutput: SessionOutput, @unchecked Sendable {
@@ -75,7 +83,13 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
     private var flushRequested = false
     private var finished = false
     private var writing = false
-    private(set) var isBroken = false
+    private var broken = false
+    /// Standard output cannot be written to any more (read under the lock).
+    var isBroken: Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        return broken
+    }
 
     init(descriptor: Int32, logger: Logger) {
         self.descriptor = descriptor
@@ -87,7 +101,7 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
 
     func write(_ bytes: UnsafeRawBufferPointer, flush: Bool) {
         condition.lock()
-        if !isBroken { buffer.append(contentsOf: bytes) }
+        if !broken { buffer.append(contentsOf: bytes) }
         if flush { flushRequested = true }
         condition.broadcast()
         condition.unlock()
@@ -102,23 +116,29 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
     /// Blocks while `predicate` holds (re-checked whenever output or the engine moves on).
     func waitWhile(_ predicate: () -> Bool) {
         condition.lock()
-        while predicate() && !isBroken { _ = condition.wait(until: Date(timeIntervalSinceNow: 0.05)) }
+        while predicate() && !broken { _ = condition.wait(until: Date(timeIntervalSinceNow: 0.05)) }
         condition.unlock()
     }
 
     func waitUntilWritable() {
         condition.lock()
-        while buffer.count > FileOutput.highWater && !isBroken { condition.wait() }
+        while buffer.count > FileOutput.highWater && !broken { condition.wait() }
         condition.unlock()
     }
 
-    /// Writes out everything and stops the writer.
-    func finish() {
+    /// Writes out everything (giving up at `deadline`, if any) and stops the writer.
+    func finish(deadline: Date? = nil) {
         condition.lock()
         finished = true
         flushRequested = true
         condition.broadcast()
-        while (!buffer.isEmpty || writing) && !isBroken { condition.wait() }
+        while (!buffer.isEmpty || writing) && !broken {
+            if let deadline {
+                guard condition.wait(until: deadline) else { break }
+            } else {
+                condition.wait()
+            }
+        }
         condition.unlock()
     }
 
@@ -145,7 +165,7 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
             condition.lock()
             writing = false
             if !ok {
-                isBroken = true
+                broken = true
                 buffer.removeAll()
             }
             condition.broadcast()

@@ -76,6 +76,8 @@ public final class Session: EventSink, @unchecked Sendable {
     }
 
     public func receive(line: UnsafeRawBufferPointer, number: Int) {
+        // Shutting down: lines read from now on are not accepted (and not answered).
+        guard !engine.isShuttingDown else { return }
         let decoded = decoder.decode(line, as: Request.self)
         switch decoded.result {
         case .failure(let failure):
@@ -98,6 +100,13 @@ public final class Session: EventSink, @unchecked Sendable {
     /// Ends a chunk of input: whatever was answered here goes out now.
     public func endOfInputChunk() {
         handOver(flush: true)
+    }
+
+    /// The client will send nothing more (it shut down its write side): `done` runs once
+    /// every answer to what it sent has been handed to the output.
+    public func finishInput(then done: @escaping @Sendable () -> Void) {
+        handOver(flush: true)
+        engine.barrier(done)
     }
 
     public func close() {

@@ -157,17 +157,19 @@ struct Serve: AsyncParsableCommand {
             ? StdioTransport(engine: engine, authenticator: authenticator, limits: sessionLimits, trustedUser: user, logger: logger)
             : nil
         var group: MultiThreadedEventLoopGroup?
+        var server: SocketServer?
         if !listen.isEmpty {
             let loops = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
             group = loops
-            let server = SocketServer(group: loops, engine: engine, authenticator: authenticator,
+            let sockets = SocketServer(group: loops, engine: engine, authenticator: authenticator,
                                       limits: .init(session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
                                                     maxSessions: maxSessions, idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil),
                                       logger: logger)
+            server = sockets
             for text in listen {
                 let address = ListenAddress(text)!
                 do {
-                    let channel = try await server.bind(address)
+                    let channel = try await sockets.bind(address)
                     let bound = channel.localAddress.map { "\($0)" } ?? text
                     logger.info("listening", metadata: ["address": "\(address)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
                 } catch {
@@ -177,7 +179,12 @@ struct Serve: AsyncParsableCommand {
             }
         }
 
-        installTerminationHandlers(engine: engine, logger: logger)
+        let shutdown = Shutdown(engine: engine, stdio: stdio, server: server, logger: logger)
+        engine.onFatalStoreError = { reason in
+            logger.critical("stopping: \(reason)")
+            shutdown.run(exitCode: 1)
+        }
+        installTerminationHandlers(shutdown: shutdown, logger: logger)
 
         if let stdio {
             await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
@@ -205,16 +212,15 @@ struct Serve: AsyncParsableCommand {
         return home + "/.local/share/chatcore"
     }
 
-    /// SIGINT and SIGTERM: finish the engine's current work (everything committed stays
-    /// committed), then exit 0.
-    private func installTerminationHandlers(engine: Engine, logger: Logger) {
+    /// SIGINT and SIGTERM: stop reading at once, answer everything accepted (requests not
+    /// yet started are refused as "shutting down"), write it out, then exit 0.
+    private func installTerminationHandlers(shutdown: Shutdown, logger: Logger) {
         for number in [SIGINT, SIGTERM] {
             signal(number, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
             source.setEventHandler {
                 logger.info("stopping", metadata: ["signal": "\(number)"])
-                engine.drain()
-                Glibc.exit(0)
+                shutdown.run(exitCode: 0)
             }
             source.resume()
             Serve.signalSources.withLock { $0.append(source) }
@@ -237,3 +243,44 @@ final class SignalSources: @unchecked Sendable {
 }
 
 extension Logger.Level: @retroactive ExpressibleByArgument {}
+
+/// Ends the process cleanly: no more input is taken, every answer already decided
+/// reaches its session (within a deadline for clients that do not read), then exit.
+final class Shutdown: @unchecked Sendable {
+    /// Clients that do not read their answers are given this long.
+    static let flushSeconds = 5.0
+
+    private let engine: Engine
+    private let stdio: StdioTransport?
+    private let server: SocketServer?
+    private let logger: Logger
+    private let started = NSLock()
+    private var isRunning = false
+
+    init(engine: Engine, stdio: StdioTransport?, server: SocketServer?, logger: Logger) {
+        self.engine = engine
+        self.stdio = stdio
+        self.server = server
+        self.logger = logger
+    }
+
+    func run(exitCode: Int32) {
+        started.lock()
+        let first = !isRunning
+        isRunning = true
+        started.unlock()
+        guard first else { return }
+        // Off the engine thread: a fatal store error is reported from it, and draining
+        // waits for it.
+        DispatchQueue.global().async { [self] in
+            engine.beginShutdown()
+            server?.stopAccepting()
+            engine.drain()
+            let deadline = Date(timeIntervalSinceNow: Shutdown.flushSeconds)
+            stdio?.flushForShutdown(deadline: deadline)
+            server?.flushAndCloseAll(deadline: .now() + .milliseconds(Int64(max(0, deadline.timeIntervalSinceNow) * 1000)))
+            logger.info("stopped: every answer decided was written", metadata: ["exitCode": "\(exitCode)"])
+            Glibc.exit(exitCode)
+        }
+    }
+}
