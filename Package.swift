@@ -93,6 +93,18 @@ let package = Package(
             dependencies: ["Wire", "Protocol"]
         ),
         .testTarget(
+            name: "EngineTests",
+            dependencies: [
+                "Engine", "SQLiteStore", "Store", "Protocol", "Wire",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(
+            name: "StoreTests",
+            dependencies: ["SQLiteStore", "Store", .product(name: "GRDB", package: "GRDB.swift")]
+        ),
+        .testTarget(
             name: "FixtureTests",
             dependencies: ["Wire", "Session", "chatcore"],
             path: "Tests/FixtureTests",

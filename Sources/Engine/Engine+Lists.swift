@@ -155,23 +155,31 @@ extension Engine {
         var hasMoreBefore: Bool?
         var hasMoreAfter: Bool?
         if let window = request.window {
-            let anchor: Int64
-            var anchorExact: Bool
+            // The anchor is the ids [first, end): the message `messageId`, or the first
+            // message of second `timestamp`; when no message has that second, the anchor is
+            // empty, the gap between the older and the newer messages. `before` is older
+            // than the anchor, `after` newer; the anchor is included when `inclusive` and
+            // it matches.
+            let first: Int64
+            let end: Int64
             switch (window.messageId, window.timestamp) {
             case (let id?, nil):
-                anchor = id
-                anchorExact = true
+                first = id
+                end = id + 1
             case (nil, let timestamp?):
-                // Timestamps never decrease along the ids: the first message at or after it.
+                // Timestamps never decrease along the ids.
                 let index = chat.messages.partitioningIndex { $0.timestamp >= timestamp }
-                anchor = Int64(index) + 1
-                anchorExact = index < chat.messages.count && chat.messages[index].timestamp == timestamp
+                first = Int64(index) + 1
+                end = index < chat.messages.count && chat.messages[index].timestamp == timestamp ? first + 1 : first
             default:
                 throw ProtocolError.invalid("'window' needs exactly one of 'messageId' and 'timestamp'")
             }
-            let position = candidates.firstPosition(atLeast: anchor)
-            let anchorIsCandidate = position < candidates.count && candidates[position] == anchor
-            anchorExact = anchorExact && anchorIsCandidate && matches(anchor)
+            let position = candidates.firstPosition(atLeast: first)
+            let afterPosition = candidates.firstPosition(atLeast: end)
+            var anchored: [Int64] = []
+            for index in position..<max(position, afterPosition) where matches(candidates[index]) {
+                anchored.append(candidates[index])
+            }
             var before: [Int64] = []
             var index = position - 1
             let wantBefore = Int(window.before ?? 0)
@@ -187,7 +195,7 @@ extension Engine {
                 index -= 1
             }
             var after: [Int64] = []
-            index = anchorIsCandidate ? position + 1 : position
+            index = afterPosition
             let wantAfter = Int(window.after ?? 0)
             while index < candidates.count {
                 let id = candidates[index]
@@ -201,7 +209,7 @@ extension Engine {
                 index += 1
             }
             ids = before.reversed()
-            if anchorExact && (window.inclusive ?? true) { ids.append(anchor) }
+            if window.inclusive ?? true { ids += anchored }
             ids += after
             if window.reverse ?? false { ids.reverse() }
             hasMoreBefore = hasMoreBefore ?? false

@@ -1,0 +1,139 @@
+import Foundation
+import GRDB
+import Logging
+import Protocol
+import SQLiteStore
+import Store
+import Synchronization
+import Wire
+@testable import Engine
+
+/// The engine in-process: a real SQLite store (in memory unless a file is given), a
+/// clock the test moves, and sessions whose events are recorded as JSON lines.
+final class EngineHarness {
+    let engine: Engine
+    let store: ChatStore
+    let clock: TestClock
+    private var sessions: [String: (handle: EngineSession, sink: RecordingSink)] = [:]
+    private let decoder = LineDecoder()
+    private var line = 0
+
+    init(store: ChatStore? = nil, clock: TestClock = TestClock(1_700_000_000)) throws {
+        let store = try store ?? SQLiteStore(writer: DatabaseQueue())
+        self.store = store
+        self.clock = clock
+        var logger = Logger(label: "engine-tests")
+        logger.logLevel = .critical
+        engine = try Engine(store: store, logger: logger, clock: { clock.now })
+        engine.start()
+    }
+
+    deinit {
+        engine.drain()
+        engine.stop()
+    }
+
+    /// Opens session `name` authenticated as `user` and returns its first events.
+    @discardableResult
+    func connect(_ name: String, as user: String) -> [String] {
+        let sink = RecordingSink()
+        let handle = engine.openSession(transport: .tcp, sink: sink)
+        sessions[name] = (handle, sink)
+        line += 1
+        engine.authenticate(userId: user, cookie: nil, line: line, announce: true, session: handle)
+        engine.drain()
+        return sink.take()
+    }
+
+    /// Submits one request line from session `name`; returns the events that session got.
+    @discardableResult
+    func send(_ name: String, _ json: String) -> [String] {
+        submit(name, json)
+        engine.drain()
+        return events(name)
+    }
+
+    /// Submits without waiting (several requests then go into one batch).
+    func submit(_ name: String, _ json: String) {
+        let handle = sessions[name]!.handle
+        line += 1
+        let number = line
+        let bytes = Array(json.utf8)
+        bytes.withUnsafeBytes { raw in
+            let decoded = decoder.decode(raw, as: Request.self)
+            switch decoded.result {
+            case .success(let request):
+                engine.submit(request, line: number, from: handle)
+            case .failure(let failure):
+                engine.passthrough([ProtocolError(failure).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number)], to: handle)
+            }
+        }
+    }
+
+    /// The events session `name` received since last asked.
+    func events(_ name: String) -> [String] {
+        engine.drain()
+        return sessions[name]!.sink.take()
+    }
+
+    /// The events as JSON objects.
+    func objects(_ name: String) -> [[String: Any]] {
+        events(name).map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
+    }
+}
+
+/// Seconds since 1970 that a test sets.
+final class TestClock: Sendable {
+    private let value: Atomic<Int64>
+    init(_ start: Int64) { value = Atomic(start) }
+    var now: Int64 { value.load(ordering: .relaxed) }
+    func set(_ seconds: Int64) { value.store(seconds, ordering: .relaxed) }
+}
+
+/// Records what the engine delivers, one JSON line per event.
+final class RecordingSink: EventSink, @unchecked Sendable {
+    private let lock = NSLock()
+    private var lines: [String] = []
+
+    func deliver(_ events: [Event]) {
+        var writer = JSONWriter(capacity: 256)
+        for event in events { event.encode(to: &writer) }
+        let text = writer.withBytes { String(decoding: $0, as: UTF8.self) }
+        lock.lock()
+        lines += text.split(separator: "\n").map(String.init)
+        lock.unlock()
+    }
+
+    func engineFinished(_ count: Int) {}
+
+    func take() -> [String] {
+        lock.lock()
+        defer { lock.unlock() }
+        let taken = lines
+        lines = []
+        return taken
+    }
+}
+
+/// A real store that fails its commits while `failing` is set, as a full disk would.
+final class FailingStore: ChatStore, @unchecked Sendable {
+    let inner: ChatStore
+    let failing = Atomic<Bool>(false)
+    let failedCommits = Atomic<Int>(0)
+
+    init(_ inner: ChatStore) { self.inner = inner }
+
+    struct InjectedFailure: Error, CustomStringConvertible {
+        var description: String { "database or disk is full (injected)" }
+    }
+
+    func loadSnapshot() throws -> StoreSnapshot { try inner.loadSnapshot() }
+
+    func commit(_ batch: StoreBatch) throws {
+        if failing.load(ordering: .relaxed) {
+            failedCommits.add(1, ordering: .relaxed)
+            throw InjectedFailure()
+        }
+        try inner.commit(batch)
+    }
+}
