@@ -65,6 +65,11 @@ public final class SQLiteStore: ChatStore {
         if let lockDescriptor { close(lockDescriptor) }
     }
 
+    /// The writer's `PRAGMA synchronous` now (2: FULL).
+    func synchronousLevel() throws -> Int? {
+        try pool.writeWithoutTransaction { try Int.fetchOne($0, sql: "PRAGMA synchronous") }
+    }
+
     /// Every commit must be synced before its `Sent` is announced: `synchronous = FULL`
     /// makes SQLite sync the WAL at each commit. It is set here, after opening, because
     /// GRDB's WAL set-up (`Database.setUpWALMode`, run by `DatabasePool.init` after

@@ -18,13 +18,13 @@ final class EngineHarness {
     private let decoder = LineDecoder()
     private var line = 0
 
-    init(store: ChatStore? = nil, clock: TestClock = TestClock(1_700_000_000)) throws {
+    init(store: ChatStore? = nil, searchIndex: MessageSearchIndex? = nil, clock: TestClock = TestClock(1_700_000_000)) throws {
         let store = try store ?? SQLiteStore(writer: DatabaseQueue())
         self.store = store
         self.clock = clock
         var logger = Logger(label: "engine-tests")
         logger.logLevel = .critical
-        engine = try Engine(store: store, logger: logger, clock: { clock.now })
+        engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, clock: { clock.now })
         engine.start()
     }
 
@@ -119,6 +119,8 @@ final class RecordingSink: EventSink, @unchecked Sendable {
 final class FailingStore: ChatStore, @unchecked Sendable {
     let inner: ChatStore
     let failing = Atomic<Bool>(false)
+    /// While failing, this many more commits still succeed first.
+    let successesFirst = Atomic<Int>(0)
     let failedCommits = Atomic<Int>(0)
 
     init(_ inner: ChatStore) { self.inner = inner }
@@ -130,7 +132,7 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     func loadSnapshot() throws -> StoreSnapshot { try inner.loadSnapshot() }
 
     func commit(_ batch: StoreBatch) throws {
-        if failing.load(ordering: .relaxed) {
+        if failing.load(ordering: .relaxed) && successesFirst.subtract(1, ordering: .relaxed).newValue < 0 {
             failedCommits.add(1, ordering: .relaxed)
             throw InjectedFailure()
         }

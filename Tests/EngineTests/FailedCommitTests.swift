@@ -1,0 +1,85 @@
+import Foundation
+import GRDB
+import SQLiteStore
+import XCTest
+
+/// A commit that fails (PROTOCOL.md §2 `Internal`; issue 11): every request of the batch
+/// gets one answer, nothing of it is seen, what was committed before stays answered, and
+/// nobody keeps an identity the store does not have.
+final class FailedCommitTests: XCTestCase {
+    private func harness() throws -> (EngineHarness, FailingStore) {
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
+        return (try EngineHarness(store: store), store)
+    }
+
+    func testEveryRequestOfAFailedBatchIsAnsweredOnceAndNothingIsSeen() throws {
+        let (h, store) = try harness()
+        h.connect("a", as: "alice")
+        h.connect("b", as: "bob")
+        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
+        _ = h.events("b")
+        store.failing.store(true, ordering: .relaxed)
+        h.engine.barrier {}  // the batch below is taken whole after this
+        for n in 1...5 { h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"m\#(n)","cookie":"c\#(n)"}}"#) }
+        h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","cookie":"bad"}}"#)  // refused on its own
+        h.submit("a", #"{"nonsense":{"cookie":"u"}}"#)  // a decode failure
+        let alice = h.objects("a")
+        XCTAssertEqual(alice.count, 7, "\(alice)")
+        for (n, event) in alice.prefix(6).enumerated() {
+            let failed = event["requestFailed"] as? [String: Any]
+            XCTAssertEqual(failed?["error"] as? String, "Internal")
+            XCTAssertEqual(failed?["cookie"] as? String, n < 5 ? "c\(n + 1)" : "bad")
+            XCTAssertTrue((failed?["reason"] as? String ?? "").contains("store"))
+        }
+        XCTAssertEqual((alice[6]["requestFailed"] as? [String: Any])?["error"] as? String, "UnknownRequest")
+        XCTAssertEqual(h.events("b"), [], "bob saw events of a batch that was not committed")
+
+        // Space again: the same requests succeed, with the ids the failed ones would have had.
+        store.failing.store(false, ordering: .relaxed)
+        let again = h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"again"}}"#)
+        XCTAssertTrue(again.first?.contains(#""messageId":"2""#) ?? false, "\(again)")
+    }
+
+    func testAnswersCommittedBeforeTheFailureStand() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("engine-tests-\(UUID())")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
+        let h = try EngineHarness(store: store, searchIndex: try SQLiteSearchIndex(directory: directory))
+        h.connect("a", as: "alice")
+        h.connect("b", as: "bob")
+        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
+        // One batch: a send, a search (which commits what came before it), another send;
+        // the batch's last commit fails.
+        store.successesFirst.store(1, ordering: .relaxed)
+        store.failing.store(true, ordering: .relaxed)
+        h.engine.barrier {}
+        h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"kept"}}"#)
+        h.submit("a", #"{"search":{"cookie":"q","text":"kept"}}"#)
+        h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"lost","cookie":"l"}}"#)
+        let events = h.events("a")
+        XCTAssertTrue(events.first?.contains(#""content":"kept""#) ?? false, "the committed send lost its answer: \(events)")
+        XCTAssertEqual(events.filter { $0.contains(#""requestFailed""#) }.count, 2, "\(events)")
+        XCTAssertFalse(events.contains { $0.contains(#""content":"lost""#) })
+        store.failing.store(false, ordering: .relaxed)
+        let listed = h.send("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":10}}}"#)
+        XCTAssertTrue(listed.joined().contains(#""content":"kept""#))
+        XCTAssertFalse(listed.joined().contains(#""content":"lost""#))
+    }
+
+    func testASessionAuthenticatedByAFailedBatchIsNotAuthenticated() throws {
+        let (h, store) = try harness()
+        h.connect("a", as: "alice")
+        store.failing.store(true, ordering: .relaxed)
+        let refused = h.connect("x", as: "xavier")
+        XCTAssertEqual(refused.count, 1)
+        XCTAssertTrue(refused[0].contains(#""request":"authToken""#) && refused[0].contains(#""error":"Internal""#), "\(refused)")
+        store.failing.store(false, ordering: .relaxed)
+        // The next new user takes the number the failed one did not keep...
+        let yvonne = h.connect("y", as: "yvonne")
+        XCTAssertTrue(yvonne.joined().contains("bbmpim://user/id/2"), "\(yvonne)")
+        // ...and the session of the failed authentication is nobody.
+        let answer = h.send("x", #"{"identitiesGet":{"cookie":"i","userIds":["xavier"]}}"#)
+        XCTAssertTrue(answer.joined().contains("NotAuthenticated"), "\(answer)")
+    }
+}
