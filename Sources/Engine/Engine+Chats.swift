@@ -58,28 +58,33 @@ extension Engine {
     // MARK: chatStart
 
     func start(_ request: ChatStart, user: Int64, session: EngineSession, batch: Batch) {
-        func failed(_ reason: ChatStartFailure) {
-            batch.emit(.chatStartFailed(ChatStartFailed(cookie: request.cookie, reason: reason)), to: session)
+        func failed(_ reason: ChatStartFailure, _ detail: String) {
+            batch.emit(.chatStartFailed(ChatStartFailed(cookie: request.cookie, reason: reason, detail: detail)), to: session)
         }
         let targets: [InviteeTarget]
         do {
             targets = try resolve(request.invitees, inviter: user)
-        } catch .invalidInvitee {
-            return failed(.invalidInvitee)
         } catch {
-            return failed(.invalidParameter)
+            switch error {
+            case .invalidInvitee(let detail): return failed(.invalidInvitee, detail)
+            case .invalidParameter(let detail): return failed(.invalidParameter, detail)
+            }
         }
         let isOneToOne = request.isOneToOne ?? false
-        if targets.isEmpty { return failed(.invalidParameter) }
-        if targets.count + 1 > Engine.maxParticipants { return failed(.tooManyParticipants) }
+        if targets.isEmpty { return failed(.invalidParameter, "'invitees' is empty: a chat needs at least one invitee") }
+        if targets.count + 1 > Engine.maxParticipants {
+            return failed(.tooManyParticipants, "\(targets.count) invitees and you are more than \(Engine.maxParticipants) participants")
+        }
         if isOneToOne {
-            guard targets.count == 1 else { return failed(.invalidParameter) }
+            guard targets.count == 1 else {
+                return failed(.invalidParameter, "a one-to-one chat needs exactly one invitee, not \(targets.count)")
+            }
             if case .existing(let other) = targets[0], let existing = oneToOne(between: user, and: other) {
                 batch.emit(.chatStarted(ChatStarted(cookie: request.cookie, chatId: existing.chatId)), to: session)
                 return
             }
         } else if request.subject == nil {
-            return failed(.invalidParameter)
+            return failed(.invalidParameter, "'subject' is required unless 'isOneToOne' is true")
         }
 
         lastChatNumber += 1
@@ -165,7 +170,12 @@ extension Engine {
         if chat.activeMembers.count + fresh.count > Engine.maxParticipants {
             throw ProtocolError.invalid("chat '\(chat.chatId)' would have more than \(Engine.maxParticipants) participants")
         }
-        guard !fresh.isEmpty else { return }
+        guard !fresh.isEmpty else {
+            // Nothing would change: say so rather than stay silent.
+            throw ProtocolError.invalid(request.invitees.count == 1
+                ? "'invitees[0]' is already a participant of chat '\(chat.chatId)'"
+                : "every invitee is already a participant of chat '\(chat.chatId)'")
+        }
         let changes = PendingChanges()
         willChange(chat, changes)
         let existing = chat.activeMembers

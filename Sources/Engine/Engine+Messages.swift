@@ -128,6 +128,17 @@ extension Engine {
             if target.isSystem {
                 throw ProtocolError.invalid("'ref[\(index)].messageId' \(ref.messageId) is a system message (\(target.tag)): it cannot be referenced")
             }
+            // Edit means "draw my newest Edit instead of the original": only the sender of
+            // a message may edit it, and a recalled message stays recalled. Quote and
+            // Thread may point at anyone's message.
+            if ref.tag == "Edit" {
+                guard target.sender == user else {
+                    throw ProtocolError.notPermitted("'ref[\(index)]' is an Edit of message \(ref.messageId), which you did not send: only its sender can edit it")
+                }
+                guard !target.isRecalled else {
+                    throw ProtocolError.notPermitted("'ref[\(index)]' is an Edit of message \(ref.messageId), which was recalled")
+                }
+            }
         }
         // Files last: everything else is known to be fine, so an opened file is always used.
         let (thumb, file) = try admitAttachments(request, session: session)
@@ -209,6 +220,12 @@ extension Engine {
             }
             guard !message.isSystem else {
                 throw ProtocolError.notPermitted("message \(id) is a system message (\(message.tag)): it cannot be recalled")
+            }
+            guard !message.isRecalled else {
+                throw ProtocolError.invalid("message \(id) was already recalled")
+            }
+            guard message.attachment != .failed else {
+                throw ProtocolError.notPermitted("message \(id) failed to send: there is nothing to recall")
             }
             recall(message, in: chat, batch: batch, changes: changes)
             publish(changes, batch: batch)

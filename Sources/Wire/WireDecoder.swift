@@ -152,7 +152,7 @@ public final class LineDecoder {
         }
         guard let handle = state.pointee.handle else { return YAJL.SyntaxError(message: "out of memory") }
         let (error, reusable) = YAJL.parse(text, with: handle) {
-            state.pointee.isComplete(lineLength: text.count, text: text)
+            state.pointee.incompleteness(lineLength: text.count, text: text)
         }
         if !reusable {
             yajl_free(handle)
@@ -571,22 +571,25 @@ private struct DecodeState {
 
     // MARK: callbacks
 
-    /// One complete value and nothing after it but JSON whitespace.
-    func isComplete(lineLength: Int, text: UnsafeRawBufferPointer) -> Bool {
-        guard topValues == 1, frames.isEmpty else { return false }
+    /// Nil for one complete value and nothing after it but JSON whitespace; otherwise
+    /// what is wrong, in words.
+    func incompleteness(lineLength: Int, text: UnsafeRawBufferPointer) -> String? {
+        let afterFirst = "the line holds more than one JSON value (the next starts near byte \(topEnd + 1)): send one message per line"
+        if topValues > 1 { return afterFirst }
+        guard topValues == 1, frames.isEmpty else { return "the line ends before the message does" }
         var index = topEnd
         while index < lineLength {
             let byte = text[index]
-            guard byte == 0x20 || byte == 0x09 || byte == 0x0D || byte == 0x0A else { return false }
+            guard byte == 0x20 || byte == 0x09 || byte == 0x0D || byte == 0x0A else { return afterFirst }
             index += 1
         }
-        return true
+        return nil
     }
 
     /// Called when the stack empties: a top-level value is complete.
     mutating func topValueEnded() {
         topValues += 1
-        topEnd = consumed
+        if topValues == 1 { topEnd = consumed }
         if topValues > 1 { failStructure("a line must hold one JSON object") }
     }
 

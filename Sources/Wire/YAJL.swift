@@ -25,16 +25,18 @@ enum YAJL {
         return handle
     }
 
-    /// Parses one line with a reusable handle. `isComplete` says whether the line held one
-    /// complete value and nothing after it but whitespace. `reusable` is false when YAJL
-    /// failed or the line was incomplete: the handle's state is then mid-value, and the
-    /// caller must free it and use a fresh one for the next line.
-    static func parse(_ text: UnsafeRawBufferPointer, with handle: yajl_handle, isComplete: () -> Bool) -> (error: SyntaxError?, reusable: Bool) {
+    /// Parses one line with a reusable handle. `incompleteness` says what is wrong when the
+    /// line does not hold exactly one complete value and nothing after it but whitespace
+    /// (nil: nothing). `reusable` is false when YAJL failed or the line was incomplete:
+    /// the handle's state is then mid-value, and the caller must free it and use a fresh
+    /// one for the next line.
+    static func parse(_ text: UnsafeRawBufferPointer, with handle: yajl_handle, incompleteness: () -> String?) -> (error: SyntaxError?, reusable: Bool) {
         if let refused = refuseBeforeParsing(text) { return (refused, true) }
         let base = text.baseAddress!.assumingMemoryBound(to: UInt8.self)
         let status = yajl_parse(handle, base, text.count)
-        if status == yajl_status_ok && isComplete() { return (nil, true) }
-        let message = status == yajl_status_ok ? "the line ends before the message does" : describeError(handle, base, text.count)
+        let problem = incompleteness()
+        if status == yajl_status_ok && problem == nil { return (nil, true) }
+        let message = status == yajl_status_ok ? problem! : describeError(handle, base, text.count)
         return (SyntaxError(message: message), false)
     }
 

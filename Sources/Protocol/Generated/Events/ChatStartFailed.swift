@@ -19,26 +19,32 @@ public struct ChatStartFailed: Sendable, Equatable, WireDecodable, WireEncodable
     public var cookie: String?
     /// Why.
     public var reason: ChatStartFailure
+    /// Why, in words: which field or which invitee (chatcore's addition; real clients read only 'reason').
+    public var detail: String?
 
-    public init(cookie: String? = nil, reason: ChatStartFailure) {
+    public init(cookie: String? = nil, reason: ChatStartFailure, detail: String? = nil) {
         self.cookie = cookie
         self.reason = reason
+        self.detail = detail
     }
 
     public static let wireSchema = WireSchema([
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("reason", .enumeration(["InvalidInvitee", "TooManyParticipants", "InvalidParameter"]), required: true),
+        WireField("detail", .string(minBytes: 0, maxBytes: Int.max)),
     ])
 
     public init(wire fields: WireFields) throws {
         self.cookie = try fields.optional(0) { value in try value.string() }
         self.reason = try fields.required(1) { value in try value.enumeration(ChatStartFailure.self) }
+        self.detail = try fields.optional(2) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"reason\":"); writer.string(self.reason.rawValue)
+        if let value = self.detail { writer.rawKey("\"detail\":"); writer.string(value) }
         writer.endObject()
     }
 }
