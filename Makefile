@@ -56,9 +56,9 @@ $(FUZZ_BINARY): $(shell find Sources Fuzz -name '*.swift')
 fuzz: setup $(FUZZ_BINARY) ## fuzz the decoder and the request path for FUZZ_SECONDS each (default 300)
 	$(PYTHON) Fuzz/seed.py Fuzz/corpus
 	mkdir -p Fuzz/findings
-	ASAN_OPTIONS=quarantine_size_mb=16 LSAN_OPTIONS=suppressions=$(CURDIR)/Fuzz/lsan.supp CHATCORE_FUZZ_TARGET=decoder $(FUZZ_BINARY) Fuzz/corpus/decoder -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	ASAN_OPTIONS=quarantine_size_mb=16 LSAN_OPTIONS=suppressions=$(CURDIR)/Fuzz/lsan.supp CHATCORE_FUZZ_TARGET=decoder $(FUZZ_BINARY) Fuzz/corpus/decoder -max_total_time=$(FUZZ_SECONDS) -max_len=131072 \
 	  -artifact_prefix=Fuzz/findings/decoder- -print_final_stats=1
-	ASAN_OPTIONS=quarantine_size_mb=16 LSAN_OPTIONS=suppressions=$(CURDIR)/Fuzz/lsan.supp CHATCORE_FUZZ_TARGET=request $(FUZZ_BINARY) Fuzz/corpus/request -max_total_time=$(FUZZ_SECONDS) -max_len=8192 \
+	ASAN_OPTIONS=quarantine_size_mb=16 LSAN_OPTIONS=suppressions=$(CURDIR)/Fuzz/lsan.supp CHATCORE_FUZZ_TARGET=request $(FUZZ_BINARY) Fuzz/corpus/request -max_total_time=$(FUZZ_SECONDS) -max_len=131072 \
 	  -artifact_prefix=Fuzz/findings/request- -print_final_stats=1
 
 test-fuzz: ## a short fuzz run (CI): 20 s per target

@@ -27,6 +27,21 @@ def main(out):
         for requests in sessions.values():
             data = b"\n".join(requests)
             (out / "request" / hashlib.sha1(data).hexdigest()).write_bytes(data)
+    # Deep and wide lines, so that mutations start near the nesting limit and past it
+    # (a deep union member before its discriminator is decoded twice).
+    for seed in deep_and_wide():
+        for target in ("decoder", "request"):
+            (out / target / hashlib.sha1(seed).hexdigest()).write_bytes(seed)
+
+
+def deep_and_wide():
+    for depth in (127, 128, 129, 3000):
+        yield b'{"requestListElements":{"deep":' + b"[" * depth + b"]" * depth + b"}}"
+        yield b'{"requestListMatching":{"criteria":' + b'{"a":' * depth + b"1" + b"}" * depth + b',"type":"chatMessage"}}'
+        yield b'{"requestListChange":{"elements":[' + b"[" * depth + b"]" * depth + b'],"type":"chat"}}'
+        yield b'{"chatMessageSend":{"chatId":"1","tag":"T","data":' + b'{"a":' * depth + b"1" + b"}" * depth + b"}}"
+    yield b'{"requestListElements":{"type":"chat","elements":[' + b",".join([b'{"chatId":"1"}'] * 4000) + b"]}}"
+    yield b'{"chatMessageSend":{"chatId":"1","tag":"T","data":{' + b",".join(b'"k%d":[1,2,{"x":null}]' % n for n in range(2000)) + b"}}}"
 
 
 if __name__ == "__main__":

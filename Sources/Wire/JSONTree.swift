@@ -53,6 +53,7 @@ public indirect enum JSONTree: Sendable, Equatable {
         let error = withUnsafePointer(to: treeCallbacks) { callbacks in
             YAJL.parse(text, callbacks: callbacks, context: context)
         }
+        if builder.tooDeep { throw SyntaxError(description: JSONLimits.tooDeep) }
         if let error { throw SyntaxError(description: error.message) }
         guard let root = builder.root else { throw SyntaxError(description: "no value") }
         return root
@@ -84,6 +85,19 @@ private final class TreeBuilder {
         }
     }
 
+    /// Starts a container, or stops parsing (0) past `JSONLimits.maxNesting`: a deeper
+    /// tree would overflow the stack of whatever walks it (or frees it).
+    func open(_ container: Container) -> Int32 {
+        guard stack.count < JSONLimits.maxNesting else {
+            tooDeep = true
+            return 0
+        }
+        stack.append(container)
+        return 1
+    }
+
+    var tooDeep = false
+
     static func from(_ context: UnsafeMutableRawPointer?) -> TreeBuilder {
         Unmanaged<TreeBuilder>.fromOpaque(context!).takeUnretainedValue()
     }
@@ -105,7 +119,7 @@ private let treeCallbacks = yajl_callbacks(
         return 1
     },
     yajl_string: { context, pointer, count in TreeBuilder.from(context).add(.string(text(pointer, count))); return 1 },
-    yajl_start_map: { context in TreeBuilder.from(context).stack.append(.object([], pendingKey: nil)); return 1 },
+    yajl_start_map: { context in TreeBuilder.from(context).open(.object([], pendingKey: nil)) },
     yajl_map_key: { context, pointer, count in
         let builder = TreeBuilder.from(context)
         if case .object(let members, _) = builder.stack.popLast()! {
@@ -118,7 +132,7 @@ private let treeCallbacks = yajl_callbacks(
         if case .object(let members, _) = builder.stack.popLast()! { builder.add(.object(members)) }
         return 1
     },
-    yajl_start_array: { context in TreeBuilder.from(context).stack.append(.array([])); return 1 },
+    yajl_start_array: { context in TreeBuilder.from(context).open(.array([])) },
     yajl_end_array: { context in
         let builder = TreeBuilder.from(context)
         if case .array(let elements) = builder.stack.popLast()! { builder.add(.array(elements)) }

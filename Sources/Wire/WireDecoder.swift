@@ -100,6 +100,10 @@ public final class LineDecoder {
         state.pointee.begin(base: line.baseAddress, count: line.count, mode: .line(messages), pathPrefix: "")
         defer { state.pointee.end() }
         if let syntax = run(line) {
+            if state.pointee.tooDeep {
+                // Whatever of the line was read names the request (and maybe the cookie).
+                return Outcome(request: state.pointee.requestName, cookie: state.pointee.cookie, failure: WireFailure(.tooLarge, "the line's \(JSONLimits.tooDeep)"))
+            }
             return Outcome(request: nil, cookie: nil, failure: WireFailure(.parseError, "invalid JSON: \(syntax.message)"))
         }
         let requestName = state.pointee.requestName
@@ -137,6 +141,7 @@ public final class LineDecoder {
         state.pointee.begin(base: text.baseAddress, count: text.count, mode: .document(type), pathPrefix: pathPrefix)
         defer { state.pointee.end() }
         if let syntax = run(text) {
+            if state.pointee.tooDeep { throw WireFailure(.tooLarge, "'\(pathPrefix)': \(JSONLimits.tooDeep)") }
             throw WireFailure(.parseError, "invalid JSON: \(syntax.message)")
         }
         if let failure = state.pointee.structural ?? state.pointee.failure { throw failure }
@@ -404,7 +409,23 @@ private struct DecodeState {
     var cookie: String?
     var result: WireValue?
 
+    /// Objects and arrays open now; parsing stops past `JSONLimits.maxNesting`.
+    var nesting = 0
+    var tooDeep = false
+
+    /// A container opens: false (stop parsing) when it would be too deep.
+    mutating func enter() -> Bool {
+        nesting += 1
+        if nesting > JSONLimits.maxNesting {
+            tooDeep = true
+            return false
+        }
+        return true
+    }
+
     mutating func begin(base: UnsafeRawPointer?, count: Int, mode: Mode, pathPrefix: String) {
+        nesting = 0
+        tooDeep = false
         self.base = base
         self.count = count
         self.mode = mode
@@ -1081,9 +1102,27 @@ private let decodeCallbackTable = yajl_callbacks(
         return 1
     },
     yajl_string: { context, pointer, count in state(context).pointee.scalar(.string(bytes(pointer, count))); return 1 },
-    yajl_start_map: { context in state(context).pointee.startMap(); return 1 },
+    yajl_start_map: { context in
+        let state = state(context)
+        guard state.pointee.enter() else { return 0 }
+        state.pointee.startMap()
+        return 1
+    },
     yajl_map_key: { context, pointer, count in state(context).pointee.mapKey(bytes(pointer, count)); return 1 },
-    yajl_end_map: { context in state(context).pointee.endMap(); return 1 },
-    yajl_start_array: { context in state(context).pointee.startArray(); return 1 },
-    yajl_end_array: { context in state(context).pointee.endArray(); return 1 }
+    yajl_end_map: { context in
+        state(context).pointee.nesting -= 1
+        state(context).pointee.endMap()
+        return 1
+    },
+    yajl_start_array: { context in
+        let state = state(context)
+        guard state.pointee.enter() else { return 0 }
+        state.pointee.startArray()
+        return 1
+    },
+    yajl_end_array: { context in
+        state(context).pointee.nesting -= 1
+        state(context).pointee.endArray()
+        return 1
+    }
 )
