@@ -4,7 +4,7 @@ PYTHON  ?= python3
 LISTEN  ?= 127.0.0.1:7400
 RELEASE := .build/release/chatcore
 
-.PHONY: help setup build run test test-swift test-python test-fuzz generate check-generated bench soak fuzz asan clean
+.PHONY: help setup build run test test-swift test-python test-fuzz generate check-generated bench soak fuzz asan tsan clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -70,10 +70,22 @@ soak: build ## a bounded mixed load (50 sessions, SOAK_SECONDS, default 180): th
 asan: setup ## the Swift tests (transcripts against an ASan-built chatcore) under AddressSanitizer/LeakSanitizer
 	LSAN_OPTIONS=suppressions=$(CURDIR)/Tests/lsan.supp $(SWIFT) test --sanitize=address --scratch-path .build-asan
 
+TSAN_REPORTS := $(CURDIR)/.build-tsan/reports
+
+tsan: setup ## every Swift test, transcript and Python test against a ThreadSanitizer-built chatcore; fails on any report
+	rm -rf $(TSAN_REPORTS) && mkdir -p $(TSAN_REPORTS)
+	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build-tsan
+	TSAN_OPTIONS="log_path=$(TSAN_REPORTS)/report suppressions=$(CURDIR)/Tests/tsan.supp" \
+	  $(SWIFT) test --sanitize=thread --scratch-path .build-tsan
+	TSAN_OPTIONS="log_path=$(TSAN_REPORTS)/report suppressions=$(CURDIR)/Tests/tsan.supp" \
+	  CHATCORE_BINARY=$(CURDIR)/.build-tsan/debug/chatcore CHATCORE_SANITIZED=1 $(PYTHON) -m pytest -q Tests/python Examples
+	@if ls $(TSAN_REPORTS) | grep -q .; then echo "ThreadSanitizer reported (see $(TSAN_REPORTS)):"; head -60 $(TSAN_REPORTS)/*; exit 1; fi
+	@echo "ThreadSanitizer: no reports"
+
 bench: setup ## run the benchmarks and print a table
 	$(SWIFT) build -c release --product chatcore
 	$(SWIFT) build -c release --product chatcore-bench
 	$(PYTHON) Benchmarks/run.py
 
 clean:
-	rm -rf .build .build-fuzz .build-asan Benchmarks/out Fuzz/corpus
+	rm -rf .build .build-fuzz .build-asan .build-tsan Benchmarks/out Fuzz/corpus

@@ -1,5 +1,6 @@
 import Protocol
 import Store
+import Wire
 
 /// The outcome of one batch: the store writes, the events per session in order, and
 /// what may only happen once the writes are durable.
@@ -32,7 +33,18 @@ final class Batch {
 
     private enum Entry {
         case begin(Int)
-        case event(Event, item: Int)
+        /// An encoded event: bytes [start, end) of the session's output, and its item.
+        case event(start: Int, end: Int, item: Int)
+    }
+
+    /// One session's events of this batch, encoded as they are emitted (so the engine
+    /// knows how much output each session has being built).
+    private final class Output {
+        let session: EngineSession
+        var writer = JSONWriter(capacity: 1024)
+        var entries: [Entry] = []
+
+        init(session: EngineSession) { self.session = session }
     }
 
     private var items: [Item] = []
@@ -45,7 +57,7 @@ final class Batch {
     /// Done if the commit covering them fails (closing files a request opened).
     private var afterFailure: [() -> Void] = []
 
-    private var outputs: [ObjectIdentifier: (session: EngineSession, entries: [Entry])] = [:]
+    private var outputs: [ObjectIdentifier: Output] = [:]
     private var order: [ObjectIdentifier] = []
     private var finished: [ObjectIdentifier: Int] = [:]
 
@@ -145,26 +157,32 @@ final class Batch {
     // MARK: events
 
     func emit(_ event: Event, to session: EngineSession) {
-        append(.event(event, item: current), to: session)
+        let output = self.output(of: session)
+        let start = output.writer.count
+        event.encode(to: &output.writer)
+        output.entries.append(.event(start: start, end: output.writer.count, item: current))
+    }
+
+    /// Bytes of output this batch has built for `session` so far.
+    func bytesBuilt(for session: EngineSession) -> Int {
+        outputs[ObjectIdentifier(session)]?.writer.count ?? 0
     }
 
     private func append(_ entry: Entry, to session: EngineSession) {
+        output(of: session).entries.append(entry)
+    }
+
+    private func output(of session: EngineSession) -> Output {
         let key = ObjectIdentifier(session)
-        if outputs[key] == nil {
-            outputs[key] = (session, [entry])
-            order.append(key)
-        } else {
-            outputs[key]!.entries.append(entry)
-        }
+        if let output = outputs[key] { return output }
+        let output = Output(session: session)
+        outputs[key] = output
+        order.append(key)
+        return output
     }
 
     func finish(_ session: EngineSession) {
-        let key = ObjectIdentifier(session)
-        if outputs[key] == nil {
-            outputs[key] = (session, [])
-            order.append(key)
-        }
-        finished[key, default: 0] += 1
+        finished[ObjectIdentifier(output(of: session).session), default: 0] += 1
     }
 
     /// The commit failed: keeps only what is durable or never depended on the store,
@@ -173,18 +191,23 @@ final class Batch {
     func failAll(reason: String) -> [EngineSession] {
         let durable = committedItems
         for key in order {
-            var kept: [Entry] = []
-            for entry in outputs[key]!.entries {
-                switch entry {
-                case .begin(let item):
-                    guard item >= durable, case .request(let name, let cookie, let line) = items[item] else { continue }
-                    kept.append(.event(ProtocolError(.internal, reason).requestFailed(request: name, cookie: cookie, line: line), item: item))
-                case .event(_, let item):
-                    if item < durable { kept.append(entry); continue }
-                    if case .answered = items[item] { kept.append(entry) }
+            let output = outputs[key]!
+            var kept = JSONWriter(capacity: max(256, output.writer.count))
+            output.writer.withBytes { built in
+                for entry in output.entries {
+                    switch entry {
+                    case .begin(let item):
+                        guard item >= durable, case .request(let name, let cookie, let line) = items[item] else { continue }
+                        ProtocolError(.internal, reason).requestFailed(request: name, cookie: cookie, line: line).encode(to: &kept)
+                    case .event(let start, let end, let item):
+                        var keep = item < durable
+                        if case .answered = items[item] { keep = true }
+                        if keep { kept.appendLines(UnsafeRawBufferPointer(rebasing: built[start..<end])) }
+                    }
                 }
             }
-            outputs[key]!.entries = kept
+            output.writer = kept
+            output.entries = []
         }
         // What the uncommitted rows would have released stays; what their requests
         // opened is let go.
@@ -200,13 +223,10 @@ final class Batch {
 
     func deliver() {
         for key in order {
-            let (session, entries) = outputs[key]!
-            guard let sink = session.sink else { continue }
-            if session.isOpen {
-                var events: [Event] = []
-                events.reserveCapacity(entries.count)
-                for case .event(let event, _) in entries { events.append(event) }
-                if !events.isEmpty { sink.deliver(events) }
+            let output = outputs[key]!
+            guard let sink = output.session.sink else { continue }
+            if output.session.isOpen && !output.writer.isEmpty {
+                output.writer.withBytes { sink.deliver($0) }
             }
             if let count = finished[key] { sink.engineFinished(count) }
         }

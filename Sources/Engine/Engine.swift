@@ -25,10 +25,28 @@ public final class Engine: @unchecked Sendable {
         case attachmentsStored(chat: Int64, id: Int64, thumb: String?, file: String?, error: String?)
         /// Finish what came before, then end the engine thread.
         case stop
+
+        /// The session whose input this is (kept in order behind its parked work).
+        var session: EngineSession? {
+            switch self {
+            case .request(_, _, let session), .authenticate(_, _, _, _, let session), .passthrough(_, let session): session
+            default: nil
+            }
+        }
     }
 
     /// At most this many work items go into one batch (and one transaction).
     static let batchLimit = 4096
+    /// A session's output (built in the batch, plus handed over and not yet taken by its
+    /// client) above which its next requests wait in the engine, in order, until the
+    /// client has taken half of it: a client that never reads costs at most this and one
+    /// answer, however many requests it pipelines.
+    public var outputMark = 4 << 20
+    /// Work parked per session, and the order sessions were parked in.
+    private var parked: [ObjectIdentifier: (session: EngineSession, work: [Work])] = [:]
+    private var parkedOrder: [ObjectIdentifier] = []
+    /// Parked work items (read by `drain` on other threads).
+    private let parkedCount = Atomic<Int>(0)
     /// `listChunk` carries at most this many elements (PROTOCOL.md §4).
     static let chunkSize = 500
 
@@ -233,7 +251,7 @@ public final class Engine: @unchecked Sendable {
             // is counted. A job hands its outcome to the inbox before it stops counting:
             // when none counts, one more barrier has taken every outcome.
             waitForBarrier()
-            if attachmentJobs.load(ordering: .acquiring) == 0 {
+            if attachmentJobs.load(ordering: .acquiring) == 0 && parkedCount.load(ordering: .acquiring) == 0 {
                 waitForBarrier()
                 // The index is derived data, but a clean stop should not leave it to be
                 // rebuilt at the next start.
@@ -255,45 +273,19 @@ public final class Engine: @unchecked Sendable {
     private func run() {
         var stopping = false
         while !stopping {
-            let work = inbox.take(limit: Engine.batchLimit)
+            // While sessions wait for their clients to read, look again every 20 ms.
+            let work = inbox.take(limit: Engine.batchLimit, waitingAtMost: parked.isEmpty ? nil : 0.02)
             let batch = Batch()
             var barriers: [@Sendable () -> Void] = []
+            for item in unparkedWork() { take(item, batch: batch) }
             for item in work {
                 switch item {
-                case .request(let request, let line, let session):
-                    batch.finish(session)
-                    guard session.isOpen else { continue }
-                    if isShuttingDown {
-                        batch.begin(.answered, session: session)
-                        batch.emit(ProtocolError(.internal, "the service is shutting down: the request was not started")
-                            .requestFailed(request: request.name, cookie: request.cookie, line: line), to: session)
-                        continue
-                    }
-                    batch.begin(.request(name: request.name, cookie: request.cookie, line: line), session: session)
-                    process(request, line: line, session: session, batch: batch)
-                case .authenticate(let userId, let cookie, let line, let announce, let session):
-                    batch.finish(session)
-                    guard session.isOpen else { continue }
-                    batch.begin(.request(name: "authToken", cookie: cookie, line: line), session: session)
-                    authenticate(userId: userId, cookie: cookie, announce: announce, session: session, batch: batch)
-                case .passthrough(let events, let session):
-                    batch.finish(session)
-                    batch.begin(.answered, session: session)
-                    for event in events { batch.emit(event, to: session) }
-                case .close(let session):
-                    batch.begin(.internal, session: nil)
-                    detach(session)
                 case .barrier(let body):
                     barriers.append(body)
-                case .tick:
-                    batch.begin(.internal, session: nil)
-                    tickScheduled = false
-                    expireTyping(batch: batch)
-                case .attachmentsStored(let chat, let id, let thumb, let file, let error):
-                    batch.begin(.internal, session: nil)
-                    attachmentsStored(chat: chat, id: id, thumb: thumb, file: file, error: error, batch: batch)
                 case .stop:
                     stopping = true
+                default:
+                    take(item, batch: batch)
                 }
             }
             commit(batch)
@@ -302,6 +294,78 @@ public final class Engine: @unchecked Sendable {
         }
         // The thread object holds this engine through its closure: let go of it.
         thread = nil
+    }
+
+    /// Decides one work item into the batch, or parks it behind the session's earlier
+    /// work while the session's client has too much output to take.
+    private func take(_ item: Work, batch: Batch) {
+        if let session = item.session, session.isOpen {
+            let key = ObjectIdentifier(session)
+            if parked[key] != nil {
+                parked[key]!.work.append(item)
+                parkedCount.add(1, ordering: .relaxed)
+                return
+            }
+            if case .request = item, !isShuttingDown,
+               batch.bytesBuilt(for: session) + (session.sink?.backlog ?? 0) > outputMark {
+                parked[key] = (session, [item])
+                parkedOrder.append(key)
+                parkedCount.add(1, ordering: .relaxed)
+                return
+            }
+        }
+        switch item {
+        case .request(let request, let line, let session):
+            batch.finish(session)
+            guard session.isOpen else { return }
+            if isShuttingDown {
+                batch.begin(.answered, session: session)
+                batch.emit(ProtocolError(.internal, "the service is shutting down: the request was not started")
+                    .requestFailed(request: request.name, cookie: request.cookie, line: line), to: session)
+                return
+            }
+            batch.begin(.request(name: request.name, cookie: request.cookie, line: line), session: session)
+            process(request, line: line, session: session, batch: batch)
+        case .authenticate(let userId, let cookie, let line, let announce, let session):
+            batch.finish(session)
+            guard session.isOpen else { return }
+            batch.begin(.request(name: "authToken", cookie: cookie, line: line), session: session)
+            authenticate(userId: userId, cookie: cookie, announce: announce, session: session, batch: batch)
+        case .passthrough(let events, let session):
+            batch.finish(session)
+            batch.begin(.answered, session: session)
+            for event in events { batch.emit(event, to: session) }
+        case .close(let session):
+            batch.begin(.internal, session: nil)
+            detach(session)
+        case .tick:
+            batch.begin(.internal, session: nil)
+            tickScheduled = false
+            expireTyping(batch: batch)
+        case .attachmentsStored(let chat, let id, let thumb, let file, let error):
+            batch.begin(.internal, session: nil)
+            attachmentsStored(chat: chat, id: id, thumb: thumb, file: file, error: error, batch: batch)
+        case .barrier, .stop:
+            break
+        }
+    }
+
+    /// The parked work of every session whose client has taken enough of its output (or
+    /// that closed, or of everyone when shutting down), in the order it was parked.
+    private func unparkedWork() -> [Work] {
+        guard !parked.isEmpty else { return [] }
+        var released: [Work] = []
+        let shuttingDown = isShuttingDown
+        parkedOrder.removeAll { key in
+            guard let entry = parked[key] else { return true }
+            let backlog = entry.session.sink?.backlog ?? 0
+            guard shuttingDown || !entry.session.isOpen || backlog <= outputMark / 2 else { return false }
+            released += entry.work
+            parked[key] = nil
+            parkedCount.subtract(entry.work.count, ordering: .relaxed)
+            return true
+        }
+        return released
     }
 
     /// Writes what the batch changed so far in one transaction, then hands the text of

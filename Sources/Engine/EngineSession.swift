@@ -2,8 +2,12 @@ import Protocol
 
 /// Where the engine sends a session's events. Implemented by the session layer.
 public protocol EventSink: AnyObject, Sendable {
-    /// Events for this session, in commit order. Called on the engine thread: must not block.
-    func deliver(_ events: [Event])
+    /// Encoded events (complete lines) for this session, in commit order. Called on the
+    /// engine thread: must copy what it keeps and must not block.
+    func deliver(_ lines: UnsafeRawBufferPointer)
+    /// Bytes handed over and not yet taken by the client. While it is above the engine's
+    /// mark, the session's further requests wait in the engine.
+    var backlog: Int { get }
     /// The engine has finished `count` more of this session's submitted work items
     /// (their events, if any, were delivered first).
     func engineFinished(_ count: Int)

@@ -13,11 +13,17 @@ final class Inbox<Item>: @unchecked Sendable {
         condition.unlock()
     }
 
-    /// Blocks until there is work, then takes up to `limit` items.
-    func take(limit: Int) -> [Item] {
+    /// Blocks until there is work (or `waitingAtMost` seconds passed: then it may return
+    /// nothing), then takes up to `limit` items.
+    func take(limit: Int, waitingAtMost seconds: Double? = nil) -> [Item] {
         condition.lock()
         defer { condition.unlock() }
-        while items.isEmpty { condition.wait() }
+        if let seconds {
+            let deadline = Date(timeIntervalSinceNow: seconds)
+            while items.isEmpty && condition.wait(until: deadline) {}
+        } else {
+            while items.isEmpty { condition.wait() }
+        }
         if items.count <= limit {
             let taken = items
             items.removeAll(keepingCapacity: true)

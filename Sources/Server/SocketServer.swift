@@ -346,6 +346,8 @@ final class SocketOutput: SessionOutput, @unchecked Sendable {
         }
     }
 
+    var backlog: Int { queued.load(ordering: .relaxed) }
+
     func resumeInput() {
         let resume = self.resume
         channel.eventLoop.execute { resume.value.engineCaughtUp() }

@@ -83,6 +83,8 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
     private var flushRequested = false
     private var finished = false
     private var writing = false
+    /// Bytes of the chunk being written now.
+    private var writingCount = 0
     private var broken = false
     /// Standard output cannot be written to any more (read under the lock).
     var isBroken: Bool {
@@ -105,6 +107,12 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
         if flush { flushRequested = true }
         condition.broadcast()
         condition.unlock()
+    }
+
+    var backlog: Int {
+        condition.lock()
+        defer { condition.unlock() }
+        return buffer.count + (writing ? writingCount : 0)
     }
 
     func resumeInput() {
@@ -156,6 +164,7 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
             swap(&chunk, &buffer)
             flushRequested = false
             writing = true
+            writingCount = chunk.count
             condition.broadcast()
             condition.unlock()
 

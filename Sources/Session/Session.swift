@@ -11,6 +11,8 @@ public protocol SessionOutput: AnyObject, Sendable {
     func write(_ bytes: UnsafeRawBufferPointer, flush: Bool)
     /// The engine has caught up with this session's input: reading may resume.
     func resumeInput()
+    /// Bytes written and not yet taken by the client.
+    var backlog: Int { get }
 }
 
 /// One endpoint (PROTOCOL.md §3): turns its lines into requests for the engine and the
@@ -137,11 +139,11 @@ public final class Session: EventSink, @unchecked Sendable {
 
     // MARK: EventSink (engine thread)
 
-    public func deliver(_ events: [Event]) {
-        var writer = JSONWriter(capacity: 256 * events.count)
-        for event in events { event.encode(to: &writer) }
-        writer.withBytes { output.write($0, flush: true) }
+    public func deliver(_ lines: UnsafeRawBufferPointer) {
+        output.write(lines, flush: true)
     }
+
+    public var backlog: Int { output.backlog }
 
     public func engineFinished(_ count: Int) {
         let before = inFlight.subtract(count, ordering: .acquiringAndReleasing).oldValue

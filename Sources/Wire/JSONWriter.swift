@@ -33,6 +33,13 @@ public struct JSONWriter: ~Copyable, @unchecked Sendable {
         try body(UnsafeRawBufferPointer(start: base, count: count))
     }
 
+    /// Appends bytes that are already complete JSON lines.
+    public mutating func appendLines(_ bytes: UnsafeRawBufferPointer) {
+        guard let start = bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), !bytes.isEmpty else { return }
+        put(UnsafeBufferPointer(start: start, count: bytes.count))
+        needsComma = false
+    }
+
     /// Forgets what was written, keeping the memory.
     public mutating func removeAll() {
         count = 0

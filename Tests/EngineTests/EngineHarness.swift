@@ -95,12 +95,12 @@ final class RecordingSink: EventSink, @unchecked Sendable {
     private let lock = NSLock()
     private var lines: [String] = []
 
-    func deliver(_ events: [Event]) {
-        var writer = JSONWriter(capacity: 256)
-        for event in events { event.encode(to: &writer) }
-        let text = writer.withBytes { String(decoding: $0, as: UTF8.self) }
+    var backlog: Int { 0 }
+
+    func deliver(_ lines: UnsafeRawBufferPointer) {
+        let text = String(decoding: lines, as: UTF8.self)
         lock.lock()
-        lines += text.split(separator: "\n").map(String.init)
+        self.lines += text.split(separator: "\n").map(String.init)
         lock.unlock()
     }
 
