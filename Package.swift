@@ -101,6 +101,11 @@ let package = Package(
             ]
         ),
         .testTarget(
+            name: "CodegenTests",
+            dependencies: ["Codegen"],
+            exclude: ["Schemas", "Expected"]
+        ),
+        .testTarget(
             name: "StoreTests",
             dependencies: ["SQLiteStore", "Store", .product(name: "GRDB", package: "GRDB.swift")]
         ),

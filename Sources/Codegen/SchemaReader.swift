@@ -85,15 +85,16 @@ final class SchemaReader {
         }
     }
 
-    /// Resolves a `$ref` relative to `file`: returns the target's file and pointer.
-    private func resolve(_ reference: String, from file: String) throws -> (String, String) {
+    /// Resolves a `$ref` (standing at `pointer` of `file`) relative to `file`: returns the
+    /// target's file and pointer. Failures name where the `$ref` stands.
+    private func resolve(_ reference: String, from file: String, at referencePointer: String = "") throws -> (String, String) {
         let parts = reference.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false)
         var targetFile = file
         if let path = parts.first, !path.isEmpty {
             var components = file.split(separator: "/").dropLast().map(String.init)
             for component in path.split(separator: "/") {
                 if component == ".." {
-                    guard !components.isEmpty else { throw fail(file, "", "$ref leaves Schemas/: \(reference)") }
+                    guard !components.isEmpty else { throw fail(file, referencePointer, "$ref leaves Schemas/: \(reference)") }
                     components.removeLast()
                 } else if component != "." {
                     components.append(String(component))
@@ -102,7 +103,12 @@ final class SchemaReader {
             targetFile = components.joined(separator: "/")
         }
         let pointer = parts.count > 1 ? String(parts[1]) : ""
-        guard files[targetFile] != nil else { throw fail(file, "", "$ref to unknown file \(reference)") }
+        guard files[targetFile] != nil else { throw fail(file, referencePointer, "$ref to unknown file \(reference)") }
+        do {
+            _ = try node(in: targetFile, at: pointer)
+        } catch {
+            throw fail(file, referencePointer, "$ref \(reference): the pointer leads nowhere")
+        }
         return (targetFile, pointer)
     }
 
@@ -119,7 +125,7 @@ final class SchemaReader {
     func shape(of node: JSONTree, file: String, pointer: String) throws -> FieldShape {
         if let reference = node["$ref"]?.stringValue {
             try check(node, file: file, pointer: pointer, allowed: ["$ref"])
-            let (targetFile, targetPointer) = try resolve(reference, from: file)
+            let (targetFile, targetPointer) = try resolve(reference, from: file, at: pointer)
             return try shape(of: try self.node(in: targetFile, at: targetPointer), file: targetFile, pointer: targetPointer)
         }
         if let alternatives = node["anyOf"]?.elements {
