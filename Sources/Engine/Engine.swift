@@ -88,6 +88,7 @@ public final class Engine: @unchecked Sendable {
     /// Set when memory could not be rebuilt after a failed commit: nothing more is done.
     var brokenStore: Error?
     private let shuttingDown = Atomic<Bool>(false)
+    private let fatalStoreError = Mutex<String?>(nil)
     /// Called (once, on the engine thread) when the store failed in a way the engine
     /// cannot recover from; the process should answer what it has and exit non-zero.
     public var onFatalStoreError: (@Sendable (String) -> Void)?
@@ -165,8 +166,15 @@ public final class Engine: @unchecked Sendable {
     private func storeIsBroken(_ error: Error) {
         guard brokenStore == nil else { return }
         brokenStore = error
-        onFatalStoreError?("the store failed and could not be read back: \(error)")
+        let reason = (error as? StoreFailure)?.kind == .io
+            ? "the store hit \(error); restart chatcore: SQLite recovers the store when it opens it"
+            : "the store failed and could not be read back: \(error)"
+        fatalStoreError.withLock { $0 = reason }
+        onFatalStoreError?(reason)
     }
+
+    /// Why the store can no longer be used (the process should exit non-zero), if so.
+    public var storeFailure: String? { fatalStoreError.withLock { $0 } }
 
     /// Hands the index every searchable message it does not have yet (it lags commits and
     /// may lose its tail in a crash).
@@ -410,6 +418,15 @@ public final class Engine: @unchecked Sendable {
                     if sessionsByUser[user]?.isEmpty == true { sessionsByUser[user] = nil }
                 }
                 session.user = nil
+            }
+            if let failure = error as? StoreFailure, failure.kind == .io {
+                // SQLite keeps the connection in an error state after an I/O error, and
+                // the kernel may have dropped what it did not sync: only opening the store
+                // again (a restart, which recovers the WAL) is sound. Refuse everything
+                // from now on and let the process answer what it has and stop.
+                logger.critical("the store hit an I/O error: stopping", metadata: ["error": "\(failure)"])
+                storeIsBroken(failure)
+                return
             }
             do {
                 try reload()

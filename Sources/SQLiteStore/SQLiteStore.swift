@@ -238,6 +238,18 @@ public final class SQLiteStore: ChatStore {
 
     public func commit(_ batch: StoreBatch) throws {
         guard !batch.isEmpty else { return }
+        do {
+            try write(batch)
+        } catch let error as DatabaseError {
+            switch error.resultCode.primaryResultCode {
+            case .SQLITE_FULL: throw StoreFailure(.full, "the disk is full (\(error.message ?? "SQLITE_FULL"))")
+            case .SQLITE_IOERR: throw StoreFailure(.io, "an I/O error (\(error.message ?? "SQLITE_IOERR"), extended code \(error.extendedResultCode.rawValue))")
+            default: throw StoreFailure(.other, "\(error)")
+            }
+        }
+    }
+
+    private func write(_ batch: StoreBatch) throws {
         try pool.write { db in
             for user in batch.newUsers {
                 try db.execute(sql: "INSERT INTO user (number, userId, regId) VALUES (?, ?, ?)", arguments: [user.number, user.userId, user.regId])

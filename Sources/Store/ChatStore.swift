@@ -12,6 +12,28 @@ public protocol ChatStore: AnyObject, Sendable {
     func commit(_ batch: StoreBatch) throws
 }
 
+/// Why a commit failed, in the words the engine decides by.
+public struct StoreFailure: Error, CustomStringConvertible, Sendable {
+    public enum Kind: Sendable {
+        /// The disk is full: nothing was written, and commits work again once space is freed.
+        case full
+        /// An I/O error (a failed write or sync): what reached the disk is unknown until
+        /// the store is opened again (SQLite recovers its WAL then), and the open store
+        /// may refuse every later commit. The service must stop.
+        case io
+        /// Anything else: nothing of the commit was applied.
+        case other
+    }
+
+    public let kind: Kind
+    public let description: String
+
+    public init(_ kind: Kind, _ description: String) {
+        self.kind = kind
+        self.description = description
+    }
+}
+
 /// The text index behind `search` (PROTOCOL.md §9). It is derived from the messages: it
 /// may lag behind commits (additions are handed over and written in the background) and
 /// lose its tail in a crash; the engine re-adds what it lacks at start-up.

@@ -196,6 +196,10 @@ struct Serve: AsyncParsableCommand {
                 thread.start()
             }
             if group == nil {
+                if let failure = engine.storeFailure {
+                    logger.critical("stopped: \(failure)")
+                    throw ExitCode(1)
+                }
                 logger.debug("end of standard input: every answer is written")
                 return
             }

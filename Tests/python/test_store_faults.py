@@ -68,12 +68,18 @@ def test_eio_on_fsync_refuses_every_send_and_announces_nothing():
                   "-e", "inject=fsync,fdatasync:error=EIO"]
         events, code, stderr = serve_stdio(data_dir, sends, prefix=inject)
         assert sent_messages(events) == {}, "a message was announced Sent although no sync succeeded"
-        for n in range(40):
+        # An I/O error stops the service: what it accepted is answered (Internal), in
+        # order, once; then it exits 1 saying why.
+        answered = [n for n in range(40) if any(cookie_of(e) == "s%d" % n for e in events)]
+        assert answered and answered == list(range(len(answered))), answered
+        for n in answered:
             answers = [e for e in events if cookie_of(e) == "s%d" % n]
             assert len(answers) == 1, (n, answers)
             failed = answers[0].get("requestFailed")
-            assert failed and failed["error"] == "Internal" and "store" in failed["reason"], answers
-        assert "commit failed" in stderr
+            assert failed and failed["error"] == "Internal", answers
+            assert "store" in failed["reason"] or "shutting down" in failed["reason"], answers
+        assert code == 1, (code, stderr)
+        assert "I/O error" in stderr and "restart chatcore" in stderr, stderr
 
         # A restart shows a consistent store. (The refused sends may be there: their WAL
         # frames were written before the failing fdatasync, and SQLite's recovery keeps
@@ -234,4 +240,58 @@ def test_full_filesystem_under_load(small_filesystem):
     assert "6" in live
     blobs = os.listdir(os.path.join(data_dir, "attachments", "blobs"))
     assert len(blobs) == 1, "the shared blob of live messages %s is gone" % live
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.skipif(STRACE is None, reason="strace is not installed (make setup installs it)")
+def test_eio_on_fsync_under_a_multi_session_load_stops_cleanly():
+    """Sessions pipeline sends when every fsync starts failing: each session's answered
+    requests are a prefix of what it sent, each answered once and none announced; the
+    service exits 1 saying why, and a restart shows a consistent store."""
+    work = tempfile.mkdtemp(prefix="chatcore-eio-")
+    data_dir = os.path.join(work, "data")
+    sock = os.path.join(work, "s")
+    users = ["alice", "bob", "carol", "dave"]
+    server = start_socket_server(data_dir, sock)
+    alice = Client(sock)
+    auth(alice, "alice")
+    alice.request({"chatStart": {"cookie": "start", "invitees": [{"userId": u} for u in users[1:]], "subject": "eio"}})
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "before"}})
+    alice.request({"identitiesGet": {"cookie": "x", "userIds": ["alice"]}})
+    announced = sent_messages(alice.all)
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=60) == 0
+
+    inject = [STRACE, "-f", "-qq", "-o", "/dev/null", "-e", "trace=fsync,fdatasync",
+              "-e", "inject=fsync,fdatasync:error=EIO"]
+    server = start_socket_server(data_dir, sock, prefix=inject)
+    try:
+        clients = {user: Client(sock) for user in users + ["erin"]}
+        for user, client in clients.items():
+            client.send({"authToken": {"userId": user, "authToken": "any", "cookie": "auth"}})
+        cookies = {user: ["%s-%d" % (user, n) for n in range(200)] for user in users}
+        for user in users:
+            clients[user].send(*[{"chatMessageSend": {"chatId": "1", "tag": "Text", "content": c, "cookie": c}} for c in cookies[user]])
+        assert server.wait(timeout=120) == 1, "the service did not stop after the I/O error"
+        stderr = server.stderr.read().decode(errors="replace")
+        assert "I/O error" in stderr and "restart chatcore" in stderr, stderr[-2000:]
+        for user, client in clients.items():
+            assert client.closed.wait(30), "%s's connection stayed open" % user
+        for user in users:
+            events = clients[user].all
+            answered = [c for c in cookies[user] if any(cookie_of(e) == c for e in events)]
+            assert answered == cookies[user][:len(answered)], "%s: answers are not a prefix" % user
+            for cookie in answered:
+                (answer,) = [e for e in events if cookie_of(e) == cookie]
+                failure = answer["requestFailed"]
+                assert failure["error"] in ("Internal", "NotAuthenticated"), failure
+            assert sent_messages(events) == {}, "announced without a sync"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    after = history(data_dir)
+    assert sorted(int(i) for i in after) == list(range(1, len(after) + 1)), "message ids are not consecutive"
+    for (chat, message_id), content in announced.items():
+        assert message_id in after and after[message_id].get("content") == content, message_id
     shutil.rmtree(work, ignore_errors=True)
