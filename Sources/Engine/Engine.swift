@@ -88,7 +88,9 @@ public final class Engine: @unchecked Sendable {
     /// Set when memory could not be rebuilt after a failed commit: nothing more is done.
     var brokenStore: Error?
     private let shuttingDown = Atomic<Bool>(false)
-    private let fatalStoreError = Mutex<String?>(nil)
+    /// Under `fatalLock` (NSLock: ThreadSanitizer sees pthread locks, not `Mutex`'s futex).
+    nonisolated(unsafe) private var fatalStoreError: String?
+    private let fatalLock = NSLock()
     /// Called (once, on the engine thread) when the store failed in a way the engine
     /// cannot recover from; the process should answer what it has and exit non-zero.
     public var onFatalStoreError: (@Sendable (String) -> Void)?
@@ -169,12 +171,12 @@ public final class Engine: @unchecked Sendable {
         let reason = (error as? StoreFailure)?.kind == .io
             ? "the store hit \(error); restart chatcore: SQLite recovers the store when it opens it"
             : "the store failed and could not be read back: \(error)"
-        fatalStoreError.withLock { $0 = reason }
+        fatalLock.withLock { fatalStoreError = reason }
         onFatalStoreError?(reason)
     }
 
     /// Why the store can no longer be used (the process should exit non-zero), if so.
-    public var storeFailure: String? { fatalStoreError.withLock { $0 } }
+    public var storeFailure: String? { fatalLock.withLock { fatalStoreError } }
 
     /// Hands the index every searchable message it does not have yet (it lags commits and
     /// may lose its tail in a crash).

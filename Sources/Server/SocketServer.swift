@@ -1,4 +1,5 @@
 import Dispatch
+import Foundation
 import Engine
 import Logging
 import NIOCore
@@ -89,8 +90,11 @@ public final class SocketServer: Sendable {
     /// Connections open now, over every listener.
     private let open = Atomic<Int>(0)
     /// The listeners and the open connections, for a shutdown that answers everyone.
-    private let listeners = Mutex<[Channel]>([])
-    private let connections = Mutex<[ObjectIdentifier: Channel]>([:])
+    /// Guards `listeners` and `connections` (NSLock: ThreadSanitizer sees pthread locks,
+    /// not `Synchronization.Mutex`'s futex).
+    private let lock = NSLock()
+    nonisolated(unsafe) private var listeners: [Channel] = []
+    nonisolated(unsafe) private var connections: [ObjectIdentifier: Channel] = [:]
 
     public init(group: MultiThreadedEventLoopGroup, engine: Engine, authenticator: Authenticator, limits: Limits, logger: Logger) {
         self.group = group
@@ -121,9 +125,9 @@ public final class SocketServer: Sendable {
                     return channel.close()
                 }
                 let key = ObjectIdentifier(channel)
-                self.connections.withLock { $0[key] = channel }
+                self.lock.withLock { self.connections[key] = channel }
                 channel.closeFuture.whenComplete { _ in
-                    self.connections.withLock { _ = $0.removeValue(forKey: key) }
+                    self.lock.withLock { _ = self.connections.removeValue(forKey: key) }
                     self.open.subtract(1, ordering: .relaxed)
                 }
                 return channel.eventLoop.makeCompletedFuture {
@@ -141,19 +145,19 @@ public final class SocketServer: Sendable {
         case .unix(let path):
             channel = try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
         }
-        listeners.withLock { $0.append(channel) }
+        lock.withLock { listeners.append(channel) }
         return channel
     }
 
     /// Stops accepting connections (reading stops through `Engine.beginShutdown`).
     public func stopAccepting() {
-        for listener in listeners.withLock({ $0 }) { listener.close(promise: nil) }
+        for listener in lock.withLock({ listeners }) { listener.close(promise: nil) }
     }
 
     /// Writes out what every connection has been answered and closes it; gives up on
     /// clients that do not read by `deadline`. Call after the engine has drained.
     public func flushAndCloseAll(deadline: NIODeadline) {
-        let open = connections.withLock { Array($0.values) }
+        let open = lock.withLock { Array(connections.values) }
         let closed = open.map { channel in
             channel.eventLoop.flatSubmit { SessionHandler.flushThenClose(channel) }
         }
