@@ -95,7 +95,7 @@ let package = Package(
         .testTarget(
             name: "EngineTests",
             dependencies: [
-                "Engine", "SQLiteStore", "Store", "Protocol", "Wire",
+                "Engine", "SQLiteStore", "Store", "Protocol", "Wire", "Attachments",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
             ]

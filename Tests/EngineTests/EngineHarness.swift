@@ -1,3 +1,4 @@
+import Attachments
 import Foundation
 import GRDB
 import Logging
@@ -18,13 +19,15 @@ final class EngineHarness {
     private let decoder = LineDecoder()
     private var line = 0
 
-    init(store: ChatStore? = nil, searchIndex: MessageSearchIndex? = nil, clock: TestClock = TestClock(1_700_000_000)) throws {
+    init(store: ChatStore? = nil, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil, attachmentsDirectory: String? = nil,
+         clock: TestClock = TestClock(1_700_000_000)) throws {
         let store = try store ?? SQLiteStore(writer: DatabaseQueue())
         self.store = store
         self.clock = clock
         var logger = Logger(label: "engine-tests")
         logger.logLevel = .critical
-        engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, clock: { clock.now })
+        engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments,
+                            attachmentsDirectory: attachmentsDirectory, clock: { clock.now })
         engine.start()
     }
 

@@ -1,0 +1,65 @@
+import Attachments
+import Foundation
+import GRDB
+import SQLiteStore
+import XCTest
+
+/// Files of attachments follow the commits (issue 11): a recall whose commit fails keeps
+/// every file, and a blob a copy is handing over is never deleted under it.
+final class AttachmentFileTests: XCTestCase {
+    private var directory: URL!
+
+    override func setUpWithError() throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("attachment-tests-\(UUID())")
+        try FileManager.default.createDirectory(at: directory.appendingPathComponent("uploads"), withIntermediateDirectories: true)
+    }
+
+    override func tearDownWithError() throws {
+        try? FileManager.default.removeItem(at: directory)
+    }
+
+    private func blobs() throws -> [String] {
+        try FileManager.default.contentsOfDirectory(atPath: directory.appendingPathComponent("attachments/blobs").path)
+    }
+
+    func testARecallWhoseCommitFailsKeepsItsFiles() throws {
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
+        let uploads = directory.appendingPathComponent("uploads").path
+        let h = try EngineHarness(store: store, attachments: try AttachmentStore(directory: directory), attachmentsDirectory: uploads)
+        h.connect("a", as: "alice")
+        h.connect("b", as: "bob")
+        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
+        try Data("the same bytes".utf8).write(to: URL(fileURLWithPath: uploads + "/one.txt"))
+        h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"File","file":"one.txt"}}"#)
+        XCTAssertEqual(try blobs().count, 1)
+        let link = directory.appendingPathComponent("attachments/messages/1-2/file/one.txt").path
+        XCTAssertTrue(FileManager.default.fileExists(atPath: link))
+
+        store.failing.store(true, ordering: .relaxed)
+        let refused = h.send("a", #"{"chatMessageDestroy":{"chatId":"1","messageId":"2","cookie":"r"}}"#)
+        XCTAssertTrue(refused.joined().contains("Internal"), "\(refused)")
+        XCTAssertEqual(try blobs().count, 1, "a recall that was not committed deleted the blob")
+        XCTAssertTrue(FileManager.default.fileExists(atPath: link), "a recall that was not committed deleted the message's file")
+
+        store.failing.store(false, ordering: .relaxed)
+        h.send("a", #"{"chatMessageDestroy":{"chatId":"1","messageId":"2","cookie":"r"}}"#)
+        XCTAssertEqual(try blobs(), [], "the committed recall kept the blob")
+        XCTAssertFalse(FileManager.default.fileExists(atPath: link))
+    }
+
+    func testABlobBeingHandedOverIsNotDeleted() throws {
+        let attachments = try AttachmentStore(directory: directory)
+        let path = directory.appendingPathComponent("uploads/two.txt").path
+        try Data("shared content".utf8).write(to: URL(fileURLWithPath: path))
+        let source = try AttachmentStore.open(path, field: "file", allowed: nil)
+        defer { close(source.descriptor) }
+        // A copy finds the content stored already (another message has it)...
+        let blob = try attachments.store(source, maxBytes: 1 << 20)
+        // ...and before the engine counts the new message, the old one lets go of it.
+        attachments.removeBlob(blob)
+        XCTAssertTrue(FileManager.default.fileExists(atPath: attachments.blobPath(blob)), "a pinned blob was deleted")
+        attachments.unpin(blob)
+        attachments.removeBlob(blob)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: attachments.blobPath(blob)))
+    }
+}
