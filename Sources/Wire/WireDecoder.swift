@@ -101,6 +101,10 @@ public final class LineDecoder {
         defer { state.pointee.end() }
         if let syntax = run(line) {
             if state.pointee.tooDeep {
+                // Not valid JSON at all: that is what the client needs to hear first.
+                if let syntax = YAJL.syntaxError(in: line) {
+                    return Outcome(request: nil, cookie: nil, failure: WireFailure(.parseError, "invalid JSON: \(syntax.message)"))
+                }
                 // Whatever of the line was read names the request (and maybe the cookie).
                 return Outcome(request: state.pointee.requestName, cookie: state.pointee.cookie, failure: WireFailure(.tooLarge, "the line's \(JSONLimits.tooDeep)"))
             }

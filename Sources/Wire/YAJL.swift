@@ -61,6 +61,18 @@ enum YAJL {
         return SyntaxError(message: describeError(handle, base, text.count))
     }
 
+    /// Checks syntax only, with no callbacks: YAJL keeps its nesting on the heap, so this
+    /// is safe at any depth (used once a line was found too deep to decode).
+    static func syntaxError(in text: UnsafeRawBufferPointer) -> SyntaxError? {
+        var unused: UInt8 = 0
+        let error = withUnsafePointer(to: yajl_callbacks()) { none in
+            withUnsafeMutablePointer(to: &unused) { parse(text, callbacks: none, context: UnsafeMutableRawPointer($0)) }
+        }
+        // YAJL reports a value cut short when the input ends, with no useful offset.
+        if let error, error.message.hasPrefix("premature EOF") { return SyntaxError(message: "the line ends before the message does") }
+        return error
+    }
+
     /// YAJL's own words for its error, without its decorations, and where it happened.
     private static func describeError(_ handle: yajl_handle?, _ base: UnsafePointer<UInt8>, _ count: Int) -> String {
         let offset = yajl_get_bytes_consumed(handle)
