@@ -133,8 +133,12 @@ public final class Session: EventSink, @unchecked Sendable {
             if flush { output.write(UnsafeRawBufferPointer(start: nil, count: 0), flush: true) }
             return
         }
-        pending.withBytes { output.write($0, flush: flush) }
+        // Taken out first: writing on the event loop may flush at once, and a peer that
+        // reset makes NIO close the channel right there, which closes this session and
+        // comes back here (found by ThreadSanitizer's run: the nested access trapped).
+        let outgoing = pending.bytes
         pending.removeAll()
+        outgoing.withUnsafeBytes { output.write($0, flush: flush) }
     }
 
     // MARK: EventSink (engine thread)

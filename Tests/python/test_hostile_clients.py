@@ -179,3 +179,26 @@ def test_closed_connections_leave_nothing_behind():
         finally:
             process.terminate()
             process.wait(timeout=30)
+
+
+def test_clients_that_reset_while_answers_are_written_do_not_crash_it():
+    """Answers made on the event loop (decode failures) are written at once; a client that
+    resets meanwhile makes NIO close the channel inside that write. That nested close
+    once broke Swift's exclusivity rule and killed the process."""
+    import struct
+    with tempfile.TemporaryDirectory() as data:
+        process, port = serve(data)
+        try:
+            for n in range(400):
+                sock = socket.create_connection(("127.0.0.1", port))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.sendall(b"not json\n" * 2000)
+                sock.close()  # RST
+            assert process.poll() is None, "chatcore died"
+            check = socket.create_connection(("127.0.0.1", port))
+            check.sendall(b'{"nope":{"cookie":"alive"}}\n')
+            assert b"alive" in check.recv(4096)
+            check.close()
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
