@@ -195,7 +195,7 @@ class SimpleChat:
         elif line == "/read":
             chat = self.chats.get(self.open_chat)
             if chat and chat.get("lastMessage"):
-                self.connection.send({"chatMessageRead": {"chatId": self.open_chat, "messageId": chat["lastMessage"]}})
+                self.connection.send({"chatMessageRead": {"chatId": self.open_chat, "messageId": str(chat["lastMessage"])}})
         elif line == "/quit":
             return False
         elif line.startswith("/"):

@@ -235,7 +235,7 @@ def test_limits_missing_files_and_odd_names(server):
     # nothing was posted: the chat still ends at the Join
     alice.send({"requestListAll": {"type": "chat", "cookie": "all"}})
     chunk = alice.expect(lambda e: "listChunk" in e, "the chat list")
-    assert chunk["listChunk"]["elements"][0]["lastMessage"] == "1"
+    assert chunk["listChunk"]["elements"][0]["lastMessage"] == 1
 
     odd = server.write(server.allowed, ".hidden\x01na:me*?.txt", b"odd")
     alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": odd}})

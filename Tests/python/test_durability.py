@@ -125,5 +125,5 @@ def test_sigkill_during_pipelined_sends_loses_nothing_announced():
         events = bob.request({"requestListAll": {"type": "chat", "cookie": "chats"}})
         chat = events[0]["listChunk"]["elements"][0]
         assert chat["numUnread"] == last - 1
-        assert chat["lastMessage"] == str(last)
+        assert chat["lastMessage"] == last
         bob.close()

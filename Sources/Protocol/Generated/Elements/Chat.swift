@@ -43,9 +43,9 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
     public var state: ChatState
     /// Letters, alphabetical: A local user is admin, H hidden, O one-to-one.
     public var flags: String
-    /// A 64-bit id or counter (messageId, regId, lastMessage, numMessages, newestRef). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A counter (lastMessage, numMessages): a JSON number, so that clients can do arithmetic on it (protocol v2).
     public var lastMessage: Int64
-    /// A 64-bit id or counter (messageId, regId, lastMessage, numMessages, newestRef). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A counter (lastMessage, numMessages): a JSON number, so that clients can do arithmetic on it (protocol v2).
     public var numMessages: Int64
     /// Incoming messages not yet Read, without flag N.
     public var numUnread: Int64
@@ -77,8 +77,8 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("subject", .string(minBytes: 0, maxBytes: 1024), required: true),
         WireField("state", .enumeration(["Ready", "Defunct"]), required: true),
         WireField("flags", .string(minBytes: 0, maxBytes: Int.max), required: true),
-        WireField("lastMessage", .id64, required: true),
-        WireField("numMessages", .id64, required: true),
+        WireField("lastMessage", .integer(min: 0, max: Int64.max), required: true),
+        WireField("numMessages", .integer(min: 0, max: Int64.max), required: true),
         WireField("numUnread", .integer(min: 0, max: Int64.max), required: true),
         WireField("lastActivity", .integer(min: 0, max: Int64.max), required: true),
         WireField("invitePolicy", .enumeration(["AdminsOnly", "ParticipantsOnly"]), required: true),
@@ -106,8 +106,8 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"subject\":"); writer.string(self.subject)
         writer.rawKey("\"state\":"); writer.string(self.state.rawValue)
         writer.rawKey("\"flags\":"); writer.string(self.flags)
-        writer.rawKey("\"lastMessage\":"); writer.id64(self.lastMessage)
-        writer.rawKey("\"numMessages\":"); writer.id64(self.numMessages)
+        writer.rawKey("\"lastMessage\":"); writer.integer(self.lastMessage)
+        writer.rawKey("\"numMessages\":"); writer.integer(self.numMessages)
         writer.rawKey("\"numUnread\":"); writer.integer(self.numUnread)
         writer.rawKey("\"lastActivity\":"); writer.integer(self.lastActivity)
         writer.rawKey("\"invitePolicy\":"); writer.string(self.invitePolicy.rawValue)
@@ -151,8 +151,8 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("subject", .nullable(.string(minBytes: 0, maxBytes: 1024))),
         WireField("state", .nullable(.enumeration(["Ready", "Defunct"]))),
         WireField("flags", .nullable(.string(minBytes: 0, maxBytes: Int.max))),
-        WireField("lastMessage", .nullable(.id64)),
-        WireField("numMessages", .nullable(.id64)),
+        WireField("lastMessage", .nullable(.integer(min: 0, max: Int64.max))),
+        WireField("numMessages", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("numUnread", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("lastActivity", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("invitePolicy", .nullable(.enumeration(["AdminsOnly", "ParticipantsOnly"]))),
@@ -180,8 +180,8 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.subject { writer.rawKey("\"subject\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
         if let value = self.state { writer.rawKey("\"state\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
         if let value = self.flags { writer.rawKey("\"flags\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
-        if let value = self.lastMessage { writer.rawKey("\"lastMessage\":"); switch value { case .null: writer.null(); case .value(let inner): writer.id64(inner) } }
-        if let value = self.numMessages { writer.rawKey("\"numMessages\":"); switch value { case .null: writer.null(); case .value(let inner): writer.id64(inner) } }
+        if let value = self.lastMessage { writer.rawKey("\"lastMessage\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
+        if let value = self.numMessages { writer.rawKey("\"numMessages\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.numUnread { writer.rawKey("\"numUnread\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.lastActivity { writer.rawKey("\"lastActivity\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.invitePolicy { writer.rawKey("\"invitePolicy\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }

@@ -31,7 +31,7 @@ public struct UserKey: Sendable, Equatable, WireDecodable, WireEncodable {
 public struct User: Sendable, Equatable, WireDecodable, WireEncodable {
     /// A user as the protocol names them: bbmpim://user/id/<n>.
     public var uri: String
-    /// A 64-bit id or counter (messageId, regId, lastMessage, numMessages, newestRef). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
     public var regId: Int64
     /// The application's id of a user.
     public var userId: String

@@ -10,7 +10,7 @@ public struct ChatMessageFileDownload: Sendable, Equatable, WireDecodable, WireE
 
     /// A chat, as the service named it.
     public var chatId: String
-    /// A 64-bit id or counter (messageId, regId, lastMessage, numMessages, newestRef). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
     public var messageId: Int64
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
