@@ -34,6 +34,7 @@ class Stdio:
         self.sent = 0
         self.arrived = threading.Condition()
         self.answers = {}
+        self.partial = {}
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -43,8 +44,13 @@ class Stdio:
                 if line.startswith(b'{"listAdd":{"type":"chatMessage"'):
                     self.sent += line.count(b'"state":"Sent"')
                 elif b'"cookie"' in line:
+                    # A list answer is its header, then chunks up to the one marked last.
                     cookie = re.search(rb'"cookie":"([^"]*)"', line).group(1).decode()
-                    self.answers[cookie] = (time.perf_counter(), line)
+                    lines = self.partial.setdefault(cookie, [])
+                    lines.append(line)
+                    is_header = line.startswith((b'{"listAll"', b'{"listElements"', b'{"listMatching"'))
+                    if not is_header and (not line.startswith(b'{"listChunk"') or b'"last":true' in line):
+                        self.answers[cookie] = (time.perf_counter(), self.partial.pop(cookie))
                 self.arrived.notify_all()
 
     def write(self, data):
@@ -60,8 +66,9 @@ class Stdio:
         self.write(json.dumps(request, separators=(",", ":")).encode() + b"\n")
         with self.arrived:
             self.arrived.wait_for(lambda: cookie in self.answers, 60)
-        at, line = self.answers.pop(cookie)
-        return at - start, json.loads(line)
+        at, lines = self.answers.pop(cookie)
+        events = [json.loads(line) for line in lines]
+        return at - start, events[0] if len(events) == 1 else events
 
     def close(self):
         self.process.stdin.close()
@@ -199,7 +206,7 @@ def million(count=1_000_000):
             seconds, answer = session.ask({"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": "1"},
                                                                     "window": {"messageId": anchor, "before": 99, "after": 0},
                                                                     "cookie": "w%d" % n}}, "w%d" % n)
-            assert len(answer["listMatching"]["result"]) == 100 or anchor <= 100
+            assert sum(len(e["listChunk"]["elements"]) for e in answer if "listChunk" in e) == 100 or anchor <= 100
             windows.append(seconds)
             seconds, answer = session.ask({"requestListMatching": {"type": "chatMessage",
                                                                     "criteria": {"chatId": "1", "ref": {"tag": "Thread", "messageId": 1000}},

@@ -14,10 +14,11 @@ def test_the_python_client_spawns_chatcore_and_talks_to_it():
     client = ChatcoreClient("alice", binary=BINARY)
     identities = client.request("identitiesGet", {"userIds": ["alice", "nobody"]})
     assert identities["identities"]["identities"][0]["uri"] == "bbmpim://user/id/1"
-    global_list = client.request("requestListAll", {"type": "global"})
-    names = [element["name"] for element in global_list["listChunk"]["elements"]]
-    assert names == ["authTokenState", "setupState", "localUri", "localRegId"]
-    assert client.receive() == {"listAll": {"type": "global", "cookie": "py2"}}
+    # A list answer opens with its header; the chunks follow, the final one "last".
+    assert client.request("requestListAll", {"type": "global"}) == {"listAll": {"type": "global", "cookie": "py2"}}
+    chunk = client.receive()["listChunk"]
+    assert chunk["last"] is True
+    assert [element["name"] for element in chunk["elements"]] == ["authTokenState", "setupState", "localUri", "localRegId"]
     failed = client.request("chatMessageSend", {"chatId": "1", "tag": "Text", "oops": True})
     assert failed["requestFailed"]["reason"] == "unknown field 'oops'"
     assert client.close() == 0

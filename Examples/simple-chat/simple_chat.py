@@ -128,7 +128,12 @@ class SimpleChat:
                     self.connection.send({"requestListElements": {"type": "user", "elements": [{"uri": participant["userUri"]}]}})
 
     def on_listChunk(self, body):
-        if body["type"] == "global":
+        # A list answer opens with its header (listAll, listElements, listMatching); its
+        # chunks follow, the final one with "last": true.
+        if body["type"] == "chatMessage":
+            for message in body["elements"]:
+                self.show(message, live=False)
+        elif body["type"] == "global":
             # A spawned service trusts its parent: the identity comes from the global list.
             self.on_listChange(body)
         elif body["type"] == "chat":
@@ -137,14 +142,8 @@ class SimpleChat:
         elif body["type"] == "user":
             for user in body["elements"]:
                 self.users[user["uri"]] = user["userId"]
-
-    def on_listAll(self, body):
-        if body["type"] == "chat" and body.get("cookie") == "chats":
+        if body["type"] == "chat" and body.get("cookie") == "chats" and body.get("last"):
             self.list_chats()
-
-    def on_listMatching(self, body):
-        for message in body["result"]:
-            self.show(message, live=False)
 
     def on_chatStarted(self, body):
         self.open_chat = body["chatId"]

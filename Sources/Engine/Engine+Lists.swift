@@ -10,25 +10,25 @@ extension Engine {
 
     func listAll(_ request: RequestListAll, user: Int64, session: EngineSession, batch: Batch) throws {
         let cookie = request.cookie
+        let header = Event.listAll(ListAll(type: request.type, cookie: cookie))
         switch request.type {
         case .global:
-            emitChunks(globalElements(of: session), to: session, batch: batch) { .global(ListChunkGlobal(cookie: cookie, elements: $0)) }
+            answer(header, globalElements(of: session), to: session, batch: batch) { .global(ListChunkGlobal(cookie: cookie, elements: $0, last: $1)) }
         case .user:
-            emitChunks(visibleUsers(of: user).map(userElement), to: session, batch: batch) { .user(ListChunkUser(cookie: cookie, elements: $0)) }
+            answer(header, visibleUsers(of: user).map(userElement), to: session, batch: batch) { .user(ListChunkUser(cookie: cookie, elements: $0, last: $1)) }
         case .chat:
             let elements = chatsOf(user).map { renderChat($0, for: $0.members[user]!) }
-            emitChunks(elements, to: session, batch: batch) { .chat(ListChunkChat(cookie: cookie, elements: $0)) }
+            answer(header, elements, to: session, batch: batch) { .chat(ListChunkChat(cookie: cookie, elements: $0, last: $1)) }
         case .chatParticipant:
             let elements = chatsOf(user).flatMap { chat in
                 chat.activeMembers.filter { $0.user != user }.map { renderParticipant(chat, $0) }
             }
-            emitChunks(elements, to: session, batch: batch) { .chatParticipant(ListChunkChatParticipant(cookie: cookie, elements: $0)) }
+            answer(header, elements, to: session, batch: batch) { .chatParticipant(ListChunkChatParticipant(cookie: cookie, elements: $0, last: $1)) }
         case .typing:
-            emitChunks(typingSeen(by: user), to: session, batch: batch) { .typing(ListChunkTyping(cookie: cookie, elements: $0)) }
+            answer(header, typingSeen(by: user), to: session, batch: batch) { .typing(ListChunkTyping(cookie: cookie, elements: $0, last: $1)) }
         case .chatMessage:
             throw ProtocolError.invalid("'type' chatMessage cannot be listed whole: use requestListMatching or requestListChanges")
         }
-        batch.emit(.listAll(ListAll(type: request.type, cookie: cookie)), to: session)
     }
 
     /// The chats `user` takes part in, in the order they were started.
@@ -50,48 +50,49 @@ extension Engine {
         case .global(let request):
             let all = globalElements(of: session)
             let (found, missing) = lookUp(request.elements) { key in all.first { $0.name == key.name } }
-            emitChunks(found, to: session, batch: batch) { .global(ListChunkGlobal(cookie: request.cookie, elements: $0)) }
-            batch.emit(.listElements(.global(ListElementsGlobal(cookie: request.cookie, missing: missing))), to: session)
+            answer(.listElements(.global(ListElementsGlobal(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .global(ListChunkGlobal(cookie: request.cookie, elements: $0, last: $1)) }
         case .user(let request):
             // Any user, by uri (a client resolving a sender it has not seen yet).
             let (found, missing) = lookUp(request.elements) { key in users.find(uri: key.uri).map(userElement) }
-            emitChunks(found, to: session, batch: batch) { .user(ListChunkUser(cookie: request.cookie, elements: $0)) }
-            batch.emit(.listElements(.user(ListElementsUser(cookie: request.cookie, missing: missing))), to: session)
+            answer(.listElements(.user(ListElementsUser(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .user(ListChunkUser(cookie: request.cookie, elements: $0, last: $1)) }
         case .chat(let request):
             let (found, missing) = lookUp(request.elements) { key in
                 (try? chat(key.chatId, of: user)).map { renderChat($0.0, for: $0.1) }
             }
-            emitChunks(found, to: session, batch: batch) { .chat(ListChunkChat(cookie: request.cookie, elements: $0)) }
-            batch.emit(.listElements(.chat(ListElementsChat(cookie: request.cookie, missing: missing))), to: session)
+            answer(.listElements(.chat(ListElementsChat(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .chat(ListChunkChat(cookie: request.cookie, elements: $0, last: $1)) }
         case .chatParticipant(let request):
             let (found, missing) = lookUp(request.elements) { key -> ChatParticipant? in
                 guard let (chat, _) = try? chat(key.chatId, of: user), let number = UserRecord.number(fromURI: key.userUri),
                       number != user, let member = chat.activeMember(number) else { return nil }
                 return renderParticipant(chat, member)
             }
-            emitChunks(found, to: session, batch: batch) { .chatParticipant(ListChunkChatParticipant(cookie: request.cookie, elements: $0)) }
-            batch.emit(.listElements(.chatParticipant(ListElementsChatParticipant(cookie: request.cookie, missing: missing))), to: session)
+            answer(.listElements(.chatParticipant(ListElementsChatParticipant(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .chatParticipant(ListChunkChatParticipant(cookie: request.cookie, elements: $0, last: $1)) }
         case .chatMessage(let request):
             let (found, missing) = lookUp(request.elements) { key -> ChatMessage? in
                 guard let (chat, member) = try? chat(key.chatId, of: user),
                       let message = try? message(key.messageId, in: chat, seenBy: member) else { return nil }
                 return renderMessage(message, in: chat, for: user)
             }
-            emitChunks(found, to: session, batch: batch) { .chatMessage(ListChunkChatMessage(cookie: request.cookie, elements: $0)) }
-            batch.emit(.listElements(.chatMessage(ListElementsChatMessage(cookie: request.cookie, missing: missing))), to: session)
+            answer(.listElements(.chatMessage(ListElementsChatMessage(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .chatMessage(ListChunkChatMessage(cookie: request.cookie, elements: $0, last: $1)) }
         case .typing(let request):
             let current = typingSeen(by: user)
             let (found, missing) = lookUp(request.elements) { key in
                 current.first { $0.userUri == key.userUri && $0.chatId == key.chatId }
             }
-            emitChunks(found, to: session, batch: batch) { .typing(ListChunkTyping(cookie: request.cookie, elements: $0)) }
-            batch.emit(.listElements(.typing(ListElementsTyping(cookie: request.cookie, missing: missing))), to: session)
+            answer(.listElements(.typing(ListElementsTyping(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .typing(ListChunkTyping(cookie: request.cookie, elements: $0, last: $1)) }
         }
     }
 
-    /// `listChunk`s of at most `chunkSize` elements each (PROTOCOL.md §4).
-    private func emitChunks<Element>(_ elements: [Element], to session: EngineSession, batch: Batch, _ chunk: ([Element]) -> ListChunk) {
-        for piece in elements.chunked(Engine.chunkSize) { batch.emit(.listChunk(chunk(piece)), to: session) }
+    /// A list answer (PROTOCOL.md §4): its header, then `listChunk`s of at most
+    /// `chunkSize` elements (at least one, possibly empty), the final one `last: true`.
+    /// Clients apply a chunk to the list its header opened, so the header comes first.
+    func answer<Element>(_ header: Event, _ elements: [Element], to session: EngineSession, batch: Batch,
+                         _ chunk: ([Element], Bool?) -> ListChunk) {
+        batch.emit(header, to: session)
+        let pieces = elements.isEmpty ? [[]] : elements.chunked(Engine.chunkSize)
+        for (index, piece) in pieces.enumerated() {
+            batch.emit(.listChunk(chunk(piece, index == pieces.count - 1 ? true : nil)), to: session)
+        }
     }
 
     /// The elements found for `keys`, and the keys not found (nil when none are missing).
@@ -109,13 +110,19 @@ extension Engine {
     func listMatching(_ request: RequestListMatching, user: Int64, session: EngineSession, batch: Batch) throws {
         switch request {
         case .chatParticipant(let request):
-            batch.emit(.listMatching(.chatParticipant(try matchParticipants(request, user: user))), to: session)
+            let found = try matchParticipants(request, user: user)
+            answer(.listMatching(.chatParticipant(ListMatchingChatParticipant(cookie: request.cookie))), found, to: session, batch: batch) {
+                .chatParticipant(ListChunkChatParticipant(cookie: request.cookie, elements: $0, last: $1))
+            }
         case .chatMessage(let request):
-            batch.emit(.listMatching(.chatMessage(try matchMessages(request, user: user))), to: session)
+            let (header, found) = try matchMessages(request, user: user)
+            answer(.listMatching(.chatMessage(header)), found, to: session, batch: batch) {
+                .chatMessage(ListChunkChatMessage(cookie: request.cookie, elements: $0, last: $1))
+            }
         }
     }
 
-    func matchParticipants(_ request: RequestListMatchingChatParticipant, user: Int64) throws -> ListMatchingChatParticipant {
+    func matchParticipants(_ request: RequestListMatchingChatParticipant, user: Int64) throws -> [ChatParticipant] {
         let criteria = request.criteria
         let wanted = criteria.userUri.map { UserRecord.number(fromURI: $0) ?? -1 }
         var result: [ChatParticipant] = []
@@ -131,10 +138,11 @@ extension Engine {
         } else {
             throw ProtocolError.invalid("'criteria' needs 'chatId', or 'userUri' and 'state'")
         }
-        return ListMatchingChatParticipant(cookie: request.cookie, result: result)
+        return result
     }
 
-    func matchMessages(_ request: RequestListMatchingChatMessage, user: Int64) throws -> ListMatchingChatMessage {
+    /// The header of the answer and the matching messages, in order.
+    func matchMessages(_ request: RequestListMatchingChatMessage, user: Int64) throws -> (ListMatchingChatMessage, [ChatMessage]) {
         let criteria = request.criteria
         let (chat, member) = try chat(criteria.chatId, of: user)
         let narrows = criteria.tag != nil || criteria.ref != nil || criteria.notRefTag != nil || criteria.senderUri != nil
@@ -240,8 +248,8 @@ extension Engine {
             }
             refTargets = targets
         }
-        return ListMatchingChatMessage(cookie: request.cookie, result: result, hasMoreBefore: hasMoreBefore, hasMoreAfter: hasMoreAfter,
-                                       refTargets: refTargets)
+        return (ListMatchingChatMessage(cookie: request.cookie, hasMoreBefore: hasMoreBefore, hasMoreAfter: hasMoreAfter, refTargets: refTargets),
+                result)
     }
 
     // MARK: requestListChanges

@@ -136,16 +136,23 @@ final class WindowTests: XCTestCase {
     private func window(_ harness: EngineHarness, _ window: String, criteria: String = #""chatId":"1""#) -> Window {
         harness.submit("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{\#(criteria)},\#(window)}}"#)
         var result = Window()
-        for event in harness.objects("a") {
-            guard let matching = event["listMatching"] as? [String: Any] else {
+        // The header, then chunks of the matches, the final one `last` (protocol v2).
+        let events = harness.objects("a")
+        guard let matching = events.first?["listMatching"] as? [String: Any] else {
+            XCTFail("the answer does not open with listMatching: \(events)")
+            return result
+        }
+        result.hasMoreBefore = matching["hasMoreBefore"] as? Bool
+        result.hasMoreAfter = matching["hasMoreAfter"] as? Bool
+        for (index, event) in events.dropFirst().enumerated() {
+            guard let chunk = event["listChunk"] as? [String: Any] else {
                 XCTFail("unexpected \(event)")
                 continue
             }
-            for element in matching["result"] as? [[String: Any]] ?? [] {
+            XCTAssertEqual(chunk["last"] as? Bool, index == events.count - 2 ? true : nil)
+            for element in chunk["elements"] as? [[String: Any]] ?? [] {
                 result.ids.append(Int64(element["messageId"] as! String)!)
             }
-            result.hasMoreBefore = matching["hasMoreBefore"] as? Bool
-            result.hasMoreAfter = matching["hasMoreAfter"] as? Bool
         }
         return result
     }

@@ -25,6 +25,21 @@ def cookie_of(event):
     return value.get("cookie") if isinstance(value, dict) else None
 
 
+LIST_HEADERS = ("listAll", "listElements", "listMatching")
+
+
+def ends_answer(event, cookie):
+    """True for the last event of the answer to the request with `cookie`: a list answer
+    is its header and then chunks, the final one `"last": true`; any other answer is
+    one event."""
+    if cookie_of(event) != cookie:
+        return False
+    name = next(iter(event))
+    if name == "listChunk":
+        return bool(event[name].get("last"))
+    return name not in LIST_HEADERS
+
+
 def start_socket_server(data_dir, path, *arguments, prefix=()):
     """`chatcore serve --listen unix:PATH --insecure-no-auth`; returns once it accepts."""
     command = list(prefix) + [chatcore_binary(), "serve", "--data-dir", data_dir, "--listen", "unix:" + path,
@@ -76,20 +91,19 @@ class Client:
     def send(self, *messages):
         self.sock.sendall(b"".join(line(message) for message in messages))
 
-    def answer(self, cookie, timeout=30, final=None):
-        """Events up to the first one carrying `cookie` (that is not a listChunk)."""
+    def answer(self, cookie, timeout=30):
+        """Events up to the end of the answer with `cookie` (see `ends_answer`)."""
         got = []
         deadline = time.time() + timeout
         while True:
             event = self.events.get(timeout=max(0.01, deadline - time.time()))
             got.append(event)
-            name = next(iter(event))
-            if cookie_of(event) == cookie and name != "listChunk" and (final is None or name == final):
+            if ends_answer(event, cookie):
                 return got
 
-    def request(self, message, final=None):
+    def request(self, message):
         self.send(message)
-        return self.answer(body(message)["cookie"], final=final)
+        return self.answer(body(message)["cookie"])
 
     def close(self):
         try:

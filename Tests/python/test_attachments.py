@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from chatcore_harness import ends_answer
 from conftest import chatcore_binary
 
 
@@ -67,7 +68,7 @@ class Connection:
     def ask(self, message, timeout=30):
         cookie = next(iter(message.values()))["cookie"]
         self.send(message)
-        return self.expect(lambda e: next(iter(e.values())).get("cookie") == cookie and "listChunk" not in e, cookie, timeout)
+        return self.expect(lambda e: ends_answer(e, cookie), cookie, timeout)
 
 
 class Server:

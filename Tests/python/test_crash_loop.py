@@ -59,10 +59,15 @@ class Client:
                 if change.get("recall") == "Recalled":
                     self.recalled.add((change["chatId"], int(change["messageId"])))
         cookie = body.get("cookie") if isinstance(body, dict) else None
-        if cookie and name not in ("listChunk",):
-            self.answers[cookie] = event
-        if name == "listChunk":
+        # A list answer is its header, then chunks up to the one marked last.
+        if cookie and name in ("listAll", "listElements", "listMatching"):
+            self.answers[("header", cookie)] = event
+        elif name == "listChunk":
             self.answers.setdefault(("chunks", cookie), []).extend(body["elements"])
+            if body.get("last"):
+                self.answers[cookie] = self.answers.pop(("header", cookie))
+        elif cookie:
+            self.answers[cookie] = event
 
     def send(self, message):
         self.sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
@@ -139,9 +144,9 @@ def check(path, users, announced, recalled, tokens):
             messages = {}
             anchor = last - count + 1
             while anchor <= last:
-                answer, _ = client.ask({"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": chat["chatId"]},
-                                                                 "window": {"messageId": anchor, "after": 999}, "cookie": f"w{anchor}"}})
-                for message in answer["listMatching"]["result"]:
+                _, found = client.ask({"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": chat["chatId"]},
+                                                                "window": {"messageId": anchor, "after": 999}, "cookie": f"w{anchor}"}})
+                for message in found:
                     messages[int(message["messageId"])] = message
                 anchor += 1000
             assert sorted(messages) == list(range(last - count + 1, last + 1)), "ids consecutive, numMessages right"

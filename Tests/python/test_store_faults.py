@@ -215,7 +215,7 @@ def test_full_filesystem_under_load(small_filesystem):
         # Nobody acts as someone else: every session's own regId and uri are its user's.
         for user, client in {**clients, **newcomers}.items():
             client.send({"requestListAll": {"type": "global", "cookie": "g"}})
-            events = client.answer("g", final="listAll")
+            events = client.answer("g")
             values = {el["name"]: el["value"] for e in events if "listChunk" in e for el in e["listChunk"]["elements"]}
             (ids,) = [e for e in alice.request({"identitiesGet": {"cookie": "who-" + user, "userIds": [user]}}) if "identities" in e]
             (info,) = ids["identities"]["identities"]

@@ -3,27 +3,32 @@
 
 import Wire
 
-/// Part of an answer to requestListAll or requestListElements (at most 500 elements). (global)
+/// Part of a list answer (at most 500 elements). (global)
 public struct ListChunkGlobal: Sendable, Equatable, WireDecodable, WireEncodable {
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
     /// The elements.
     public var elements: [Global]
+    /// True on the final chunk of the answer (absent on the others).
+    public var last: Bool?
 
-    public init(cookie: String? = nil, elements: [Global]) {
+    public init(cookie: String? = nil, elements: [Global], last: Bool? = nil) {
         self.cookie = cookie
         self.elements = elements
+        self.last = last
     }
 
     public static let wireSchema = WireSchema([
         WireField("type", .constant("global"), required: true),
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("elements", .array(.object(Global.self), minItems: 0, maxItems: Int.max), required: true),
+        WireField("last", .boolean),
     ])
 
     public init(wire fields: WireFields) throws {
         self.cookie = try fields.optional(1) { value in try value.string() }
         self.elements = try fields.required(2) { value in try value.array().map { element in try element.object(Global.self) } }
+        self.last = try fields.optional(3) { value in try value.bool() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -31,31 +36,37 @@ public struct ListChunkGlobal: Sendable, Equatable, WireDecodable, WireEncodable
         writer.rawKey("\"type\":"); writer.string("global")
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.last { writer.rawKey("\"last\":"); writer.bool(value) }
         writer.endObject()
     }
 }
 
-/// Part of an answer to requestListAll or requestListElements (at most 500 elements). (user)
+/// Part of a list answer (at most 500 elements). (user)
 public struct ListChunkUser: Sendable, Equatable, WireDecodable, WireEncodable {
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
     /// The elements.
     public var elements: [User]
+    /// True on the final chunk of the answer (absent on the others).
+    public var last: Bool?
 
-    public init(cookie: String? = nil, elements: [User]) {
+    public init(cookie: String? = nil, elements: [User], last: Bool? = nil) {
         self.cookie = cookie
         self.elements = elements
+        self.last = last
     }
 
     public static let wireSchema = WireSchema([
         WireField("type", .constant("user"), required: true),
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("elements", .array(.object(User.self), minItems: 0, maxItems: Int.max), required: true),
+        WireField("last", .boolean),
     ])
 
     public init(wire fields: WireFields) throws {
         self.cookie = try fields.optional(1) { value in try value.string() }
         self.elements = try fields.required(2) { value in try value.array().map { element in try element.object(User.self) } }
+        self.last = try fields.optional(3) { value in try value.bool() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -63,31 +74,37 @@ public struct ListChunkUser: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"type\":"); writer.string("user")
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.last { writer.rawKey("\"last\":"); writer.bool(value) }
         writer.endObject()
     }
 }
 
-/// Part of an answer to requestListAll or requestListElements (at most 500 elements). (chat)
+/// Part of a list answer (at most 500 elements). (chat)
 public struct ListChunkChat: Sendable, Equatable, WireDecodable, WireEncodable {
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
     /// The elements.
     public var elements: [Chat]
+    /// True on the final chunk of the answer (absent on the others).
+    public var last: Bool?
 
-    public init(cookie: String? = nil, elements: [Chat]) {
+    public init(cookie: String? = nil, elements: [Chat], last: Bool? = nil) {
         self.cookie = cookie
         self.elements = elements
+        self.last = last
     }
 
     public static let wireSchema = WireSchema([
         WireField("type", .constant("chat"), required: true),
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("elements", .array(.object(Chat.self), minItems: 0, maxItems: Int.max), required: true),
+        WireField("last", .boolean),
     ])
 
     public init(wire fields: WireFields) throws {
         self.cookie = try fields.optional(1) { value in try value.string() }
         self.elements = try fields.required(2) { value in try value.array().map { element in try element.object(Chat.self) } }
+        self.last = try fields.optional(3) { value in try value.bool() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -95,31 +112,37 @@ public struct ListChunkChat: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"type\":"); writer.string("chat")
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.last { writer.rawKey("\"last\":"); writer.bool(value) }
         writer.endObject()
     }
 }
 
-/// Part of an answer to requestListAll or requestListElements (at most 500 elements). (chatParticipant)
+/// Part of a list answer (at most 500 elements). (chatParticipant)
 public struct ListChunkChatParticipant: Sendable, Equatable, WireDecodable, WireEncodable {
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
     /// The elements.
     public var elements: [ChatParticipant]
+    /// True on the final chunk of the answer (absent on the others).
+    public var last: Bool?
 
-    public init(cookie: String? = nil, elements: [ChatParticipant]) {
+    public init(cookie: String? = nil, elements: [ChatParticipant], last: Bool? = nil) {
         self.cookie = cookie
         self.elements = elements
+        self.last = last
     }
 
     public static let wireSchema = WireSchema([
         WireField("type", .constant("chatParticipant"), required: true),
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("elements", .array(.object(ChatParticipant.self), minItems: 0, maxItems: Int.max), required: true),
+        WireField("last", .boolean),
     ])
 
     public init(wire fields: WireFields) throws {
         self.cookie = try fields.optional(1) { value in try value.string() }
         self.elements = try fields.required(2) { value in try value.array().map { element in try element.object(ChatParticipant.self) } }
+        self.last = try fields.optional(3) { value in try value.bool() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -127,31 +150,37 @@ public struct ListChunkChatParticipant: Sendable, Equatable, WireDecodable, Wire
         writer.rawKey("\"type\":"); writer.string("chatParticipant")
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.last { writer.rawKey("\"last\":"); writer.bool(value) }
         writer.endObject()
     }
 }
 
-/// Part of an answer to requestListAll or requestListElements (at most 500 elements). (chatMessage)
+/// Part of a list answer (at most 500 elements). (chatMessage)
 public struct ListChunkChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
     /// The elements.
     public var elements: [ChatMessage]
+    /// True on the final chunk of the answer (absent on the others).
+    public var last: Bool?
 
-    public init(cookie: String? = nil, elements: [ChatMessage]) {
+    public init(cookie: String? = nil, elements: [ChatMessage], last: Bool? = nil) {
         self.cookie = cookie
         self.elements = elements
+        self.last = last
     }
 
     public static let wireSchema = WireSchema([
         WireField("type", .constant("chatMessage"), required: true),
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("elements", .array(.object(ChatMessage.self), minItems: 0, maxItems: Int.max), required: true),
+        WireField("last", .boolean),
     ])
 
     public init(wire fields: WireFields) throws {
         self.cookie = try fields.optional(1) { value in try value.string() }
         self.elements = try fields.required(2) { value in try value.array().map { element in try element.object(ChatMessage.self) } }
+        self.last = try fields.optional(3) { value in try value.bool() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -159,31 +188,37 @@ public struct ListChunkChatMessage: Sendable, Equatable, WireDecodable, WireEnco
         writer.rawKey("\"type\":"); writer.string("chatMessage")
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.last { writer.rawKey("\"last\":"); writer.bool(value) }
         writer.endObject()
     }
 }
 
-/// Part of an answer to requestListAll or requestListElements (at most 500 elements). (typing)
+/// Part of a list answer (at most 500 elements). (typing)
 public struct ListChunkTyping: Sendable, Equatable, WireDecodable, WireEncodable {
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
     /// The elements.
     public var elements: [Typing]
+    /// True on the final chunk of the answer (absent on the others).
+    public var last: Bool?
 
-    public init(cookie: String? = nil, elements: [Typing]) {
+    public init(cookie: String? = nil, elements: [Typing], last: Bool? = nil) {
         self.cookie = cookie
         self.elements = elements
+        self.last = last
     }
 
     public static let wireSchema = WireSchema([
         WireField("type", .constant("typing"), required: true),
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("elements", .array(.object(Typing.self), minItems: 0, maxItems: Int.max), required: true),
+        WireField("last", .boolean),
     ])
 
     public init(wire fields: WireFields) throws {
         self.cookie = try fields.optional(1) { value in try value.string() }
         self.elements = try fields.required(2) { value in try value.array().map { element in try element.object(Typing.self) } }
+        self.last = try fields.optional(3) { value in try value.bool() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -191,11 +226,12 @@ public struct ListChunkTyping: Sendable, Equatable, WireDecodable, WireEncodable
         writer.rawKey("\"type\":"); writer.string("typing")
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.last { writer.rawKey("\"last\":"); writer.bool(value) }
         writer.endObject()
     }
 }
 
-/// Part of an answer to requestListAll or requestListElements (at most 500 elements).
+/// Part of a list answer (at most 500 elements), after its header (listAll, listElements or listMatching); the final chunk of an answer has last: true.
 public enum ListChunk: Sendable, Equatable, WireUnionDecodable, WireEncodable {
     case global(ListChunkGlobal)
     case user(ListChunkUser)
@@ -247,6 +283,17 @@ public enum ListChunk: Sendable, Equatable, WireUnionDecodable, WireEncodable {
         case .chatParticipant(let value): return value.cookie
         case .chatMessage(let value): return value.cookie
         case .typing(let value): return value.cookie
+        }
+    }
+
+    public var last: Bool? {
+        switch self {
+        case .global(let value): return value.last
+        case .user(let value): return value.last
+        case .chat(let value): return value.last
+        case .chatParticipant(let value): return value.last
+        case .chatMessage(let value): return value.last
+        case .typing(let value): return value.last
         }
     }
 

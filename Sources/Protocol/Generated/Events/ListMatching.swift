@@ -7,8 +7,6 @@ import Wire
 public struct ListMatchingChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
-    /// The matches.
-    public var result: [ChatMessage]
     /// More matches lie before the window.
     public var hasMoreBefore: Bool?
     /// More matches lie after the window.
@@ -16,9 +14,8 @@ public struct ListMatchingChatMessage: Sendable, Equatable, WireDecodable, WireE
     /// The messages the results refer to, each once (withRefTargets).
     public var refTargets: [ChatMessage]?
 
-    public init(cookie: String? = nil, result: [ChatMessage], hasMoreBefore: Bool? = nil, hasMoreAfter: Bool? = nil, refTargets: [ChatMessage]? = nil) {
+    public init(cookie: String? = nil, hasMoreBefore: Bool? = nil, hasMoreAfter: Bool? = nil, refTargets: [ChatMessage]? = nil) {
         self.cookie = cookie
-        self.result = result
         self.hasMoreBefore = hasMoreBefore
         self.hasMoreAfter = hasMoreAfter
         self.refTargets = refTargets
@@ -27,7 +24,6 @@ public struct ListMatchingChatMessage: Sendable, Equatable, WireDecodable, WireE
     public static let wireSchema = WireSchema([
         WireField("type", .constant("chatMessage"), required: true),
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
-        WireField("result", .array(.object(ChatMessage.self), minItems: 0, maxItems: Int.max), required: true),
         WireField("hasMoreBefore", .boolean),
         WireField("hasMoreAfter", .boolean),
         WireField("refTargets", .array(.object(ChatMessage.self), minItems: 0, maxItems: Int.max)),
@@ -35,17 +31,15 @@ public struct ListMatchingChatMessage: Sendable, Equatable, WireDecodable, WireE
 
     public init(wire fields: WireFields) throws {
         self.cookie = try fields.optional(1) { value in try value.string() }
-        self.result = try fields.required(2) { value in try value.array().map { element in try element.object(ChatMessage.self) } }
-        self.hasMoreBefore = try fields.optional(3) { value in try value.bool() }
-        self.hasMoreAfter = try fields.optional(4) { value in try value.bool() }
-        self.refTargets = try fields.optional(5) { value in try value.array().map { element in try element.object(ChatMessage.self) } }
+        self.hasMoreBefore = try fields.optional(2) { value in try value.bool() }
+        self.hasMoreAfter = try fields.optional(3) { value in try value.bool() }
+        self.refTargets = try fields.optional(4) { value in try value.array().map { element in try element.object(ChatMessage.self) } }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"type\":"); writer.string("chatMessage")
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
-        writer.rawKey("\"result\":"); writer.beginArray(); for element in self.result { element.encode(to: &writer) }; writer.endArray()
         if let value = self.hasMoreBefore { writer.rawKey("\"hasMoreBefore\":"); writer.bool(value) }
         if let value = self.hasMoreAfter { writer.rawKey("\"hasMoreAfter\":"); writer.bool(value) }
         if let value = self.refTargets { writer.rawKey("\"refTargets\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
@@ -57,35 +51,29 @@ public struct ListMatchingChatMessage: Sendable, Equatable, WireDecodable, WireE
 public struct ListMatchingChatParticipant: Sendable, Equatable, WireDecodable, WireEncodable {
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
-    /// The matches.
-    public var result: [ChatParticipant]
 
-    public init(cookie: String? = nil, result: [ChatParticipant]) {
+    public init(cookie: String? = nil) {
         self.cookie = cookie
-        self.result = result
     }
 
     public static let wireSchema = WireSchema([
         WireField("type", .constant("chatParticipant"), required: true),
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
-        WireField("result", .array(.object(ChatParticipant.self), minItems: 0, maxItems: Int.max), required: true),
     ])
 
     public init(wire fields: WireFields) throws {
         self.cookie = try fields.optional(1) { value in try value.string() }
-        self.result = try fields.required(2) { value in try value.array().map { element in try element.object(ChatParticipant.self) } }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"type\":"); writer.string("chatParticipant")
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
-        writer.rawKey("\"result\":"); writer.beginArray(); for element in self.result { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }
 
-/// The answer to requestListMatching.
+/// The header of the answer to requestListMatching; the matches follow in listChunk events, the final one with last: true.
 public enum ListMatching: Sendable, Equatable, WireUnionDecodable, WireEncodable {
     case chatMessage(ListMatchingChatMessage)
     case chatParticipant(ListMatchingChatParticipant)
