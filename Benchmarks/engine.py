@@ -144,8 +144,8 @@ def many_senders(senders=50, each=2000):
             connection.sendall(b'{"chatStart":{"cookie":"s","invitees":[{"userId":"peer%d"}],"isOneToOne":true}}\n' % n)
             chat = None
             for line in reader:
-                if line.startswith(b'{"chatStarted"'):
-                    chat = json.loads(line)["chatStarted"]["chatId"]
+                if line.startswith(b'{"listAdd":{"type":"chat","cookie"'):
+                    chat = json.loads(line)["listAdd"]["elements"][0]["chatId"]
                     break
             connections.append((connection, reader, chat))
         counts = [0] * senders

@@ -65,7 +65,7 @@ def main():
             members = sessions[group * 5:(group + 1) * 5]
             members[0].request({"chatStart": {"cookie": "s", "subject": f"group {group}",
                                               "invitees": [{"userId": f"user{group * 5 + k}"} for k in range(1, 5)]}},
-                               lambda line: line.startswith(b'{"chatStarted"'))
+                               lambda line: line.startswith(b'{"listAdd":{"type":"chat","cookie"'))
         samples = []          # (time, latency)
         memory = []           # (time, rss kb)
         start = time.time()

@@ -119,6 +119,9 @@ class SimpleChat:
             for chat in body["elements"]:
                 self.chats[chat["chatId"]] = chat
                 self.say(f"* chat {chat['chatId']}: {chat['subject'] or '(one-to-one)'}")
+            if body.get("cookie") is not None:
+                # The answer to our chatStart: the new chat carries its cookie.
+                self.opened(body["elements"][0]["chatId"])
         elif body["type"] == "chatMessage":
             for message in body["elements"]:
                 self.show(message, live=True)
@@ -145,12 +148,15 @@ class SimpleChat:
         if body["type"] == "chat" and body.get("cookie") == "chats" and body.get("last"):
             self.list_chats()
 
-    def on_chatStarted(self, body):
-        self.open_chat = body["chatId"]
-        self.say(f"* chat {body['chatId']} is open: type to send")
+    def opened(self, chat_id):
+        self.open_chat = chat_id
+        self.say(f"* chat {chat_id} is open: type to send")
 
     def on_chatStartFailed(self, body):
-        self.say(f"! could not start the chat: {body['reason']}")
+        if body["reason"] == "AlreadyExists":
+            self.opened(body["chatId"])  # the one-to-one chat we already have
+        else:
+            self.say(f"! could not start the chat: {body['reason']} ({body.get('detail', '')})")
 
     def on_requestFailed(self, body):
         self.say(f"! {body.get('request', 'request')} failed: {body['error']}: {body['reason']}")

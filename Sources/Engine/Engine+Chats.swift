@@ -80,7 +80,8 @@ extension Engine {
                 return failed(.invalidParameter, "a one-to-one chat needs exactly one invitee, not \(targets.count)")
             }
             if case .existing(let other) = targets[0], let existing = oneToOne(between: user, and: other) {
-                batch.emit(.chatStarted(ChatStarted(cookie: request.cookie, chatId: existing.chatId)), to: session)
+                batch.emit(.chatStartFailed(ChatStartFailed(cookie: request.cookie, reason: .alreadyExists, chatId: existing.chatId,
+                                                            detail: "you already have one-to-one chat '\(existing.chatId)' with that user")), to: session)
                 return
             }
         } else if request.subject == nil {
@@ -109,12 +110,12 @@ extension Engine {
         }
         batch.changed(chat)
         for member in chat.members.values { batch.changed(member, of: chat) }
+        // The answer is the chat's listAdd carrying the cookie, to the requesting session.
         for member in chat.activeMembers where isOnline(member.user) {
-            introduce(chat, to: member, batch: batch)
+            introduce(chat, to: member, answering: member.user == user ? (session, request.cookie) : nil, batch: batch)
         }
         markDelivered(chat, batch: batch, changes: changes)
         publish(changes, batch: batch)
-        batch.emit(.chatStarted(ChatStarted(cookie: request.cookie, chatId: chat.chatId)), to: session)
     }
 
     /// The one-to-one chat of two users that is not Defunct, if there is one.
@@ -135,8 +136,13 @@ extension Engine {
 
     /// Everything a member who just got a chat needs: the chat, its other participants,
     /// and the messages they see.
-    func introduce(_ chat: ChatRecord, to member: MemberRecord, batch: Batch) {
-        emit(.listAdd(.chat(ListAddChat(elements: [renderChat(chat, for: member)]))), toUser: member.user, batch: batch)
+    /// With `answering`, that session's `listAdd chat` carries the request's cookie.
+    func introduce(_ chat: ChatRecord, to member: MemberRecord, answering: (session: EngineSession, cookie: String?)? = nil, batch: Batch) {
+        let element = renderChat(chat, for: member)
+        for session in sessions(of: member.user) {
+            let cookie = session === answering?.session ? answering?.cookie : nil
+            batch.emit(.listAdd(.chat(ListAddChat(cookie: cookie, elements: [element]))), to: session)
+        }
         let others = chat.activeMembers.filter { $0.user != member.user }.map { renderParticipant(chat, $0) }
         if !others.isEmpty {
             emit(.listAdd(.chatParticipant(ListAddChatParticipant(elements: others))), toUser: member.user, batch: batch)

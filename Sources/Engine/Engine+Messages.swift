@@ -68,14 +68,20 @@ extension Engine {
 
     /// Sends `listAdd chatMessage` to every connected member who sees the new messages,
     /// and marks them delivered to recipients that are connected.
-    func announceNew(_ messages: [MessageRecord], in chat: ChatRecord, batch: Batch, changes: PendingChanges) {
+    /// With `answering`, that session's `listAdd chatMessage` carries the request's cookie
+    /// (the answer to a send).
+    func announceNew(_ messages: [MessageRecord], in chat: ChatRecord, answering: (session: EngineSession, cookie: String?)? = nil,
+                     batch: Batch, changes: PendingChanges) {
         guard !messages.isEmpty else { return }
         for member in chat.members.values where member.isActive && isOnline(member.user) {
             let visible = messages.filter { $0.id >= member.joinedAt }
             guard !visible.isEmpty else { continue }
             let elements = visible.map { renderMessage($0, in: chat, for: member.user) }
-            for chunk in elements.chunked(Engine.chunkSize) {
-                emit(.listAdd(.chatMessage(ListAddChatMessage(elements: chunk))), toUser: member.user, batch: batch)
+            for session in sessions(of: member.user) {
+                let cookie = session === answering?.session ? answering?.cookie : nil
+                for chunk in elements.chunked(Engine.chunkSize) {
+                    batch.emit(.listAdd(.chatMessage(ListAddChatMessage(cookie: cookie, elements: chunk))), to: session)
+                }
             }
         }
         markDelivered(chat, batch: batch, changes: changes)
@@ -160,7 +166,7 @@ extension Engine {
             storeAttachments(of: message, in: chat, thumb: thumb, file: file, request: request, session: session, batch: batch)
         }
         stopTyping(user: user, chat: chat, batch: batch)
-        announceNew([message], in: chat, batch: batch, changes: changes)
+        announceNew([message], in: chat, answering: (session, request.cookie), batch: batch, changes: changes)
         publish(changes, batch: batch)
     }
 

@@ -122,7 +122,9 @@ def server():
 
 def start_chat(alice):
     alice.send({"chatStart": {"cookie": "start", "invitees": [{"userId": "bob"}], "subject": "files"}})
-    alice.expect(lambda e: "chatStarted" in e, "chatStarted")
+    # The answer is the chat's listAdd with the cookie; the Join message follows it.
+    alice.expect(lambda e: e.get("listAdd", {}).get("type") == "chat" and "cookie" in e["listAdd"], "the started chat")
+    alice.expect(lambda e: e.get("listAdd", {}).get("type") == "chatMessage", "the Join message")
 
 
 def sha256(path):

@@ -67,7 +67,7 @@ def test_hostile_clients_do_not_hurt_a_normal_session():
         try:
             alice = Normal(port, "alice")
             alice.send({"chatStart": {"cookie": "s", "invitees": [{"userId": "bob"}], "subject": "calm"}})
-            alice.until(lambda line: line.startswith(b'{"chatStarted"'))
+            alice.until(lambda line: line.startswith(b'{"listAdd":{"type":"chat","cookie"'))
             alice.latencies(100)  # warm up
             baseline = alice.latencies(400)
 

@@ -15,7 +15,6 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
     case listElements(ListElements)
     case listMatching(ListMatching)
     case listChanges(ListChanges)
-    case chatStarted(ChatStarted)
     case chatStartFailed(ChatStartFailed)
     case chatMessageState(ChatMessageStateEvent)
     case identities(Identities)
@@ -33,7 +32,6 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         WireField("listElements", .union(ListElements.self)),
         WireField("listMatching", .union(ListMatching.self)),
         WireField("listChanges", .object(ListChanges.self)),
-        WireField("chatStarted", .object(ChatStarted.self)),
         WireField("chatStartFailed", .object(ChatStartFailed.self)),
         WireField("chatMessageState", .object(ChatMessageStateEvent.self)),
         WireField("identities", .object(Identities.self)),
@@ -47,12 +45,11 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case 1: self = .setupError(try SetupError(wire: fields))
         case 6: self = .listAll(try ListAll(wire: fields))
         case 9: self = .listChanges(try ListChanges(wire: fields))
-        case 10: self = .chatStarted(try ChatStarted(wire: fields))
-        case 11: self = .chatStartFailed(try ChatStartFailed(wire: fields))
-        case 12: self = .chatMessageState(try ChatMessageStateEvent(wire: fields))
-        case 13: self = .identities(try Identities(wire: fields))
-        case 14: self = .chatEvent(try ChatEvent(wire: fields))
-        case 15: self = .searchResult(try SearchResult(wire: fields))
+        case 10: self = .chatStartFailed(try ChatStartFailed(wire: fields))
+        case 11: self = .chatMessageState(try ChatMessageStateEvent(wire: fields))
+        case 12: self = .identities(try Identities(wire: fields))
+        case 13: self = .chatEvent(try ChatEvent(wire: fields))
+        case 14: self = .searchResult(try SearchResult(wire: fields))
         default: throw WireFailure(.internal, "message \(messageIndex) is not built from members")
         }
     }
@@ -68,7 +65,6 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         "listElements": .union(ListElements.self),
         "listMatching": .union(ListMatching.self),
         "listChanges": .object(ListChanges.self),
-        "chatStarted": .object(ChatStarted.self),
         "chatStartFailed": .object(ChatStartFailed.self),
         "chatMessageState": .object(ChatMessageStateEvent.self),
         "identities": .object(Identities.self),
@@ -92,7 +88,6 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case "listElements": self = .listElements(try value.union(ListElements.self))
         case "listMatching": self = .listMatching(try value.union(ListMatching.self))
         case "listChanges": self = .listChanges(try value.object(ListChanges.self))
-        case "chatStarted": self = .chatStarted(try value.object(ChatStarted.self))
         case "chatStartFailed": self = .chatStartFailed(try value.object(ChatStartFailed.self))
         case "chatMessageState": self = .chatMessageState(try value.object(ChatMessageStateEvent.self))
         case "identities": self = .identities(try value.object(Identities.self))
@@ -115,7 +110,6 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case .listElements: return "listElements"
         case .listMatching: return "listMatching"
         case .listChanges: return "listChanges"
-        case .chatStarted: return "chatStarted"
         case .chatStartFailed: return "chatStartFailed"
         case .chatMessageState: return "chatMessageState"
         case .identities: return "identities"
@@ -139,7 +133,6 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case .listElements(let value): writer.rawKey("\"listElements\":"); value.encode(to: &writer)
         case .listMatching(let value): writer.rawKey("\"listMatching\":"); value.encode(to: &writer)
         case .listChanges(let value): writer.rawKey("\"listChanges\":"); value.encode(to: &writer)
-        case .chatStarted(let value): writer.rawKey("\"chatStarted\":"); value.encode(to: &writer)
         case .chatStartFailed(let value): writer.rawKey("\"chatStartFailed\":"); value.encode(to: &writer)
         case .chatMessageState(let value): writer.rawKey("\"chatMessageState\":"); value.encode(to: &writer)
         case .identities(let value): writer.rawKey("\"identities\":"); value.encode(to: &writer)

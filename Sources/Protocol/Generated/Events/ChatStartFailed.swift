@@ -8,9 +8,10 @@ public enum ChatStartFailure: String, Sendable, Hashable, CaseIterable {
     case invalidInvitee = "InvalidInvitee"
     case tooManyParticipants = "TooManyParticipants"
     case invalidParameter = "InvalidParameter"
+    case alreadyExists = "AlreadyExists"
 }
 
-/// A chat could not be started.
+/// A chat could not be started. (A chat that was started is announced by its listAdd, which carries the request's cookie.)
 public struct ChatStartFailed: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The member name of this message on the wire.
     public static let name = "chatStartFailed"
@@ -19,31 +20,37 @@ public struct ChatStartFailed: Sendable, Equatable, WireDecodable, WireEncodable
     public var cookie: String?
     /// Why.
     public var reason: ChatStartFailure
+    /// With AlreadyExists: the existing one-to-one chat with that user, which the client opens instead.
+    public var chatId: String?
     /// Why, in words: which field or which invitee (chatcore's addition; real clients read only 'reason').
     public var detail: String?
 
-    public init(cookie: String? = nil, reason: ChatStartFailure, detail: String? = nil) {
+    public init(cookie: String? = nil, reason: ChatStartFailure, chatId: String? = nil, detail: String? = nil) {
         self.cookie = cookie
         self.reason = reason
+        self.chatId = chatId
         self.detail = detail
     }
 
     public static let wireSchema = WireSchema([
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
-        WireField("reason", .enumeration(["InvalidInvitee", "TooManyParticipants", "InvalidParameter"]), required: true),
+        WireField("reason", .enumeration(["InvalidInvitee", "TooManyParticipants", "InvalidParameter", "AlreadyExists"]), required: true),
+        WireField("chatId", .string(minBytes: 1, maxBytes: 64)),
         WireField("detail", .string(minBytes: 0, maxBytes: Int.max)),
     ])
 
     public init(wire fields: WireFields) throws {
         self.cookie = try fields.optional(0) { value in try value.string() }
         self.reason = try fields.required(1) { value in try value.enumeration(ChatStartFailure.self) }
-        self.detail = try fields.optional(2) { value in try value.string() }
+        self.chatId = try fields.optional(2) { value in try value.string() }
+        self.detail = try fields.optional(3) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"reason\":"); writer.string(self.reason.rawValue)
+        if let value = self.chatId { writer.rawKey("\"chatId\":"); writer.string(value) }
         if let value = self.detail { writer.rawKey("\"detail\":"); writer.string(value) }
         writer.endObject()
     }

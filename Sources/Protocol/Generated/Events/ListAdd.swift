@@ -5,25 +5,31 @@ import Wire
 
 /// New elements, whole. (global)
 public struct ListAddGlobal: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// On the answer to a request that added this element (the chat of a chatStart, the message of a chatMessageSend), to the requesting session only.
+    public var cookie: String?
     /// The elements.
     public var elements: [Global]
 
-    public init(elements: [Global]) {
+    public init(cookie: String? = nil, elements: [Global]) {
+        self.cookie = cookie
         self.elements = elements
     }
 
     public static let wireSchema = WireSchema([
         WireField("type", .constant("global"), required: true),
+        WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("elements", .array(.object(Global.self), minItems: 0, maxItems: Int.max), required: true),
     ])
 
     public init(wire fields: WireFields) throws {
-        self.elements = try fields.required(1) { value in try value.array().map { element in try element.object(Global.self) } }
+        self.cookie = try fields.optional(1) { value in try value.string() }
+        self.elements = try fields.required(2) { value in try value.array().map { element in try element.object(Global.self) } }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"type\":"); writer.string("global")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
@@ -31,25 +37,31 @@ public struct ListAddGlobal: Sendable, Equatable, WireDecodable, WireEncodable {
 
 /// New elements, whole. (user)
 public struct ListAddUser: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// On the answer to a request that added this element (the chat of a chatStart, the message of a chatMessageSend), to the requesting session only.
+    public var cookie: String?
     /// The elements.
     public var elements: [User]
 
-    public init(elements: [User]) {
+    public init(cookie: String? = nil, elements: [User]) {
+        self.cookie = cookie
         self.elements = elements
     }
 
     public static let wireSchema = WireSchema([
         WireField("type", .constant("user"), required: true),
+        WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("elements", .array(.object(User.self), minItems: 0, maxItems: Int.max), required: true),
     ])
 
     public init(wire fields: WireFields) throws {
-        self.elements = try fields.required(1) { value in try value.array().map { element in try element.object(User.self) } }
+        self.cookie = try fields.optional(1) { value in try value.string() }
+        self.elements = try fields.required(2) { value in try value.array().map { element in try element.object(User.self) } }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"type\":"); writer.string("user")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
@@ -57,25 +69,31 @@ public struct ListAddUser: Sendable, Equatable, WireDecodable, WireEncodable {
 
 /// New elements, whole. (chat)
 public struct ListAddChat: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// On the answer to a request that added this element (the chat of a chatStart, the message of a chatMessageSend), to the requesting session only.
+    public var cookie: String?
     /// The elements.
     public var elements: [Chat]
 
-    public init(elements: [Chat]) {
+    public init(cookie: String? = nil, elements: [Chat]) {
+        self.cookie = cookie
         self.elements = elements
     }
 
     public static let wireSchema = WireSchema([
         WireField("type", .constant("chat"), required: true),
+        WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("elements", .array(.object(Chat.self), minItems: 0, maxItems: Int.max), required: true),
     ])
 
     public init(wire fields: WireFields) throws {
-        self.elements = try fields.required(1) { value in try value.array().map { element in try element.object(Chat.self) } }
+        self.cookie = try fields.optional(1) { value in try value.string() }
+        self.elements = try fields.required(2) { value in try value.array().map { element in try element.object(Chat.self) } }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"type\":"); writer.string("chat")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
@@ -83,25 +101,31 @@ public struct ListAddChat: Sendable, Equatable, WireDecodable, WireEncodable {
 
 /// New elements, whole. (chatParticipant)
 public struct ListAddChatParticipant: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// On the answer to a request that added this element (the chat of a chatStart, the message of a chatMessageSend), to the requesting session only.
+    public var cookie: String?
     /// The elements.
     public var elements: [ChatParticipant]
 
-    public init(elements: [ChatParticipant]) {
+    public init(cookie: String? = nil, elements: [ChatParticipant]) {
+        self.cookie = cookie
         self.elements = elements
     }
 
     public static let wireSchema = WireSchema([
         WireField("type", .constant("chatParticipant"), required: true),
+        WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("elements", .array(.object(ChatParticipant.self), minItems: 0, maxItems: Int.max), required: true),
     ])
 
     public init(wire fields: WireFields) throws {
-        self.elements = try fields.required(1) { value in try value.array().map { element in try element.object(ChatParticipant.self) } }
+        self.cookie = try fields.optional(1) { value in try value.string() }
+        self.elements = try fields.required(2) { value in try value.array().map { element in try element.object(ChatParticipant.self) } }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"type\":"); writer.string("chatParticipant")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
@@ -109,25 +133,31 @@ public struct ListAddChatParticipant: Sendable, Equatable, WireDecodable, WireEn
 
 /// New elements, whole. (chatMessage)
 public struct ListAddChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// On the answer to a request that added this element (the chat of a chatStart, the message of a chatMessageSend), to the requesting session only.
+    public var cookie: String?
     /// The elements.
     public var elements: [ChatMessage]
 
-    public init(elements: [ChatMessage]) {
+    public init(cookie: String? = nil, elements: [ChatMessage]) {
+        self.cookie = cookie
         self.elements = elements
     }
 
     public static let wireSchema = WireSchema([
         WireField("type", .constant("chatMessage"), required: true),
+        WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("elements", .array(.object(ChatMessage.self), minItems: 0, maxItems: Int.max), required: true),
     ])
 
     public init(wire fields: WireFields) throws {
-        self.elements = try fields.required(1) { value in try value.array().map { element in try element.object(ChatMessage.self) } }
+        self.cookie = try fields.optional(1) { value in try value.string() }
+        self.elements = try fields.required(2) { value in try value.array().map { element in try element.object(ChatMessage.self) } }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"type\":"); writer.string("chatMessage")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
@@ -135,25 +165,31 @@ public struct ListAddChatMessage: Sendable, Equatable, WireDecodable, WireEncoda
 
 /// New elements, whole. (typing)
 public struct ListAddTyping: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// On the answer to a request that added this element (the chat of a chatStart, the message of a chatMessageSend), to the requesting session only.
+    public var cookie: String?
     /// The elements.
     public var elements: [Typing]
 
-    public init(elements: [Typing]) {
+    public init(cookie: String? = nil, elements: [Typing]) {
+        self.cookie = cookie
         self.elements = elements
     }
 
     public static let wireSchema = WireSchema([
         WireField("type", .constant("typing"), required: true),
+        WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("elements", .array(.object(Typing.self), minItems: 0, maxItems: Int.max), required: true),
     ])
 
     public init(wire fields: WireFields) throws {
-        self.elements = try fields.required(1) { value in try value.array().map { element in try element.object(Typing.self) } }
+        self.cookie = try fields.optional(1) { value in try value.string() }
+        self.elements = try fields.required(2) { value in try value.array().map { element in try element.object(Typing.self) } }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"type\":"); writer.string("typing")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
@@ -202,6 +238,17 @@ public enum ListAdd: Sendable, Equatable, WireUnionDecodable, WireEncodable {
         }
     }
 
+
+    public var cookie: String? {
+        switch self {
+        case .global(let value): return value.cookie
+        case .user(let value): return value.cookie
+        case .chat(let value): return value.cookie
+        case .chatParticipant(let value): return value.cookie
+        case .chatMessage(let value): return value.cookie
+        case .typing(let value): return value.cookie
+        }
+    }
 
     public func encode(to writer: inout JSONWriter) {
         switch self {
