@@ -15,6 +15,6 @@ def test_the_node_client_spawns_chatcore_and_talks_to_it():
     result = subprocess.run(["node", str(pathlib.Path(__file__).with_name("client.mjs"))],
                             env=dict(os.environ, CHATCORE_BINARY=BINARY), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert '"uri":"bbmpim://user/id/1"' in result.stdout
+    assert '"uri":"bbmpim://user/id/0"' in result.stdout  # alice, in her own view
     assert "requestFailed: unknown field 'misspelled'" in result.stdout
     assert "exit code 0" in result.stdout

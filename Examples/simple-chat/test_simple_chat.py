@@ -57,7 +57,7 @@ def test_two_terminals_chat_and_see_delivery_and_read():
         server, port = serve(data_dir)
         try:
             alice = Terminal("alice", "--connect", f"127.0.0.1:{port}")
-            alice.expect(r"signed in as alice \(bbmpim://user/id/1\)")
+            alice.expect(r"signed in as alice \(bbmpim://user/id/0\)")  # yourself, in your own view
             bob = Terminal("bob", "--connect", f"127.0.0.1:{port}")
             bob.expect(r"signed in as bob")
 

@@ -160,6 +160,11 @@ final class Batch {
         let output = self.output(of: session)
         let start = output.writer.count
         event.encode(to: &output.writer)
+        // In a user's own view that user is bbmpim://user/id/0 (PROTOCOL.md §3): every
+        // string that is exactly this viewer's uri, wherever it stands.
+        if let viewer = session.user {
+            output.writer.replaceAll(UserRecord.quotedURI(viewer), with: UserRecord.quotedLocalURI, from: start)
+        }
         output.entries.append(.event(start: start, end: output.writer.count, item: current))
     }
 

@@ -267,7 +267,7 @@ extension Engine {
         let (chat, member) = try chat(chatId, of: user)
         if chat.isOneToOne { throw ProtocolError.notPermitted("chat '\(chat.chatId)' is one-to-one: it has no admins to act") }
         guard member.isAdmin else { throw ProtocolError.notPermitted("only admins of chat '\(chat.chatId)' may do this") }
-        guard let number = UserRecord.number(fromURI: userUri), let target = chat.activeMember(number) else {
+        guard let number = self.user(fromURI: userUri, viewer: user), let target = chat.activeMember(number) else {
             throw ProtocolError.notFound("'userUri' \(userUri) is not a participant of chat '\(chat.chatId)'")
         }
         return (chat, target)

@@ -19,18 +19,66 @@ extension Engine {
             let elements = globalElements(of: session).map { GlobalChange(name: $0.name, value: .value($0.value)) }
             batch.emit(.listChange(.global(ListChangeGlobal(elements: elements))), to: session)
         }
-        if let user = session.user { deliverPending(to: user, batch: batch) }
+        if let user = session.user {
+            bringUpToDate(session, user: user, batch: batch)
+            deliverPending(to: user, batch: batch)
+        }
     }
 
-    /// The session's `global` list: authTokenState, setupState, localUri, localRegId.
+    /// A token was refused (the session layer checked it): answered here so that it keeps
+    /// its place, and an unauthenticated session's `authTokenState` becomes `Rejected`.
+    func tokenRejected(_ error: SetupError, session: EngineSession, batch: Batch) {
+        if session.user == nil {
+            session.tokenRejected = true
+            let change = GlobalChange(name: "authTokenState", value: .value(.string("Rejected")))
+            batch.emit(.listChange(.global(ListChangeGlobal(elements: [change]))), to: session)
+        }
+        batch.emit(.setupError(error), to: session)
+    }
+
+    /// The session's `global` list (PROTOCOL.md §3). Before authentication:
+    /// authTokenState (`Needed`, or `Rejected` after a refused token) and setupState
+    /// `{"state":"NotRequested"}`; after: authTokenState `Ok`, setupState
+    /// `{"state":"Success"}`, localUri (`bbmpim://user/id/0` once rendered for the
+    /// session), localRegId.
     func globalElements(of session: EngineSession) -> [Global] {
-        guard let number = session.user, let user = users[number] else { return [] }
+        guard let number = session.user, let user = users[number] else {
+            return [
+                Global(name: "authTokenState", value: .string(session.tokenRejected ? "Rejected" : "Needed")),
+                Global(name: "setupState", value: .object([("state", .string("NotRequested"))])),
+            ]
+        }
         return [
             Global(name: "authTokenState", value: .string("Ok")),
-            Global(name: "setupState", value: .string("Success")),
+            Global(name: "setupState", value: .object([("state", .string("Success"))])),
             Global(name: "localUri", value: .string(user.uri)),
             Global(name: "localRegId", value: .string(String(user.regId))),
         ]
+    }
+
+    /// Lists the session asked for before authenticating were empty for it: now they get
+    /// what the user sees, as `listAdd`s.
+    private func bringUpToDate(_ session: EngineSession, user: Int64, batch: Batch) {
+        let listed = session.listedEarly
+        session.listedEarly = []
+        if listed.contains(.user) {
+            let elements = visibleUsers(of: user).map(userElement)
+            if !elements.isEmpty { batch.emit(.listAdd(.user(ListAddUser(elements: elements))), to: session) }
+        }
+        if listed.contains(.chat) {
+            let elements = chatsOf(user).map { renderChat($0, for: $0.members[user]!) }
+            for chunk in elements.chunked(Engine.chunkSize) { batch.emit(.listAdd(.chat(ListAddChat(elements: chunk))), to: session) }
+        }
+        if listed.contains(.chatParticipant) {
+            let elements = chatsOf(user).flatMap { chat in chat.activeMembers.filter { $0.user != user }.map { renderParticipant(chat, $0) } }
+            for chunk in elements.chunked(Engine.chunkSize) {
+                batch.emit(.listAdd(.chatParticipant(ListAddChatParticipant(elements: chunk))), to: session)
+            }
+        }
+        if listed.contains(.typing) {
+            let elements = typingSeen(by: user)
+            if !elements.isEmpty { batch.emit(.listAdd(.typing(ListAddTyping(elements: elements))), to: session) }
+        }
     }
 
     /// The users a user sees in their `user` list: themselves and everyone they share a chat with.

@@ -53,7 +53,9 @@ extension Engine {
             answer(.listElements(.global(ListElementsGlobal(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .global(ListChunkGlobal(cookie: request.cookie, elements: $0, last: $1)) }
         case .user(let request):
             // Any user, by uri (a client resolving a sender it has not seen yet).
-            let (found, missing) = lookUp(request.elements) { key in users.find(uri: key.uri).map(userElement) }
+            let (found, missing) = lookUp(request.elements) { key in
+                user == Engine.nobody ? nil : self.user(fromURI: key.uri, viewer: user).flatMap { users[$0] }.map(userElement)
+            }
             answer(.listElements(.user(ListElementsUser(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .user(ListChunkUser(cookie: request.cookie, elements: $0, last: $1)) }
         case .chat(let request):
             let (found, missing) = lookUp(request.elements) { key in
@@ -62,7 +64,7 @@ extension Engine {
             answer(.listElements(.chat(ListElementsChat(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .chat(ListChunkChat(cookie: request.cookie, elements: $0, last: $1)) }
         case .chatParticipant(let request):
             let (found, missing) = lookUp(request.elements) { key -> ChatParticipant? in
-                guard let (chat, _) = try? chat(key.chatId, of: user), let number = UserRecord.number(fromURI: key.userUri),
+                guard let (chat, _) = try? chat(key.chatId, of: user), let number = self.user(fromURI: key.userUri, viewer: user),
                       number != user, let member = chat.activeMember(number) else { return nil }
                 return renderParticipant(chat, member)
             }
@@ -124,7 +126,7 @@ extension Engine {
 
     func matchParticipants(_ request: RequestListMatchingChatParticipant, user: Int64) throws -> [ChatParticipant] {
         let criteria = request.criteria
-        let wanted = criteria.userUri.map { UserRecord.number(fromURI: $0) ?? -1 }
+        let wanted = criteria.userUri.map { self.user(fromURI: $0, viewer: user) ?? -1 }
         var result: [ChatParticipant] = []
         if let chatId = criteria.chatId {
             let (chat, _) = try chat(chatId, of: user)
@@ -149,7 +151,7 @@ extension Engine {
         guard narrows || request.window != nil else {
             throw ProtocolError.invalid("'criteria' needs at least one of 'tag', 'ref', 'notRefTag' and 'senderUri', or the request a 'window'")
         }
-        let sender: Int64? = criteria.senderUri.map { UserRecord.number(fromURI: $0) ?? -1 }
+        let sender: Int64? = criteria.senderUri.map { self.user(fromURI: $0, viewer: user) ?? -1 }
         let candidates = Candidates(chat: chat, criteria: criteria, first: max(member.joinedAt, 1))
         func matches(_ id: Int64) -> Bool {
             let message = chat.messages[Int(id - 1)]
@@ -346,4 +348,42 @@ extension Collection {
         }
         return low
     }
+}
+
+extension Engine {
+    /// Before authentication a session may list (PROTOCOL.md §3): `global` shows
+    /// authTokenState and setupState; every other list is empty for it and is brought up
+    /// to date when it authenticates. False: the request is not a list request.
+    func listBeforeAuthentication(_ request: Request, session: EngineSession, batch: Batch) throws -> Bool {
+        switch request {
+        case .requestListAll(let request):
+            if request.type != .global && request.type != .chatMessage { session.listedEarly.insert(request.type) }
+            try listAll(request, user: Engine.nobody, session: session, batch: batch)
+        case .requestListElements(let request):
+            switch request {
+            case .global: break
+            case .user: session.listedEarly.insert(.user)
+            case .chat: session.listedEarly.insert(.chat)
+            case .chatParticipant: session.listedEarly.insert(.chatParticipant)
+            case .chatMessage: break
+            case .typing: session.listedEarly.insert(.typing)
+            }
+            listElements(request, user: Engine.nobody, session: session, batch: batch)
+        case .requestListMatching(.chatParticipant(let request)):
+            session.listedEarly.insert(.chatParticipant)
+            answer(.listMatching(.chatParticipant(ListMatchingChatParticipant(cookie: request.cookie))), [ChatParticipant](), to: session, batch: batch) {
+                .chatParticipant(ListChunkChatParticipant(cookie: request.cookie, elements: $0, last: $1))
+            }
+        case .requestListMatching(.chatMessage(let request)):
+            answer(.listMatching(.chatMessage(ListMatchingChatMessage(cookie: request.cookie))), [ChatMessage](), to: session, batch: batch) {
+                .chatMessage(ListChunkChatMessage(cookie: request.cookie, elements: $0, last: $1))
+            }
+        default:
+            return false
+        }
+        return true
+    }
+
+    /// No user has this number: lists rendered for it are empty.
+    static let nobody: Int64 = 0
 }

@@ -23,6 +23,11 @@ extension Engine {
         UserRecord.uriPrefix + String(user)
     }
 
+    /// The user a uri in `viewer`'s request names: `bbmpim://user/id/0` is the viewer.
+    func user(fromURI uri: String, viewer: Int64) -> Int64? {
+        uri == UserRecord.localURI ? viewer : UserRecord.number(fromURI: uri)
+    }
+
     // MARK: elements
 
     func renderChat(_ chat: ChatRecord, for member: MemberRecord) -> Chat {

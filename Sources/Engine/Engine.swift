@@ -17,6 +17,8 @@ public final class Engine: @unchecked Sendable {
         case request(Request, line: Int, session: EngineSession)
         case authenticate(userId: String, cookie: String?, line: Int, announce: Bool, session: EngineSession)
         case passthrough([Event], session: EngineSession)
+        /// The session layer refused a token.
+        case tokenRejected(SetupError, session: EngineSession)
         case close(EngineSession)
         case barrier(@Sendable () -> Void)
         /// Time passed: typing indications may have expired.
@@ -29,7 +31,8 @@ public final class Engine: @unchecked Sendable {
         /// The session whose input this is (kept in order behind its parked work).
         var session: EngineSession? {
             switch self {
-            case .request(_, _, let session), .authenticate(_, _, _, _, let session), .passthrough(_, let session): session
+            case .request(_, _, let session), .authenticate(_, _, _, _, let session), .passthrough(_, let session),
+                 .tokenRejected(_, let session): session
             default: nil
             }
         }
@@ -229,6 +232,12 @@ public final class Engine: @unchecked Sendable {
         inbox.put(.passthrough(events, session: session))
     }
 
+    /// The session layer refused a token: the answer keeps its place behind the session's
+    /// work, and changes `authTokenState` for an unauthenticated session.
+    public func rejectToken(_ error: SetupError, session: EngineSession) {
+        inbox.put(.tokenRejected(error, session: session))
+    }
+
     public func close(_ session: EngineSession) {
         inbox.put(.close(session))
     }
@@ -345,6 +354,10 @@ public final class Engine: @unchecked Sendable {
             batch.finish(session)
             batch.begin(.answered, session: session)
             for event in events { batch.emit(event, to: session) }
+        case .tokenRejected(let error, let session):
+            batch.finish(session)
+            batch.begin(.answered, session: session)
+            tokenRejected(error, session: session, batch: batch)
         case .close(let session):
             batch.begin(.internal, session: nil)
             detach(session)
@@ -449,6 +462,7 @@ public final class Engine: @unchecked Sendable {
                 throw ProtocolError(.internal, "the store failed and the service is stopping: \(brokenStore)")
             }
             guard let user = session.user else {
+                if try listBeforeAuthentication(request, session: session, batch: batch) { return }
                 throw ProtocolError(.notAuthenticated, "the session is not authenticated: send authToken first")
             }
             try handle(request, user: user, session: session, batch: batch)

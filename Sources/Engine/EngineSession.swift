@@ -31,6 +31,12 @@ public final class EngineSession: @unchecked Sendable, Hashable {
     /// The user this endpoint is authenticated as (engine thread only).
     var user: Int64?
     var isOpen = true
+    /// A token of this session was refused while it was not authenticated (its
+    /// `authTokenState` shows `Rejected`).
+    var tokenRejected = false
+    /// Lists it asked for before authenticating (answered empty): brought up to date with
+    /// a `listAdd` when it authenticates (PROTOCOL.md §4).
+    var listedEarly: Set<ListType> = []
 
     init(id: Int, transport: Transport, sink: EventSink) {
         self.id = id

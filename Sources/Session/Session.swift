@@ -86,7 +86,9 @@ public final class Session: EventSink, @unchecked Sendable {
             respond(ProtocolError(failure).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number))
         case .success(.authToken(let request)):
             if let error = authenticator.verify(token: request.authToken, userId: request.userId) {
-                respond(.setupError(SetupError(error: error, cookie: request.cookie)))
+                handOver()
+                inFlight.add(1, ordering: .relaxed)
+                engine.rejectToken(SetupError(error: error, cookie: request.cookie), session: handle)
             } else {
                 handOver()
                 inFlight.add(1, ordering: .relaxed)

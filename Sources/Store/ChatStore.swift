@@ -99,6 +99,16 @@ public struct UserRecord: Sendable, Hashable {
 
     public var uri: String { UserRecord.uriPrefix + String(number) }
 
+    /// The uri a user has in their own view (PROTOCOL.md §3).
+    public static let localURI = uriPrefix + "0"
+    /// `"bbmpim://user/id/0"` as JSON bytes, quotes included.
+    public static let quotedLocalURI = Array("\"\(localURI)\"".utf8)
+
+    /// A user's uri as JSON bytes, quotes included.
+    public static func quotedURI(_ number: Int64) -> [UInt8] {
+        Array("\"\(uriPrefix)\(number)\"".utf8)
+    }
+
     public static let uriPrefix = "bbmpim://user/id/"
 
     /// The number in a uri of this service, or nil when it is not one.

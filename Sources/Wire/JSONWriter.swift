@@ -1,3 +1,9 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// Writes compact JSON (no whitespace) into a byte buffer.
 ///
 /// Generated encoders drive it field by field; free-form values (`JSONValue`) are
@@ -38,6 +44,48 @@ public struct JSONWriter: ~Copyable, @unchecked Sendable {
         guard let start = bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), !bytes.isEmpty else { return }
         put(UnsafeBufferPointer(start: start, count: bytes.count))
         needsComma = false
+    }
+
+    /// Replaces every occurrence of `needle` at or after `start` by `replacement`, which
+    /// must not be longer (the bytes move left in place).
+    public mutating func replaceAll(_ needle: [UInt8], with replacement: [UInt8], from start: Int) {
+        precondition(replacement.count <= needle.count && !needle.isEmpty)
+        guard count - start >= needle.count else { return }
+        var read = start
+        var write = start
+        needle.withUnsafeBytes { needleBytes in
+            while read < count {
+                let remaining = count - read
+                guard let offset = JSONWriter.find(needleBytes, in: UnsafeRawPointer(base + read), count: remaining).map({ $0 + read }) else { break }
+                let kept = offset - read
+                if write != read && kept > 0 { memmove(base + write, base + read, kept) }
+                write += kept
+                for byte in replacement {
+                    base[write] = byte
+                    write += 1
+                }
+                read = offset + needle.count
+            }
+        }
+        if write != read {
+            let tail = count - read
+            if tail > 0 { memmove(base + write, base + read, tail) }
+            count = write + tail
+        }
+    }
+
+    /// The offset of the first `needle` in `count` bytes at `haystack` (memchr for its
+    /// first byte, then a compare).
+    private static func find(_ needle: UnsafeRawBufferPointer, in haystack: UnsafeRawPointer, count: Int) -> Int? {
+        let first = Int32(needle[0])
+        var offset = 0
+        while count - offset >= needle.count {
+            guard let hit = memchr(haystack + offset, first, count - offset - needle.count + 1) else { return nil }
+            let at = haystack.distance(to: UnsafeRawPointer(hit))
+            if memcmp(haystack + at, needle.baseAddress!, needle.count) == 0 { return at }
+            offset = at + 1
+        }
+        return nil
     }
 
     /// Forgets what was written, keeping the memory.

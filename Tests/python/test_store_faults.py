@@ -219,7 +219,11 @@ def test_full_filesystem_under_load(small_filesystem):
             values = {el["name"]: el["value"] for e in events if "listChunk" in e for el in e["listChunk"]["elements"]}
             (ids,) = [e for e in alice.request({"identitiesGet": {"cookie": "who-" + user, "userIds": [user]}}) if "identities" in e]
             (info,) = ids["identities"]["identities"]
-            assert str(values["localRegId"]) == str(info["regId"]) and values["localUri"] == info["uri"], (user, values, info)
+            # localUri is bbmpim://user/id/0 in everyone's own view; the regId (derived from
+            # the user id) says who the session is, and so does asking for itself.
+            assert str(values["localRegId"]) == str(info["regId"]) and values["localUri"] == "bbmpim://user/id/0", (user, values, info)
+            (mine,) = [e for e in client.request({"identitiesGet": {"cookie": "me-" + user, "userIds": [user]}}) if "identities" in e]
+            assert mine["identities"]["identities"] == [dict(info, uri="bbmpim://user/id/0")], (user, mine)
 
         announced = {}
         for user in users:
