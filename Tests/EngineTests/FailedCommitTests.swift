@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import SQLiteStore
 import XCTest
+@testable import Engine
 
 /// A commit that fails (PROTOCOL.md §2 `Internal`; issue 11): every request of the batch
 /// gets one answer, nothing of it is seen, what was committed before stays answered, and
@@ -76,8 +77,9 @@ final class FailedCommitTests: XCTestCase {
         XCTAssertTrue(refused[0].contains(#""request":"authToken""#) && refused[0].contains(#""error":"Internal""#), "\(refused)")
         store.failing.store(false, ordering: .relaxed)
         // The next new user takes the number the failed one did not keep...
-        let yvonne = h.connect("y", as: "yvonne")
-        XCTAssertTrue(yvonne.joined().contains("bbmpim://user/id/2"), "\(yvonne)")
+        h.connect("y", as: "yvonne")
+        let seen = h.send("a", #"{"identitiesGet":{"cookie":"who","userIds":["yvonne","xavier"]}}"#)
+        XCTAssertEqual(seen, [#"{"identities":{"cookie":"who","identities":[{"userId":"yvonne","regId":"\#(RegId.derive("yvonne"))","uri":"bbmpim://user/id/2"}]}}"#])
         // ...and the session of the failed authentication is nobody.
         let answer = h.send("x", #"{"identitiesGet":{"cookie":"i","userIds":["xavier"]}}"#)
         XCTAssertTrue(answer.joined().contains("NotAuthenticated"), "\(answer)")
