@@ -197,7 +197,7 @@ def million(count=1_000_000):
         index_size = sum(f.stat().st_size for f in pathlib.Path(data).iterdir() if f.name.startswith("search.sqlite"))
         start = time.perf_counter()
         session = Stdio("alice", data)
-        session.ask({"identitiesGet": {"cookie": "ready", "userIds": ["alice"]}}, "ready")
+        session.ask({"identitiesGet": {"cookie": "ready", "appUserIds": ["alice"]}}, "ready")
         restart_seconds = time.perf_counter() - start
         windows = []
         threads = []
@@ -340,7 +340,7 @@ def scale(users=1000, chats=1000, messages=1_000_000):
                 else:
                     lines.append(send_line(str(chat + 1), n + chat * per_chat))
             # One writer, the marker last (two threads writing one socket would interleave).
-            lines.append(b'{"identitiesGet":{"cookie":"done","userIds":[]}}\n')
+            lines.append(b'{"identitiesGet":{"cookie":"done","appUserIds":[]}}\n')
             writer = threading.Thread(target=starter.sendall, args=(b"".join(lines),))
             writer.start()
             finish(starter, "done")
@@ -353,7 +353,7 @@ def scale(users=1000, chats=1000, messages=1_000_000):
 
         begin = time.perf_counter()
         session = Stdio("u0", data)
-        session.ask({"identitiesGet": {"cookie": "ready", "userIds": []}}, "ready")
+        session.ask({"identitiesGet": {"cookie": "ready", "appUserIds": []}}, "ready")
         startup = time.perf_counter() - begin
         rss = 0
         for line in open(f"/proc/{session.process.pid}/status"):

@@ -50,7 +50,7 @@ def realistic_corpus(path, lines=100_000):
             elif kind < 0.97:
                 message = {"requestListChange": {"type": "chatMessage", "elements": [{"chatId": chat, "messageId": str(n), "localData": {"starred": True}}]}}
             else:
-                message = {"identitiesGet": {"cookie": f"i{n}", "userIds": [f"user{rng.randrange(1000)}"]}}
+                message = {"identitiesGet": {"cookie": f"i{n}", "appUserIds": [f"user{rng.randrange(1000)}"]}}
             f.write(json.dumps(message, ensure_ascii=False, separators=(",", ":")) + "\n")
 
 

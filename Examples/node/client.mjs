@@ -33,8 +33,8 @@ function request(name, fields) {
   return new Promise((resolve) => waiting.set(cookie, resolve));
 }
 
-const identities = await request("identitiesGet", { userIds: ["alice"] });
-console.log("identities:", JSON.stringify(identities.identities.identities));
+const identities = await request("identitiesGet", { appUserIds: ["alice"] });
+console.log("identities:", JSON.stringify(identities.identities.info));
 const failed = await request("chatMessageSend", { chatId: "1", tag: "Text", misspelled: true });
 console.log("requestFailed:", failed.requestFailed.reason);
 

@@ -1,7 +1,7 @@
 """A minimal chatcore client: spawns `chatcore serve --user ID` and speaks its protocol.
 
     client = ChatcoreClient("alice")
-    client.send({"identitiesGet": {"cookie": "1", "userIds": ["alice"]}})
+    client.send({"identitiesGet": {"cookie": "1", "appUserIds": ["alice"]}})
     print(client.receive())        # {'identities': {...}}
     client.close()
 
@@ -60,6 +60,6 @@ class ChatcoreClient:
 
 if __name__ == "__main__":
     client = ChatcoreClient("alice")
-    print(client.request("identitiesGet", {"userIds": ["alice"]}))
+    print(client.request("identitiesGet", {"appUserIds": ["alice"]}))
     print(client.request("requestListAll", {"type": "global"}))
     print("exit code", client.close())

@@ -12,8 +12,8 @@ BINARY = os.environ.get("CHATCORE_BINARY", str(ROOT / ".build" / "debug" / "chat
 
 def test_the_python_client_spawns_chatcore_and_talks_to_it():
     client = ChatcoreClient("alice", binary=BINARY)
-    identities = client.request("identitiesGet", {"userIds": ["alice", "nobody"]})
-    assert identities["identities"]["identities"][0]["uri"] == "bbmpim://user/id/0"  # yourself, in your own view
+    identities = client.request("identitiesGet", {"appUserIds": ["alice", "nobody"]})
+    assert identities["identities"]["info"][0]["uri"] == "bbmpim://user/id/0"  # yourself, in your own view
     # A list answer opens with its header; the chunks follow, the final one "last".
     assert client.request("requestListAll", {"type": "global"}) == {"listAll": {"type": "global", "cookie": "py2"}}
     chunk = client.receive()["listChunk"]

@@ -94,6 +94,7 @@ extension Engine {
         chats[chat.number] = chat
         let starter = MemberRecord(user: user, isAdmin: true, joinedAt: 1)
         starter.localData = request.localData
+        starter.privateData = request.privateData
         chat.members[user] = starter
         chatsOfUser[user, default: []].insert(chat.number)
         var invited: [Int64] = []

@@ -95,11 +95,11 @@ extension Engine {
         var seen = Set<Int64>()
         func add(_ user: UserRecord?) {
             guard let user, seen.insert(user.number).inserted else { return }
-            found.append(Identity(userId: user.userId, regId: user.regId, uri: user.uri))
+            found.append(Identity(appUserId: user.userId, regId: user.regId, uri: user.uri))
         }
-        for userId in request.userIds ?? [] { add(users.find(userId: userId)) }
+        for userId in request.appUserIds ?? [] { add(users.find(userId: userId)) }
         for regId in request.regIds ?? [] { add(users.find(regId: regId)) }
-        return .identities(Identities(cookie: request.cookie, identities: found))
+        return .identities(Identities(cookie: request.cookie, result: "Success", info: found))
     }
 
     func userElement(_ user: UserRecord) -> User {

@@ -206,7 +206,7 @@ extension Engine {
 
     func deletePrivately(_ request: ChatMessageDelete, user: Int64, batch: Batch) throws {
         let (chat, member) = try chat(request.chatId, of: user)
-        let message = try message(request.messageId, in: chat, seenBy: member)
+        let message = try message(request.id, in: chat, seenBy: member)
         guard message.privateStates[user]?.isDeleted != true else { return }
         let changes = PendingChanges()
         willChange(message, in: chat, changes)

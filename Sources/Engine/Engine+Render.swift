@@ -39,7 +39,7 @@ extension Engine {
         return Chat(chatId: chat.chatId, subject: chat.subject, state: chat.isDefunct ? .defunct : .ready, flags: flags,
                     lastMessage: last, numMessages: last >= member.joinedAt ? last - member.joinedAt + 1 : 0,
                     numUnread: member.numUnread, lastActivity: chat.lastActivity, invitePolicy: chat.invitePolicy,
-                    data: chat.data, localData: member.localData)
+                    data: chat.data, localData: member.localData, privateData: member.privateData)
     }
 
     func renderParticipant(_ chat: ChatRecord, _ member: MemberRecord) -> ChatParticipant {

@@ -68,6 +68,6 @@ extension Engine {
             if found.count > limit { found.removeLast(found.count - limit) }
         }
         let messages = found.map { MessageKey(chatId: $0.chat.chatId, messageId: $0.id) }
-        return .searchResult(SearchResult(cookie: request.cookie, chatIds: chatIds, messages: messages))
+        return .searchResult(SearchResult(cookie: request.cookie, chatIds: chatIds, messages: messages, returnIdentifier: request.returnIdentifier))
     }
 }

@@ -17,6 +17,8 @@ final class MemberRecord {
     var leftAt: Int64?
     var isHidden: Bool
     var localData: JSONValue?
+    /// The starter's `privateData` from `chatStart` (shown to this member only).
+    var privateData: JSONValue?
     var deliveredUpTo: Int64
     var readUpTo: Int64
     /// Incoming messages after `readUpTo` without flag N (derived, not stored).
@@ -42,13 +44,16 @@ final class MemberRecord {
         leftAt = row.leftAt
         isHidden = row.isHidden
         localData = row.localData.map { JSONValue(compactJSON: $0) }
+        privateData = row.privateData.map { JSONValue(compactJSON: $0) }
         deliveredUpTo = row.deliveredUpTo
         readUpTo = row.readUpTo
     }
 
     func row(chat: Int64) -> MemberRow {
-        MemberRow(chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
-                  localData: localData?.json, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo)
+        var row = MemberRow(chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
+                            localData: localData?.json, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo)
+        row.privateData = privateData?.json
+        return row
     }
 
     /// Whether this member received message `id` (was in the chat when it was posted).

@@ -183,6 +183,9 @@ public final class SQLiteStore: ChatStore {
                 ALTER TABLE message_user ADD COLUMN fileDownloaded INTEGER NOT NULL DEFAULT 0;
                 """)
         }
+        migrator.registerMigration("v5-private-data") { db in
+            try db.execute(sql: "ALTER TABLE member ADD COLUMN privateData TEXT")
+        }
         return migrator
     }
 
@@ -197,9 +200,11 @@ public final class SQLiteStore: ChatStore {
                         isDefunct: $0["isDefunct"], data: $0["data"], lastMessage: $0["lastMessage"])
             }
             snapshot.members = try Row.fetchAll(db, sql: "SELECT * FROM member ORDER BY chat, user").map {
-                MemberRow(chat: $0["chat"], user: $0["user"], isActive: $0["isActive"], isAdmin: $0["isAdmin"], joinedAt: $0["joinedAt"],
-                          leftAt: $0["leftAt"], isHidden: $0["isHidden"], localData: $0["localData"],
-                          deliveredUpTo: $0["deliveredUpTo"], readUpTo: $0["readUpTo"])
+                var member = MemberRow(chat: $0["chat"], user: $0["user"], isActive: $0["isActive"], isAdmin: $0["isAdmin"], joinedAt: $0["joinedAt"],
+                                       leftAt: $0["leftAt"], isHidden: $0["isHidden"], localData: $0["localData"],
+                                       deliveredUpTo: $0["deliveredUpTo"], readUpTo: $0["readUpTo"])
+                member.privateData = $0["privateData"]
+                return member
             }
             var refs: [Int64: [Int64: [RefRow]]] = [:]
             let refRows = try Row.fetchCursor(db, sql: "SELECT chat, source, tag, target FROM message_ref ORDER BY chat, source, tag")
@@ -265,12 +270,13 @@ public final class SQLiteStore: ChatStore {
             }
             if !batch.members.isEmpty {
                 let statement = try db.cachedStatement(sql: """
-                    INSERT OR REPLACE INTO member (chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, deliveredUpTo, readUpTo)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    INSERT OR REPLACE INTO member (chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, deliveredUpTo, readUpTo,
+                                                   privateData)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     """)
                 for member in batch.members {
                     try statement.execute(arguments: [member.chat, member.user, member.isActive, member.isAdmin, member.joinedAt, member.leftAt,
-                                                      member.isHidden, member.localData, member.deliveredUpTo, member.readUpTo])
+                                                      member.isHidden, member.localData, member.deliveredUpTo, member.readUpTo, member.privateData])
                 }
             }
             if !batch.messages.isEmpty {

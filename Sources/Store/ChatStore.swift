@@ -156,6 +156,8 @@ public struct MemberRow: Sendable, Equatable {
     public var leftAt: Int64?
     public var isHidden: Bool
     public var localData: String?
+    /// The chat's privateData (compact JSON), kept for its starter only (protocol v2 §5).
+    public var privateData: String?
     /// Every message up to this id was received by one of their sessions / marked read.
     public var deliveredUpTo: Int64
     public var readUpTo: Int64

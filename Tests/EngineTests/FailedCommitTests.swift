@@ -78,10 +78,10 @@ final class FailedCommitTests: XCTestCase {
         store.failing.store(false, ordering: .relaxed)
         // The next new user takes the number the failed one did not keep...
         h.connect("y", as: "yvonne")
-        let seen = h.send("a", #"{"identitiesGet":{"cookie":"who","userIds":["yvonne","xavier"]}}"#)
-        XCTAssertEqual(seen, [#"{"identities":{"cookie":"who","identities":[{"userId":"yvonne","regId":"\#(RegId.derive("yvonne"))","uri":"bbmpim://user/id/2"}]}}"#])
+        let seen = h.send("a", #"{"identitiesGet":{"cookie":"who","appUserIds":["yvonne","xavier"]}}"#)
+        XCTAssertEqual(seen, [#"{"identities":{"cookie":"who","result":"Success","info":[{"appUserId":"yvonne","regId":"\#(RegId.derive("yvonne"))","uri":"bbmpim://user/id/2"}]}}"#])
         // ...and the session of the failed authentication is nobody.
-        let answer = h.send("x", #"{"identitiesGet":{"cookie":"i","userIds":["xavier"]}}"#)
+        let answer = h.send("x", #"{"identitiesGet":{"cookie":"i","appUserIds":["xavier"]}}"#)
         XCTAssertTrue(answer.joined().contains("NotAuthenticated"), "\(answer)")
     }
 }

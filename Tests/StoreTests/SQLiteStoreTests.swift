@@ -46,8 +46,11 @@ final class SQLiteStoreTests: XCTestCase {
         var batch = StoreBatch()
         batch.newUsers = [UserRecord(number: 1, userId: "alice", regId: 7), UserRecord(number: 2, userId: "bob", regId: 8)]
         batch.chats = [ChatRow(number: 1, subject: "s", isOneToOne: true, invitePolicy: "AdminsOnly", isDefunct: true, data: #"{"k":[1,2]}"#, lastMessage: 2)]
+        var starter = MemberRow(chat: 1, user: 1, isActive: true, isAdmin: true, joinedAt: 1, leftAt: nil, isHidden: false, localData: nil,
+                                deliveredUpTo: 2, readUpTo: 2)
+        starter.privateData = #"{"mine":true}"#
         batch.members = [
-            MemberRow(chat: 1, user: 1, isActive: true, isAdmin: true, joinedAt: 1, leftAt: nil, isHidden: false, localData: nil, deliveredUpTo: 2, readUpTo: 2),
+            starter,
             MemberRow(chat: 1, user: 2, isActive: false, isAdmin: false, joinedAt: 1, leftAt: 2, isHidden: true, localData: #"{"x":1}"#, deliveredUpTo: 1, readUpTo: 0),
         ]
         var first = MessageRow(chat: 1, id: 1, sender: 1, tag: "Text", content: "héllo ✓", data: #"{"a":null}"#, refs: [], timestamp: 1_700_000_000,

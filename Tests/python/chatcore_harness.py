@@ -117,7 +117,7 @@ def auth(client, user, cookie="auth"):
     authToken answer, a `global` listChange, carries no cookie). Returns the events
     before the identities answer."""
     client.send({"authToken": {"userId": user, "authToken": "any", "cookie": cookie}},
-                {"identitiesGet": {"cookie": cookie + "-sync", "userIds": [user]}})
+                {"identitiesGet": {"cookie": cookie + "-sync", "appUserIds": [user]}})
     return client.answer(cookie + "-sync")[:-1]
 
 

@@ -20,7 +20,7 @@ def test_a_200_mb_line_does_not_raise_peak_memory_above_100_mb():
         chunk = b"x" * (1 << 20)
         for _ in range(200):
             process.stdin.write(chunk)
-        process.stdin.write(b"\n" + json.dumps({"identitiesGet": {"cookie": "after", "userIds": ["alice"]}}).encode() + b"\n")
+        process.stdin.write(b"\n" + json.dumps({"identitiesGet": {"cookie": "after", "appUserIds": ["alice"]}}).encode() + b"\n")
         process.stdin.close()
         out = process.stdout.read().decode().splitlines()
         assert process.wait(timeout=60) == 0

@@ -77,7 +77,7 @@ def test_hostile_clients_do_not_hurt_a_normal_session():
             deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
 
             def flood():
-                request = json.dumps({"identitiesGet": {"cookie": "x" * 200, "userIds": ["alice", "bob"]}}).encode() + b"\n"
+                request = json.dumps({"identitiesGet": {"cookie": "x" * 200, "appUserIds": ["alice", "bob"]}}).encode() + b"\n"
                 deaf.sendall(b'{"authToken":{"userId":"deaf","authToken":"-"}}\n')
                 deaf.settimeout(1)
                 while not stop.is_set():

@@ -42,7 +42,7 @@ def test_a_never_reading_client_with_huge_answers_stays_bounded():
             bob = Client(path)
             auth(bob, "bob")
             started = time.time()
-            bob.request({"identitiesGet": {"cookie": "i", "userIds": ["bob"]}})
+            bob.request({"identitiesGet": {"cookie": "i", "appUserIds": ["bob"]}})
             assert time.time() - started < 5 * BOUND_SCALE
             time.sleep(8)
             peak = peak_memory_mb(server.pid)

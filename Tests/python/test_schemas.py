@@ -68,7 +68,7 @@ def test_every_expected_event_matches_the_event_schema(fixture):
 def test_what_the_service_writes_matches_the_event_schema():
     validator = schemas.validator("event.json", DOCS)
     requests = [
-        {"identitiesGet": {"cookie": "1", "userIds": ["alice"]}},
+        {"identitiesGet": {"cookie": "1", "appUserIds": ["alice"]}},
         {"requestListAll": {"type": "global", "cookie": "2"}},
         {"requestListAll": {"type": "user"}},
         {"requestListElements": {"type": "user", "elements": [{"uri": "bbmpim://user/id/1"}, {"uri": "x"}]}},

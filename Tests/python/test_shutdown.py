@@ -33,7 +33,7 @@ def half_closed_exchange(family, address, requests):
 
 def twenty_requests():
     requests = [{"authToken": {"userId": "alice", "authToken": "any"}}]
-    requests += [{"identitiesGet": {"cookie": "c%d" % n, "userIds": ["alice"]}} for n in range(20)]
+    requests += [{"identitiesGet": {"cookie": "c%d" % n, "appUserIds": ["alice"]}} for n in range(20)]
     return requests
 
 

@@ -118,14 +118,17 @@ def stored_files(events):
 def fill(directory):
     """Fills the filesystem of `directory`; returns the filler's path."""
     path = os.path.join(directory, "filler")
-    with open(path, "wb") as filler:
-        block = b"\0" * (1 << 16)
-        try:
+    # Unbuffered: a buffered file would raise ENOSPC again when it is closed.
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for size in (1 << 16, 4096, 1):
             while True:
-                filler.write(block)
-                filler.flush()
-        except OSError:
-            pass
+                try:
+                    os.write(descriptor, b"\0" * size)
+                except OSError:
+                    break
+    finally:
+        os.close(descriptor)
     return path
 
 
@@ -185,14 +188,14 @@ def test_full_filesystem_under_load(small_filesystem):
         alice.send({"chatMessageDestroy": {"chatId": "1", "messageId": "4", "cookie": "recall4"}},
                    {"chatMessageDestroy": {"chatId": "1", "messageId": "5", "cookie": "recall5"}})
         for user in users:
-            clients[user].request({"identitiesGet": {"cookie": "end", "userIds": [user]}})
+            clients[user].request({"identitiesGet": {"cookie": "end", "appUserIds": [user]}})
             own = own_contents(clients[user].all)
             refused = [e["requestFailed"] for e in clients[user].all if "requestFailed" in e]
             for content in contents[user]:
                 answers = own.count(content) + sum(1 for f in refused if f.get("cookie") == content[-12:])
                 assert answers == 1, (user, content[-12:], answers)
         for user, client in newcomers.items():
-            client.request({"identitiesGet": {"cookie": "end", "userIds": [user]}})
+            client.request({"identitiesGet": {"cookie": "end", "appUserIds": [user]}})
             answers = [e for e in client.all
                        if e.get("requestFailed", {}).get("request") == "authToken" or global_value([e], "authTokenState")]
             assert len(answers) == 1, (user, answers)
@@ -209,7 +212,7 @@ def test_full_filesystem_under_load(small_filesystem):
                 e.get("setupError", {}).get("error") == "AlreadyAuthenticated" for e in events), events
         for user in users:
             clients[user].send({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "after " + user}})
-            clients[user].request({"identitiesGet": {"cookie": "after", "userIds": [user]}})
+            clients[user].request({"identitiesGet": {"cookie": "after", "appUserIds": [user]}})
             assert ("after " + user) in own_contents(clients[user].all)
 
         # Nobody acts as someone else: every session's own regId and uri are its user's.
@@ -217,13 +220,13 @@ def test_full_filesystem_under_load(small_filesystem):
             client.send({"requestListAll": {"type": "global", "cookie": "g"}})
             events = client.answer("g")
             values = {el["name"]: el["value"] for e in events if "listChunk" in e for el in e["listChunk"]["elements"]}
-            (ids,) = [e for e in alice.request({"identitiesGet": {"cookie": "who-" + user, "userIds": [user]}}) if "identities" in e]
-            (info,) = ids["identities"]["identities"]
+            (ids,) = [e for e in alice.request({"identitiesGet": {"cookie": "who-" + user, "appUserIds": [user]}}) if "identities" in e]
+            (info,) = ids["identities"]["info"]
             # localUri is bbmpim://user/id/0 in everyone's own view; the regId (derived from
             # the user id) says who the session is, and so does asking for itself.
             assert str(values["localRegId"]) == str(info["regId"]) and values["localUri"] == "bbmpim://user/id/0", (user, values, info)
-            (mine,) = [e for e in client.request({"identitiesGet": {"cookie": "me-" + user, "userIds": [user]}}) if "identities" in e]
-            assert mine["identities"]["identities"] == [dict(info, uri="bbmpim://user/id/0")], (user, mine)
+            (mine,) = [e for e in client.request({"identitiesGet": {"cookie": "me-" + user, "appUserIds": [user]}}) if "identities" in e]
+            assert mine["identities"]["info"] == [dict(info, uri="bbmpim://user/id/0")], (user, mine)
 
         announced = {}
         for user in users:
@@ -261,7 +264,7 @@ def test_eio_on_fsync_under_a_multi_session_load_stops_cleanly():
     auth(alice, "alice")
     alice.request({"chatStart": {"cookie": "start", "invitees": [{"userId": u} for u in users[1:]], "subject": "eio"}})
     alice.send({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "before"}})
-    alice.request({"identitiesGet": {"cookie": "x", "userIds": ["alice"]}})
+    alice.request({"identitiesGet": {"cookie": "x", "appUserIds": ["alice"]}})
     announced = sent_messages(alice.all)
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=60) == 0

@@ -57,8 +57,10 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
     public var data: JSONValue?
     /// Application data of the local user only.
     public var localData: JSONValue?
+    /// The starter's privateData from chatStart; only the starter sees it.
+    public var privateData: JSONValue?
 
-    public init(chatId: String, subject: String, state: ChatState, flags: String, lastMessage: Int64, numMessages: Int64, numUnread: Int64, lastActivity: Int64, invitePolicy: InvitePolicy, data: JSONValue? = nil, localData: JSONValue? = nil) {
+    public init(chatId: String, subject: String, state: ChatState, flags: String, lastMessage: Int64, numMessages: Int64, numUnread: Int64, lastActivity: Int64, invitePolicy: InvitePolicy, data: JSONValue? = nil, localData: JSONValue? = nil, privateData: JSONValue? = nil) {
         self.chatId = chatId
         self.subject = subject
         self.state = state
@@ -70,6 +72,7 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         self.invitePolicy = invitePolicy
         self.data = data
         self.localData = localData
+        self.privateData = privateData
     }
 
     public static let wireSchema = WireSchema([
@@ -84,6 +87,7 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("invitePolicy", .enumeration(["AdminsOnly", "ParticipantsOnly"]), required: true),
         WireField("data", .json(objectOnly: true)),
         WireField("localData", .json(objectOnly: true)),
+        WireField("privateData", .json(objectOnly: true)),
     ])
 
     public init(wire fields: WireFields) throws {
@@ -98,6 +102,7 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         self.invitePolicy = try fields.required(8) { value in try value.enumeration(InvitePolicy.self) }
         self.data = try fields.optional(9) { value in try value.json() }
         self.localData = try fields.optional(10) { value in try value.json() }
+        self.privateData = try fields.optional(11) { value in try value.json() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -113,6 +118,7 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"invitePolicy\":"); writer.string(self.invitePolicy.rawValue)
         if let value = self.data { writer.rawKey("\"data\":"); writer.json(value) }
         if let value = self.localData { writer.rawKey("\"localData\":"); writer.json(value) }
+        if let value = self.privateData { writer.rawKey("\"privateData\":"); writer.json(value) }
         writer.endObject()
     }
 }

@@ -15,9 +15,9 @@ public struct ChatEvent: Sendable, Equatable, WireDecodable, WireEncodable {
     /// What a message is (Text, Quote, Edit, Thread, or any application tag).
     public var tag: String
     /// Application data.
-    public var data: JSONValue
+    public var data: JSONValue?
 
-    public init(chatId: String, senderUri: String, tag: String, data: JSONValue) {
+    public init(chatId: String, senderUri: String, tag: String, data: JSONValue? = nil) {
         self.chatId = chatId
         self.senderUri = senderUri
         self.tag = tag
@@ -28,14 +28,14 @@ public struct ChatEvent: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("chatId", .string(minBytes: 1, maxBytes: 64), required: true),
         WireField("senderUri", .string(minBytes: 1, maxBytes: 256), required: true),
         WireField("tag", .string(minBytes: 1, maxBytes: 128), required: true),
-        WireField("data", .json(objectOnly: true), required: true),
+        WireField("data", .json(objectOnly: true)),
     ])
 
     public init(wire fields: WireFields) throws {
         self.chatId = try fields.required(0) { value in try value.string() }
         self.senderUri = try fields.required(1) { value in try value.string() }
         self.tag = try fields.required(2) { value in try value.string() }
-        self.data = try fields.required(3) { value in try value.json() }
+        self.data = try fields.optional(3) { value in try value.json() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -43,7 +43,7 @@ public struct ChatEvent: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         writer.rawKey("\"senderUri\":"); writer.string(self.senderUri)
         writer.rawKey("\"tag\":"); writer.string(self.tag)
-        writer.rawKey("\"data\":"); writer.json(self.data)
+        if let value = self.data { writer.rawKey("\"data\":"); writer.json(value) }
         writer.endObject()
     }
 }

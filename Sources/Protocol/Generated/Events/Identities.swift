@@ -6,33 +6,33 @@ import Wire
 /// A user.
 public struct Identity: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The application's id of a user.
-    public var userId: String
+    public var appUserId: String
     /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
     public var regId: Int64
     /// A user as the protocol names them: bbmpim://user/id/<n>.
     public var uri: String
 
-    public init(userId: String, regId: Int64, uri: String) {
-        self.userId = userId
+    public init(appUserId: String, regId: Int64, uri: String) {
+        self.appUserId = appUserId
         self.regId = regId
         self.uri = uri
     }
 
     public static let wireSchema = WireSchema([
-        WireField("userId", .string(minBytes: 1, maxBytes: 128), required: true),
+        WireField("appUserId", .string(minBytes: 1, maxBytes: 128), required: true),
         WireField("regId", .id64, required: true),
         WireField("uri", .string(minBytes: 1, maxBytes: 256), required: true),
     ])
 
     public init(wire fields: WireFields) throws {
-        self.userId = try fields.required(0) { value in try value.string() }
+        self.appUserId = try fields.required(0) { value in try value.string() }
         self.regId = try fields.required(1) { value in try value.integer() }
         self.uri = try fields.required(2) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.rawKey("\"userId\":"); writer.string(self.userId)
+        writer.rawKey("\"appUserId\":"); writer.string(self.appUserId)
         writer.rawKey("\"regId\":"); writer.id64(self.regId)
         writer.rawKey("\"uri\":"); writer.string(self.uri)
         writer.endObject()
@@ -45,29 +45,35 @@ public struct Identities: Sendable, Equatable, WireDecodable, WireEncodable {
     public static let name = "identities"
 
     /// Chosen by the client; echoed on every direct response to the request.
-    public var cookie: String?
-    /// The users found.
-    public var identities: [Identity]
+    public var cookie: String
+    /// Always Success: users that are not known are left out of info.
+    public var result: String
+    /// The users found (never absent; empty when none is known).
+    public var info: [Identity]
 
-    public init(cookie: String? = nil, identities: [Identity]) {
+    public init(cookie: String, result: String, info: [Identity]) {
         self.cookie = cookie
-        self.identities = identities
+        self.result = result
+        self.info = info
     }
 
     public static let wireSchema = WireSchema([
-        WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
-        WireField("identities", .array(.object(Identity.self), minItems: 0, maxItems: Int.max), required: true),
+        WireField("cookie", .string(minBytes: 0, maxBytes: 256), required: true),
+        WireField("result", .enumeration(["Success"]), required: true),
+        WireField("info", .array(.object(Identity.self), minItems: 0, maxItems: Int.max), required: true),
     ])
 
     public init(wire fields: WireFields) throws {
-        self.cookie = try fields.optional(0) { value in try value.string() }
-        self.identities = try fields.required(1) { value in try value.array().map { element in try element.object(Identity.self) } }
+        self.cookie = try fields.required(0) { value in try value.string() }
+        self.result = try fields.required(1) { value in try value.string() }
+        self.info = try fields.required(2) { value in try value.array().map { element in try element.object(Identity.self) } }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
-        writer.rawKey("\"identities\":"); writer.beginArray(); for element in self.identities { element.encode(to: &writer) }; writer.endArray()
+        writer.rawKey("\"cookie\":"); writer.string(self.cookie)
+        writer.rawKey("\"result\":"); writer.string(self.result)
+        writer.rawKey("\"info\":"); writer.beginArray(); for element in self.info { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
 }

@@ -14,23 +14,28 @@ public struct SearchResult: Sendable, Equatable, WireDecodable, WireEncodable {
     public var chatIds: [String]
     /// Messages whose content matches.
     public var messages: [MessageKey]
+    /// The search's returnIdentifier, when it had one.
+    public var returnIdentifier: String?
 
-    public init(cookie: String? = nil, chatIds: [String], messages: [MessageKey]) {
+    public init(cookie: String? = nil, chatIds: [String], messages: [MessageKey], returnIdentifier: String? = nil) {
         self.cookie = cookie
         self.chatIds = chatIds
         self.messages = messages
+        self.returnIdentifier = returnIdentifier
     }
 
     public static let wireSchema = WireSchema([
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
         WireField("chatIds", .array(.string(minBytes: 1, maxBytes: 64), minItems: 0, maxItems: Int.max), required: true),
         WireField("messages", .array(.object(MessageKey.self), minItems: 0, maxItems: Int.max), required: true),
+        WireField("returnIdentifier", .string(minBytes: 0, maxBytes: Int.max)),
     ])
 
     public init(wire fields: WireFields) throws {
         self.cookie = try fields.optional(0) { value in try value.string() }
         self.chatIds = try fields.required(1) { value in try value.array().map { element in try element.string() } }
         self.messages = try fields.required(2) { value in try value.array().map { element in try element.object(MessageKey.self) } }
+        self.returnIdentifier = try fields.optional(3) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -38,6 +43,7 @@ public struct SearchResult: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"chatIds\":"); writer.beginArray(); for element in self.chatIds { writer.string(element) }; writer.endArray()
         writer.rawKey("\"messages\":"); writer.beginArray(); for element in self.messages { element.encode(to: &writer) }; writer.endArray()
+        if let value = self.returnIdentifier { writer.rawKey("\"returnIdentifier\":"); writer.string(value) }
         writer.endObject()
     }
 }

@@ -13,11 +13,11 @@ public struct ChatEventSend: Sendable, Equatable, WireDecodable, WireEncodable {
     /// What a message is (Text, Quote, Edit, Thread, or any application tag).
     public var tag: String
     /// Application data.
-    public var data: JSONValue
+    public var data: JSONValue?
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
 
-    public init(chatId: String, tag: String, data: JSONValue, cookie: String? = nil) {
+    public init(chatId: String, tag: String, data: JSONValue? = nil, cookie: String? = nil) {
         self.chatId = chatId
         self.tag = tag
         self.data = data
@@ -27,14 +27,14 @@ public struct ChatEventSend: Sendable, Equatable, WireDecodable, WireEncodable {
     public static let wireSchema = WireSchema([
         WireField("chatId", .string(minBytes: 1, maxBytes: 64), required: true),
         WireField("tag", .string(minBytes: 1, maxBytes: 128), required: true),
-        WireField("data", .json(objectOnly: true), required: true),
+        WireField("data", .json(objectOnly: true)),
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
     ])
 
     public init(wire fields: WireFields) throws {
         self.chatId = try fields.required(0) { value in try value.string() }
         self.tag = try fields.required(1) { value in try value.string() }
-        self.data = try fields.required(2) { value in try value.json() }
+        self.data = try fields.optional(2) { value in try value.json() }
         self.cookie = try fields.optional(3) { value in try value.string() }
     }
 
@@ -42,7 +42,7 @@ public struct ChatEventSend: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.beginObject()
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         writer.rawKey("\"tag\":"); writer.string(self.tag)
-        writer.rawKey("\"data\":"); writer.json(self.data)
+        if let value = self.data { writer.rawKey("\"data\":"); writer.json(value) }
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }

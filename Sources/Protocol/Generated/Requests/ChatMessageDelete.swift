@@ -11,32 +11,32 @@ public struct ChatMessageDelete: Sendable, Equatable, WireDecodable, WireEncodab
     /// A chat, as the service named it.
     public var chatId: String
     /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
-    public var messageId: Int64
+    public var id: Int64
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
 
-    public init(chatId: String, messageId: Int64, cookie: String? = nil) {
+    public init(chatId: String, id: Int64, cookie: String? = nil) {
         self.chatId = chatId
-        self.messageId = messageId
+        self.id = id
         self.cookie = cookie
     }
 
     public static let wireSchema = WireSchema([
         WireField("chatId", .string(minBytes: 1, maxBytes: 64), required: true),
-        WireField("messageId", .id64, required: true),
+        WireField("id", .id64, required: true),
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
     ])
 
     public init(wire fields: WireFields) throws {
         self.chatId = try fields.required(0) { value in try value.string() }
-        self.messageId = try fields.required(1) { value in try value.integer() }
+        self.id = try fields.required(1) { value in try value.integer() }
         self.cookie = try fields.optional(2) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)
-        writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
+        writer.rawKey("\"id\":"); writer.id64(self.id)
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }

@@ -13,9 +13,9 @@ public struct ChatMessageStateGet: Sendable, Equatable, WireDecodable, WireEncod
     /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
     public var messageId: Int64
     /// Chosen by the client; echoed on every direct response to the request.
-    public var cookie: String
+    public var cookie: String?
 
-    public init(chatId: String, messageId: Int64, cookie: String) {
+    public init(chatId: String, messageId: Int64, cookie: String? = nil) {
         self.chatId = chatId
         self.messageId = messageId
         self.cookie = cookie
@@ -24,20 +24,20 @@ public struct ChatMessageStateGet: Sendable, Equatable, WireDecodable, WireEncod
     public static let wireSchema = WireSchema([
         WireField("chatId", .string(minBytes: 1, maxBytes: 64), required: true),
         WireField("messageId", .id64, required: true),
-        WireField("cookie", .string(minBytes: 0, maxBytes: 256), required: true),
+        WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
     ])
 
     public init(wire fields: WireFields) throws {
         self.chatId = try fields.required(0) { value in try value.string() }
         self.messageId = try fields.required(1) { value in try value.integer() }
-        self.cookie = try fields.required(2) { value in try value.string() }
+        self.cookie = try fields.optional(2) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
-        writer.rawKey("\"cookie\":"); writer.string(self.cookie)
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
 }

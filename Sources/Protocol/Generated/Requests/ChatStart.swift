@@ -22,8 +22,10 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
     public var data: JSONValue?
     /// Application data of the local user only.
     public var localData: JSONValue?
+    /// Kept with the chat and shown to the starter only (the chat element's privateData).
+    public var privateData: JSONValue?
 
-    public init(cookie: String, invitees: [Invitee], subject: String? = nil, isOneToOne: Bool? = nil, invitePolicy: InvitePolicy? = nil, data: JSONValue? = nil, localData: JSONValue? = nil) {
+    public init(cookie: String, invitees: [Invitee], subject: String? = nil, isOneToOne: Bool? = nil, invitePolicy: InvitePolicy? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, privateData: JSONValue? = nil) {
         self.cookie = cookie
         self.invitees = invitees
         self.subject = subject
@@ -31,6 +33,7 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
         self.invitePolicy = invitePolicy
         self.data = data
         self.localData = localData
+        self.privateData = privateData
     }
 
     public static let wireSchema = WireSchema([
@@ -41,6 +44,7 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("invitePolicy", .enumeration(["AdminsOnly", "ParticipantsOnly"])),
         WireField("data", .json(objectOnly: true)),
         WireField("localData", .json(objectOnly: true)),
+        WireField("privateData", .json(objectOnly: true)),
     ])
 
     public init(wire fields: WireFields) throws {
@@ -51,6 +55,7 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
         self.invitePolicy = try fields.optional(4) { value in try value.enumeration(InvitePolicy.self) }
         self.data = try fields.optional(5) { value in try value.json() }
         self.localData = try fields.optional(6) { value in try value.json() }
+        self.privateData = try fields.optional(7) { value in try value.json() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -62,6 +67,7 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.invitePolicy { writer.rawKey("\"invitePolicy\":"); writer.string(value.rawValue) }
         if let value = self.data { writer.rawKey("\"data\":"); writer.json(value) }
         if let value = self.localData { writer.rawKey("\"localData\":"); writer.json(value) }
+        if let value = self.privateData { writer.rawKey("\"privateData\":"); writer.json(value) }
         writer.endObject()
     }
 }

@@ -12,26 +12,38 @@ public struct ChatTyping: Sendable, Equatable, WireDecodable, WireEncodable {
     public var chatId: String
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
+    /// What is being typed (the tag of the message to come); accepted and not shown.
+    public var tag: String?
+    /// The message being replied to or edited; accepted and not shown.
+    public var messageId: Int64?
 
-    public init(chatId: String, cookie: String? = nil) {
+    public init(chatId: String, cookie: String? = nil, tag: String? = nil, messageId: Int64? = nil) {
         self.chatId = chatId
         self.cookie = cookie
+        self.tag = tag
+        self.messageId = messageId
     }
 
     public static let wireSchema = WireSchema([
         WireField("chatId", .string(minBytes: 1, maxBytes: 64), required: true),
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
+        WireField("tag", .string(minBytes: 0, maxBytes: 128)),
+        WireField("messageId", .id64),
     ])
 
     public init(wire fields: WireFields) throws {
         self.chatId = try fields.required(0) { value in try value.string() }
         self.cookie = try fields.optional(1) { value in try value.string() }
+        self.tag = try fields.optional(2) { value in try value.string() }
+        self.messageId = try fields.optional(3) { value in try value.integer() }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        if let value = self.tag { writer.rawKey("\"tag\":"); writer.string(value) }
+        if let value = self.messageId { writer.rawKey("\"messageId\":"); writer.id64(value) }
         writer.endObject()
     }
 }

@@ -10,33 +10,33 @@ public struct IdentitiesGet: Sendable, Equatable, WireDecodable, WireEncodable {
 
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String
-    /// Users to look up by userId.
-    public var userIds: [String]?
+    /// Users to look up by their application user id (userId).
+    public var appUserIds: [String]?
     /// Users to look up by regId.
     public var regIds: [Int64]?
 
-    public init(cookie: String, userIds: [String]? = nil, regIds: [Int64]? = nil) {
+    public init(cookie: String, appUserIds: [String]? = nil, regIds: [Int64]? = nil) {
         self.cookie = cookie
-        self.userIds = userIds
+        self.appUserIds = appUserIds
         self.regIds = regIds
     }
 
     public static let wireSchema = WireSchema([
         WireField("cookie", .string(minBytes: 0, maxBytes: 256), required: true),
-        WireField("userIds", .array(.string(minBytes: 1, maxBytes: 128), minItems: 0, maxItems: 1000)),
+        WireField("appUserIds", .array(.string(minBytes: 1, maxBytes: 128), minItems: 0, maxItems: 1000)),
         WireField("regIds", .array(.id64, minItems: 0, maxItems: 1000)),
     ])
 
     public init(wire fields: WireFields) throws {
         self.cookie = try fields.required(0) { value in try value.string() }
-        self.userIds = try fields.optional(1) { value in try value.array().map { element in try element.string() } }
+        self.appUserIds = try fields.optional(1) { value in try value.array().map { element in try element.string() } }
         self.regIds = try fields.optional(2) { value in try value.array().map { element in try element.integer() } }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
         writer.rawKey("\"cookie\":"); writer.string(self.cookie)
-        if let value = self.userIds { writer.rawKey("\"userIds\":"); writer.beginArray(); for element in value { writer.string(element) }; writer.endArray() }
+        if let value = self.appUserIds { writer.rawKey("\"appUserIds\":"); writer.beginArray(); for element in value { writer.string(element) }; writer.endArray() }
         if let value = self.regIds { writer.rawKey("\"regIds\":"); writer.beginArray(); for element in value { writer.id64(element) }; writer.endArray() }
         writer.endObject()
     }

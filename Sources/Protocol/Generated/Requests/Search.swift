@@ -16,12 +16,15 @@ public struct Search: Sendable, Equatable, WireDecodable, WireEncodable {
     public var chatId: String?
     /// At most about this many messages.
     public var suggestedMaxResults: Int64?
+    /// Echoed in the searchResult, to match answers to searches.
+    public var returnIdentifier: String?
 
-    public init(text: String, cookie: String, chatId: String? = nil, suggestedMaxResults: Int64? = nil) {
+    public init(text: String, cookie: String, chatId: String? = nil, suggestedMaxResults: Int64? = nil, returnIdentifier: String? = nil) {
         self.text = text
         self.cookie = cookie
         self.chatId = chatId
         self.suggestedMaxResults = suggestedMaxResults
+        self.returnIdentifier = returnIdentifier
     }
 
     public static let wireSchema = WireSchema([
@@ -29,6 +32,7 @@ public struct Search: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("cookie", .string(minBytes: 0, maxBytes: 256), required: true),
         WireField("chatId", .string(minBytes: 1, maxBytes: 64)),
         WireField("suggestedMaxResults", .integer(min: 1, max: 1000)),
+        WireField("returnIdentifier", .string(minBytes: 0, maxBytes: 256)),
     ])
 
     public init(wire fields: WireFields) throws {
@@ -36,6 +40,7 @@ public struct Search: Sendable, Equatable, WireDecodable, WireEncodable {
         self.cookie = try fields.required(1) { value in try value.string() }
         self.chatId = try fields.optional(2) { value in try value.string() }
         self.suggestedMaxResults = try fields.optional(3) { value in try value.integer() }
+        self.returnIdentifier = try fields.optional(4) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -44,6 +49,7 @@ public struct Search: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"cookie\":"); writer.string(self.cookie)
         if let value = self.chatId { writer.rawKey("\"chatId\":"); writer.string(value) }
         if let value = self.suggestedMaxResults { writer.rawKey("\"suggestedMaxResults\":"); writer.integer(value) }
+        if let value = self.returnIdentifier { writer.rawKey("\"returnIdentifier\":"); writer.string(value) }
         writer.endObject()
     }
 }
