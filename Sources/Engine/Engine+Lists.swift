@@ -351,9 +351,10 @@ extension Collection {
 }
 
 extension Engine {
-    /// Before authentication a session may list (PROTOCOL.md §3): `global` shows
-    /// authTokenState and setupState; every other list is empty for it and is brought up
-    /// to date when it authenticates. False: the request is not a list request.
+    /// Before authentication a session may list and set up (PROTOCOL.md §3): `global`
+    /// shows authTokenState and setupState; every other list is empty for it and is
+    /// brought up to date when it authenticates; setup requests change nothing. False:
+    /// the request is not served before authentication.
     func listBeforeAuthentication(_ request: Request, session: EngineSession, batch: Batch) throws -> Bool {
         switch request {
         case .requestListAll(let request):
@@ -378,6 +379,9 @@ extension Engine {
             answer(.listMatching(.chatMessage(ListMatchingChatMessage(cookie: request.cookie))), [ChatMessage](), to: session, batch: batch) {
                 .chatMessage(ListChunkChatMessage(cookie: request.cookie, elements: $0, last: $1))
             }
+        case .syncStart, .setupRetry, .retryServerRequests:
+            // Setup requests are served before authentication too, and change nothing.
+            break
         default:
             return false
         }

@@ -6,6 +6,9 @@ extension Engine {
         switch request {
         case .authToken:
             throw ProtocolError(.internal, "authToken is handled by the session")
+        case .syncStart, .setupRetry, .retryServerRequests:
+            // Setup steps of BBMDS's key synchronisation and servers: nothing to do here.
+            break
         case .identitiesGet(let request):
             batch.emit(identities(request), to: session)
         case .requestListAll(let request):

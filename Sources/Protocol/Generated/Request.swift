@@ -29,6 +29,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
     case chatTyping(ChatTyping)
     case chatEventSend(ChatEventSend)
     case search(Search)
+    case syncStart(SyncStart)
+    case setupRetry(SetupRetry)
+    case retryServerRequests(RetryServerRequests)
 
     public static let wireMessages = WireSchema([
         WireField("authToken", .object(AuthToken.self)),
@@ -55,6 +58,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         WireField("chatTyping", .object(ChatTyping.self)),
         WireField("chatEventSend", .object(ChatEventSend.self)),
         WireField("search", .object(Search.self)),
+        WireField("syncStart", .object(SyncStart.self)),
+        WireField("setupRetry", .object(SetupRetry.self)),
+        WireField("retryServerRequests", .object(RetryServerRequests.self)),
     ])
 
     public init(messageIndex: Int, fields: WireFields) throws {
@@ -80,6 +86,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case 21: self = .chatTyping(try ChatTyping(wire: fields))
         case 22: self = .chatEventSend(try ChatEventSend(wire: fields))
         case 23: self = .search(try Search(wire: fields))
+        case 24: self = .syncStart(try SyncStart(wire: fields))
+        case 25: self = .setupRetry(try SetupRetry(wire: fields))
+        case 26: self = .retryServerRequests(try RetryServerRequests(wire: fields))
         default: throw WireFailure(.internal, "message \(messageIndex) is not built from members")
         }
     }
@@ -109,6 +118,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         "chatTyping": .object(ChatTyping.self),
         "chatEventSend": .object(ChatEventSend.self),
         "search": .object(Search.self),
+        "syncStart": .object(SyncStart.self),
+        "setupRetry": .object(SetupRetry.self),
+        "retryServerRequests": .object(RetryServerRequests.self),
     ]
 
     public static func wireType(named name: String) -> WireType? {
@@ -141,6 +153,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case "chatTyping": self = .chatTyping(try value.object(ChatTyping.self))
         case "chatEventSend": self = .chatEventSend(try value.object(ChatEventSend.self))
         case "search": self = .search(try value.object(Search.self))
+        case "syncStart": self = .syncStart(try value.object(SyncStart.self))
+        case "setupRetry": self = .setupRetry(try value.object(SetupRetry.self))
+        case "retryServerRequests": self = .retryServerRequests(try value.object(RetryServerRequests.self))
         default: throw WireFailure(.unknownRequest, "unknown message '\(name)'")
         }
     }
@@ -172,6 +187,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .chatTyping: return "chatTyping"
         case .chatEventSend: return "chatEventSend"
         case .search: return "search"
+        case .syncStart: return "syncStart"
+        case .setupRetry: return "setupRetry"
+        case .retryServerRequests: return "retryServerRequests"
         }
     }
 
@@ -202,6 +220,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .chatTyping(let value): return value.cookie
         case .chatEventSend(let value): return value.cookie
         case .search(let value): return value.cookie
+        case .syncStart(let value): return value.cookie
+        case .setupRetry(let value): return value.cookie
+        case .retryServerRequests(let value): return value.cookie
         }
     }
 
@@ -233,6 +254,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .chatTyping(let value): writer.rawKey("\"chatTyping\":"); value.encode(to: &writer)
         case .chatEventSend(let value): writer.rawKey("\"chatEventSend\":"); value.encode(to: &writer)
         case .search(let value): writer.rawKey("\"search\":"); value.encode(to: &writer)
+        case .syncStart(let value): writer.rawKey("\"syncStart\":"); value.encode(to: &writer)
+        case .setupRetry(let value): writer.rawKey("\"setupRetry\":"); value.encode(to: &writer)
+        case .retryServerRequests(let value): writer.rawKey("\"retryServerRequests\":"); value.encode(to: &writer)
         }
         writer.endObject()
         writer.endLine()
