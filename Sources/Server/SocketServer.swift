@@ -158,8 +158,11 @@ public final class SocketServer: Sendable {
     /// clients that do not read by `deadline`. Call after the engine has drained.
     public func flushAndCloseAll(deadline: NIODeadline) {
         let open = lock.withLock { Array(connections.values) }
+        // Only the output is shut: a client still sending would otherwise be reset, and
+        // a reset can discard answers it has not read yet. It reads every answer, then
+        // EOF; the process exits after.
         let closed = open.map { channel in
-            channel.eventLoop.flatSubmit { SessionHandler.flushThenClose(channel) }
+            channel.eventLoop.flatSubmit { SessionHandler.flushThenClose(channel, outputOnly: true) }
         }
         for future in closed {
             let remaining = deadline - .now()
@@ -246,11 +249,12 @@ final class SessionHandler: ChannelDuplexHandler {
         context.fireUserInboundEventTriggered(event)
     }
 
-    /// Closes once everything written before has gone out (a write completes in order).
-    static func flushThenClose(_ channel: Channel) -> EventLoopFuture<Void> {
+    /// Closes (or with `outputOnly`, shuts the output of) the channel once everything
+    /// written before has gone out (a write completes in order).
+    static func flushThenClose(_ channel: Channel, outputOnly: Bool = false) -> EventLoopFuture<Void> {
         guard channel.isActive else { return channel.eventLoop.makeSucceededVoidFuture() }
         return channel.writeAndFlush(channel.allocator.buffer(capacity: 0))
-            .flatMap { channel.close() }
+            .flatMap { channel.close(mode: outputOnly ? .output : .all) }
             .recover { _ in }
     }
 
