@@ -25,7 +25,7 @@ run: build ## set up, build and start the service on $(LISTEN) (any token accept
 	@echo "chatcore is starting on $(LISTEN). In another terminal:"
 	@echo "    nc $(subst :, ,$(LISTEN))"
 	@echo '    {"authToken":{"userId":"alice","authToken":"any"}}'
-	@echo '    {"identitiesGet":{"cookie":"1","userIds":["alice"]}}'
+	@echo '    {"identitiesGet":{"cookie":"1","appUserIds":["alice"]}}'
 	@echo "Examples/netcat.md walks through more. Ctrl-C stops it; data stays in ~/.local/share/chatcore."
 	@echo
 	exec $(RELEASE) serve --listen $(LISTEN) --insecure-no-auth
