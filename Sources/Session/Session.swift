@@ -83,7 +83,7 @@ public final class Session: EventSink, @unchecked Sendable {
         let decoded = decoder.decode(line, as: Request.self)
         switch decoded.result {
         case .failure(let failure):
-            respond(ProtocolError(failure).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number))
+            respond(RealProtocol.failure(failure, request: decoded.request).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number))
         case .success(.authToken(let request)):
             if let error = authenticator.verify(token: request.authToken, userId: request.userId) {
                 handOver()

@@ -1,0 +1,38 @@
+import Protocol
+import Wire
+
+/// Requests of the real BBMDS protocol (what bbmcore's clients may send) that chatcore does
+/// not serve, and why: a client sending one gets `UnknownRequest` with this reason rather
+/// than a bare "unknown request".
+enum RealProtocol {
+    static let unsupported: [String: String] = {
+        let keys = "chatcore keeps no end-to-end keys (the service itself is the trusted party): key management has no meaning here"
+        let notYet = "endpoints are not supported yet: every session is an endpoint of its user"
+        return [
+            "chatKeyExport": keys,
+            "chatKeysImport": keys,
+            "profileKeysExport": keys,
+            "profileKeysImport": keys,
+            "userKeysImport": keys,
+            "syncPasscodeChange": keys,
+            "requestPin": "chatcore has no PINs: users are named by userId, regId and uri",
+            "wipe": "chatcore does not wipe its store on request: stop it and remove its data directory",
+            "statsCommitted": "chatcore keeps no usage statistics",
+            "requestListAdd": "lists change through the requests that own them (chatStart, chatMessageSend, chatInvite, ...): requestListAdd is not supported",
+            "requestListRemove": "lists change through the requests that own them (chatLeave, participantRemove, chatMessageDestroy, ...): requestListRemove is not supported",
+            "chatParticipantTimesGet": "chatcore keeps no per-participant times: chatMessageStateGet gives each recipient's state of a message",
+            "endpointUpdate": notYet,
+            "endpointsGet": notYet,
+            "endpointDeregister": notYet,
+        ]
+    }()
+
+    /// The answer to a line that failed to decode, with the reason for a known request of
+    /// the real protocol that chatcore does not serve.
+    static func failure(_ failure: WireFailure, request: String?) -> ProtocolError {
+        if failure.kind == .unknownRequest, let request, let why = unsupported[request] {
+            return ProtocolError(.unknownRequest, "'\(request)' is not served by chatcore: \(why)")
+        }
+        return ProtocolError(failure)
+    }
+}
