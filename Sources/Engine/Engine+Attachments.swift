@@ -103,14 +103,12 @@ extension Engine {
         // The worker's pins end with this item, once its outcome is durable (or not).
         defer {
             if let attachments {
-                batch.whenCommitted { [self] in
+                let release = { [self] in
                     for blob in stored { attachments.unpin(blob) }
                     releaseUnused(stored)
                 }
-                batch.ifNotCommitted { [self] in
-                    for blob in stored { attachments.unpin(blob) }
-                    releaseUnused(stored)
-                }
+                batch.whenCommitted(release)
+                batch.ifNotCommitted(release)
             }
         }
         guard let attachments, let chat = chats[number], let message = chat.message(id), message.attachment == .sending else {

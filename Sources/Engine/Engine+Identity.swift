@@ -66,12 +66,10 @@ extension Engine {
             if !elements.isEmpty { batch.emit(.listAdd(.user(ListAddUser(elements: elements))), to: session) }
         }
         if listed.contains(.chat) {
-            let elements = chatsOf(user).map { renderChat($0, for: $0.members[user]!) }
-            for chunk in elements.chunked(Engine.chunkSize) { batch.emit(.listAdd(.chat(ListAddChat(elements: chunk))), to: session) }
+            for chunk in chatElements(of: user).chunked(Engine.chunkSize) { batch.emit(.listAdd(.chat(ListAddChat(elements: chunk))), to: session) }
         }
         if listed.contains(.chatParticipant) {
-            let elements = chatsOf(user).flatMap { chat in chat.activeMembers.filter { $0.user != user }.map { renderParticipant(chat, $0) } }
-            for chunk in elements.chunked(Engine.chunkSize) {
+            for chunk in participantElements(of: user).chunked(Engine.chunkSize) {
                 batch.emit(.listAdd(.chatParticipant(ListAddChatParticipant(elements: chunk))), to: session)
             }
         }

@@ -17,18 +17,26 @@ extension Engine {
         case .user:
             answer(header, visibleUsers(of: user).map(userElement), to: session, batch: batch) { .user(ListChunkUser(cookie: cookie, elements: $0, last: $1)) }
         case .chat:
-            let elements = chatsOf(user).map { renderChat($0, for: $0.members[user]!) }
-            answer(header, elements, to: session, batch: batch) { .chat(ListChunkChat(cookie: cookie, elements: $0, last: $1)) }
+            answer(header, chatElements(of: user), to: session, batch: batch) { .chat(ListChunkChat(cookie: cookie, elements: $0, last: $1)) }
         case .chatParticipant:
-            let elements = chatsOf(user).flatMap { chat in
-                chat.activeMembers.filter { $0.user != user }.map { renderParticipant(chat, $0) }
+            answer(header, participantElements(of: user), to: session, batch: batch) {
+                .chatParticipant(ListChunkChatParticipant(cookie: cookie, elements: $0, last: $1))
             }
-            answer(header, elements, to: session, batch: batch) { .chatParticipant(ListChunkChatParticipant(cookie: cookie, elements: $0, last: $1)) }
         case .typing:
             answer(header, typingSeen(by: user), to: session, batch: batch) { .typing(ListChunkTyping(cookie: cookie, elements: $0, last: $1)) }
         case .chatMessage:
             throw ProtocolError.invalid("'type' chatMessage cannot be listed whole: use requestListMatching or requestListChanges")
         }
+    }
+
+    /// The `chat` list as `user` sees it.
+    func chatElements(of user: Int64) -> [Chat] {
+        chatsOf(user).map { renderChat($0, for: $0.members[user]!) }
+    }
+
+    /// The `chatParticipant` list as `user` sees it (never `user`).
+    func participantElements(of user: Int64) -> [ChatParticipant] {
+        chatsOf(user).flatMap { chat in chat.activeMembers.filter { $0.user != user }.map { renderParticipant(chat, $0) } }
     }
 
     /// The chats `user` takes part in, in the order they were started.
