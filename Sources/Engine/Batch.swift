@@ -43,6 +43,8 @@ final class Batch {
         let session: EngineSession
         var writer = JSONWriter(capacity: 1024)
         var entries: [Entry] = []
+        /// The client's unread output, read once per batch (for stdio it takes a lock).
+        lazy var backlog = session.sink?.backlog ?? 0
 
         init(session: EngineSession) { self.session = session }
     }
@@ -162,15 +164,17 @@ final class Batch {
         event.encode(to: &output.writer)
         // In a user's own view that user is bbmpim://user/id/0 (PROTOCOL.md §3): every
         // string that is exactly this viewer's uri, wherever it stands.
-        if let viewer = session.user {
-            output.writer.replaceAll(UserRecord.quotedURI(viewer), with: UserRecord.quotedLocalURI, from: start)
+        if let own = session.quotedOwnURI {
+            output.writer.replaceAll(own, with: UserRecord.quotedLocalURI, from: start)
         }
         output.entries.append(.event(start: start, end: output.writer.count, item: current))
     }
 
-    /// Bytes of output this batch has built for `session` so far.
-    func bytesBuilt(for session: EngineSession) -> Int {
-        outputs[ObjectIdentifier(session)]?.writer.count ?? 0
+    /// The session's output that its client has not taken: what this batch built for it
+    /// so far, and its unread backlog when the batch began to build for it.
+    func pendingOutput(for session: EngineSession) -> Int {
+        let output = self.output(of: session)
+        return output.writer.count + output.backlog
     }
 
     private func append(_ entry: Entry, to session: EngineSession) {
@@ -235,8 +239,5 @@ final class Batch {
             }
             if let count = finished[key] { sink.engineFinished(count) }
         }
-        outputs = [:]
-        order = []
-        finished = [:]
     }
 }

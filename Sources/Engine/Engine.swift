@@ -326,7 +326,7 @@ public final class Engine: @unchecked Sendable {
                 return
             }
             if case .request = item, !isShuttingDown,
-               batch.bytesBuilt(for: session) + (session.sink?.backlog ?? 0) > outputMark {
+               batch.pendingOutput(for: session) > outputMark {
                 parked[key] = (session, [item])
                 parkedOrder.append(key)
                 parkedCount.add(1, ordering: .relaxed)
@@ -428,10 +428,7 @@ public final class Engine: @unchecked Sendable {
             // store, so no number handed out by it is remembered.
             logger.error("commit failed: the requests of the batch are answered with Internal", metadata: ["error": "\(error)"])
             for session in batch.failAll(reason: Engine.storeFailure(error)) {
-                if let user = session.user {
-                    sessionsByUser[user]?.removeAll { $0 === session }
-                    if sessionsByUser[user]?.isEmpty == true { sessionsByUser[user] = nil }
-                }
+                unregister(session)
                 session.user = nil
             }
             if let failure = error as? StoreFailure, failure.kind == .io {
@@ -450,7 +447,6 @@ public final class Engine: @unchecked Sendable {
                 // not durable. Every answer decided so far is delivered by the caller's
                 // shutdown path; the process must not go on.
                 logger.critical("cannot reload the store after a failed commit: stopping", metadata: ["error": "\(error)"])
-                batch.deliver()
                 storeIsBroken(error)
             }
         }
@@ -475,10 +471,14 @@ public final class Engine: @unchecked Sendable {
 
     private func detach(_ session: EngineSession) {
         session.isOpen = false
-        if let user = session.user {
-            sessionsByUser[user]?.removeAll { $0 === session }
-            if sessionsByUser[user]?.isEmpty == true { sessionsByUser[user] = nil }
-        }
+        unregister(session)
+    }
+
+    /// The session no longer receives its user's events.
+    private func unregister(_ session: EngineSession) {
+        guard let user = session.user else { return }
+        sessionsByUser[user]?.removeAll { $0 === session }
+        if sessionsByUser[user]?.isEmpty == true { sessionsByUser[user] = nil }
     }
 }
 

@@ -1,4 +1,5 @@
 import Protocol
+import Store
 
 /// Where the engine sends a session's events. Implemented by the session layer.
 public protocol EventSink: AnyObject, Sendable {
@@ -29,7 +30,12 @@ public final class EngineSession: @unchecked Sendable, Hashable {
     /// outlives a closed connection must not keep it alive.
     weak var sink: EventSink?
     /// The user this endpoint is authenticated as (engine thread only).
-    var user: Int64?
+    var user: Int64? {
+        didSet { quotedOwnURI = user.map(UserRecord.quotedURI) }
+    }
+    /// `"bbmpim://user/id/<user>"` as JSON bytes, made once (every event this session gets
+    /// is searched for it: PROTOCOL.md §3, the local user is id/0 in its own view).
+    private(set) var quotedOwnURI: [UInt8]?
     var isOpen = true
     /// A token of this session was refused while it was not authenticated (its
     /// `authTokenState` shows `Rejected`).

@@ -599,13 +599,16 @@ private struct DecodeState {
     /// Nil for one complete value and nothing after it but JSON whitespace; otherwise
     /// what is wrong, in words.
     func incompleteness(lineLength: Int, text: UnsafeRawBufferPointer) -> String? {
-        let afterFirst = "the line holds more than one JSON value (the next starts near byte \(topEnd + 1)): send one message per line"
-        if topValues > 1 { return afterFirst }
-        guard topValues == 1, frames.isEmpty else { return "the line ends before the message does" }
+        // Made only when needed: this runs for every line.
+        func afterFirst() -> String {
+            "the line holds more than one JSON value (the next starts near byte \(topEnd + 1)): send one message per line"
+        }
+        if topValues > 1 { return afterFirst() }
+        guard topValues == 1, frames.isEmpty else { return YAJL.cutShort }
         var index = topEnd
         while index < lineLength {
             let byte = text[index]
-            guard byte == 0x20 || byte == 0x09 || byte == 0x0D || byte == 0x0A else { return afterFirst }
+            guard byte == 0x20 || byte == 0x09 || byte == 0x0D || byte == 0x0A else { return afterFirst() }
             index += 1
         }
         return nil

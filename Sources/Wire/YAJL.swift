@@ -17,6 +17,9 @@ enum YAJL {
         let message: String
     }
 
+    /// A line that ends inside its value.
+    static let cutShort = "the line ends before the message does"
+
     /// A handle that parses line after line (`yajl_allow_multiple_values`), so YAJL
     /// allocates nothing per line. YAJL keeps `callbacks` by pointer: it must outlive the handle.
     static func makeReusableHandle(callbacks: UnsafePointer<yajl_callbacks>, context: UnsafeMutableRawPointer) -> yajl_handle? {
@@ -69,7 +72,7 @@ enum YAJL {
             withUnsafeMutablePointer(to: &unused) { parse(text, callbacks: none, context: UnsafeMutableRawPointer($0)) }
         }
         // YAJL reports a value cut short when the input ends, with no useful offset.
-        if let error, error.message.hasPrefix("premature EOF") { return SyntaxError(message: "the line ends before the message does") }
+        if let error, error.message.hasPrefix("premature EOF") { return SyntaxError(message: cutShort) }
         return error
     }
 
