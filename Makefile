@@ -4,17 +4,18 @@ PYTHON  ?= python3
 LISTEN  ?= 127.0.0.1:7400
 RELEASE := .build/release/chatcore
 
-.PHONY: help setup build run test test-swift test-python test-fuzz generate check-generated bench soak fuzz asan tsan clean
+.PHONY: help setup build run test test-swift test-python test-node test-fuzz generate check-generated bench soak fuzz asan tsan clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 setup: ## install the system packages and Python test tools (Debian; run as root)
 	@missing=""; for p in libyajl-dev libsqlite3-dev pkg-config strace netcat-openbsd; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && apt-get install -y -qq $$missing; fi
-	@$(PYTHON) -c "import jsonschema, referencing, pytest" 2>/dev/null || \
-	  $(PYTHON) -m pip install --quiet pytest "jsonschema>=4.18" 2>/dev/null || \
-	  (apt-get update -qq && apt-get install -y -qq python3-pytest python3-jsonschema)
+	@$(PYTHON) -c "import jsonschema, referencing, pytest, cryptography" 2>/dev/null || \
+	  $(PYTHON) -m pip install --quiet pytest "jsonschema>=4.18" cryptography 2>/dev/null || \
+	  (apt-get update -qq && apt-get install -y -qq python3-pytest python3-jsonschema python3-cryptography)
 	@command -v $(SWIFT) >/dev/null || { echo "Swift 6.1 or later is needed: https://www.swift.org/install/linux/"; exit 1; }
 
 build: setup ## build the release binary
@@ -30,7 +31,7 @@ run: build ## set up, build and start the service on $(LISTEN) (any token accept
 	@echo
 	exec $(RELEASE) serve --listen $(LISTEN) --insecure-no-auth
 
-test: setup test-swift test-python test-fuzz ## set up and run every test (a short fuzz run included)
+test: setup test-swift test-python test-node test-fuzz ## set up and run every test (a short fuzz run included)
 
 test-swift: check-generated
 	$(SWIFT) build --build-tests
@@ -39,6 +40,10 @@ test-swift: check-generated
 test-python:
 	$(SWIFT) build --product chatcore
 	CHATCORE_BINARY=$(CURDIR)/.build/debug/chatcore $(PYTHON) -m pytest -q Tests/python Examples
+
+test-node:
+	$(SWIFT) build --product chatcore
+	CHATCORE_BINARY=$(CURDIR)/.build/debug/chatcore node --test Tests/node/
 
 generate: ## regenerate Sources/Protocol/Generated from Schemas/
 	$(SWIFT) run chatcore-codegen Schemas Sources/Protocol/Generated

@@ -24,7 +24,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
-        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
+        .package(url: "https://github.com/vapor/jwt-kit", from: "5.8.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
     ],
     targets: [
@@ -56,7 +57,7 @@ let package = Package(
             name: "Session",
             dependencies: [
                 "Engine", "Protocol", "Wire",
-                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -111,7 +112,7 @@ let package = Package(
         ),
         .testTarget(
             name: "FixtureTests",
-            dependencies: ["Wire", "Session", "chatcore"],
+            dependencies: ["Wire", "Session", "chatcore", .product(name: "Crypto", package: "swift-crypto")],
             path: "Tests/FixtureTests",
             exclude: []
         ),

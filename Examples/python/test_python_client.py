@@ -18,7 +18,7 @@ def test_the_python_client_spawns_chatcore_and_talks_to_it():
     assert client.request("requestListAll", {"type": "global"}) == {"listAll": {"type": "global", "cookie": "py2"}}
     chunk = client.receive()["listChunk"]
     assert chunk["last"] is True
-    assert [element["name"] for element in chunk["elements"]] == ["authTokenState", "setupState", "localUri", "localRegId"]
+    assert [element["name"] for element in chunk["elements"]] == ["authTokenState", "setupState", "localUri", "localRegId", "endpointId"]
     failed = client.request("chatMessageSend", {"chatId": "1", "tag": "Text", "oops": True})
     assert failed["requestFailed"]["reason"] == "unknown field 'oops'"
     assert client.close() == 0

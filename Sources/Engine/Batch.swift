@@ -17,6 +17,8 @@ final class Batch {
     private var dirtyMembers: [RowKey: (chat: Int64, member: MemberRecord)] = [:]
     private var dirtyMessages: [RowKey: (chat: Int64, message: MessageRecord)] = [:]
     private var dirtyPrivate: [PrivateKey: (chat: Int64, message: MessageRecord, user: Int64)] = [:]
+    private var dirtyEndpoints: [Int64: EndpointRecord] = [:]
+    private var removedEndpoints: Set<Int64> = []
     /// Text for the search index, handed over once committed.
     var searchAdds: [SearchEntry] = []
     var searchRemovals: [Int64] = []
@@ -52,8 +54,11 @@ final class Batch {
     private var items: [Item] = []
     /// Items below this number are durable.
     private var committedItems = 0
-    /// Sessions authenticated by an item (to be unauthenticated if it is not committed).
-    private var authenticated: [(item: Int, session: EngineSession)] = []
+    /// Sessions whose setup an item changed (authenticated, set up, deregistered), with
+    /// what they were before: restored if the item is not committed.
+    private var setupChanges: [(item: Int, session: EngineSession, before: EngineSession.Setup)] = []
+    /// Sessions the service ends once their events of this batch are written.
+    private var closing: [(item: Int, session: EngineSession)] = []
     /// Done after the commit that covers them, in order; dropped if it fails.
     private var afterCommit: [(item: Int, action: () -> Void)] = []
     /// Done if the commit covering them fails (closing files a request opened).
@@ -94,9 +99,15 @@ final class Batch {
         if let session { append(.begin(current), to: session) }
     }
 
-    /// The current item made `session` authenticated.
-    func authenticatedSession(_ session: EngineSession) {
-        authenticated.append((current, session))
+    /// Call before the current item changes who `session` is (its identity, user or
+    /// endpoint): a failed commit puts it back.
+    func willChangeSetup(of session: EngineSession) {
+        setupChanges.append((current, session, session.setup))
+    }
+
+    /// The current item ends `session`: it is closed once this batch's events are written.
+    func close(_ session: EngineSession) {
+        closing.append((current, session))
     }
 
     /// `action` runs once what the current item changed is durable (removing a file the
@@ -126,6 +137,15 @@ final class Batch {
         dirtyPrivate[PrivateKey(chat: chat.number, message: message.id, user: user)] = (chat.number, message, user)
     }
 
+    func changed(_ endpoint: EndpointRecord) {
+        dirtyEndpoints[endpoint.id] = endpoint
+    }
+
+    func removed(_ endpoint: EndpointRecord) {
+        dirtyEndpoints[endpoint.id] = nil
+        removedEndpoints.insert(endpoint.id)
+    }
+
     /// Turns the changed records into the rows of the store batch.
     func collectRows() {
         store.chats = dirtyChats.values.map(\.row)
@@ -138,6 +158,8 @@ final class Batch {
             row.fileDownloaded = state.fileState == .done
             return row
         }
+        store.endpoints = dirtyEndpoints.values.map(\.row)
+        store.removedEndpoints = Array(removedEndpoints)
     }
 
     /// Everything so far is durable: later commits of this batch need not write it
@@ -149,6 +171,8 @@ final class Batch {
         dirtyMembers = [:]
         dirtyMessages = [:]
         dirtyPrivate = [:]
+        dirtyEndpoints = [:]
+        removedEndpoints = []
         committedItems = max(committedItems, current)
         let actions = afterCommit
         afterCommit = []
@@ -196,8 +220,9 @@ final class Batch {
 
     /// The commit failed: keeps only what is durable or never depended on the store,
     /// answers every uncommitted request once with `Internal`, and returns the sessions
-    /// the uncommitted items authenticated (the caller unauthenticates them).
-    func failAll(reason: String) -> [EngineSession] {
+    /// whose setup the uncommitted items changed, latest change first, with what each
+    /// was before (the caller puts them back).
+    func failAll(reason: String) -> [(session: EngineSession, before: EngineSession.Setup)] {
         let durable = committedItems
         for key in order {
             let output = outputs[key]!
@@ -227,9 +252,11 @@ final class Batch {
         store = StoreBatch()
         searchAdds = []
         searchRemovals = []
-        return authenticated.filter { $0.item >= durable }.map(\.session)
+        closing.removeAll { $0.item >= durable }
+        return setupChanges.filter { $0.item >= durable }.reversed().map { ($0.session, $0.before) }
     }
 
+    /// Hands every session its events, then ends the sessions the batch closes.
     func deliver() {
         for key in order {
             let output = outputs[key]!
@@ -238,6 +265,9 @@ final class Batch {
                 output.writer.withBytes { sink.deliver($0) }
             }
             if let count = finished[key] { sink.engineFinished(count) }
+        }
+        for (_, session) in closing where session.isOpen {
+            session.sink?.endSession()
         }
     }
 }

@@ -80,6 +80,14 @@ extension Engine {
                 return failed(.invalidParameter, "a one-to-one chat needs exactly one invitee, not \(targets.count)")
             }
             if case .existing(let other) = targets[0], let existing = oneToOne(between: user, and: other) {
+                // Starting it again shows a hidden one-to-one chat (as bbmcore does).
+                if let member = existing.activeMember(user), member.isHidden {
+                    let changes = PendingChanges()
+                    willChange(existing, changes)
+                    member.isHidden = false
+                    batch.changed(member, of: existing)
+                    publish(changes, batch: batch)
+                }
                 batch.emit(.chatStartFailed(ChatStartFailed(cookie: request.cookie, reason: .alreadyExists, chatId: existing.chatId,
                                                             detail: "you already have one-to-one chat '\(existing.chatId)' with that user")), to: session)
                 return

@@ -3,32 +3,38 @@ import Store
 
 /// Authentication, identities, and the `global` and `user` lists (PROTOCOL.md §3, §4).
 extension Engine {
+    /// A token for `userId` was accepted (or the session was started trusted as it). The
+    /// session is then set up on an endpoint of the user, or waits in setupState Full
+    /// when the user has no endpoint free. With `announce` it receives its `global`
+    /// list as it now is.
     func authenticate(userId: String, cookie: String?, announce: Bool, session: EngineSession, batch: Batch) {
-        if let current = session.user, let currentUser = users[current] {
+        if let current = session.identity, let currentUser = users[current] {
             guard currentUser.userId == userId else {
                 batch.emit(.setupError(SetupError(error: .alreadyAuthenticated, cookie: cookie)), to: session)
                 return
             }
         } else {
-            let user = users.ensure(userId: userId, batch: &batch.store)
-            session.user = user.number
-            sessionsByUser[user.number, default: []].append(session)
-            batch.authenticatedSession(session)
+            batch.willChangeSetup(of: session)
+            session.identity = users.ensure(userId: userId, batch: &batch.store).number
+        }
+        let user = session.identity!
+        var setUpNow = false
+        if session.user == nil {
+            batch.willChangeSetup(of: session)
+            setUpNow = setUp(session, as: user, batch: batch)
         }
         if announce {
             let elements = globalElements(of: session).map { GlobalChange(name: $0.name, value: .value($0.value)) }
             batch.emit(.listChange(.global(ListChangeGlobal(elements: elements))), to: session)
         }
-        if let user = session.user {
-            bringUpToDate(session, user: user, batch: batch)
-            deliverPending(to: user, batch: batch)
-        }
+        if setUpNow { finishSetUp(session, user: user, batch: batch) }
     }
 
     /// A token was refused (the session layer checked it): answered here so that it keeps
-    /// its place, and an unauthenticated session's `authTokenState` becomes `Rejected`.
+    /// its place, and the `authTokenState` of a session no token was accepted for becomes
+    /// `Rejected`.
     func tokenRejected(_ error: SetupError, session: EngineSession, batch: Batch) {
-        if session.user == nil {
+        if session.identity == nil {
             session.tokenRejected = true
             let change = GlobalChange(name: "authTokenState", value: .value(.string("Rejected")))
             batch.emit(.listChange(.global(ListChangeGlobal(elements: [change]))), to: session)
@@ -36,29 +42,34 @@ extension Engine {
         batch.emit(.setupError(error), to: session)
     }
 
-    /// The session's `global` list (PROTOCOL.md §3). Before authentication:
+    /// The session's `global` list (PROTOCOL.md §3). Before a token is accepted:
     /// authTokenState (`Needed`, or `Rejected` after a refused token) and setupState
-    /// `{"state":"NotRequested"}`; after: authTokenState `Ok`, setupState
+    /// `{"state":"NotRequested"}`. Accepted but no endpoint free: authTokenState `Ok`,
+    /// setupState `{"state":"Full"}`. Set up: authTokenState `Ok`, setupState
     /// `{"state":"Success"}`, localUri (`bbmpim://user/id/0` once rendered for the
-    /// session), localRegId.
+    /// session), localRegId, endpointId.
     func globalElements(of session: EngineSession) -> [Global] {
-        guard let number = session.user, let user = users[number] else {
-            return [
-                Global(name: "authTokenState", value: .string(session.tokenRejected ? "Rejected" : "Needed")),
-                Global(name: "setupState", value: .object([("state", .string("NotRequested"))])),
-            ]
+        func setupState(_ state: String) -> Global {
+            Global(name: "setupState", value: .object([("state", .string(state))]))
+        }
+        guard session.identity != nil else {
+            return [Global(name: "authTokenState", value: .string(session.tokenRejected ? "Rejected" : "Needed")), setupState("NotRequested")]
+        }
+        guard let number = session.user, let user = users[number], let endpoint = session.endpoint else {
+            return [Global(name: "authTokenState", value: .string("Ok")), setupState("Full")]
         }
         return [
             Global(name: "authTokenState", value: .string("Ok")),
-            Global(name: "setupState", value: .object([("state", .string("Success"))])),
+            setupState("Success"),
             Global(name: "localUri", value: .string(user.uri)),
             Global(name: "localRegId", value: .string(String(user.regId))),
+            Global(name: "endpointId", value: .string(String(endpoint))),
         ]
     }
 
-    /// Lists the session asked for before authenticating were empty for it: now they get
+    /// Lists the session asked for before it was set up were empty for it: now they get
     /// what the user sees, as `listAdd`s.
-    private func bringUpToDate(_ session: EngineSession, user: Int64, batch: Batch) {
+    func bringUpToDate(_ session: EngineSession, user: Int64, batch: Batch) {
         let listed = session.listedEarly
         session.listedEarly = []
         if listed.contains(.user) {

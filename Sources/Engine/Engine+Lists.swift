@@ -60,9 +60,11 @@ extension Engine {
             let (found, missing) = lookUp(request.elements) { key in all.first { $0.name == key.name } }
             answer(.listElements(.global(ListElementsGlobal(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .global(ListChunkGlobal(cookie: request.cookie, elements: $0, last: $1)) }
         case .user(let request):
-            // Any user, by uri (a client resolving a sender it has not seen yet).
-            let (found, missing) = lookUp(request.elements) { key in
-                user == Engine.nobody ? nil : self.user(fromURI: key.uri, viewer: user).flatMap { users[$0] }.map(userElement)
+            // Any user, by uri (a client resolving a sender it has not seen yet) or regId.
+            let (found, missing) = lookUp(request.elements) { key -> User? in
+                guard user != Engine.nobody else { return nil }
+                if let uri = key.uri { return self.user(fromURI: uri, viewer: user).flatMap { users[$0] }.map(userElement) }
+                return key.regId.flatMap { users.find(regId: $0) }.map(userElement)
             }
             answer(.listElements(.user(ListElementsUser(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .user(ListChunkUser(cookie: request.cookie, elements: $0, last: $1)) }
         case .chat(let request):
@@ -128,6 +130,16 @@ extension Engine {
             let (header, found) = try matchMessages(request, user: user)
             answer(.listMatching(.chatMessage(header)), found, to: session, batch: batch) {
                 .chatMessage(ListChunkChatMessage(cookie: request.cookie, elements: $0, last: $1))
+            }
+        case .chat(let request):
+            // No mailboxes and no end-to-end keys: nothing matches (as bbmcore answers a
+            // criterion nothing meets: an empty list).
+            answer(.listMatching(.chat(ListMatchingChat(cookie: request.cookie))), [Chat](), to: session, batch: batch) {
+                .chat(ListChunkChat(cookie: request.cookie, elements: $0, last: $1))
+            }
+        case .user(let request):
+            answer(.listMatching(.user(ListMatchingUser(cookie: request.cookie))), [User](), to: session, batch: batch) {
+                .user(ListChunkUser(cookie: request.cookie, elements: $0, last: $1))
             }
         }
     }
@@ -359,43 +371,6 @@ extension Collection {
 }
 
 extension Engine {
-    /// Before authentication a session may list and set up (PROTOCOL.md §3): `global`
-    /// shows authTokenState and setupState; every other list is empty for it and is
-    /// brought up to date when it authenticates; setup requests change nothing. False:
-    /// the request is not served before authentication.
-    func listBeforeAuthentication(_ request: Request, session: EngineSession, batch: Batch) throws -> Bool {
-        switch request {
-        case .requestListAll(let request):
-            if request.type != .global && request.type != .chatMessage { session.listedEarly.insert(request.type) }
-            try listAll(request, user: Engine.nobody, session: session, batch: batch)
-        case .requestListElements(let request):
-            switch request {
-            case .global: break
-            case .user: session.listedEarly.insert(.user)
-            case .chat: session.listedEarly.insert(.chat)
-            case .chatParticipant: session.listedEarly.insert(.chatParticipant)
-            case .chatMessage: break
-            case .typing: session.listedEarly.insert(.typing)
-            }
-            listElements(request, user: Engine.nobody, session: session, batch: batch)
-        case .requestListMatching(.chatParticipant(let request)):
-            session.listedEarly.insert(.chatParticipant)
-            answer(.listMatching(.chatParticipant(ListMatchingChatParticipant(cookie: request.cookie))), [ChatParticipant](), to: session, batch: batch) {
-                .chatParticipant(ListChunkChatParticipant(cookie: request.cookie, elements: $0, last: $1))
-            }
-        case .requestListMatching(.chatMessage(let request)):
-            answer(.listMatching(.chatMessage(ListMatchingChatMessage(cookie: request.cookie))), [ChatMessage](), to: session, batch: batch) {
-                .chatMessage(ListChunkChatMessage(cookie: request.cookie, elements: $0, last: $1))
-            }
-        case .syncStart, .setupRetry, .retryServerRequests:
-            // Setup requests are served before authentication too, and change nothing.
-            break
-        default:
-            return false
-        }
-        return true
-    }
-
     /// No user has this number: lists rendered for it are empty.
     static let nobody: Int64 = 0
 }

@@ -7,8 +7,14 @@ extension Engine {
         case .authToken:
             throw ProtocolError(.internal, "authToken is handled by the session")
         case .syncStart, .setupRetry, .retryServerRequests:
-            // Setup steps of BBMDS's key synchronisation and servers: nothing to do here.
+            // Setup steps of BBMDS's key synchronisation and servers; setup is complete.
             break
+        case .endpointUpdate(let request):
+            endpointUpdate(request, session: session, batch: batch)
+        case .endpointsGet(let request):
+            batch.emit(try endpointsGet(request, session: session), to: session)
+        case .endpointDeregister(let request):
+            try endpointDeregister(request, session: session, batch: batch)
         case .identitiesGet(let request):
             batch.emit(identities(request), to: session)
         case .requestListAll(let request):

@@ -65,12 +65,22 @@ public final class Engine: @unchecked Sendable {
     let searchIndex: MessageSearchIndex?
     private let inbox = Inbox<Work>()
     private let sessionCounter = Atomic<Int>(0)
-    /// Attachments being stored on worker threads.
+    /// Attachments being stored on worker threads, and work of sessions being prepared
+    /// off their threads (tokens being checked): `drain` waits for both.
     let attachmentJobs = Atomic<Int>(0)
+    private let outsideWork = Atomic<Int>(0)
     private var thread: Thread?
+
+    /// How many endpoints one user may have at once: registered ones and sessions that
+    /// have not registered (PROTOCOL.md §3, `--max-endpoints`).
+    public var maxEndpoints = 100
 
     // Engine-thread state.
     var users = UserDirectory()
+    /// Registered endpoints by id, and each user's in registration order.
+    var endpoints: [Int64: EndpointRecord] = [:]
+    var endpointsOfUser: [Int64: [Int64]] = [:]
+    var lastEndpointOrdinal: Int64 = 0
     var sessionsByUser: [Int64: [EngineSession]] = [:]
     var chats: [Int64: ChatRecord] = [:]
     /// The chats each user takes part in now.
@@ -113,6 +123,14 @@ public final class Engine: @unchecked Sendable {
     private func reload() throws {
         let snapshot = try store.loadSnapshot()
         users = UserDirectory(snapshot.users)
+        endpoints = [:]
+        endpointsOfUser = [:]
+        lastEndpointOrdinal = 0
+        for row in snapshot.endpoints {
+            endpoints[row.id] = EndpointRecord(row)
+            endpointsOfUser[row.user, default: []].append(row.id)
+            lastEndpointOrdinal = max(lastEndpointOrdinal, row.ordinal)
+        }
         chats = [:]
         chatsOfUser = [:]
         lastChatNumber = 0
@@ -257,6 +275,16 @@ public final class Engine: @unchecked Sendable {
         inbox.put(.tick)
     }
 
+    /// A session is preparing work off its thread (checking a token's signature) that it
+    /// will submit: `drain` waits for it. Pair with `endOutsideWork` after submitting.
+    public func beginOutsideWork() {
+        outsideWork.add(1, ordering: .relaxed)
+    }
+
+    public func endOutsideWork() {
+        outsideWork.subtract(1, ordering: .releasing)
+    }
+
     /// Waits until everything submitted before this call is done, attachments being
     /// stored and the search index included.
     public func drain() {
@@ -270,7 +298,8 @@ public final class Engine: @unchecked Sendable {
             // is counted. A job hands its outcome to the inbox before it stops counting:
             // when none counts, one more barrier has taken every outcome.
             waitForBarrier()
-            if attachmentJobs.load(ordering: .acquiring) == 0 && parkedCount.load(ordering: .acquiring) == 0 {
+            if attachmentJobs.load(ordering: .acquiring) == 0 && parkedCount.load(ordering: .acquiring) == 0
+                && outsideWork.load(ordering: .acquiring) == 0 {
                 waitForBarrier()
                 // The index is derived data, but a clean stop should not leave it to be
                 // rebuilt at the next start.
@@ -427,9 +456,10 @@ public final class Engine: @unchecked Sendable {
             // authenticated are unauthenticated again, and memory is rebuilt from the
             // store, so no number handed out by it is remembered.
             logger.error("commit failed: the requests of the batch are answered with Internal", metadata: ["error": "\(error)"])
-            for session in batch.failAll(reason: Engine.storeFailure(error)) {
+            for (session, before) in batch.failAll(reason: Engine.storeFailure(error)) {
                 unregister(session)
-                session.user = nil
+                session.setup = before
+                if let user = session.user, session.isOpen { sessionsByUser[user, default: []].append(session) }
             }
             if let failure = error as? StoreFailure, failure.kind == .io {
                 // SQLite keeps the connection in an error state after an I/O error, and
@@ -458,8 +488,8 @@ public final class Engine: @unchecked Sendable {
                 throw ProtocolError(.internal, "the store failed and the service is stopping: \(brokenStore)")
             }
             guard let user = session.user else {
-                if try listBeforeAuthentication(request, session: session, batch: batch) { return }
-                throw ProtocolError(.notAuthenticated, "the session is not authenticated: send authToken first")
+                if try serveBeforeSetUp(request, session: session, batch: batch) { return }
+                throw notSetUp(session)
             }
             try handle(request, user: user, session: session, batch: batch)
         } catch let error as ProtocolError {
@@ -475,7 +505,7 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// The session no longer receives its user's events.
-    private func unregister(_ session: EngineSession) {
+    func unregister(_ session: EngineSession) {
         guard let user = session.user else { return }
         sessionsByUser[user]?.removeAll { $0 === session }
         if sessionsByUser[user]?.isEmpty == true { sessionsByUser[user] = nil }

@@ -12,6 +12,9 @@ public protocol EventSink: AnyObject, Sendable {
     /// The engine has finished `count` more of this session's submitted work items
     /// (their events, if any, were delivered first).
     func engineFinished(_ count: Int)
+    /// The service ends this session (its endpoint was deregistered): close it once the
+    /// events delivered so far are written. Called on the engine thread.
+    func endSession()
 }
 
 /// How a session reached the service; decides which files it may name (PROTOCOL.md §7).
@@ -29,10 +32,19 @@ public final class EngineSession: @unchecked Sendable, Hashable {
     /// Weak: the session layer owns the sink (and through it this handle); an engine that
     /// outlives a closed connection must not keep it alive.
     weak var sink: EventSink?
-    /// The user this endpoint is authenticated as (engine thread only).
+    /// The user whose token this session presented: set up (`user` is then the same), or
+    /// waiting for an endpoint of that user to be free (setupState `Full`).
+    var identity: Int64?
+    /// The user this endpoint is set up as: it receives that user's events (engine
+    /// thread only).
     var user: Int64? {
         didSet { quotedOwnURI = user.map(UserRecord.quotedURI) }
     }
+    /// This session's endpoint once it is set up: one the user registered, or one that
+    /// lasts as long as the session (PROTOCOL.md §3).
+    var endpoint: Int64?
+    /// What `endpointUpdate` said before the session was set up; applied when it is.
+    var pendingEndpoint: EndpointUpdate?
     /// `"bbmpim://user/id/<user>"` as JSON bytes, made once (every event this session gets
     /// is searched for it: PROTOCOL.md §3, the local user is id/0 in its own view).
     private(set) var quotedOwnURI: [UInt8]?
@@ -48,6 +60,24 @@ public final class EngineSession: @unchecked Sendable, Hashable {
         self.id = id
         self.transport = transport
         self.sink = sink
+    }
+
+    /// Who the session is, as a failed commit must restore it.
+    struct Setup {
+        var identity: Int64?
+        var user: Int64?
+        var endpoint: Int64?
+        var pendingEndpoint: EndpointUpdate?
+    }
+
+    var setup: Setup {
+        get { Setup(identity: identity, user: user, endpoint: endpoint, pendingEndpoint: pendingEndpoint) }
+        set {
+            identity = newValue.identity
+            user = newValue.user
+            endpoint = newValue.endpoint
+            pendingEndpoint = newValue.pendingEndpoint
+        }
     }
 
     public static func == (lhs: EngineSession, rhs: EngineSession) -> Bool { lhs === rhs }

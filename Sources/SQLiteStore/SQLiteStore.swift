@@ -186,6 +186,19 @@ public final class SQLiteStore: ChatStore {
         migrator.registerMigration("v5-private-data") { db in
             try db.execute(sql: "ALTER TABLE member ADD COLUMN privateData TEXT")
         }
+        migrator.registerMigration("v6-endpoints") { db in
+            try db.execute(sql: """
+                CREATE TABLE endpoint (
+                    id INTEGER PRIMARY KEY,
+                    user INTEGER NOT NULL,
+                    description TEXT NOT NULL,
+                    nickname TEXT NOT NULL,
+                    isLegacyDelegate INTEGER NOT NULL,
+                    ordinal INTEGER NOT NULL
+                );
+                CREATE INDEX endpoint_by_user ON endpoint(user, ordinal);
+                """)
+        }
         return migrator
     }
 
@@ -194,6 +207,10 @@ public final class SQLiteStore: ChatStore {
             var snapshot = StoreSnapshot()
             snapshot.users = try Row.fetchAll(db, sql: "SELECT number, userId, regId FROM user ORDER BY number").map {
                 UserRecord(number: $0["number"], userId: $0["userId"], regId: $0["regId"])
+            }
+            snapshot.endpoints = try Row.fetchAll(db, sql: "SELECT * FROM endpoint ORDER BY ordinal").map {
+                EndpointRow(id: $0["id"], user: $0["user"], description: $0["description"], nickname: $0["nickname"],
+                            isLegacyDelegate: $0["isLegacyDelegate"], ordinal: $0["ordinal"])
             }
             snapshot.chats = try Row.fetchAll(db, sql: "SELECT * FROM chat ORDER BY number").map {
                 ChatRow(number: $0["number"], subject: $0["subject"], isOneToOne: $0["isOneToOne"], invitePolicy: $0["invitePolicy"],
@@ -258,6 +275,14 @@ public final class SQLiteStore: ChatStore {
         try pool.write { db in
             for user in batch.newUsers {
                 try db.execute(sql: "INSERT INTO user (number, userId, regId) VALUES (?, ?, ?)", arguments: [user.number, user.userId, user.regId])
+            }
+            for endpoint in batch.endpoints {
+                try db.execute(sql: """
+                    INSERT OR REPLACE INTO endpoint (id, user, description, nickname, isLegacyDelegate, ordinal) VALUES (?, ?, ?, ?, ?, ?)
+                    """, arguments: [endpoint.id, endpoint.user, endpoint.description, endpoint.nickname, endpoint.isLegacyDelegate, endpoint.ordinal])
+            }
+            for id in batch.removedEndpoints {
+                try db.execute(sql: "DELETE FROM endpoint WHERE id = ?", arguments: [id])
             }
             if !batch.chats.isEmpty {
                 let statement = try db.cachedStatement(sql: """

@@ -356,6 +356,12 @@ final class SocketOutput: SessionOutput, @unchecked Sendable {
 
     var backlog: Int { queued.load(ordering: .relaxed) }
 
+    func closeAfterWritten() {
+        // After the writes handed to the event loop before it (they run in order).
+        let channel = self.channel
+        channel.eventLoop.execute { _ = SessionHandler.flushThenClose(channel) }
+    }
+
     func resumeInput() {
         let resume = self.resume
         channel.eventLoop.execute { resume.value.engineCaughtUp() }

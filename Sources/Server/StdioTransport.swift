@@ -40,9 +40,15 @@ public final class StdioTransport: @unchecked Sendable {
         let chunkSize = 64 * 1024
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunkSize, alignment: 16)
         defer { buffer.deallocate() }
-        while !output.isBroken && !engine.isShuttingDown {
+        while !output.isBroken && !output.isEnded && !engine.isShuttingDown {
             output.waitUntilWritable()
             output.waitWhile { !self.session.wantsInput && !self.engine.isShuttingDown }
+            if output.isEnded { break }
+            // Wait for input in short steps, so that an ended session stops reading even
+            // while its parent sends nothing.
+            var waiting = pollfd(fd: input, events: Int16(POLLIN), revents: 0)
+            let ready = poll(&waiting, 1, 100)
+            if ready == 0 || (ready < 0 && errno == EINTR) { continue }
             let count = read(input, buffer.baseAddress, chunkSize)
             if count < 0 {
                 if errno == EINTR { continue }
@@ -86,11 +92,28 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
     /// Bytes of the chunk being written now.
     private var writingCount = 0
     private var broken = false
+    private var ended = false
     /// Standard output cannot be written to any more (read under the lock).
     var isBroken: Bool {
         condition.lock()
         defer { condition.unlock() }
         return broken
+    }
+
+    /// The service ended the session (its endpoint was deregistered): nothing more is
+    /// read, and nothing more is written after what was written before.
+    var isEnded: Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        return ended
+    }
+
+    func closeAfterWritten() {
+        condition.lock()
+        ended = true
+        flushRequested = true
+        condition.broadcast()
+        condition.unlock()
     }
 
     init(descriptor: Int32, logger: Logger) {
@@ -103,7 +126,7 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
 
     func write(_ bytes: UnsafeRawBufferPointer, flush: Bool) {
         condition.lock()
-        if !broken { buffer.append(contentsOf: bytes) }
+        if !broken && !ended { buffer.append(contentsOf: bytes) }
         if flush { flushRequested = true }
         condition.broadcast()
         condition.unlock()
@@ -124,7 +147,7 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
     /// Blocks while `predicate` holds (re-checked whenever output or the engine moves on).
     func waitWhile(_ predicate: () -> Bool) {
         condition.lock()
-        while predicate() && !broken { _ = condition.wait(until: Date(timeIntervalSinceNow: 0.05)) }
+        while predicate() && !broken && !ended { _ = condition.wait(until: Date(timeIntervalSinceNow: 0.05)) }
         condition.unlock()
     }
 

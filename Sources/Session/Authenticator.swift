@@ -1,27 +1,100 @@
-import Crypto
 import Foundation
+import JWTKit
 import Protocol
 import Wire
 
-/// Checks `authToken` JWTs (HS256) and issues them for `chatcore token` (PROTOCOL.md §3).
+/// Checks `authToken` JWTs and issues them for `chatcore token` (PROTOCOL.md §3), with
+/// vapor's jwt-kit.
 ///
-/// A token is accepted when its signature verifies with the secret, its header says
-/// `alg: HS256`, its `sub` equals the claimed user id and its `exp` has not passed.
-/// With `insecure` any token is accepted (loopback and Unix sockets only; the server
-/// enforces that).
-public struct Authenticator: Sendable {
+/// A token is accepted when its header's `alg` is HS256 and it is signed with the secret
+/// (`--auth-secret-file`), or its `alg` is RS256 or ES256 and it is signed by a key of the
+/// JWKS file (`--auth-jwks`, chosen by `kid`, every key of that kind when the token names
+/// none); its `sub` equals the claimed user id, its `exp` has not passed and its `nbf`
+/// (if any) has. `alg: none` and every other algorithm are refused. With `insecure` any
+/// token is accepted (the server allows that on loopback and Unix sockets only).
+public final class Authenticator: Sendable {
     public enum Mode: Sendable {
-        /// The key bytes (kept as bytes: `SymmetricKey` is not `Sendable`).
-        case secret([UInt8])
+        /// Tokens signed with these keys.
+        case keys(secret: [UInt8]?, jwksPath: String?)
         case insecure
-        /// No secret was configured: authentication over a socket is impossible.
+        /// No key was configured: authentication over a socket is impossible.
         case unconfigured
     }
 
-    public let mode: Mode
+    /// What can be said of a token at once.
+    public enum Check: Sendable {
+        case accepted
+        case refused(SetupErrorCode)
+        /// Its signature must be checked (`verify`), which takes a moment.
+        case verify
+    }
 
-    public init(mode: Mode) {
+    public let mode: Mode
+    private let hmac: JWTKeyCollection?
+    /// The JWKS keys, replaced whole by `reloadKeys` (under `lock`: read from any thread).
+    nonisolated(unsafe) private var jwks: JWTKeyCollection?
+    private let lock = NSLock()
+
+    public struct AuthenticatorError: Error, CustomStringConvertible {
+        public let description: String
+    }
+
+    public init(mode: Mode) async throws {
         self.mode = mode
+        guard case .keys(let secret, let jwksPath) = mode else {
+            hmac = nil
+            return
+        }
+        if let secret {
+            hmac = await JWTKeyCollection().add(hmac: Authenticator.hmacKey(secret), digestAlgorithm: .sha256)
+        } else {
+            hmac = nil
+        }
+        if let jwksPath { jwks = try await Authenticator.loadJWKS(path: jwksPath).collection }
+    }
+
+    /// Reads the JWKS file again (SIGHUP): its keys replace the old ones, which stay when
+    /// the file cannot be used. Returns how many keys it has.
+    @discardableResult
+    public func reloadKeys() async throws -> Int {
+        guard case .keys(_, let jwksPath?) = mode else { return 0 }
+        let loaded = try await Authenticator.loadJWKS(path: jwksPath)
+        lock.withLock { jwks = loaded.collection }
+        return loaded.count
+    }
+
+    /// The keys of a JWKS file: RSA and EC keys with a `kid`; others (encryption keys,
+    /// symmetric keys) are left out, a malformed key refuses the file.
+    static func loadJWKS(path: String) async throws -> (collection: JWTKeyCollection, count: Int) {
+        let data: Data
+        do {
+            data = try Data(contentsOf: URL(fileURLWithPath: path))
+        } catch {
+            throw AuthenticatorError(description: "cannot read the JWKS file \(path): \(error.localizedDescription)")
+        }
+        guard let file = try? JSONSerialization.jsonObject(with: data) as? [String: Any], let keys = file["keys"] as? [Any] else {
+            throw AuthenticatorError(description: "the JWKS file \(path) is not a JSON object with a 'keys' array")
+        }
+        let collection = JWTKeyCollection()
+        var count = 0
+        for (index, entry) in keys.enumerated() {
+            guard let key = entry as? [String: Any], let kty = key["kty"] as? String, kty == "RSA" || kty == "EC",
+                  key["use"] as? String != "enc" else { continue }
+            guard key["kid"] is String else {
+                throw AuthenticatorError(description: "the JWKS file \(path): key \(index) has no 'kid'")
+            }
+            do {
+                let jwk = try JSONDecoder().decode(JWK.self, from: try JSONSerialization.data(withJSONObject: key))
+                try await collection.add(jwk: jwk)
+            } catch {
+                throw AuthenticatorError(description: "the JWKS file \(path): key \(index) cannot be used: \(error)")
+            }
+            count += 1
+        }
+        guard count > 0 else {
+            throw AuthenticatorError(description: "the JWKS file \(path) has no RSA or EC signing key")
+        }
+        return (collection, count)
     }
 
     /// Reads the secret from a file: its bytes, trailing whitespace and newlines removed.
@@ -35,70 +108,91 @@ public struct Authenticator: Sendable {
         return bytes
     }
 
-    public struct AuthenticatorError: Error, CustomStringConvertible {
-        public let description: String
+    /// What can be decided without checking a signature.
+    public func check() -> Check {
+        switch mode {
+        case .insecure: .accepted
+        case .unconfigured: .refused(.authNotConfigured)
+        case .keys: .verify
+        }
     }
 
     /// Checks a token for `userId`; nil when it is accepted.
-    public func verify(token: String, userId: String, now: Date = Date()) -> SetupErrorCode? {
-        switch mode {
-        case .insecure:
-            return nil
-        case .unconfigured:
-            return .authNotConfigured
-        case .secret(let key):
-            return Authenticator.verify(token: token, userId: userId, key: SymmetricKey(data: key), now: now)
+    public func verify(token: String, userId: String, now: Date = Date()) async -> SetupErrorCode? {
+        switch check() {
+        case .accepted: return nil
+        case .refused(let code): return code
+        case .verify: break
         }
-    }
-
-    static func verify(token: String, userId: String, key: SymmetricKey, now: Date) -> SetupErrorCode? {
+        // The header picks the keys; it and the claims are read with chatcore's own
+        // bounded parser first (nesting is limited), then by jwt-kit.
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3,
-              let headerBytes = base64URLDecode(parts[0]),
-              let payloadBytes = base64URLDecode(parts[1]),
-              let signature = base64URLDecode(parts[2]) else {
+        guard parts.count == 3, let header = Authenticator.decodePart(parts[0]), let claims = Authenticator.decodePart(parts[1]),
+              case .object = claims, let alg = header["alg"]?.stringValue else {
             return .invalidToken
         }
-        let signed = Array(token.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count))
-        guard HMAC<SHA256>.isValidAuthenticationCode(signature, authenticating: signed, using: key) else {
+        let keys: JWTKeyCollection?
+        switch alg {
+        case "HS256": keys = hmac
+        case "RS256", "ES256": keys = lock.withLock { jwks }
+        default: keys = nil
+        }
+        guard let keys else { return .invalidToken }
+        let payload: TokenClaims
+        do {
+            payload = try await keys.verify(token, as: TokenClaims.self, iteratingKeys: header["kid"] == nil)
+        } catch let error as JWTError where error.errorType == .claimVerificationFailure && error.failedClaim is ExpirationClaim {
+            return .tokenExpired
+        } catch {
             return .invalidToken
         }
-        guard let header = try? JSONTree.parse(headerBytes), header["alg"]?.stringValue == "HS256",
-              let payload = try? JSONTree.parse(payloadBytes) else {
-            return .invalidToken
-        }
-        guard let subject = payload["sub"]?.stringValue else { return .invalidToken }
-        guard case .number(let expText)? = payload["exp"], let exp = Double(expText) else { return .invalidToken }
-        if case .number(let nbfText)? = payload["nbf"], let nbf = Double(nbfText), nbf > now.timeIntervalSince1970 {
-            return .invalidToken
-        }
-        guard exp > now.timeIntervalSince1970 else { return .tokenExpired }
-        guard subject == userId else { return .userIdMismatch }
+        if now >= payload.exp.value { return .tokenExpired }
+        if let notBefore = payload.nbf, notBefore.value > now { return .invalidToken }
+        guard payload.sub.value == userId else { return .userIdMismatch }
         return nil
     }
 
-    /// A token for `userId` that expires `expiresIn` seconds from `now`.
-    public static func issue(userId: String, secret: [UInt8], expiresIn: Int64, now: Date = Date()) -> String {
-        let key = SymmetricKey(data: secret)
-        let issuedAt = Int64(now.timeIntervalSince1970)
-        let header = JSONValue.object(["alg": .string("HS256"), "typ": .string("JWT")])
-        let payload = JSONValue.object(["sub": .string(userId), "iat": .integer(issuedAt), "exp": .integer(issuedAt + expiresIn)])
-        let signingInput = base64URLEncode(Array(header.json.utf8)) + "." + base64URLEncode(Array(payload.json.utf8))
-        let signature = HMAC<SHA256>.authenticationCode(for: Array(signingInput.utf8), using: key)
-        return signingInput + "." + base64URLEncode(Array(signature))
-    }
-
-    static func base64URLEncode(_ bytes: [UInt8]) -> String {
-        Data(bytes).base64EncodedString()
-            .replacingOccurrences(of: "+", with: "-")
-            .replacingOccurrences(of: "/", with: "_")
-            .replacingOccurrences(of: "=", with: "")
-    }
-
-    static func base64URLDecode(_ text: Substring) -> [UInt8]? {
-        guard text.utf8.allSatisfy({ $0 != UInt8(ascii: "=") }) else { return nil }
-        var standard = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+    /// The JSON of a token part (base64url), when it is one.
+    private static func decodePart(_ part: Substring) -> JSONTree? {
+        guard part.utf8.allSatisfy({ $0 != UInt8(ascii: "=") }) else { return nil }
+        var standard = part.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
         while standard.utf8.count % 4 != 0 { standard += "=" }
-        return Data(base64Encoded: standard).map { [UInt8]($0) }
+        guard let data = Data(base64Encoded: standard) else { return nil }
+        return try? JSONTree.parse([UInt8](data))
     }
+
+    /// The HMAC key for a secret. HMAC pads a key shorter than its block (64 bytes for
+    /// SHA-256) with zeros, so a secret padded to 32 bytes signs exactly as the secret
+    /// itself; jwt-kit asserts (in debug builds) that a key is at least 32 bytes.
+    static func hmacKey(_ secret: [UInt8]) -> HMACKey {
+        HMACKey(from: secret.count < 32 ? secret + [UInt8](repeating: 0, count: 32 - secret.count) : secret)
+    }
+
+    /// A token for `userId` (HS256, signed with `secret`) that expires `expiresIn` seconds
+    /// from `now`.
+    public static func issue(userId: String, secret: [UInt8], expiresIn: Int64, now: Date = Date()) async throws -> String {
+        let keys = await JWTKeyCollection().add(hmac: hmacKey(secret), digestAlgorithm: .sha256)
+        let issuedAt = Date(timeIntervalSince1970: now.timeIntervalSince1970.rounded(.down))
+        let claims = TokenClaims(sub: SubjectClaim(value: userId), exp: ExpirationClaim(value: issuedAt.addingTimeInterval(Double(expiresIn))),
+                                 iat: IssuedAtClaim(value: issuedAt))
+        return try await keys.sign(claims)
+    }
+}
+
+/// The claims chatcore reads: who (`sub`), until when (`exp`), from when (`nbf`).
+struct TokenClaims: JWTPayload {
+    var sub: SubjectClaim
+    var exp: ExpirationClaim
+    var nbf: NotBeforeClaim?
+    var iat: IssuedAtClaim?
+
+    init(sub: SubjectClaim, exp: ExpirationClaim, nbf: NotBeforeClaim? = nil, iat: IssuedAtClaim? = nil) {
+        self.sub = sub
+        self.exp = exp
+        self.nbf = nbf
+        self.iat = iat
+    }
+
+    /// Expiry and `nbf` are checked by `Authenticator.verify` against its clock.
+    func verify(using algorithm: some JWTAlgorithm) async throws {}
 }

@@ -7,7 +7,6 @@ import Wire
 enum RealProtocol {
     static let unsupported: [String: String] = {
         let keys = "chatcore keeps no end-to-end keys (the service itself is the trusted party): key management has no meaning here"
-        let notYet = "endpoints are not supported yet: every session is an endpoint of its user"
         return [
             "chatKeyExport": keys,
             "chatKeysImport": keys,
@@ -21,17 +20,26 @@ enum RealProtocol {
             "requestListAdd": "lists change through the requests that own them (chatStart, chatMessageSend, chatInvite, ...): requestListAdd is not supported",
             "requestListRemove": "lists change through the requests that own them (chatLeave, participantRemove, chatMessageDestroy, ...): requestListRemove is not supported",
             "chatParticipantTimesGet": "chatcore keeps no per-participant times: chatMessageStateGet gives each recipient's state of a message",
-            "endpointUpdate": notYet,
-            "endpointsGet": notYet,
-            "endpointDeregister": notYet,
         ]
     }()
 
+    /// Lists of the real protocol that chatcore does not have, and why.
+    static let missingLists: [String: String] = [
+        "appMessage": "there are no messages from BlackBerry's servers to the application",
+        "stat": "chatcore keeps no usage statistics",
+        "chatMessageFileProgress": "attachments are stored and downloaded whole: a message's fileState says where its file is",
+    ]
+
     /// The answer to a line that failed to decode, with the reason for a known request of
-    /// the real protocol that chatcore does not serve.
-    static func failure(_ failure: WireFailure, request: String?) -> ProtocolError {
+    /// the real protocol that chatcore does not serve, or for a list it does not have.
+    static func failure(_ failure: WireFailure, request: String?, line: UnsafeRawBufferPointer) -> ProtocolError {
         if failure.kind == .unknownRequest, let request, let why = unsupported[request] {
             return ProtocolError(.unknownRequest, "'\(request)' is not served by chatcore: \(why)")
+        }
+        // Only on this (rare) path is the line read again, to see which list was meant.
+        if failure.kind == .invalidParameter, let request, request.hasPrefix("requestList"), failure.reason.hasPrefix("'type' must be one of"),
+           let tree = try? JSONTree.parse(line), let type = tree[request]?["type"]?.stringValue, let why = missingLists[type] {
+            return ProtocolError(.invalidParameter, "'type' \(type) is a list of the real protocol that chatcore does not have: \(why)")
         }
         return ProtocolError(failure)
     }

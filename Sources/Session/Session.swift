@@ -1,4 +1,5 @@
 import Engine
+import Foundation
 import Protocol
 import Synchronization
 import Wire
@@ -13,6 +14,9 @@ public protocol SessionOutput: AnyObject, Sendable {
     func resumeInput()
     /// Bytes written and not yet taken by the client.
     var backlog: Int { get }
+    /// The service ends the session: stop reading, and close once everything written
+    /// so far has gone out.
+    func closeAfterWritten()
 }
 
 /// One endpoint (PROTOCOL.md §3): turns its lines into requests for the engine and the
@@ -83,21 +87,15 @@ public final class Session: EventSink, @unchecked Sendable {
         let decoded = decoder.decode(line, as: Request.self)
         switch decoded.result {
         case .failure(let failure):
-            respond(RealProtocol.failure(failure, request: decoded.request).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number))
+            respond(RealProtocol.failure(failure, request: decoded.request, line: line).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number))
         case .success(.authToken(let request)):
-            if let error = authenticator.verify(token: request.authToken, userId: request.userId) {
-                handOver()
-                inFlight.add(1, ordering: .relaxed)
-                engine.rejectToken(SetupError(error: error, cookie: request.cookie), session: handle)
-            } else {
-                handOver()
-                inFlight.add(1, ordering: .relaxed)
-                engine.authenticate(userId: request.userId, cookie: request.cookie, line: number, announce: true, session: handle)
-            }
+            handOver()
+            inFlight.add(1, ordering: .relaxed)
+            submitOrHold(.token(request, line: number))
         case .success(let request):
             handOver()
             inFlight.add(1, ordering: .relaxed)
-            engine.submit(request, line: number, from: handle)
+            submitOrHold(.request(request, line: number))
         }
     }
 
@@ -110,12 +108,12 @@ public final class Session: EventSink, @unchecked Sendable {
     /// every answer to what it sent has been handed to the output.
     public func finishInput(then done: @escaping @Sendable () -> Void) {
         handOver(flush: true)
-        engine.barrier(done)
+        submitOrHold(.barrier(done))
     }
 
     public func close() {
         handOver(flush: true)
-        engine.close(handle)
+        submitOrHold(.close)
     }
 
     /// An answer made here, kept in order behind the session's work in the engine.
@@ -126,8 +124,82 @@ public final class Session: EventSink, @unchecked Sendable {
         } else {
             handOver()
             inFlight.add(1, ordering: .relaxed)
-            engine.passthrough([event], to: handle)
+            submitOrHold(.answer(event))
         }
+    }
+
+    // MARK: work for the engine, in order
+
+    /// What this session hands the engine. While a token's signature is being checked
+    /// (off this thread), everything after it waits here, in order.
+    private enum Work {
+        case request(Request, line: Int)
+        case token(AuthToken, line: Int)
+        case answer(Event)
+        case barrier(@Sendable () -> Void)
+        case close
+    }
+
+    /// Guards `holding` and `held`; work is handed to the engine under it, so that what
+    /// was held goes before anything that arrives while it is handed over.
+    private let holdLock = NSLock()
+    nonisolated(unsafe) private var holding = false
+    nonisolated(unsafe) private var held: [Work] = []
+
+    private func submitOrHold(_ work: Work) {
+        holdLock.lock()
+        defer { holdLock.unlock() }
+        if holding {
+            held.append(work)
+        } else {
+            submit(work)
+        }
+    }
+
+    /// Hands one piece of work to the engine (under `holdLock`).
+    private func submit(_ work: Work) {
+        switch work {
+        case .request(let request, let line):
+            engine.submit(request, line: line, from: handle)
+        case .answer(let event):
+            engine.passthrough([event], to: handle)
+        case .barrier(let done):
+            engine.barrier(done)
+        case .close:
+            engine.close(handle)
+        case .token(let request, let line):
+            switch authenticator.check() {
+            case .accepted:
+                engine.authenticate(userId: request.userId, cookie: request.cookie, line: line, announce: true, session: handle)
+            case .refused(let error):
+                engine.rejectToken(SetupError(error: error, cookie: request.cookie), session: handle)
+            case .verify:
+                holding = true
+                engine.beginOutsideWork()
+                let authenticator = self.authenticator
+                Task { [self] in
+                    let error = await authenticator.verify(token: request.authToken, userId: request.userId)
+                    verified(request, line: line, error: error)
+                }
+            }
+        }
+    }
+
+    /// A token's check is done: its answer, then everything held behind it, go to the
+    /// engine (up to the next token that needs checking).
+    private func verified(_ request: AuthToken, line: Int, error: SetupErrorCode?) {
+        holdLock.lock()
+        defer { holdLock.unlock() }
+        if let error {
+            engine.rejectToken(SetupError(error: error, cookie: request.cookie), session: handle)
+        } else {
+            engine.authenticate(userId: request.userId, cookie: request.cookie, line: line, announce: true, session: handle)
+        }
+        holding = false
+        while !holding && !held.isEmpty {
+            submit(held.removeFirst())
+        }
+        engine.endOutsideWork()
     }
 
     private func handOver(flush: Bool = false) {
@@ -150,6 +222,10 @@ public final class Session: EventSink, @unchecked Sendable {
     }
 
     public var backlog: Int { output.backlog }
+
+    public func endSession() {
+        output.closeAfterWritten()
+    }
 
     public func engineFinished(_ count: Int) {
         let before = inFlight.subtract(count, ordering: .acquiringAndReleasing).oldValue

@@ -251,9 +251,33 @@ public struct MessageUserRow: Sendable, Equatable {
     }
 }
 
+/// An endpoint a user registered (`endpointUpdate`): kept until it is deregistered.
+/// Sessions that never register are endpoints too, but only while they are connected:
+/// they are not stored.
+public struct EndpointRow: Sendable, Equatable {
+    /// The endpoint's id (a random 63-bit number, PROTOCOL.md §3 `endpointId`).
+    public var id: Int64
+    public var user: Int64
+    public var description: String
+    public var nickname: String
+    public var isLegacyDelegate: Bool
+    /// Registration order (endpointsGet lists the oldest first).
+    public var ordinal: Int64
+
+    public init(id: Int64, user: Int64, description: String, nickname: String, isLegacyDelegate: Bool, ordinal: Int64) {
+        self.id = id
+        self.user = user
+        self.description = description
+        self.nickname = nickname
+        self.isLegacyDelegate = isLegacyDelegate
+        self.ordinal = ordinal
+    }
+}
+
 /// The state loaded at start-up.
 public struct StoreSnapshot: Sendable {
     public var users: [UserRecord]
+    public var endpoints: [EndpointRow] = []
     public var chats: [ChatRow]
     public var members: [MemberRow]
     /// Ordered by chat, then id.
@@ -276,10 +300,14 @@ public struct StoreBatch: Sendable {
     public var members: [MemberRow] = []
     public var messages: [MessageRow] = []
     public var messageUsers: [MessageUserRow] = []
+    /// Endpoints registered or renamed (written whole), and endpoints deregistered.
+    public var endpoints: [EndpointRow] = []
+    public var removedEndpoints: [Int64] = []
 
     public init() {}
 
     public var isEmpty: Bool {
-        newUsers.isEmpty && chats.isEmpty && members.isEmpty && messages.isEmpty && messageUsers.isEmpty
+        newUsers.isEmpty && chats.isEmpty && members.isEmpty && messages.isEmpty && messageUsers.isEmpty && endpoints.isEmpty
+            && removedEndpoints.isEmpty
     }
 }

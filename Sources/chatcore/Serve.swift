@@ -42,6 +42,9 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("A file whose bytes (trailing whitespace removed) are the HMAC key for authToken JWTs.", valueName: "file"))
     var authSecretFile: String?
 
+    @Option(name: .long, help: ArgumentHelp("A JWKS file (JSON Web Key Set): authToken JWTs signed RS256 or ES256 by one of its keys are accepted. Read again on SIGHUP.", valueName: "file"))
+    var authJwks: String?
+
     @Flag(name: .long, help: "Accept any authToken. Refuses to listen on anything but loopback addresses and Unix sockets.")
     var insecureNoAuth = false
 
@@ -66,6 +69,9 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Close a socket connection that sends nothing for this many seconds (0: never).", valueName: "seconds"))
     var idleTimeout: Int = 0
 
+    @Option(name: .long, help: "Endpoints one user may have at once: registered ones (endpointUpdate) and connected sessions. A session past it waits in setupState Full.")
+    var maxEndpoints: Int = 100
+
     @Option(name: .long, help: "trace, debug, info, notice, warning, error or critical. Logs go to standard error.")
     var logLevel: Logger.Level = .info
 
@@ -74,11 +80,14 @@ struct Serve: AsyncParsableCommand {
         guard maxLineBytes > 0 else { throw ValidationError("--max-line-bytes must be positive") }
         guard maxRequestsInFlight > 0 else { throw ValidationError("--max-requests-in-flight must be positive") }
         guard maxSessions > 0 else { throw ValidationError("--max-sessions must be positive") }
+        guard maxEndpoints > 0 else { throw ValidationError("--max-endpoints must be positive") }
         guard idleTimeout >= 0 else { throw ValidationError("--idle-timeout must not be negative") }
         guard outputHighWater > 0, maxOutputBytes >= outputHighWater else {
             throw ValidationError("--max-output-bytes must be at least --output-high-water, which must be positive")
         }
-        if authSecretFile != nil && insecureNoAuth { throw ValidationError("--auth-secret-file and --insecure-no-auth exclude each other") }
+        if (authSecretFile != nil || authJwks != nil) && insecureNoAuth {
+            throw ValidationError("--insecure-no-auth accepts any token: it excludes --auth-secret-file and --auth-jwks")
+        }
         for text in listen {
             guard let address = ListenAddress(text) else {
                 throw ValidationError("--listen \(text): expected HOST:PORT or unix:PATH")
@@ -87,8 +96,8 @@ struct Serve: AsyncParsableCommand {
                 throw ValidationError("--insecure-no-auth refuses to listen on \(text): only loopback addresses and Unix sockets")
             }
         }
-        if !listen.isEmpty && authSecretFile == nil && !insecureNoAuth {
-            throw ValidationError("sockets need --auth-secret-file (or --insecure-no-auth on loopback): no one could authenticate")
+        if !listen.isEmpty && authSecretFile == nil && authJwks == nil && !insecureNoAuth {
+            throw ValidationError("sockets need --auth-secret-file or --auth-jwks (or --insecure-no-auth on loopback): no one could authenticate")
         }
     }
 
@@ -102,14 +111,22 @@ struct Serve: AsyncParsableCommand {
         let logger = Logger(label: "chatcore")
 
         let authenticator: Authenticator
-        if let authSecretFile {
+        if authSecretFile != nil || authJwks != nil {
+            var secret: [UInt8]?
+            if let authSecretFile {
+                do {
+                    secret = try Authenticator.loadSecret(path: authSecretFile)
+                } catch {
+                    throw ValidationError("cannot read --auth-secret-file: \(error)")
+                }
+            }
             do {
-                authenticator = Authenticator(mode: .secret(try Authenticator.loadSecret(path: authSecretFile)))
+                authenticator = try await Authenticator(mode: .keys(secret: secret, jwksPath: authJwks))
             } catch {
-                throw ValidationError("cannot read --auth-secret-file: \(error)")
+                throw ValidationError("--auth-jwks: \(error)")
             }
         } else {
-            authenticator = Authenticator(mode: insecureNoAuth ? .insecure : .unconfigured)
+            authenticator = try await Authenticator(mode: insecureNoAuth ? .insecure : .unconfigured)
         }
 
         let directory = URL(fileURLWithPath: dataDir ?? Serve.defaultDataDirectory(), isDirectory: true)
@@ -147,6 +164,7 @@ struct Serve: AsyncParsableCommand {
         } else {
             engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory)
         }
+        engine.maxEndpoints = maxEndpoints
         engine.start()
         logger.info("store ready", metadata: ["dataDir": "\(directory.path)"])
 
@@ -185,6 +203,7 @@ struct Serve: AsyncParsableCommand {
             shutdown.run(exitCode: 1)
         }
         installTerminationHandlers(shutdown: shutdown, logger: logger)
+        installReloadHandler(authenticator: authenticator, logger: logger)
 
         if let stdio {
             await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
@@ -229,6 +248,24 @@ struct Serve: AsyncParsableCommand {
             source.resume()
             Serve.signalSources.withLock { $0.append(source) }
         }
+    }
+
+    /// SIGHUP: read the JWKS file again; on failure the keys in use stay.
+    private func installReloadHandler(authenticator: Authenticator, logger: Logger) {
+        signal(SIGHUP, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
+        source.setEventHandler {
+            Task {
+                do {
+                    let count = try await authenticator.reloadKeys()
+                    if count > 0 { logger.info("reloaded the JWKS file", metadata: ["keys": "\(count)"]) }
+                } catch {
+                    logger.error("the JWKS file was not reloaded: the keys in use stay", metadata: ["error": "\(error)"])
+                }
+            }
+        }
+        source.resume()
+        Serve.signalSources.withLock { $0.append(source) }
     }
 
     static let signalSources = SignalSources()

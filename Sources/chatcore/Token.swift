@@ -2,7 +2,7 @@ import ArgumentParser
 import Session
 
 /// `chatcore token`: prints a JWT for a user, signed with the server's secret.
-struct Token: ParsableCommand {
+struct Token: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print an authToken (a JWT, HS256) for a user, on a line of its own."
     )
@@ -21,13 +21,13 @@ struct Token: ParsableCommand {
         guard expiresIn > 0 else { throw ValidationError("--expires-in must be positive") }
     }
 
-    func run() throws {
+    func run() async throws {
         let secret: [UInt8]
         do {
             secret = try Authenticator.loadSecret(path: authSecretFile)
         } catch {
             throw ValidationError("cannot read --auth-secret-file: \(error)")
         }
-        print(Authenticator.issue(userId: user, secret: secret, expiresIn: expiresIn))
+        print(try await Authenticator.issue(userId: user, secret: secret, expiresIn: expiresIn))
     }
 }

@@ -79,6 +79,12 @@ final class EngineHarness {
         return sessions[name]!.sink.take()
     }
 
+    /// How often the engine ended session `name`.
+    func ended(_ name: String) -> Int {
+        engine.drain()
+        return sessions[name]!.sink.ended
+    }
+
     /// The events as JSON objects.
     func objects(_ name: String) -> [[String: Any]] {
         events(name).map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
@@ -108,6 +114,15 @@ final class RecordingSink: EventSink, @unchecked Sendable {
     }
 
     func engineFinished(_ count: Int) {}
+
+    /// How often the engine ended this session.
+    private(set) var ended = 0
+
+    func endSession() {
+        lock.lock()
+        ended += 1
+        lock.unlock()
+    }
 
     func take() -> [String] {
         lock.lock()

@@ -1,3 +1,4 @@
+import Crypto
 import Foundation
 import Session
 import Wire
@@ -106,6 +107,14 @@ final class FixtureRunner {
             } else {
                 guard let connection = sessions.removeValue(forKey: rest) else { throw fail(number, "no session \(rest)") }
                 connection.close()
+            }
+        case "ended":
+            // The service closed session NAME: nothing more comes, then its end.
+            guard let connection = sessions.removeValue(forKey: rest) else { throw fail(number, "no session \(rest)") }
+            switch connection.stream.next() {
+            case .endOfStream: connection.close()
+            case .line(let text): throw fail(number, "\(rest): expected the service to close the session, got \(text)")
+            case .timedOut: throw fail(number, "\(rest): the service did not close the session within 10 s")
             }
         case "big":
             let parts = rest.split(separator: " ").map(String.init)
@@ -254,7 +263,7 @@ final class FixtureRunner {
             guard parts.count >= 2 else { throw fail(number, "${token:USER[:expired|:wrongkey]}") }
             let key = Array((parts.count > 2 && parts[2] == "wrongkey" ? "not the secret" : (secret ?? "")).utf8)
             let now = parts.count > 2 && parts[2] == "expired" ? Date(timeIntervalSinceNow: -7200) : Date()
-            return Authenticator.issue(userId: parts[1], secret: key, expiresIn: 3600, now: now)
+            return try issueToken(userId: parts[1], secret: key, now: now)
         }
         if name == "bytes:long-cookie" { return String(repeating: "c", count: 300) }
         guard let captured = captures[name] else { throw fail(number, "nothing was captured as '\(name)'") }
@@ -326,4 +335,21 @@ enum Matcher {
     }
 
     private static func where_(_ path: String) -> String { path.isEmpty ? "the line" : "'\(path)'" }
+}
+
+/// An HS256 token for `userId` signed with `secret`, expiring an hour after `now`. Made
+/// here with swift-crypto rather than with the service's own JWT library, so that the
+/// transcripts check that tokens from elsewhere are understood.
+private func issueToken(userId: String, secret: [UInt8], now: Date) throws -> String {
+    func base64URL(_ bytes: [UInt8]) -> String {
+        Data(bytes).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+    let issued = Int64(now.timeIntervalSince1970)
+    let header = #"{"alg":"HS256","typ":"JWT"}"#
+    let subject = String(decoding: try JSONSerialization.data(withJSONObject: userId, options: .fragmentsAllowed), as: UTF8.self)
+    let payload = #"{"sub":\#(subject),"iat":\#(issued),"exp":\#(issued + 3600)}"#
+    let signingInput = base64URL(Array(header.utf8)) + "." + base64URL(Array(payload.utf8))
+    let signature = HMAC<SHA256>.authenticationCode(for: Array(signingInput.utf8), using: SymmetricKey(data: secret))
+    return signingInput + "." + base64URL(Array(signature))
 }

@@ -6,8 +6,9 @@ received after each step (with the clock fixed, as the test runner does).
     python3 Tests/Fixtures/draft.py script.txt > Tests/Fixtures/x/y.transcript
 
 A draft is not a test: read every received line against PROTOCOL.md before keeping it.
-Script steps: `!connect NAME` (then `NAME> {"authToken":...}` as usual), `NAME> JSON`,
-`!restart`, `!kill`, `#` comments (kept).
+Script steps: `!server ARGS` (first: extra arguments for `chatcore serve`), `!connect NAME`
+(then `NAME> {"authToken":...}` as usual), `NAME> JSON`, `!restart`, `!kill`, `!sleep MS`,
+`#` comments (kept).
 """
 import json
 import os
@@ -24,8 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BINARY = os.environ.get("CHATCORE_BINARY", os.path.join(ROOT, ".build", "debug", "chatcore"))
 
 
-def start(data_dir):
-    process = subprocess.Popen([BINARY, "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0", "--insecure-no-auth"],
+def start(data_dir, extra=()):
+    process = subprocess.Popen([BINARY, "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0", "--insecure-no-auth", *extra],
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                env=dict(os.environ, CHATCORE_FIXED_TIME="1700000000"))
     while True:
@@ -47,7 +48,11 @@ def scrub(value, key=None):
 
 def main():
     data_dir = tempfile.mkdtemp()
-    process, port = start(data_dir)
+    steps = [raw.rstrip("\n") for raw in open(sys.argv[1])]
+    extra = []
+    while steps and steps[0].startswith("!server "):
+        extra += steps.pop(0).split()[1:]
+    process, port = start(data_dir, extra)
     sessions = {}
     buffers = {}
 
@@ -68,9 +73,8 @@ def main():
                     out.append(f"{name}< " + json.dumps(scrub(json.loads(line)), separators=(",", ":"), ensure_ascii=False))
         return out
 
-    print("!server --insecure-no-auth")
-    for raw in open(sys.argv[1]):
-        step = raw.rstrip("\n")
+    print(" ".join(["!server", "--insecure-no-auth", *extra]))
+    for step in steps:
         print(step + (" tcp" if step.startswith("!connect ") else ""))
         if not step or step.startswith("#"):
             continue
@@ -82,7 +86,7 @@ def main():
             process.send_signal(signal.SIGTERM if step == "!restart" else signal.SIGKILL)
             process.wait()
             sessions.clear()
-            process, port = start(data_dir)
+            process, port = start(data_dir, extra)
         elif step.startswith("!sleep "):
             time.sleep(int(step.split()[1]) / 1000)
             for line in collect(0.05):

@@ -85,12 +85,12 @@ private func decode(_ line: String) -> DecodedLine<Request> {
 }
 
 @Test func aBadDiscriminatorNamesTheChoicesAndKeepsTheCookie() {
-    for line in [#"{"requestListMatching":{"type":"chat","criteria":{},"cookie":"c"}}"#,
+    for line in [#"{"requestListMatching":{"type":"typing","criteria":{},"cookie":"c"}}"#,
                  #"{"requestListMatching":{"type":{"x":[1]},"criteria":{},"cookie":"c"}}"#,
-                 #"{"requestListMatching":{"criteria":{},"type":"chat","cookie":"c"}}"#] {
+                 #"{"requestListMatching":{"criteria":{},"type":"typing","cookie":"c"}}"#] {
         let decoded = decode(line)
         #expect(decoded.cookie == "c", "\(line)")
-        #expect(decoded.result == .failure(WireFailure(.invalidParameter, "'type' must be one of 'chatMessage', 'chatParticipant'")), "\(line)")
+        #expect(decoded.result == .failure(WireFailure(.invalidParameter, "'type' must be one of 'chatMessage', 'chatParticipant', 'chat', 'user'")), "\(line)")
     }
     let missing = decode(#"{"requestListMatching":{"cookie":"c"}}"#)
     #expect(missing.result == .failure(WireFailure(.invalidParameter, "'type' is required")))

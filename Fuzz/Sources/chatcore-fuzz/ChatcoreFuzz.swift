@@ -35,6 +35,7 @@ final class Sink: EventSink, @unchecked Sendable {
         delivered += lines.count
     }
     func engineFinished(_ count: Int) {}
+    func endSession() {}
 }
 
 /// A fresh engine on a fresh store with alice and bob in a chat. Replaced every few

@@ -160,3 +160,9 @@ public struct MessageKey: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.endObject()
     }
 }
+
+/// Whether an endpoint request was carried out.
+public enum EndpointResult: String, Sendable, Hashable, CaseIterable {
+    case success = "Success"
+    case failure = "Failure"
+}

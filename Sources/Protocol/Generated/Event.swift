@@ -20,6 +20,10 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
     case identities(Identities)
     case chatEvent(ChatEvent)
     case searchResult(SearchResult)
+    case endpointUpdateResult(EndpointUpdateResult)
+    case endpoints(Endpoints)
+    case endpointDeregisterResult(EndpointDeregisterResult)
+    case endpointDeregistered(EndpointDeregistered)
 
     public static let wireMessages = WireSchema([
         WireField("requestFailed", .object(RequestFailed.self)),
@@ -37,6 +41,10 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         WireField("identities", .object(Identities.self)),
         WireField("chatEvent", .object(ChatEvent.self)),
         WireField("searchResult", .object(SearchResult.self)),
+        WireField("endpointUpdateResult", .object(EndpointUpdateResult.self)),
+        WireField("endpoints", .object(Endpoints.self)),
+        WireField("endpointDeregisterResult", .object(EndpointDeregisterResult.self)),
+        WireField("endpointDeregistered", .object(EndpointDeregistered.self)),
     ])
 
     public init(messageIndex: Int, fields: WireFields) throws {
@@ -50,6 +58,10 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case 12: self = .identities(try Identities(wire: fields))
         case 13: self = .chatEvent(try ChatEvent(wire: fields))
         case 14: self = .searchResult(try SearchResult(wire: fields))
+        case 15: self = .endpointUpdateResult(try EndpointUpdateResult(wire: fields))
+        case 16: self = .endpoints(try Endpoints(wire: fields))
+        case 17: self = .endpointDeregisterResult(try EndpointDeregisterResult(wire: fields))
+        case 18: self = .endpointDeregistered(try EndpointDeregistered(wire: fields))
         default: throw WireFailure(.internal, "message \(messageIndex) is not built from members")
         }
     }
@@ -70,6 +82,10 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         "identities": .object(Identities.self),
         "chatEvent": .object(ChatEvent.self),
         "searchResult": .object(SearchResult.self),
+        "endpointUpdateResult": .object(EndpointUpdateResult.self),
+        "endpoints": .object(Endpoints.self),
+        "endpointDeregisterResult": .object(EndpointDeregisterResult.self),
+        "endpointDeregistered": .object(EndpointDeregistered.self),
     ]
 
     public static func wireType(named name: String) -> WireType? {
@@ -93,6 +109,10 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case "identities": self = .identities(try value.object(Identities.self))
         case "chatEvent": self = .chatEvent(try value.object(ChatEvent.self))
         case "searchResult": self = .searchResult(try value.object(SearchResult.self))
+        case "endpointUpdateResult": self = .endpointUpdateResult(try value.object(EndpointUpdateResult.self))
+        case "endpoints": self = .endpoints(try value.object(Endpoints.self))
+        case "endpointDeregisterResult": self = .endpointDeregisterResult(try value.object(EndpointDeregisterResult.self))
+        case "endpointDeregistered": self = .endpointDeregistered(try value.object(EndpointDeregistered.self))
         default: throw WireFailure(.unknownRequest, "unknown message '\(name)'")
         }
     }
@@ -115,6 +135,10 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case .identities: return "identities"
         case .chatEvent: return "chatEvent"
         case .searchResult: return "searchResult"
+        case .endpointUpdateResult: return "endpointUpdateResult"
+        case .endpoints: return "endpoints"
+        case .endpointDeregisterResult: return "endpointDeregisterResult"
+        case .endpointDeregistered: return "endpointDeregistered"
         }
     }
 
@@ -138,6 +162,10 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case .identities(let value): writer.rawKey("\"identities\":"); value.encode(to: &writer)
         case .chatEvent(let value): writer.rawKey("\"chatEvent\":"); value.encode(to: &writer)
         case .searchResult(let value): writer.rawKey("\"searchResult\":"); value.encode(to: &writer)
+        case .endpointUpdateResult(let value): writer.rawKey("\"endpointUpdateResult\":"); value.encode(to: &writer)
+        case .endpoints(let value): writer.rawKey("\"endpoints\":"); value.encode(to: &writer)
+        case .endpointDeregisterResult(let value): writer.rawKey("\"endpointDeregisterResult\":"); value.encode(to: &writer)
+        case .endpointDeregistered(let value): writer.rawKey("\"endpointDeregistered\":"); value.encode(to: &writer)
         }
         writer.endObject()
         writer.endLine()

@@ -32,6 +32,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
     case syncStart(SyncStart)
     case setupRetry(SetupRetry)
     case retryServerRequests(RetryServerRequests)
+    case endpointUpdate(EndpointUpdate)
+    case endpointsGet(EndpointsGet)
+    case endpointDeregister(EndpointDeregister)
 
     public static let wireMessages = WireSchema([
         WireField("authToken", .object(AuthToken.self)),
@@ -61,6 +64,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         WireField("syncStart", .object(SyncStart.self)),
         WireField("setupRetry", .object(SetupRetry.self)),
         WireField("retryServerRequests", .object(RetryServerRequests.self)),
+        WireField("endpointUpdate", .object(EndpointUpdate.self)),
+        WireField("endpointsGet", .object(EndpointsGet.self)),
+        WireField("endpointDeregister", .object(EndpointDeregister.self)),
     ])
 
     public init(messageIndex: Int, fields: WireFields) throws {
@@ -89,6 +95,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case 24: self = .syncStart(try SyncStart(wire: fields))
         case 25: self = .setupRetry(try SetupRetry(wire: fields))
         case 26: self = .retryServerRequests(try RetryServerRequests(wire: fields))
+        case 27: self = .endpointUpdate(try EndpointUpdate(wire: fields))
+        case 28: self = .endpointsGet(try EndpointsGet(wire: fields))
+        case 29: self = .endpointDeregister(try EndpointDeregister(wire: fields))
         default: throw WireFailure(.internal, "message \(messageIndex) is not built from members")
         }
     }
@@ -121,6 +130,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         "syncStart": .object(SyncStart.self),
         "setupRetry": .object(SetupRetry.self),
         "retryServerRequests": .object(RetryServerRequests.self),
+        "endpointUpdate": .object(EndpointUpdate.self),
+        "endpointsGet": .object(EndpointsGet.self),
+        "endpointDeregister": .object(EndpointDeregister.self),
     ]
 
     public static func wireType(named name: String) -> WireType? {
@@ -156,6 +168,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case "syncStart": self = .syncStart(try value.object(SyncStart.self))
         case "setupRetry": self = .setupRetry(try value.object(SetupRetry.self))
         case "retryServerRequests": self = .retryServerRequests(try value.object(RetryServerRequests.self))
+        case "endpointUpdate": self = .endpointUpdate(try value.object(EndpointUpdate.self))
+        case "endpointsGet": self = .endpointsGet(try value.object(EndpointsGet.self))
+        case "endpointDeregister": self = .endpointDeregister(try value.object(EndpointDeregister.self))
         default: throw WireFailure(.unknownRequest, "unknown message '\(name)'")
         }
     }
@@ -190,6 +205,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .syncStart: return "syncStart"
         case .setupRetry: return "setupRetry"
         case .retryServerRequests: return "retryServerRequests"
+        case .endpointUpdate: return "endpointUpdate"
+        case .endpointsGet: return "endpointsGet"
+        case .endpointDeregister: return "endpointDeregister"
         }
     }
 
@@ -223,6 +241,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .syncStart(let value): return value.cookie
         case .setupRetry(let value): return value.cookie
         case .retryServerRequests(let value): return value.cookie
+        case .endpointUpdate(let value): return value.cookie
+        case .endpointsGet(let value): return value.cookie
+        case .endpointDeregister(let value): return value.cookie
         }
     }
 
@@ -257,6 +278,9 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .syncStart(let value): writer.rawKey("\"syncStart\":"); value.encode(to: &writer)
         case .setupRetry(let value): writer.rawKey("\"setupRetry\":"); value.encode(to: &writer)
         case .retryServerRequests(let value): writer.rawKey("\"retryServerRequests\":"); value.encode(to: &writer)
+        case .endpointUpdate(let value): writer.rawKey("\"endpointUpdate\":"); value.encode(to: &writer)
+        case .endpointsGet(let value): writer.rawKey("\"endpointsGet\":"); value.encode(to: &writer)
+        case .endpointDeregister(let value): writer.rawKey("\"endpointDeregister\":"); value.encode(to: &writer)
         }
         writer.endObject()
         writer.endLine()

@@ -3,26 +3,32 @@
 
 import Wire
 
-/// The key of a user element.
+/// The key of a user element: its uri, or (to look a user up) its regId; exactly one of them.
 public struct UserKey: Sendable, Equatable, WireDecodable, WireEncodable {
     /// A user as the protocol names them: bbmpim://user/id/<n>.
-    public var uri: String
+    public var uri: String?
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    public var regId: Int64?
 
-    public init(uri: String) {
+    public init(uri: String? = nil, regId: Int64? = nil) {
         self.uri = uri
+        self.regId = regId
     }
 
     public static let wireSchema = WireSchema([
-        WireField("uri", .string(minBytes: 1, maxBytes: 256), required: true),
-    ])
+        WireField("uri", .string(minBytes: 1, maxBytes: 256)),
+        WireField("regId", .id64),
+    ], members: 1...1)
 
     public init(wire fields: WireFields) throws {
-        self.uri = try fields.required(0) { value in try value.string() }
+        self.uri = try fields.optional(0) { value in try value.string() }
+        self.regId = try fields.optional(1) { value in try value.integer() }
     }
 
     public func encode(to writer: inout JSONWriter) {
         writer.beginObject()
-        writer.rawKey("\"uri\":"); writer.string(self.uri)
+        if let value = self.uri { writer.rawKey("\"uri\":"); writer.string(value) }
+        if let value = self.regId { writer.rawKey("\"regId\":"); writer.id64(value) }
         writer.endObject()
     }
 }

@@ -73,21 +73,79 @@ public struct ListMatchingChatParticipant: Sendable, Equatable, WireDecodable, W
     }
 }
 
+/// Matching chats (always none: see RequestListMatchingChat).
+public struct ListMatchingChat: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// Chosen by the client; echoed on every direct response to the request.
+    public var cookie: String?
+
+    public init(cookie: String? = nil) {
+        self.cookie = cookie
+    }
+
+    public static let wireSchema = WireSchema([
+        WireField("type", .constant("chat"), required: true),
+        WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
+    ])
+
+    public init(wire fields: WireFields) throws {
+        self.cookie = try fields.optional(1) { value in try value.string() }
+    }
+
+    public func encode(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.rawKey("\"type\":"); writer.string("chat")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.endObject()
+    }
+}
+
+/// Matching users (always none: see RequestListMatchingUser).
+public struct ListMatchingUser: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// Chosen by the client; echoed on every direct response to the request.
+    public var cookie: String?
+
+    public init(cookie: String? = nil) {
+        self.cookie = cookie
+    }
+
+    public static let wireSchema = WireSchema([
+        WireField("type", .constant("user"), required: true),
+        WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
+    ])
+
+    public init(wire fields: WireFields) throws {
+        self.cookie = try fields.optional(1) { value in try value.string() }
+    }
+
+    public func encode(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.rawKey("\"type\":"); writer.string("user")
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.endObject()
+    }
+}
+
 /// The header of the answer to requestListMatching; the matches follow in listChunk events, the final one with last: true.
 public enum ListMatching: Sendable, Equatable, WireUnionDecodable, WireEncodable {
     case chatMessage(ListMatchingChatMessage)
     case chatParticipant(ListMatchingChatParticipant)
+    case chat(ListMatchingChat)
+    case user(ListMatchingUser)
 
     public static let discriminator = "type"
     public static let variants: [(name: String, type: any WireDecodable.Type)] = [
         ("chatMessage", ListMatchingChatMessage.self),
         ("chatParticipant", ListMatchingChatParticipant.self),
+        ("chat", ListMatchingChat.self),
+        ("user", ListMatchingUser.self),
     ]
 
     public init(variant: any WireDecodable) throws {
         switch variant {
         case let value as ListMatchingChatMessage: self = .chatMessage(value)
         case let value as ListMatchingChatParticipant: self = .chatParticipant(value)
+        case let value as ListMatchingChat: self = .chat(value)
+        case let value as ListMatchingUser: self = .user(value)
         default: throw WireFailure(.internal, "\(Swift.type(of: variant)) is not a variant of ListMatching")
         }
     }
@@ -97,6 +155,8 @@ public enum ListMatching: Sendable, Equatable, WireUnionDecodable, WireEncodable
         switch self {
         case .chatMessage: return "chatMessage"
         case .chatParticipant: return "chatParticipant"
+        case .chat: return "chat"
+        case .user: return "user"
         }
     }
 
@@ -105,6 +165,8 @@ public enum ListMatching: Sendable, Equatable, WireUnionDecodable, WireEncodable
         switch self {
         case .chatMessage(let value): return value.cookie
         case .chatParticipant(let value): return value.cookie
+        case .chat(let value): return value.cookie
+        case .user(let value): return value.cookie
         }
     }
 
@@ -112,6 +174,8 @@ public enum ListMatching: Sendable, Equatable, WireUnionDecodable, WireEncodable
         switch self {
         case .chatMessage(let value): value.encode(to: &writer)
         case .chatParticipant(let value): value.encode(to: &writer)
+        case .chat(let value): value.encode(to: &writer)
+        case .user(let value): value.encode(to: &writer)
         }
     }
 }

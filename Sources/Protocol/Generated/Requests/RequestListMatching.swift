@@ -217,21 +217,145 @@ public struct RequestListMatchingChatParticipant: Sendable, Equatable, WireDecod
     }
 }
 
+/// mailboxId and/or keyState.
+public struct ChatCriteria: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// A mailbox (chatcore has none).
+    public var mailboxId: String?
+    /// A key state (chatcore keeps no end-to-end keys).
+    public var keyState: String?
+
+    public init(mailboxId: String? = nil, keyState: String? = nil) {
+        self.mailboxId = mailboxId
+        self.keyState = keyState
+    }
+
+    public static let wireSchema = WireSchema([
+        WireField("mailboxId", .string(minBytes: 0, maxBytes: 256)),
+        WireField("keyState", .string(minBytes: 0, maxBytes: 64)),
+    ], members: 1...Int.max)
+
+    public init(wire fields: WireFields) throws {
+        self.mailboxId = try fields.optional(0) { value in try value.string() }
+        self.keyState = try fields.optional(1) { value in try value.string() }
+    }
+
+    public func encode(to writer: inout JSONWriter) {
+        writer.beginObject()
+        if let value = self.mailboxId { writer.rawKey("\"mailboxId\":"); writer.string(value) }
+        if let value = self.keyState { writer.rawKey("\"keyState\":"); writer.string(value) }
+        writer.endObject()
+    }
+}
+
+/// Chats by mailbox or key state, as the real protocol has them. chatcore's chats have no mailbox and no end-to-end keys: no chat matches, and the answer is an empty list.
+public struct RequestListMatchingChat: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// mailboxId and/or keyState.
+    public var criteria: ChatCriteria
+    /// Chosen by the client; echoed on every direct response to the request.
+    public var cookie: String?
+
+    public init(criteria: ChatCriteria, cookie: String? = nil) {
+        self.criteria = criteria
+        self.cookie = cookie
+    }
+
+    public static let wireSchema = WireSchema([
+        WireField("type", .constant("chat"), required: true),
+        WireField("criteria", .object(ChatCriteria.self), required: true),
+        WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
+    ])
+
+    public init(wire fields: WireFields) throws {
+        self.criteria = try fields.required(1) { value in try value.object(ChatCriteria.self) }
+        self.cookie = try fields.optional(2) { value in try value.string() }
+    }
+
+    public func encode(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.rawKey("\"type\":"); writer.string("chat")
+        writer.rawKey("\"criteria\":"); self.criteria.encode(to: &writer)
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.endObject()
+    }
+}
+
+/// keyState.
+public struct UserCriteria: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// A key state (chatcore keeps no end-to-end keys).
+    public var keyState: String
+
+    public init(keyState: String) {
+        self.keyState = keyState
+    }
+
+    public static let wireSchema = WireSchema([
+        WireField("keyState", .string(minBytes: 0, maxBytes: 64), required: true),
+    ])
+
+    public init(wire fields: WireFields) throws {
+        self.keyState = try fields.required(0) { value in try value.string() }
+    }
+
+    public func encode(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.rawKey("\"keyState\":"); writer.string(self.keyState)
+        writer.endObject()
+    }
+}
+
+/// Users by key state, as the real protocol has them. chatcore keeps no end-to-end keys: no user matches, and the answer is an empty list.
+public struct RequestListMatchingUser: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// keyState.
+    public var criteria: UserCriteria
+    /// Chosen by the client; echoed on every direct response to the request.
+    public var cookie: String?
+
+    public init(criteria: UserCriteria, cookie: String? = nil) {
+        self.criteria = criteria
+        self.cookie = cookie
+    }
+
+    public static let wireSchema = WireSchema([
+        WireField("type", .constant("user"), required: true),
+        WireField("criteria", .object(UserCriteria.self), required: true),
+        WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
+    ])
+
+    public init(wire fields: WireFields) throws {
+        self.criteria = try fields.required(1) { value in try value.object(UserCriteria.self) }
+        self.cookie = try fields.optional(2) { value in try value.string() }
+    }
+
+    public func encode(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.rawKey("\"type\":"); writer.string("user")
+        writer.rawKey("\"criteria\":"); self.criteria.encode(to: &writer)
+        if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
+        writer.endObject()
+    }
+}
+
 /// Asks for the elements matching criteria (PROTOCOL.md §8).
 public enum RequestListMatching: Sendable, Equatable, WireUnionDecodable, WireEncodable {
     case chatMessage(RequestListMatchingChatMessage)
     case chatParticipant(RequestListMatchingChatParticipant)
+    case chat(RequestListMatchingChat)
+    case user(RequestListMatchingUser)
 
     public static let discriminator = "type"
     public static let variants: [(name: String, type: any WireDecodable.Type)] = [
         ("chatMessage", RequestListMatchingChatMessage.self),
         ("chatParticipant", RequestListMatchingChatParticipant.self),
+        ("chat", RequestListMatchingChat.self),
+        ("user", RequestListMatchingUser.self),
     ]
 
     public init(variant: any WireDecodable) throws {
         switch variant {
         case let value as RequestListMatchingChatMessage: self = .chatMessage(value)
         case let value as RequestListMatchingChatParticipant: self = .chatParticipant(value)
+        case let value as RequestListMatchingChat: self = .chat(value)
+        case let value as RequestListMatchingUser: self = .user(value)
         default: throw WireFailure(.internal, "\(Swift.type(of: variant)) is not a variant of RequestListMatching")
         }
     }
@@ -241,6 +365,8 @@ public enum RequestListMatching: Sendable, Equatable, WireUnionDecodable, WireEn
         switch self {
         case .chatMessage: return "chatMessage"
         case .chatParticipant: return "chatParticipant"
+        case .chat: return "chat"
+        case .user: return "user"
         }
     }
 
@@ -249,6 +375,8 @@ public enum RequestListMatching: Sendable, Equatable, WireUnionDecodable, WireEn
         switch self {
         case .chatMessage(let value): return value.cookie
         case .chatParticipant(let value): return value.cookie
+        case .chat(let value): return value.cookie
+        case .user(let value): return value.cookie
         }
     }
 
@@ -256,6 +384,8 @@ public enum RequestListMatching: Sendable, Equatable, WireUnionDecodable, WireEn
         switch self {
         case .chatMessage(let value): value.encode(to: &writer)
         case .chatParticipant(let value): value.encode(to: &writer)
+        case .chat(let value): value.encode(to: &writer)
+        case .user(let value): value.encode(to: &writer)
         }
     }
 }

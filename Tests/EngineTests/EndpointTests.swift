@@ -1,0 +1,65 @@
+import Foundation
+import GRDB
+import SQLiteStore
+import XCTest
+@testable import Engine
+
+/// Endpoints under failed commits (PROTOCOL.md §3): a deregistration or a registration
+/// that the store did not take changes nobody's session and nothing that is listed.
+final class EndpointTests: XCTestCase {
+    private func harness() throws -> (EngineHarness, FailingStore) {
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
+        return (try EngineHarness(store: store), store)
+    }
+
+    private func endpoints(_ h: EngineHarness, _ name: String) -> [[String: Any]] {
+        _ = h.events(name)
+        h.submit(name, #"{"endpointsGet":{"cookie":"list"}}"#)
+        let events = h.objects(name)
+        let body = events.last?["endpoints"] as? [String: Any]
+        return body?["registeredEndpoints"] as? [[String: Any]] ?? []
+    }
+
+    func testADeregistrationThatIsNotCommittedClosesNothing() throws {
+        let (h, store) = try harness()
+        h.connect("a", as: "alice")
+        h.connect("b", as: "alice")
+        h.send("b", #"{"endpointUpdate":{"cookie":"u","description":"tablet"}}"#)
+        let listed = endpoints(h, "a")
+        XCTAssertEqual(listed.count, 2)
+        let tablet = try XCTUnwrap(listed.first { $0["description"] as? String == "tablet" }?["endpointId"] as? String)
+
+        store.failing.store(true, ordering: .relaxed)
+        let refused = h.send("a", #"{"endpointDeregister":{"cookie":"d","endpointId":"\#(tablet)"}}"#)
+        XCTAssertEqual(refused.count, 1)
+        XCTAssertTrue(refused[0].contains(#""error":"Internal""#), "\(refused)")
+        XCTAssertEqual(h.events("b"), [], "the tablet was told of a deregistration that did not happen")
+        XCTAssertEqual(h.ended("b"), 0)
+
+        store.failing.store(false, ordering: .relaxed)
+        // Still set up: it is served and receives its user's events.
+        let served = h.send("b", #"{"identitiesGet":{"cookie":"i","appUserIds":["alice"]}}"#)
+        XCTAssertTrue(served.joined().contains(#""identities""#), "\(served)")
+        XCTAssertEqual(endpoints(h, "a").count, 2)
+
+        // Committed, it happens: told, ended, gone from the list.
+        let done = h.send("a", #"{"endpointDeregister":{"cookie":"d","endpointId":"\#(tablet)"}}"#)
+        XCTAssertEqual(done, [#"{"endpointDeregisterResult":{"cookie":"d","result":"Success"}}"#])
+        XCTAssertEqual(h.events("b"), [#"{"endpointDeregistered":{}}"#])
+        XCTAssertEqual(h.ended("b"), 1)
+        XCTAssertEqual(endpoints(h, "a").count, 1)
+    }
+
+    func testARegistrationThatIsNotCommittedIsNotListed() throws {
+        let (h, store) = try harness()
+        h.connect("a", as: "alice")
+        store.failing.store(true, ordering: .relaxed)
+        let refused = h.send("a", #"{"endpointUpdate":{"cookie":"u","description":"phone","nickname":"mine"}}"#)
+        XCTAssertTrue(refused.joined().contains(#""error":"Internal""#), "\(refused)")
+        store.failing.store(false, ordering: .relaxed)
+        let listed = endpoints(h, "a")
+        XCTAssertEqual(listed.count, 1)
+        XCTAssertEqual(listed.first?["description"] as? String, "", "an endpoint the store did not take is shown as registered")
+        XCTAssertEqual(listed.first?["isCurrent"] as? Bool, true)
+    }
+}
