@@ -27,7 +27,7 @@ public struct GlobalKey: Sendable, Equatable, WireDecodable, WireEncodable {
     }
 }
 
-/// A named global value of the session (authTokenState, setupState, localUri, localRegId).
+/// A named global value of the session: authTokenState (Needed, Ok, Rejected), setupState ({state: NotRequested, Full or Success}), and once set up localUri, localRegId and endpointId.
 public struct Global: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The name of the value.
     public var name: String

@@ -3,7 +3,7 @@
 
 import Wire
 
-/// InvalidToken: not a JWT signed with the secret (HS256). TokenExpired: exp has passed. UserIdMismatch: sub is not userId. AuthNotConfigured: the service has no secret. AlreadyAuthenticated: the session is another user.
+/// InvalidToken: not a JWT that chatcore accepts (HS256 signed with the secret, or RS256/ES256 signed by a key of the JWKS file; alg none is refused unless every token is accepted), or without exp. TokenExpired: exp has passed. UserIdMismatch: sub is not userId. AuthNotConfigured: the service has neither a secret nor a JWKS file. AlreadyAuthenticated: the session is another user.
 public enum SetupErrorCode: String, Sendable, Hashable, CaseIterable {
     case invalidToken = "InvalidToken"
     case tokenExpired = "TokenExpired"
@@ -17,7 +17,7 @@ public struct SetupError: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The member name of this message on the wire.
     public static let name = "setupError"
 
-    /// InvalidToken: not a JWT signed with the secret (HS256). TokenExpired: exp has passed. UserIdMismatch: sub is not userId. AuthNotConfigured: the service has no secret. AlreadyAuthenticated: the session is another user.
+    /// InvalidToken: not a JWT that chatcore accepts (HS256 signed with the secret, or RS256/ES256 signed by a key of the JWKS file; alg none is refused unless every token is accepted), or without exp. TokenExpired: exp has passed. UserIdMismatch: sub is not userId. AuthNotConfigured: the service has neither a secret nor a JWKS file. AlreadyAuthenticated: the session is another user.
     public var error: SetupErrorCode
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?

@@ -3,7 +3,7 @@
 
 import Wire
 
-/// Asks setup to try again after a failure. chatcore's setup cannot fail once a token is accepted: accepted, changes nothing, not answered.
+/// Asks setup to try again. A session whose token was accepted while its user had no endpoint free (setupState Full) tries again to become an endpoint: setupState then changes to Success (with localUri, localRegId and endpointId), or is said to be Full again. Otherwise it changes nothing and is not answered.
 public struct SetupRetry: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The member name of this message on the wire.
     public static let name = "setupRetry"

@@ -9,7 +9,7 @@ public enum SyncAction: String, Sendable, Hashable, CaseIterable {
     case existing = "Existing"
 }
 
-/// Starts key synchronisation with a passcode. chatcore has no end-to-end keys: accepted, changes nothing, not answered (setupState is already Success once authenticated).
+/// Starts key synchronisation with a passcode. chatcore has no end-to-end keys, so setup never needs it (setupState goes from NotRequested to Success, or Full): accepted at any time, changes nothing, not answered.
 public struct SyncStart: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The member name of this message on the wire.
     public static let name = "syncStart"
