@@ -12,16 +12,31 @@ import Wire
 /// exactly one `Internal` answer in its place.
 final class Batch {
     var store = StoreBatch()
-    /// Records changed by the batch, written whole at commit (each once).
+    /// Records changed by the batch: written at commit by the columns that changed.
     private var dirtyChats: [Int64: ChatRecord] = [:]
     private var dirtyMembers: [RowKey: (chat: Int64, member: MemberRecord)] = [:]
-    private var dirtyMessages: [RowKey: (chat: Int64, message: MessageRecord)] = [:]
-    private var dirtyPrivate: [PrivateKey: (chat: Int64, message: MessageRecord, user: Int64)] = [:]
+    private var dirtyMessages: [RowKey: MessageRecord] = [:]
+    private var dirtyPrivate: [PrivateKey: (message: MessageRecord, user: Int64)] = [:]
+    private var dirtyRefCounts: [RefKey: MessageRecord] = [:]
+    /// Messages whose own change position moved without being read.
+    private var touches: [RowKey: Int64] = [:]
+    private var rangeChanges: [RangeChangeRow] = []
+    private var blobDeltas: [String: Int64] = [:]
     private var dirtyEndpoints: [Int64: EndpointRecord] = [:]
     private var removedEndpoints: Set<Int64> = []
+    /// Chats with changes the store does not have yet.
+    private var uncommittedChats: Set<Int64> = []
+    /// What was written by the last collect, to become the records' `stored` rows.
+    private var written: [() -> Void] = []
     /// Text for the search index, handed over once committed.
     var searchAdds: [SearchEntry] = []
     var searchRemovals: [Int64] = []
+    /// The messages changed records are kept in until they are committed.
+    let cache: MessageCache
+
+    init(cache: MessageCache) {
+        self.cache = cache
+    }
 
     /// What a work item is, for answering it when its commit fails.
     enum Item {
@@ -91,6 +106,12 @@ final class Batch {
         let user: Int64
     }
 
+    struct RefKey: Hashable {
+        let chat: Int64
+        let target: Int64
+        let tag: String
+    }
+
     // MARK: items and their effects
 
     /// Starts the next work item; what is emitted from now on belongs to it.
@@ -123,18 +144,49 @@ final class Batch {
 
     // MARK: store rows
 
-    func changed(_ chat: ChatRecord) { dirtyChats[chat.number] = chat }
+    func changed(_ chat: ChatRecord) {
+        dirtyChats[chat.number] = chat
+        uncommittedChats.insert(chat.number)
+    }
 
     func changed(_ member: MemberRecord, of chat: ChatRecord) {
         dirtyMembers[RowKey(chat: chat.number, item: member.user)] = (chat.number, member)
+        uncommittedChats.insert(chat.number)
     }
 
-    func changed(_ message: MessageRecord, of chat: ChatRecord) {
-        dirtyMessages[RowKey(chat: chat.number, item: message.id)] = (chat.number, message)
+    func changed(_ message: MessageRecord) {
+        dirtyMessages[RowKey(chat: message.chat, item: message.id)] = message
+        uncommittedChats.insert(message.chat)
+        cache.pin(message)
     }
 
-    func changedPrivately(_ message: MessageRecord, of chat: ChatRecord, for user: Int64) {
-        dirtyPrivate[PrivateKey(chat: chat.number, message: message.id, user: user)] = (chat.number, message, user)
+    func changedPrivately(_ message: MessageRecord, for user: Int64) {
+        dirtyPrivate[PrivateKey(chat: message.chat, message: message.id, user: user)] = (message, user)
+        uncommittedChats.insert(message.chat)
+        cache.pin(message)
+    }
+
+    /// `target.refBy[tag]` changed.
+    func changedReferences(to target: MessageRecord, tag: String) {
+        dirtyRefCounts[RefKey(chat: target.chat, target: target.id, tag: tag)] = target
+        changed(target)
+    }
+
+    /// Message `id` of `chat`, not read, changed (its feed position is now `seq`).
+    func touched(chat: Int64, id: Int64, seq: Int64) {
+        touches[RowKey(chat: chat, item: id)] = seq
+        uncommittedChats.insert(chat)
+    }
+
+    /// Many messages changed at once (a mark moved over them).
+    func changed(_ range: RangeChangeRow) {
+        rangeChanges.append(range)
+        uncommittedChats.insert(range.chat)
+    }
+
+    /// One more (or one fewer) message holds on to a stored content.
+    func uses(_ blob: String, _ delta: Int64) {
+        blobDeltas[blob, default: 0] += delta
     }
 
     func changed(_ endpoint: EndpointRecord) {
@@ -146,33 +198,85 @@ final class Batch {
         removedEndpoints.insert(endpoint.id)
     }
 
-    /// Turns the changed records into the rows of the store batch.
-    func collectRows() {
-        store.chats = dirtyChats.values.map(\.row)
-        store.members = dirtyMembers.values.map { $0.member.row(chat: $0.chat) }
-        store.messages = dirtyMessages.values.map { $0.message.row(chat: $0.chat) }
-        store.messageUsers = dirtyPrivate.values.map { entry in
+    /// Whether the store lacks something this batch changed in `chat`.
+    func hasUncommittedChanges(in chat: Int64) -> Bool {
+        uncommittedChats.contains(chat)
+    }
+
+    /// Turns the changed records into the writes of the store batch: new rows whole,
+    /// changed rows by the columns that changed.
+    func collectRows(counters: StoreCounters?) {
+        written = []
+        for chat in dirtyChats.values {
+            let row = chat.row
+            if let old = chat.stored {
+                let columns = row.columns(changedFrom: old)
+                if !columns.isEmpty { store.chatUpdates.append(Update(row, columns: columns)) }
+            } else {
+                store.newChats.append(row)
+            }
+            written.append { chat.stored = row }
+        }
+        for (chat, member) in dirtyMembers.values {
+            let row = member.row(chat: chat)
+            if let old = member.stored {
+                let columns = row.columns(changedFrom: old)
+                if !columns.isEmpty { store.memberUpdates.append(Update(row, columns: columns)) }
+            } else {
+                store.members.append(row)
+            }
+            written.append { member.stored = row }
+        }
+        for message in dirtyMessages.values {
+            let row = message.row
+            if let old = message.stored {
+                let columns = row.columns(changedFrom: old)
+                if !columns.isEmpty { store.messageUpdates.append(Update(row, columns: columns)) }
+                if !old.refs.isEmpty && row.refs.isEmpty { store.droppedReferences.append((message.chat, message.id)) }
+            } else {
+                store.newMessages.append(row)
+            }
+            written.append { message.stored = row }
+        }
+        store.touches = touches.compactMap { key, seq in dirtyMessages[key] == nil ? (key.chat, key.item, seq) : nil }
+        store.rangeChanges = rangeChanges
+        store.refCounts = dirtyRefCounts.map { key, target in
+            let count = target.refBy[key.tag]
+            return RefCountRow(chat: key.chat, target: key.target, tag: key.tag, count: count?.count ?? 0, newest: count?.newest ?? 0)
+        }
+        store.privateStates = dirtyPrivate.values.map { entry in
             let state = entry.message.privateStates[entry.user] ?? PrivateState()
-            var row = MessageUserRow(chat: entry.chat, id: entry.message.id, user: entry.user, localData: state.localData?.json, isDeleted: state.isDeleted)
+            var row = MessageUserRow(chat: entry.message.chat, id: entry.message.id, user: entry.user, localData: state.localData?.json,
+                                     isDeleted: state.isDeleted)
             row.thumbDetached = state.thumbDetached
             row.fileDownloaded = state.fileState == .done
             return row
         }
+        store.blobUses = blobDeltas.filter { $0.value != 0 }
         store.endpoints = dirtyEndpoints.values.map(\.row)
         store.removedEndpoints = Array(removedEndpoints)
+        store.counters = counters
     }
 
     /// Everything so far is durable: later commits of this batch need not write it
     /// again, and what waited for it is done now. The current item stays uncommitted:
     /// it may change more after this point.
     func committed() {
+        for update in written { update() }
+        written = []
         store = StoreBatch()
         dirtyChats = [:]
         dirtyMembers = [:]
         dirtyMessages = [:]
         dirtyPrivate = [:]
+        dirtyRefCounts = [:]
+        touches = [:]
+        rangeChanges = []
+        blobDeltas = [:]
         dirtyEndpoints = [:]
         removedEndpoints = []
+        uncommittedChats = []
+        cache.unpinAll()
         committedItems = max(committedItems, current)
         let actions = afterCommit
         afterCommit = []
@@ -250,6 +354,7 @@ final class Batch {
         afterFailure = []
         for action in failures { action() }
         store = StoreBatch()
+        written = []
         searchAdds = []
         searchRemovals = []
         closing.removeAll { $0.item >= durable }

@@ -98,6 +98,9 @@ extension Engine {
     /// The worker is done with a message's attachments: `Sent` (and the files appear to
     /// recipients) or `Failed`.
     func attachmentsStored(chat number: Int64, id: Int64, thumb: String?, file: String?, error: String?, batch: Batch) {
+        // Read while it still counts as being stored (read from the store, it would
+        // otherwise be taken for one whose storing failed).
+        let message = chats[number].flatMap { try? loadMessage(id, in: $0) }
         attachmentsInFlight.remove(Batch.RowKey(chat: number, item: id))
         let stored = [thumb, file].compactMap { $0 }
         // The worker's pins end with this item, once its outcome is durable (or not).
@@ -111,7 +114,7 @@ extension Engine {
                 batch.ifNotCommitted(release)
             }
         }
-        guard let attachments, let chat = chats[number], let message = chat.message(id), message.attachment == .sending else {
+        guard let attachments, let chat = chats[number], let message, message.attachment == .sending else {
             // Recalled while being stored: nothing holds on to what was stored.
             return
         }
@@ -138,19 +141,22 @@ extension Engine {
             message.thumb?.blob = thumb
             message.file?.blob = file
             message.attachment = .stored
-            for blob in message.blobs { blobUses[blob, default: 0] += 1 }
+            for blob in message.blobs { batch.uses(blob, +1) }
         }
-        batch.changed(message, of: chat)
+        batch.changed(message)
         publish(changes, batch: batch)
     }
 
     /// Deletes the stored contents no message uses (and no worker has pinned). Engine
-    /// thread, after the commit that let go of them.
+    /// thread, after the commit that let go of them: the store counts the uses.
     func releaseUnused(_ blobs: [String]) {
         guard let attachments else { return }
-        for blob in blobs where blobUses[blob, default: 0] == 0 {
-            blobUses[blob] = nil
-            attachments.removeBlob(blob)
+        for blob in Set(blobs) {
+            guard let uses = try? store.blobUses(blob) else {
+                logger.warning("the uses of a stored attachment could not be read: it is kept", metadata: ["blob": "\(blob)"])
+                continue
+            }
+            if uses == 0 { attachments.removeBlob(blob) }
         }
     }
 
@@ -169,7 +175,7 @@ extension Engine {
         var released: [String] = []
         if message.attachment == .stored {
             for blob in message.blobs {
-                blobUses[blob, default: 1] -= 1
+                batch.uses(blob, -1)
                 released.append(blob)
             }
         }
@@ -214,7 +220,7 @@ extension Engine {
             message.privateStates[user, default: PrivateState()].fileState = nil
             logger.error("a download could not be made", metadata: ["error": "\(error)"])
         }
-        batch.changedPrivately(message, of: chat, for: user)
+        batch.changedPrivately(message, for: user)
         publish(done, batch: batch)
     }
 
@@ -230,7 +236,7 @@ extension Engine {
             releaseDownload(of: message, in: chat, for: user, batch: batch)
             message.privateStates[user]?.fileState = nil
         }
-        batch.changedPrivately(message, of: chat, for: user)
+        batch.changedPrivately(message, for: user)
         publish(changes, batch: batch)
     }
 }

@@ -57,7 +57,7 @@ extension Engine {
 
     // MARK: chatStart
 
-    func start(_ request: ChatStart, user: Int64, session: EngineSession, batch: Batch) {
+    func start(_ request: ChatStart, user: Int64, session: EngineSession, batch: Batch) throws {
         func failed(_ reason: ChatStartFailure, _ detail: String) {
             batch.emit(.chatStartFailed(ChatStartFailed(cookie: request.cookie, reason: reason, detail: detail)), to: session)
         }
@@ -121,9 +121,9 @@ extension Engine {
         for member in chat.members.values { batch.changed(member, of: chat) }
         // The answer is the chat's listAdd carrying the cookie, to the requesting session.
         for member in chat.activeMembers where isOnline(member.user) {
-            introduce(chat, to: member, answering: member.user == user ? (session, request.cookie) : nil, batch: batch)
+            try introduce(chat, to: member, answering: member.user == user ? (session, request.cookie) : nil, batch: batch)
         }
-        markDelivered(chat, batch: batch, changes: changes)
+        try markDelivered(chat, batch: batch, changes: changes)
         publish(changes, batch: batch)
     }
 
@@ -146,7 +146,7 @@ extension Engine {
     /// Everything a member who just got a chat needs: the chat, its other participants,
     /// and the messages they see.
     /// With `answering`, that session's `listAdd chat` carries the request's cookie.
-    func introduce(_ chat: ChatRecord, to member: MemberRecord, answering: (session: EngineSession, cookie: String?)? = nil, batch: Batch) {
+    func introduce(_ chat: ChatRecord, to member: MemberRecord, answering: (session: EngineSession, cookie: String?)? = nil, batch: Batch) throws {
         let element = renderChat(chat, for: member)
         for session in sessions(of: member.user) {
             let cookie = session === answering?.session ? answering?.cookie : nil
@@ -156,7 +156,7 @@ extension Engine {
         if !others.isEmpty {
             emit(.listAdd(.chatParticipant(ListAddChatParticipant(elements: others))), toUser: member.user, batch: batch)
         }
-        let visible = chat.messages.suffix(from: Int(max(member.joinedAt, 1) - 1)).map { renderMessage($0, in: chat, for: member.user) }
+        let visible = try loadMessages(in: chat, max(member.joinedAt, 1)...chat.lastMessage).map { renderMessage($0, in: chat, for: member.user) }
         for chunk in visible.chunked(Engine.chunkSize) {
             emit(.listAdd(.chatMessage(ListAddChatMessage(elements: chunk))), toUser: member.user, batch: batch)
         }
@@ -216,7 +216,8 @@ extension Engine {
                 newMember.deliveredUpTo = join.id - 1
                 chat.members[number] = newMember
             }
-            chat.recountUnread(newMember)
+            // Nothing after the Join yet: nothing unread.
+            newMember.numUnread = 0
             chatsOfUser[number, default: []].insert(chat.number)
             batch.changed(newMember, of: chat)
             joined.append(newMember)
@@ -228,9 +229,9 @@ extension Engine {
             emit(.listAdd(.chatMessage(ListAddChatMessage(elements: elements))), toUser: member.user, batch: batch)
         }
         for member in joined where isOnline(member.user) {
-            introduce(chat, to: member, batch: batch)
+            try introduce(chat, to: member, batch: batch)
         }
-        markDelivered(chat, batch: batch, changes: changes)
+        try markDelivered(chat, batch: batch, changes: changes)
         publish(changes, batch: batch)
     }
 
@@ -249,7 +250,7 @@ extension Engine {
             if chat.isOneToOne && !chat.isDefunct {
                 chat.isDefunct = true
             }
-            announceNew([message], in: chat, batch: batch, changes: changes)
+            try announceNew([message], in: chat, batch: batch, changes: changes)
             publish(changes, batch: batch)
         }
     }
@@ -290,7 +291,7 @@ extension Engine {
         let message = append(to: chat, sender: user, tag: "Remove", data: systemData("Remove", userUri: uri(target.user)),
                              neverCountsUnread: true, batch: batch, changes: changes)
         depart(target.user, from: chat, at: message, batch: batch)
-        announceNew([message], in: chat, batch: batch, changes: changes)
+        try announceNew([message], in: chat, batch: batch, changes: changes)
         publish(changes, batch: batch)
     }
 
@@ -307,7 +308,7 @@ extension Engine {
         for other in chat.activeMembers where other.user != target.user {
             emit(.listChange(.chatParticipant(ListChangeChatParticipant(elements: [change]))), toUser: other.user, batch: batch)
         }
-        announceNew([message], in: chat, batch: batch, changes: changes)
+        try announceNew([message], in: chat, batch: batch, changes: changes)
         publish(changes, batch: batch)
     }
 
@@ -353,17 +354,17 @@ extension Engine {
                 batch.changed(member, of: chat)
             }
             batch.changed(chat)
-            announceNew(posted, in: chat, batch: batch, changes: changes)
+            try announceNew(posted, in: chat, batch: batch, changes: changes)
             publish(changes, batch: batch)
         }
     }
 
     /// A user's endpoint authenticated: everything in their chats counts as delivered.
-    func deliverPending(to user: Int64, batch: Batch) {
+    func deliverPending(to user: Int64, batch: Batch) throws {
         let changes = PendingChanges()
-        for number in chatsOfUser[user] ?? [] {
+        for number in (chatsOfUser[user] ?? []).sorted() {
             guard let chat = chats[number] else { continue }
-            markDelivered(chat, only: user, batch: batch, changes: changes)
+            try markDelivered(chat, only: user, batch: batch, changes: changes)
         }
         publish(changes, batch: batch)
     }

@@ -96,10 +96,16 @@ extension Engine {
         batch.changed(endpoint)
     }
 
-    /// The session is set up: it sees what its user sees.
+    /// The session is set up: it sees what its user sees, and what waited for one of its
+    /// endpoints is delivered.
     func finishSetUp(_ session: EngineSession, user: Int64, batch: Batch) {
         bringUpToDate(session, user: user, batch: batch)
-        deliverPending(to: user, batch: batch)
+        do {
+            try deliverPending(to: user, batch: batch)
+        } catch {
+            // Marks the next authentication moves again: nothing is lost by waiting.
+            logger.warning("deliveries were not marked: the store could not be read", metadata: ["error": "\(error)"])
+        }
     }
 
     /// `NotAuthenticated` for a request a session that is not set up may not make.

@@ -127,7 +127,7 @@ extension Engine {
                 .chatParticipant(ListChunkChatParticipant(cookie: request.cookie, elements: $0, last: $1))
             }
         case .chatMessage(let request):
-            let (header, found) = try matchMessages(request, user: user)
+            let (header, found) = try matchMessages(request, user: user, batch: batch)
             answer(.listMatching(.chatMessage(header)), found, to: session, batch: batch) {
                 .chatMessage(ListChunkChatMessage(cookie: request.cookie, elements: $0, last: $1))
             }
@@ -163,112 +163,92 @@ extension Engine {
         return result
     }
 
-    /// The header of the answer and the matching messages, in order.
-    func matchMessages(_ request: RequestListMatchingChatMessage, user: Int64) throws -> (ListMatchingChatMessage, [ChatMessage]) {
+    /// The header of the answer and the matching messages, in order. Without criteria
+    /// that narrow, the ids are counted out; with them, the store's indexes find them.
+    func matchMessages(_ request: RequestListMatchingChatMessage, user: Int64, batch: Batch) throws -> (ListMatchingChatMessage, [ChatMessage]) {
         let criteria = request.criteria
         let (chat, member) = try chat(criteria.chatId, of: user)
         let narrows = criteria.tag != nil || criteria.ref != nil || criteria.notRefTag != nil || criteria.senderUri != nil
         guard narrows || request.window != nil else {
             throw ProtocolError.invalid("'criteria' needs at least one of 'tag', 'ref', 'notRefTag' and 'senderUri', or the request a 'window'")
         }
-        let sender: Int64? = criteria.senderUri.map { self.user(fromURI: $0, viewer: user) ?? -1 }
-        let candidates = Candidates(chat: chat, criteria: criteria, first: max(member.joinedAt, 1))
-        func matches(_ id: Int64) -> Bool {
-            let message = chat.messages[Int(id - 1)]
-            if let tag = criteria.tag, message.tag != tag { return false }
-            if let notRefTag = criteria.notRefTag, message.refs.contains(where: { $0.tag == notRefTag }) { return false }
-            if let sender, message.sender != sender { return false }
-            return true
+        var filter = MessageFilter(firstId: max(member.joinedAt, 1), lastId: chat.lastMessage)
+        filter.tag = criteria.tag
+        filter.referring = criteria.ref.map { RefRow(tag: $0.tag, target: $0.messageId) }
+        filter.notRefTag = criteria.notRefTag
+        filter.sender = criteria.senderUri.map { self.user(fromURI: $0, viewer: user) ?? -1 }
+        let first = filter.firstId
+        let last = chat.lastMessage
+        /// Up to `limit` matching ids from `start`, up or down.
+        func ids(from start: Int64, ascending: Bool, limit: Int) throws -> [Int64] {
+            guard limit > 0 else { return [] }
+            if narrows { return try matchingIds(in: chat, filter, from: start, ascending: ascending, limit: limit, batch: batch) }
+            if ascending {
+                let low = max(start, first)
+                return low <= last ? Array(low...min(last, low + Int64(limit) - 1)) : []
+            }
+            let high = min(start, last)
+            return high >= first ? Array((max(first, high - Int64(limit) + 1)...high).reversed()) : []
         }
 
-        var ids: [Int64] = []
+        var found: [Int64] = []
         var hasMoreBefore: Bool?
         var hasMoreAfter: Bool?
         if let window = request.window {
-            // The anchor is the ids [first, end): the message `messageId`, or the first
+            // The anchor is the ids [anchor, end): the message `messageId`, or the first
             // message of second `timestamp`; when no message has that second, the anchor is
             // empty, the gap between the older and the newer messages. `before` is older
             // than the anchor, `after` newer; the anchor is included when `inclusive` and
             // it matches.
-            let first: Int64
+            let anchor: Int64
             let end: Int64
             switch (window.messageId, window.timestamp) {
             case (let id?, nil):
-                first = id
+                anchor = id
                 end = id + 1
             case (nil, let timestamp?):
-                // Timestamps never decrease along the ids.
-                let index = chat.messages.partitioningIndex { $0.timestamp >= timestamp }
-                first = Int64(index) + 1
-                end = index < chat.messages.count && chat.messages[index].timestamp == timestamp ? first + 1 : first
+                try commitIfChanged(chat, batch: batch)
+                let at: Int64?
+                do {
+                    at = try store.firstMessage(chat: chat.number, notBefore: timestamp)
+                } catch {
+                    throw unreadable(error)
+                }
+                anchor = at ?? last + 1
+                end = try at.flatMap { try loadMessage($0, in: chat) }?.timestamp == timestamp ? anchor + 1 : anchor
             default:
                 throw ProtocolError.invalid("'window' needs exactly one of 'messageId' and 'timestamp'")
             }
-            let position = candidates.firstPosition(atLeast: first)
-            let afterPosition = candidates.firstPosition(atLeast: end)
-            var anchored: [Int64] = []
-            for index in position..<max(position, afterPosition) where matches(candidates[index]) {
-                anchored.append(candidates[index])
-            }
-            var before: [Int64] = []
-            var index = position - 1
+            let anchored = anchor < end ? try ids(from: anchor, ascending: true, limit: 1).filter { $0 < end } : []
             let wantBefore = Int(window.before ?? 0)
-            while index >= 0 {
-                let id = candidates[index]
-                if matches(id) {
-                    if before.count == wantBefore {
-                        hasMoreBefore = true
-                        break
-                    }
-                    before.append(id)
-                }
-                index -= 1
-            }
-            var after: [Int64] = []
-            index = afterPosition
+            var before = try ids(from: anchor - 1, ascending: false, limit: wantBefore + 1)
+            hasMoreBefore = before.count > wantBefore
+            if before.count > wantBefore { before.removeLast() }
             let wantAfter = Int(window.after ?? 0)
-            while index < candidates.count {
-                let id = candidates[index]
-                if matches(id) {
-                    if after.count == wantAfter {
-                        hasMoreAfter = true
-                        break
-                    }
-                    after.append(id)
-                }
-                index += 1
-            }
-            ids = before.reversed()
-            if window.inclusive ?? true { ids += anchored }
-            ids += after
-            if window.reverse ?? false { ids.reverse() }
-            hasMoreBefore = hasMoreBefore ?? false
-            hasMoreAfter = hasMoreAfter ?? false
+            var after = try ids(from: end, ascending: true, limit: wantAfter + 1)
+            hasMoreAfter = after.count > wantAfter
+            if after.count > wantAfter { after.removeLast() }
+            found = before.reversed()
+            if window.inclusive ?? true { found += anchored }
+            found += after
+            if window.reverse ?? false { found.reverse() }
         } else {
-            var index = 0
-            while index < candidates.count {
-                let id = candidates[index]
-                if matches(id) {
-                    if ids.count == Engine.maxMatches {
-                        hasMoreAfter = true
-                        break
-                    }
-                    ids.append(id)
-                }
-                index += 1
+            found = try ids(from: first, ascending: true, limit: Engine.maxMatches + 1)
+            if found.count > Engine.maxMatches {
+                found.removeLast()
+                hasMoreAfter = true
             }
         }
-        let result = ids.map { renderMessage(chat.messages[Int($0 - 1)], in: chat, for: user) }
+        let messages = try loadMessages(in: chat, ids: found)
+        let result = messages.map { renderMessage($0, in: chat, for: user) }
         var refTargets: [ChatMessage]?
         if request.withRefTargets ?? false {
             var seen = Set<Int64>()
-            var targets: [ChatMessage] = []
-            for id in ids {
-                for ref in chat.messages[Int(id - 1)].refs where ref.messageId >= member.joinedAt && seen.insert(ref.messageId).inserted {
-                    if let target = chat.message(ref.messageId) { targets.append(renderMessage(target, in: chat, for: user)) }
-                }
+            var targetIds: [Int64] = []
+            for message in messages {
+                for ref in message.refs where ref.messageId >= member.joinedAt && seen.insert(ref.messageId).inserted { targetIds.append(ref.messageId) }
             }
-            refTargets = targets
+            refTargets = try loadMessages(in: chat, ids: targetIds).map { renderMessage($0, in: chat, for: user) }
         }
         return (ListMatchingChatMessage(cookie: request.cookie, hasMoreBefore: hasMoreBefore, hasMoreAfter: hasMoreAfter, refTargets: refTargets),
                 result)
@@ -276,7 +256,10 @@ extension Engine {
 
     // MARK: requestListChanges
 
-    func listChanges(_ request: RequestListChanges, user: Int64) throws -> Event {
+    /// The change feed (PROTOCOL.md §4): messages of the user's chats whose latest change
+    /// is after `since`, oldest change first. A message's latest change is the later of its
+    /// own (`changeSeq`) and of the marks that moved over it (range changes).
+    func listChanges(_ request: RequestListChanges, user: Int64, batch: Batch) throws -> Event {
         let scope: [ChatRecord]
         if let chatId = request.chatId {
             scope = [try chat(chatId, of: user).0]
@@ -293,14 +276,9 @@ extension Engine {
         var found: [(seq: Int64, chat: ChatRecord, message: MessageRecord)] = []
         for chat in scope {
             guard let member = chat.activeMember(user) else { continue }
-            var index = chat.changeLog.partitioningIndex { $0.seq > since }
-            var taken = 0
-            while index < chat.changeLog.count && taken <= limit {
-                let entry = chat.changeLog[index]
-                index += 1
-                guard let message = chat.message(entry.id), message.changeSeq == entry.seq, entry.id >= member.joinedAt else { continue }
-                found.append((entry.seq, chat, message))
-                taken += 1
+            try commitIfChanged(chat, batch: batch)
+            for (seq, message) in try changes(in: chat, after: since, from: member.joinedAt, limit: limit + 1) {
+                found.append((seq, chat, message))
             }
         }
         found.sort { $0.seq < $1.seq }
@@ -310,43 +288,63 @@ extension Engine {
         let next = hasMore ? found.last!.seq : changeSeq
         return .listChanges(ListChanges(cookie: request.cookie, changed: changed, token: String(next), hasMore: hasMore))
     }
-}
 
-/// The message ids a match starts from, ascending: a `ref` criterion's sources, a `tag`'s
-/// messages, or the member's whole history: each an index, never a scan of the chat.
-struct Candidates {
-    private let list: ArraySlice<Int64>?
-    private let first: Int64
-    let count: Int
-
-    init(chat: ChatRecord, criteria: ChatMessageCriteria, first: Int64) {
-        self.first = first
-        let last = chat.lastMessage
-        var ids: [Int64]?
-        if let ref = criteria.ref {
-            ids = chat.message(ref.messageId)?.referencedBy[ref.tag] ?? []
-        } else if let tag = criteria.tag {
-            ids = chat.idsByTag[tag] ?? []
+    /// Up to `limit` messages of `chat` (ids from `firstId`) whose latest change is after
+    /// `since`, with that position, ascending.
+    private func changes(in chat: ChatRecord, after since: Int64, from firstId: Int64, limit: Int) throws -> [(Int64, MessageRecord)] {
+        let ranges: [RangeChangeRow]
+        do {
+            ranges = try store.rangeChanges(chat: chat.number, after: since)
+        } catch {
+            throw unreadable(error)
         }
-        if let ids {
-            let start = ids.partitioningIndex { $0 >= first }
-            list = ids[start...]
-            count = ids.count - start
-        } else {
-            list = nil
-            count = first <= last ? Int(last - first + 1) : 0
+        /// The latest position any range gives `id`.
+        func rangeSeq(of id: Int64) -> Int64 {
+            ranges.reduce(0) { latest, range in max(latest, range.seq(of: id) ?? 0) }
         }
-    }
-
-    subscript(position: Int) -> Int64 {
-        if let list { return list[list.startIndex + position] }
-        return first + Int64(position)
-    }
-
-    /// The first position whose id is at least `id`.
-    func firstPosition(atLeast id: Int64) -> Int {
-        if let list { return list.partitioningIndex { $0 >= id } - list.startIndex }
-        return Int(min(max(id - first, 0), Int64(count)))
+        var result: [(Int64, MessageRecord)] = []
+        // Candidates come from two sorted streams: messages by their own change, and the
+        // ranges' messages by position; a candidate counts at its latest position only.
+        var own: [MessageChangeRow] = []
+        var ownIndex = 0
+        var ownAfter = since
+        var ownDone = false
+        var rangeCursor = ranges.map { max($0.firstId, firstId, $0.firstId + since - $0.firstSeq + 1) }
+        func nextOwn() throws -> MessageChangeRow? {
+            if ownIndex == own.count && !ownDone {
+                do {
+                    own = try store.changedMessages(chat: chat.number, after: ownAfter, limit: max(limit * 2, 64))
+                } catch {
+                    throw unreadable(error)
+                }
+                ownIndex = 0
+                ownDone = own.isEmpty
+                if let last = own.last { ownAfter = last.changeSeq }
+            }
+            return ownIndex < own.count ? own[ownIndex] : nil
+        }
+        while result.count < limit {
+            let candidateOwn = try nextOwn()
+            var best: (range: Int, seq: Int64)?
+            for (index, range) in ranges.enumerated() where rangeCursor[index] <= range.lastId {
+                let seq = range.seq(of: rangeCursor[index])!
+                if best == nil || seq < best!.seq { best = (index, seq) }
+            }
+            if let candidate = candidateOwn, best == nil || candidate.changeSeq < best!.seq {
+                ownIndex += 1
+                guard candidate.id >= firstId, rangeSeq(of: candidate.id) < candidate.changeSeq,
+                      let message = try loadMessage(candidate.id, in: chat) else { continue }
+                result.append((candidate.changeSeq, message))
+            } else if let (index, seq) = best {
+                let id = rangeCursor[index]
+                rangeCursor[index] += 1
+                guard rangeSeq(of: id) == seq, let message = try loadMessage(id, in: chat), message.changeSeq < seq else { continue }
+                result.append((seq, message))
+            } else {
+                break
+            }
+        }
+        return result
     }
 }
 

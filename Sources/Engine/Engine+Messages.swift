@@ -24,7 +24,7 @@ extension Engine {
 
     /// A message `member` can see.
     func message(_ id: Int64, in chat: ChatRecord, seenBy member: MemberRecord) throws -> MessageRecord {
-        guard id >= member.joinedAt, let message = chat.message(id) else {
+        guard id >= member.joinedAt, let message = try loadMessage(id, in: chat) else {
             throw ProtocolError.notFound("message \(id) was not found in chat '\(chat.chatId)'")
         }
         return message
@@ -37,31 +37,44 @@ extension Engine {
     // MARK: posting
 
     /// Adds a message to the chat's history (records and store only; announcing is the
-    /// caller's). The chat must have been passed to `willChange` first.
+    /// caller's). The chat must have been passed to `willChange` first; the targets of
+    /// `refs` must be loaded (`send` checked them).
     @discardableResult
     func append(to chat: ChatRecord, sender: Int64, tag: String, content: String? = nil, data: JSONValue? = nil, refs: [MessageRef] = [],
-                isControl: Bool = false, neverCountsUnread: Bool = false, batch: Batch, changes: PendingChanges) -> MessageRecord {
-        for ref in refs {
-            if let target = chat.message(ref.messageId) { willChange(target, in: chat, changes) }
-        }
+                targets: [MessageRecord] = [], isControl: Bool = false, neverCountsUnread: Bool = false, batch: Batch,
+                changes: PendingChanges) -> MessageRecord {
+        for target in targets { willChange(target, in: chat, changes) }
         changeSeq += 1
-        let timestamp = max(now(), chat.messages.last?.timestamp ?? 0)
-        let message = MessageRecord(id: chat.lastMessage + 1, sender: sender, tag: tag, content: content, data: data, refs: refs,
-                                    timestamp: timestamp, isControl: isControl, neverCountsUnread: neverCountsUnread, changeSeq: changeSeq)
-        chat.append(message)
+        let timestamp = max(now(), lastTimestamp(of: chat))
+        let message = MessageRecord(chat: chat.number, id: chat.lastMessage + 1, sender: sender, tag: tag, content: content, data: data,
+                                    refs: refs, timestamp: timestamp, isControl: isControl, neverCountsUnread: neverCountsUnread,
+                                    changeSeq: changeSeq)
+        chat.lastMessage = message.id
+        chat.lastTimestamp = timestamp
+        if !neverCountsUnread { chat.lastActivity = max(chat.lastActivity, timestamp) }
+        for target in targets {
+            for ref in refs where ref.messageId == target.id {
+                let counted = target.refBy[ref.tag] ?? (0, 0)
+                target.refBy[ref.tag] = (counted.count + 1, message.id)
+                batch.changedReferences(to: target, tag: ref.tag)
+            }
+        }
         if let content, !message.isSystem {
             lastSearchRow += 1
             message.searchRow = lastSearchRow
             batch.searchAdds.append(SearchEntry(row: lastSearchRow, chat: chat.number, id: message.id, text: content))
         }
-        batch.changed(message, of: chat)
+        batch.changed(message)
         batch.changed(chat)
         for member in chat.members.values where member.isActive {
             if member.isHidden {
                 member.isHidden = false
                 batch.changed(member, of: chat)
             }
-            if member.received(message.id) && message.countsUnread(for: member.user) { member.numUnread += 1 }
+            if member.received(message.id) && message.countsUnread(for: member.user) {
+                member.numUnread += 1
+                batch.changed(member, of: chat)
+            }
         }
         return message
     }
@@ -71,7 +84,7 @@ extension Engine {
     /// With `answering`, that session's `listAdd chatMessage` carries the request's cookie
     /// (the answer to a send).
     func announceNew(_ messages: [MessageRecord], in chat: ChatRecord, answering: (session: EngineSession, cookie: String?)? = nil,
-                     batch: Batch, changes: PendingChanges) {
+                     batch: Batch, changes: PendingChanges) throws {
         guard !messages.isEmpty else { return }
         for member in chat.members.values where member.isActive && isOnline(member.user) {
             let visible = messages.filter { $0.id >= member.joinedAt }
@@ -84,25 +97,33 @@ extension Engine {
                 }
             }
         }
-        markDelivered(chat, batch: batch, changes: changes)
+        try markDelivered(chat, batch: batch, changes: changes)
     }
 
     /// Every connected member has now received everything up to the chat's last message:
     /// the senders' states move (PROTOCOL.md §6).
-    func markDelivered(_ chat: ChatRecord, only user: Int64? = nil, batch: Batch, changes: PendingChanges) {
+    func markDelivered(_ chat: ChatRecord, only user: Int64? = nil, batch: Batch, changes: PendingChanges) throws {
         let last = chat.lastMessage
         for member in chat.members.values where member.isActive && member.deliveredUpTo < last && isOnline(member.user) {
             if let user, member.user != user { continue }
             let start = max(member.deliveredUpTo + 1, member.joinedAt)
             if start <= last {
-                for id in start...last {
-                    let message = chat.messages[Int(id - 1)]
-                    if message.sender != member.user { willChange(message, in: chat, changes) }
-                }
+                // Only the senders see a delivery: read the messages if one of them is here.
+                let someoneSees = chat.members.values.contains { $0.isActive && $0.user != member.user && isOnline($0.user) }
+                try willChange(start...last, of: chat, notSentBy: member.user, someoneSees: someoneSees, changes)
             }
             member.deliveredUpTo = last
             batch.changed(member, of: chat)
         }
+    }
+
+    /// The newest message's timestamp (timestamps never decrease along a chat's ids): read
+    /// once after start-up, then kept.
+    func lastTimestamp(of chat: ChatRecord) -> Int64 {
+        if let known = chat.lastTimestamp { return known }
+        let known = chat.lastMessage > 0 ? ((try? loadMessage(chat.lastMessage, in: chat))??.timestamp ?? 0) : 0
+        chat.lastTimestamp = known
+        return known
     }
 
     // MARK: requests
@@ -124,11 +145,12 @@ extension Engine {
         }
         let refs = request.ref ?? []
         var tags = Set<String>()
+        var targets: [MessageRecord] = []
         for (index, ref) in refs.enumerated() {
             guard tags.insert(ref.tag).inserted else {
                 throw ProtocolError.invalid("'ref[\(index)].tag' \(ref.tag) is given twice: at most one reference per tag")
             }
-            guard ref.messageId >= member.joinedAt, let target = chat.message(ref.messageId) else {
+            guard ref.messageId >= member.joinedAt, let target = try loadMessage(ref.messageId, in: chat) else {
                 throw ProtocolError.invalid("'ref[\(index)].messageId' \(ref.messageId) is not a message of chat '\(chat.chatId)'")
             }
             if target.isSystem {
@@ -145,6 +167,7 @@ extension Engine {
                     throw ProtocolError.notPermitted("'ref[\(index)]' is an Edit of message \(ref.messageId), which was recalled")
                 }
             }
+            if !targets.contains(where: { $0 === target }) { targets.append(target) }
         }
         // Files last: everything else is known to be fine, so an opened file is always used.
         let (thumb, file) = try admitAttachments(request, session: session)
@@ -157,7 +180,7 @@ extension Engine {
         let changes = PendingChanges()
         willChange(chat, changes)
         let message = append(to: chat, sender: user, tag: request.tag, content: request.content, data: request.data, refs: refs,
-                             isControl: request.control ?? false, neverCountsUnread: request.neverCountUnread ?? false,
+                             targets: targets, isControl: request.control ?? false, neverCountsUnread: request.neverCountUnread ?? false,
                              batch: batch, changes: changes)
         if thumb != nil || file != nil {
             message.thumb = thumb.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
@@ -166,7 +189,7 @@ extension Engine {
             storeAttachments(of: message, in: chat, thumb: thumb, file: file, request: request, session: session, batch: batch)
         }
         stopTyping(user: user, chat: chat, batch: batch)
-        announceNew([message], in: chat, answering: (session, request.cookie), batch: batch, changes: changes)
+        try announceNew([message], in: chat, answering: (session, request.cookie), batch: batch, changes: changes)
         publish(changes, batch: batch)
     }
 
@@ -177,14 +200,14 @@ extension Engine {
         let changes = PendingChanges()
         willChange(chat, changes)
         // Only the newly read range is visited: reading one message at a time through a
-        // long backlog stays linear.
+        // long backlog stays linear, and a long backlog is one mark (one row), however
+        // many messages it covers.
         let start = max(member.readUpTo + 1, member.joinedAt)
-        for id in start...target.id {
-            let message = chat.messages[Int(id - 1)]
-            guard message.sender != user else { continue }
-            willChange(message, in: chat, changes)
-            if message.countsUnread(for: user) { member.numUnread -= 1 }
-        }
+        let range = start...target.id
+        var unread: Int64 = 0
+        for message in try loadMessages(in: chat, range) where message.countsUnread(for: user) { unread += 1 }
+        try willChange(range, of: chat, notSentBy: user, someoneSees: true, changes)
+        member.numUnread = max(0, member.numUnread - unread)
         member.readUpTo = target.id
         member.deliveredUpTo = max(member.deliveredUpTo, target.id)
         batch.changed(member, of: chat)
@@ -212,7 +235,7 @@ extension Engine {
         willChange(message, in: chat, changes)
         releaseDownload(of: message, in: chat, for: user, batch: batch)
         message.privateStates[user] = PrivateState(localData: nil, isDeleted: true)
-        batch.changedPrivately(message, of: chat, for: user)
+        batch.changedPrivately(message, for: user)
         publish(changes, batch: batch)
     }
 
@@ -233,39 +256,64 @@ extension Engine {
             guard message.attachment != .failed else {
                 throw ProtocolError.notPermitted("message \(id) failed to send: there is nothing to recall")
             }
-            recall(message, in: chat, batch: batch, changes: changes)
+            try recall([message], in: chat, batch: batch, changes: changes)
             publish(changes, batch: batch)
             return
         }
         if chat.isDefunct {
             throw ProtocolError.notPermitted("chat '\(chat.chatId)' is Defunct: nothing can be posted into it")
         }
-        for message in chat.messages where message.sender == user && !message.isSystem && !message.isRecalled {
-            recall(message, in: chat, batch: batch, changes: changes)
-        }
+        // Every own message not recalled yet: the store finds them.
+        var filter = MessageFilter(firstId: 1, sender: user)
+        filter.onlyRecallable = true
+        let ids = try matchingIds(in: chat, filter, from: 1, ascending: true, limit: Int.max, batch: batch)
+        try recall(try loadMessages(in: chat, ids: ids), in: chat, batch: batch, changes: changes)
         willChange(chat, changes)
         let shred = append(to: chat, sender: user, tag: "Shred", neverCountsUnread: true, batch: batch, changes: changes)
-        announceNew([shred], in: chat, batch: batch, changes: changes)
+        try announceNew([shred], in: chat, batch: batch, changes: changes)
         publish(changes, batch: batch)
     }
 
-    /// Recalls a message for everyone; its targets' `refBy` are recomputed.
-    private func recall(_ message: MessageRecord, in chat: ChatRecord, batch: Batch, changes: PendingChanges) {
-        guard !message.isRecalled, message.attachment != .failed else { return }
-        willChange(message, in: chat, changes)
-        for ref in message.refs {
-            if let target = chat.message(ref.messageId) { willChange(target, in: chat, changes) }
+    /// Recalls messages for everyone; the `refBy` of what they referred to is recomputed
+    /// (count down, newest the newest remaining source).
+    private func recall(_ messages: [MessageRecord], in chat: ChatRecord, batch: Batch, changes: PendingChanges) throws {
+        let recalling = messages.filter { !$0.isRecalled && $0.attachment != .failed }
+        guard !recalling.isEmpty else { return }
+        // The store answers which references remain: it must have this chat as it is.
+        try commitIfChanged(chat, batch: batch)
+        let recalled = Set(recalling.map(\.id))
+        var affected: [RefRow] = []
+        for message in recalling {
+            willChange(message, in: chat, changes)
+            for ref in message.refs where !affected.contains(RefRow(tag: ref.tag, target: ref.messageId)) {
+                affected.append(RefRow(tag: ref.tag, target: ref.messageId))
+            }
         }
-        chat.dropReferences(of: message)
-        if message.searchRow > 0 {
-            batch.searchRemovals.append(message.searchRow)
-            message.searchRow = 0
+        let targets = try loadMessages(in: chat, ids: affected.map(\.target))
+        for ref in affected {
+            guard let target = targets.first(where: { $0.id == ref.target }) else { continue }
+            willChange(target, in: chat, changes)
+            let remaining: (count: Int64, newest: Int64?)
+            do {
+                remaining = try store.references(chat: chat.number, to: target.id, tag: ref.tag, excluding: recalled)
+            } catch {
+                throw unreadable(error)
+            }
+            target.refBy[ref.tag] = remaining.newest.map { (remaining.count, $0) }
+            batch.changedReferences(to: target, tag: ref.tag)
         }
-        releaseAttachments(of: message, in: chat, batch: batch)
-        message.content = nil
-        message.data = nil
-        message.isRecalled = true
-        batch.changed(message, of: chat)
+        for message in recalling {
+            if message.searchRow > 0 {
+                batch.searchRemovals.append(message.searchRow)
+                message.searchRow = 0
+            }
+            releaseAttachments(of: message, in: chat, batch: batch)
+            message.refs = []
+            message.content = nil
+            message.data = nil
+            message.isRecalled = true
+            batch.changed(message)
+        }
     }
 
     func setLocalData(_ request: RequestListChangeChatMessage, user: Int64, batch: Batch) throws {
@@ -284,7 +332,7 @@ extension Engine {
             var state = message.privateStates[user] ?? PrivateState()
             state.localData = localData
             message.privateStates[user] = state
-            batch.changedPrivately(message, of: chat, for: user)
+            batch.changedPrivately(message, for: user)
         }
         publish(changes, batch: batch)
     }

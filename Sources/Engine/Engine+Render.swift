@@ -100,10 +100,10 @@ extension Engine {
         }
         let hidesBody = deleted || message.isRecalled
         var refBy: [RefBy]?
-        if !message.referencedBy.isEmpty {
-            refBy = message.referencedBy.keys.sorted().compactMap { tag in
-                guard let sources = message.referencedBy[tag], let newest = sources.last else { return nil }
-                return RefBy(tag: tag, newestRef: newest, count: Int64(sources.count))
+        if !message.refBy.isEmpty {
+            refBy = message.refBy.keys.sorted().compactMap { tag in
+                guard let counted = message.refBy[tag], counted.count > 0 else { return nil }
+                return RefBy(tag: tag, newestRef: counted.newest, count: counted.count)
             }
         }
         // Attachments (PROTOCOL.md §7): the sender sees the stored copy; a recipient the
@@ -149,21 +149,56 @@ extension Engine {
 /// What one request is about to change: the elements as each connected viewer saw them
 /// before. `Engine.publish` renders them again afterwards and sends the differences.
 final class PendingChanges {
-    fileprivate var messages: [(chat: ChatRecord, message: MessageRecord, before: [Int64: ChatMessage])] = []
+    fileprivate enum Entry {
+        /// One message: it takes the next position of the change feed.
+        case message(ChatRecord, MessageRecord, before: [Int64: ChatMessage])
+        /// Many messages at once (a mark moving over them): one range of positions, one
+        /// row in the store; the messages were read only if someone online sees them.
+        case range(ChatRecord, ClosedRange<Int64>, [(message: MessageRecord, before: [Int64: ChatMessage])])
+    }
+
+    fileprivate var entries: [Entry] = []
     fileprivate var messageIndex: Set<Batch.RowKey> = []
     fileprivate var chats: [(chat: ChatRecord, before: [Int64: Chat])] = []
     fileprivate var chatIndex: Set<Int64> = []
 }
 
 extension Engine {
+    /// A mark moving over more messages than this changes them as one range (one row in
+    /// the store), not one by one.
+    static let largeRange = 64
+
     /// Call before changing anything `message` shows to anyone.
     func willChange(_ message: MessageRecord, in chat: ChatRecord, _ changes: PendingChanges) {
         guard changes.messageIndex.insert(Batch.RowKey(chat: chat.number, item: message.id)).inserted else { return }
+        changes.entries.append(.message(chat, message, before: renderForOnlineViewers(message, in: chat)))
+    }
+
+    private func renderForOnlineViewers(_ message: MessageRecord, in chat: ChatRecord) -> [Int64: ChatMessage] {
         var before: [Int64: ChatMessage] = [:]
         for member in viewers(of: message, in: chat) where isOnline(member.user) {
             before[member.user] = renderMessage(message, in: chat, for: member.user)
         }
-        changes.messages.append((chat, message, before))
+        return before
+    }
+
+    /// Call before a mark moves over the messages `range` of `chat` (a read, a delivery):
+    /// each message not sent by `user` may change for someone. A few are changed one by
+    /// one; many as one range, read from the store only when `someoneSees` (a viewer
+    /// other than `user`, or `user` for a read, is online).
+    func willChange(_ range: ClosedRange<Int64>, of chat: ChatRecord, notSentBy user: Int64, someoneSees: Bool,
+                    _ changes: PendingChanges) throws {
+        if range.count <= Engine.largeRange {
+            for message in try loadMessages(in: chat, range) where message.sender != user { willChange(message, in: chat, changes) }
+            return
+        }
+        var loaded: [(MessageRecord, [Int64: ChatMessage])] = []
+        if someoneSees {
+            for message in try loadMessages(in: chat, range) where message.sender != user {
+                loaded.append((message, renderForOnlineViewers(message, in: chat)))
+            }
+        }
+        changes.entries.append(.range(chat, range, loaded))
     }
 
     /// Call before changing anything the chat element shows to any member.
@@ -181,16 +216,38 @@ extension Engine {
     func publish(_ changes: PendingChanges, batch: Batch) {
         var messageChanges: [Int64: [ChatMessageChange]] = [:]
         var userOrder: [Int64] = []
-        for (chat, message, before) in changes.messages {
-            changeSeq += 1
-            chat.touch(message, seq: changeSeq)
-            batch.changed(message, of: chat)
+        func compare(_ message: MessageRecord, in chat: ChatRecord, _ before: [Int64: ChatMessage]) {
             for member in viewers(of: message, in: chat) {
                 guard let old = before[member.user] else { continue }
                 let new = renderMessage(message, in: chat, for: member.user)
                 guard let change = difference(old, new) else { continue }
                 if messageChanges[member.user] == nil { userOrder.append(member.user) }
                 messageChanges[member.user, default: []].append(change)
+            }
+        }
+        for entry in changes.entries {
+            switch entry {
+            case .message(let chat, let message, let before):
+                changeSeq += 1
+                message.changeSeq = changeSeq
+                batch.changed(message)
+                compare(message, in: chat, before)
+            case .range(let chat, let range, let loaded):
+                // Messages also changed one by one in this request keep that position;
+                // the others take one block of positions per stretch between them.
+                var start = range.lowerBound
+                for id in range.lowerBound...(range.upperBound + 1) {
+                    let single = id <= range.upperBound && changes.messageIndex.contains(Batch.RowKey(chat: chat.number, item: id))
+                    guard single || id > range.upperBound else { continue }
+                    if start < id {
+                        batch.changed(RangeChangeRow(chat: chat.number, firstSeq: changeSeq + 1, firstId: start, lastId: id - 1))
+                        changeSeq += id - start
+                    }
+                    start = id + 1
+                }
+                for (message, before) in loaded where !changes.messageIndex.contains(Batch.RowKey(chat: chat.number, item: message.id)) {
+                    compare(message, in: chat, before)
+                }
             }
         }
         for user in userOrder {

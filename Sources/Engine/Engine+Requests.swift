@@ -28,9 +28,9 @@ extension Engine {
         case .requestListChange(.chatMessage(let request)):
             try setLocalData(request, user: user, batch: batch)
         case .requestListChanges(let request):
-            batch.emit(try listChanges(request, user: user), to: session)
+            batch.emit(try listChanges(request, user: user, batch: batch), to: session)
         case .chatStart(let request):
-            start(request, user: user, session: session, batch: batch)
+            try start(request, user: user, session: session, batch: batch)
         case .chatInvite(let request):
             try invite(request, user: user, batch: batch)
         case .chatLeave(let request):

@@ -23,10 +23,8 @@ extension Engine {
         }
 
         var found: [(row: Int64, chat: ChatRecord, id: Int64)] = []
-        func visible(_ chat: ChatRecord, _ member: MemberRecord, _ id: Int64) -> MessageRecord? {
-            guard id >= member.joinedAt, let message = chat.message(id), !message.isRecalled, message.searchRow > 0,
-                  message.privateStates[user]?.isDeleted != true else { return nil }
-            return message
+        func visible(_ message: MessageRecord, to member: MemberRecord) -> Bool {
+            message.id >= member.joinedAt && !message.isRecalled && message.searchRow > 0 && message.privateStates[user]?.isDeleted != true
         }
         if text.count >= Engine.indexedQueryLength, let searchIndex {
             // The index must see everything this batch posted or recalled before now.
@@ -42,7 +40,8 @@ extension Engine {
                     throw ProtocolError(.internal, "the search index failed: \(error)")
                 }
                 for hit in hits {
-                    guard let (chat, member) = members[hit.chat], visible(chat, member, hit.id) != nil else { continue }
+                    guard let (chat, member) = members[hit.chat], let message = try loadMessage(hit.id, in: chat),
+                          visible(message, to: member) else { continue }
                     found.append((hit.row, chat, hit.id))
                     if found.count == limit { break }
                 }
@@ -54,14 +53,17 @@ extension Engine {
             // visible history is scanned, newest first, chat by chat (also without an index).
             for (chat, member) in scope {
                 var taken = 0
-                var id = chat.lastMessage
-                while id >= max(member.joinedAt, 1) && taken < limit {
-                    if let message = visible(chat, member, id), let content = message.content,
-                       content.range(of: text, options: [.caseInsensitive]) != nil {
-                        found.append((message.searchRow, chat, id))
-                        taken += 1
+                var high = chat.lastMessage
+                let low = max(member.joinedAt, 1)
+                while high >= low && taken < limit {
+                    let page = try loadMessages(in: chat, max(low, high - 499)...high)
+                    for message in page.reversed() where taken < limit && visible(message, to: member) {
+                        if let content = message.content, content.range(of: text, options: [.caseInsensitive]) != nil {
+                            found.append((message.searchRow, chat, message.id))
+                            taken += 1
+                        }
                     }
-                    id -= 1
+                    high -= 500
                 }
             }
             found.sort { $0.row > $1.row }

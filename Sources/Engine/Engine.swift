@@ -90,11 +90,13 @@ public final class Engine: @unchecked Sendable {
     var changeSeq: Int64 = 0
     /// The newest message's row in the search index.
     var lastSearchRow: Int64 = 0
+    /// The counters as the store has them.
+    private var storedCounters = StoreCounters()
+    /// The messages in memory: the hot ones, up to a budget.
+    let cache: MessageCache
     /// Who is typing where, and when that expires (seconds on the monotonic clock).
     var typing: [TypingEntry: Double] = [:]
     var tickScheduled = false
-    /// How many messages hold on to each stored content; at 0 it is deleted.
-    var blobUses: [String: Int] = [:]
     /// Messages whose attachments a worker is storing now (they stay `Sending` when
     /// memory is rebuilt after a failed commit).
     var attachmentsInFlight: Set<Batch.RowKey> = []
@@ -109,8 +111,11 @@ public final class Engine: @unchecked Sendable {
     public var onFatalStoreError: (@Sendable (String) -> Void)?
 
     /// `clock` gives message timestamps (seconds since 1970); tests pass a fixed one.
+    /// `cacheBytes` bounds the messages kept in memory.
     public init(store: ChatStore, logger: Logger, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil,
-                attachmentsDirectory: String? = nil, clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }) throws {
+                attachmentsDirectory: String? = nil, cacheBytes: Int = Engine.defaultCacheBytes,
+                clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }) throws {
+        self.cache = MessageCache(budget: cacheBytes)
         self.searchIndex = searchIndex
         self.store = store
         self.logger = logger
@@ -120,13 +125,18 @@ public final class Engine: @unchecked Sendable {
         try reload()
     }
 
+    /// What the messages in memory may take by default (`--cache-mb`).
+    public static let defaultCacheBytes = 64 << 20
+
+    /// Reads what is per user and per chat from the store (never every message): at
+    /// start-up, and after a failed commit, when memory must be what the store has.
     private func reload() throws {
-        let snapshot = try store.loadSnapshot()
-        users = UserDirectory(snapshot.users)
+        let directory = try store.loadDirectory()
+        users = UserDirectory(directory.users)
         endpoints = [:]
         endpointsOfUser = [:]
         lastEndpointOrdinal = 0
-        for row in snapshot.endpoints {
+        for row in directory.endpoints {
             endpoints[row.id] = EndpointRecord(row)
             endpointsOfUser[row.user, default: []].append(row.id)
             lastEndpointOrdinal = max(lastEndpointOrdinal, row.ordinal)
@@ -134,47 +144,19 @@ public final class Engine: @unchecked Sendable {
         chats = [:]
         chatsOfUser = [:]
         lastChatNumber = 0
-        changeSeq = 0
-        lastSearchRow = 0
-        for row in snapshot.chats {
+        for row in directory.chats {
             chats[row.number] = ChatRecord(row)
             lastChatNumber = max(lastChatNumber, row.number)
         }
-        for row in snapshot.members {
+        for row in directory.members {
             guard let chat = chats[row.chat] else { continue }
             chat.members[row.user] = MemberRecord(row)
             if row.isActive { chatsOfUser[row.user, default: []].insert(row.chat) }
         }
-        for row in snapshot.messages {
-            guard let chat = chats[row.chat] else { continue }
-            guard row.id == chat.lastMessage + 1 else {
-                throw StoreInconsistency(description: "chat \(row.chat) has message \(row.id) after \(chat.lastMessage): ids must be consecutive")
-            }
-            chat.append(MessageRecord(row))
-            changeSeq = max(changeSeq, row.changeSeq)
-            lastSearchRow = max(lastSearchRow, row.searchRow)
-        }
-        for key in attachmentsInFlight {
-            // A worker is still storing these: they are Sending, not Failed.
-            if let message = chats[key.chat]?.message(key.item), message.attachment == .failed, message.thumb?.blob == nil, message.file?.blob == nil {
-                message.attachment = .sending
-            }
-        }
-        for row in snapshot.messageUsers {
-            chats[row.chat]?.message(row.id)?.privateStates[row.user] = PrivateState(
-                localData: row.localData.map { JSONValue(compactJSON: $0) }, isDeleted: row.isDeleted,
-                thumbDetached: row.thumbDetached, fileState: row.fileDownloaded ? .done : nil)
-        }
-        blobUses = [:]
-        for chat in chats.values {
-            for message in chat.messages where !message.isRecalled {
-                for blob in message.blobs { blobUses[blob, default: 0] += 1 }
-            }
-        }
-        for chat in chats.values {
-            chat.changeLog.sort { $0.seq < $1.seq }
-            for member in chat.members.values { chat.recountUnread(member) }
-        }
+        changeSeq = directory.counters.changeSeq
+        lastSearchRow = directory.counters.searchRow
+        storedCounters = directory.counters
+        cache.removeAll()
         typing = [:]
         try refillSearchIndex()
     }
@@ -200,19 +182,16 @@ public final class Engine: @unchecked Sendable {
     public var storeFailure: String? { fatalLock.withLock { fatalStoreError } }
 
     /// Hands the index every searchable message it does not have yet (it lags commits and
-    /// may lose its tail in a crash).
+    /// may lose its tail in a crash): the store finds them by search row.
     private func refillSearchIndex() throws {
         guard let searchIndex else { return }
-        let indexed = try searchIndex.indexedUpTo()
-        guard indexed < lastSearchRow else { return }
-        var entries: [SearchEntry] = []
-        for chat in chats.values {
-            for message in chat.messages where message.searchRow > indexed {
-                if let content = message.content { entries.append(SearchEntry(row: message.searchRow, chat: chat.number, id: message.id, text: content)) }
-            }
+        var indexed = try searchIndex.indexedUpTo()
+        while indexed < lastSearchRow {
+            let entries = try store.searchEntries(after: indexed, limit: 10_000)
+            guard let last = entries.last else { break }
+            searchIndex.add(entries, removing: [])
+            indexed = last.row
         }
-        entries.sort { $0.row < $1.row }
-        searchIndex.add(entries, removing: [])
     }
 
     struct StoreInconsistency: Error, CustomStringConvertible {
@@ -323,7 +302,7 @@ public final class Engine: @unchecked Sendable {
         while !stopping {
             // While sessions wait for their clients to read, look again every 20 ms.
             let work = inbox.take(limit: Engine.batchLimit, waitingAtMost: parked.isEmpty ? nil : 0.02)
-            let batch = Batch()
+            let batch = Batch(cache: cache)
             var barriers: [@Sendable () -> Void] = []
             for item in unparkedWork() { take(item, batch: batch) }
             for item in work {
@@ -338,6 +317,7 @@ public final class Engine: @unchecked Sendable {
             }
             commit(batch)
             batch.deliver()
+            cache.trim()
             for body in barriers { body() }
         }
         // The thread object holds this engine through its closure: let go of it.
@@ -362,6 +342,9 @@ public final class Engine: @unchecked Sendable {
                 return
             }
         }
+        // Between work items the cache gives back what it holds beyond its budget (never
+        // what this batch changed): a request sees one record per message while it runs.
+        cache.trim()
         switch item {
         case .request(let request, let line, let session):
             batch.finish(session)
@@ -425,9 +408,11 @@ public final class Engine: @unchecked Sendable {
     /// commit (removing files, starting attachment copies). On a throw nothing was
     /// written and the batch keeps its rows.
     private func writeChanges(_ batch: Batch) throws {
-        batch.collectRows()
+        let counters = StoreCounters(changeSeq: changeSeq, searchRow: lastSearchRow)
+        batch.collectRows(counters: counters == storedCounters ? nil : counters)
         if !batch.store.isEmpty {
             try store.commit(batch.store)
+            storedCounters = counters
             searchIndex?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
         }
         batch.committed()

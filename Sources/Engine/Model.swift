@@ -3,10 +3,13 @@ import Store
 
 /// The tags only the service posts (PROTOCOL.md §6): a client sending one gets `ReservedTag`,
 /// and a reference may not point at a message carrying one.
-let reservedTags: Set<String> = ["Join", "Leave", "Subject", "Gap", "Shred", "Clear", "Admin", "Remove"]
+let reservedTags = MessageFilter.reservedTags
 
 /// One user's place in one chat (engine thread only). Kept after they leave: their
 /// delivery and read marks still decide the states of messages they received.
+///
+/// Every membership is in memory (it is per chat and per user, not per message);
+/// `stored` is what the store has, so a commit writes just the columns that changed.
 final class MemberRecord {
     let user: Int64
     var isActive: Bool
@@ -21,8 +24,11 @@ final class MemberRecord {
     var privateData: JSONValue?
     var deliveredUpTo: Int64
     var readUpTo: Int64
-    /// Incoming messages after `readUpTo` without flag N (derived, not stored).
+    /// Incoming messages after `readUpTo` without flag N, kept exact (and stored) with
+    /// every change that moves it.
     var numUnread: Int64 = 0
+    /// The row as the store has it (nil: not stored yet).
+    var stored: MemberRow?
 
     init(user: Int64, isAdmin: Bool, joinedAt: Int64) {
         self.user = user
@@ -47,18 +53,25 @@ final class MemberRecord {
         privateData = row.privateData.map { JSONValue(compactJSON: $0) }
         deliveredUpTo = row.deliveredUpTo
         readUpTo = row.readUpTo
+        numUnread = row.numUnread
+        stored = row
     }
 
     func row(chat: Int64) -> MemberRow {
-        var row = MemberRow(chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
-                            localData: localData?.json, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo)
-        row.privateData = privateData?.json
-        return row
+        MemberRow(chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
+                  localData: localData?.json, privateData: privateData?.json, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo, numUnread: numUnread)
     }
 
     /// Whether this member received message `id` (was in the chat when it was posted).
     func received(_ id: Int64) -> Bool {
         id >= joinedAt && (leftAt.map { id < $0 } ?? true)
+    }
+
+    /// The ids this member received that are not read yet: `(readUpTo, last]` within their time in the chat.
+    func unreadRange(last: Int64) -> ClosedRange<Int64>? {
+        let start = max(readUpTo + 1, joinedAt, 1)
+        let end = leftAt.map { min($0 - 1, last) } ?? last
+        return start <= end ? start...end : nil
     }
 }
 
@@ -87,8 +100,10 @@ enum AttachmentPhase: String {
     case failed = "Failed"
 }
 
-/// A message (engine thread only).
+/// A message (engine thread only), read from the store when a request needs it and kept
+/// in the engine's cache while it is hot; `stored` is its row as the store has it.
 final class MessageRecord {
+    let chat: Int64
     let id: Int64
     let sender: Int64
     let tag: String
@@ -99,24 +114,29 @@ final class MessageRecord {
     let isControl: Bool
     let neverCountsUnread: Bool
     var isRecalled: Bool
+    /// The feed position of its latest change of its own.
     var changeSeq: Int64
     /// Its row in the store's search index; 0 when its text is not indexed.
     var searchRow: Int64 = 0
     var thumb: StoredFile?
     var file: StoredFile?
     var attachment: AttachmentPhase?
-    /// The messages that reference this one, per tag, in ascending id order.
-    var referencedBy: [String: [Int64]] = [:]
+    /// How many messages refer to this one, per tag, and the newest of them.
+    var refBy: [String: (count: Int64, newest: Int64)] = [:]
     var privateStates: [Int64: PrivateState] = [:]
+    /// The message's own row as the store has it (nil: not stored yet).
+    var stored: MessageRow?
 
-    init(id: Int64, sender: Int64, tag: String, content: String?, data: JSONValue?, refs: [MessageRef], timestamp: Int64,
+    init(chat: Int64, id: Int64, sender: Int64, tag: String, content: String?, data: JSONValue?, refs: [MessageRef], timestamp: Int64,
          isControl: Bool, neverCountsUnread: Bool, changeSeq: Int64) {
+        self.chat = chat
         self.id = id
         self.sender = sender
         self.tag = tag
         self.content = content
         self.data = data
-        self.refs = refs
+        // Kept in one order (by tag), as the store gives them back.
+        self.refs = refs.sorted { $0.tag < $1.tag }
         self.timestamp = timestamp
         self.isControl = isControl
         self.neverCountsUnread = neverCountsUnread
@@ -124,7 +144,11 @@ final class MessageRecord {
         self.changeSeq = changeSeq
     }
 
-    init(_ row: MessageRow) {
+    /// A message read from the store. `storing`: a worker is storing its attachments now
+    /// (otherwise storing that was under way when a process stopped cannot go on: its
+    /// source was an open file of that process, so it failed).
+    init(_ row: MessageRow, storing: Bool) {
+        chat = row.chat
         id = row.id
         sender = row.sender
         tag = row.tag
@@ -139,12 +163,27 @@ final class MessageRecord {
         searchRow = row.searchRow
         thumb = row.thumbName.map { StoredFile(name: $0, blob: row.thumbBlob, size: 0) }
         file = row.fileName.map { StoredFile(name: $0, blob: row.fileBlob, size: row.fileSize ?? 0) }
-        // Storing that was under way when the process stopped cannot go on: its source
-        // was an open file of the old process.
-        attachment = row.attachment.map { AttachmentPhase(rawValue: $0) == .stored ? .stored : .failed }
+        attachment = row.attachment.map { phase in
+            switch AttachmentPhase(rawValue: phase) {
+            case .stored: .stored
+            case .sending where storing: .sending
+            default: .failed
+            }
+        }
+        for count in row.refCounts { refBy[count.tag] = (count.count, count.newest) }
+        for state in row.privateStates {
+            privateStates[state.user] = PrivateState(localData: state.localData.map { JSONValue(compactJSON: $0) }, isDeleted: state.isDeleted,
+                                                     thumbDetached: state.thumbDetached, fileState: state.fileDownloaded ? .done : nil)
+        }
+        var own = row
+        own.refCounts = []
+        own.privateStates = []
+        stored = own
     }
 
-    func row(chat: Int64) -> MessageRow {
+    /// The message's own row as it now is (references included; counts and private states
+    /// are rows of their own).
+    var row: MessageRow {
         var row = MessageRow(chat: chat, id: id, sender: sender, tag: tag, content: content, data: data?.json,
                              refs: refs.map { RefRow(tag: $0.tag, target: $0.messageId) }, timestamp: timestamp, isControl: isControl,
                              neverCountsUnread: neverCountsUnread, isRecalled: isRecalled, changeSeq: changeSeq, searchRow: searchRow)
@@ -168,9 +207,15 @@ final class MessageRecord {
     func countsUnread(for user: Int64) -> Bool {
         sender != user && !neverCountsUnread
     }
+
+    /// Roughly what the record costs in memory (the cache's budget counts it).
+    var footprint: Int {
+        240 + (content?.utf8.count ?? 0) + (data.map { $0.json.utf8.count } ?? 0) + refs.count * 48 + refBy.count * 64 + privateStates.count * 96
+    }
 }
 
-/// A chat (engine thread only): its members, and its messages in id order.
+/// A chat (engine thread only): its members, and what it says of its messages (the
+/// newest id, the last activity); the messages themselves are read on demand.
 final class ChatRecord {
     let number: Int64
     let chatId: String
@@ -181,14 +226,14 @@ final class ChatRecord {
     var data: JSONValue?
     /// Everyone who was ever a member, by user number.
     var members: [Int64: MemberRecord] = [:]
-    /// `messages[i]` has id `i + 1`.
-    var messages: [MessageRecord] = []
-    /// Message ids per tag, ascending (the `tag` criterion).
-    var idsByTag: [String: [Int64]] = [:]
-    /// (change seq, message id) in seq order; an entry is stale when the message changed again.
-    var changeLog: [(seq: Int64, id: Int64)] = []
+    /// The newest message id (ids are consecutive from 1).
+    var lastMessage: Int64 = 0
     /// The timestamp of the newest message without flag N.
     var lastActivity: Int64 = 0
+    /// The newest message's timestamp, once known (`Engine.lastTimestamp(of:)`).
+    var lastTimestamp: Int64?
+    /// The row as the store has it (nil: not stored yet).
+    var stored: ChatRow?
 
     init(number: Int64, subject: String, isOneToOne: Bool, invitePolicy: InvitePolicy, data: JSONValue?) {
         self.number = number
@@ -208,18 +253,14 @@ final class ChatRecord {
         invitePolicy = InvitePolicy(rawValue: row.invitePolicy) ?? .participantsOnly
         isDefunct = row.isDefunct
         data = row.data.map { JSONValue(compactJSON: $0) }
+        lastMessage = row.lastMessage
+        lastActivity = row.lastActivity
+        stored = row
     }
 
     var row: ChatRow {
         ChatRow(number: number, subject: subject, isOneToOne: isOneToOne, invitePolicy: invitePolicy.rawValue, isDefunct: isDefunct,
-                data: data?.json, lastMessage: lastMessage)
-    }
-
-    var lastMessage: Int64 { Int64(messages.count) }
-
-    func message(_ id: Int64) -> MessageRecord? {
-        guard id >= 1 && id <= lastMessage else { return nil }
-        return messages[Int(id - 1)]
+                data: data?.json, lastMessage: lastMessage, lastActivity: lastActivity)
     }
 
     /// The members who currently take part.
@@ -230,46 +271,5 @@ final class ChatRecord {
     func activeMember(_ user: Int64) -> MemberRecord? {
         guard let member = members[user], member.isActive else { return nil }
         return member
-    }
-
-    /// Appends a message and keeps the indexes.
-    func append(_ message: MessageRecord) {
-        messages.append(message)
-        idsByTag[message.tag, default: []].append(message.id)
-        for ref in message.refs {
-            self.message(ref.messageId)?.referencedBy[ref.tag, default: []].append(message.id)
-        }
-        if !message.neverCountsUnread { lastActivity = max(lastActivity, message.timestamp) }
-        changeLog.append((message.changeSeq, message.id))
-    }
-
-    /// Records that `message` changed at `seq` (change feed).
-    func touch(_ message: MessageRecord, seq: Int64) {
-        message.changeSeq = seq
-        changeLog.append((seq, message.id))
-        if changeLog.count > 1024 && changeLog.count > 2 * messages.count {
-            changeLog = changeLog.filter { self.message($0.id)?.changeSeq == $0.seq }
-        }
-    }
-
-    /// Removes a recalled message's outgoing references from their targets' indexes.
-    func dropReferences(of message: MessageRecord) {
-        for ref in message.refs {
-            guard let target = self.message(ref.messageId) else { continue }
-            target.referencedBy[ref.tag]?.removeAll { $0 == message.id }
-            if target.referencedBy[ref.tag]?.isEmpty == true { target.referencedBy[ref.tag] = nil }
-        }
-        message.refs = []
-    }
-
-    /// Recounts a member's unread messages from their read mark.
-    func recountUnread(_ member: MemberRecord) {
-        var count: Int64 = 0
-        let start = max(member.readUpTo + 1, member.joinedAt, 1)
-        let end = member.leftAt.map { min($0 - 1, lastMessage) } ?? lastMessage
-        if start <= end {
-            for id in start...end where messages[Int(id - 1)].countsUnread(for: member.user) { count += 1 }
-        }
-        member.numUnread = count
     }
 }

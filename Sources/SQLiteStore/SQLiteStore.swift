@@ -10,9 +10,9 @@ import Glibc
 ///
 /// The data directory holds `chatcore.sqlite` and a `lock` file: one process at a time
 /// may serve a directory, because the engine keeps state in memory.
-public final class SQLiteStore: ChatStore {
+public final class SQLiteStore: @unchecked Sendable {
     public let directory: URL?
-    private let pool: any DatabaseWriter
+    let pool: any DatabaseWriter
     private let lockDescriptor: Int32?
 
     public struct OpenError: Error, CustomStringConvertible {
@@ -40,9 +40,13 @@ public final class SQLiteStore: ChatStore {
         var configuration = Configuration()
         configuration.label = "chatcore"
         let path = directory.appendingPathComponent("chatcore.sqlite").path
+        // Was the file changed while no chatcore had it (the state its last clean stop
+        // wrote no longer matches)? Then the whole of it is checked before it is used.
+        let changedOutside = SQLiteStore.changedSinceCleanStop(directory: directory, path: path)
         do {
             pool = try DatabasePool(path: path, configuration: configuration)
-            try SQLiteStore.prepare(pool, name: path)
+            try SQLiteStore.prepare(pool, name: path, checkEverything: changedOutside)
+            SQLiteStore.writeState("open", directory: directory)
         } catch let error as OpenError {
             close(descriptor)
             throw error
@@ -58,7 +62,53 @@ public final class SQLiteStore: ChatStore {
         directory = nil
         lockDescriptor = nil
         pool = writer
-        try SQLiteStore.prepare(writer, name: writer.path)
+        try SQLiteStore.prepare(writer, name: writer.path, checkEverything: false)
+    }
+
+    // MARK: knowing whether the file changed while chatcore did not have it
+
+    /// Where the store says how it was left: `open` while a process serves it (a crash
+    /// leaves it so), `clean SIZE MTIME` after a clean stop.
+    private static func statePath(_ directory: URL) -> String {
+        directory.appendingPathComponent("store-state").path
+    }
+
+    private static func fileStamp(_ path: String) -> String? {
+        var info = stat()
+        guard stat(path, &info) == 0 else { return nil }
+        return "\(info.st_size) \(info.st_mtim.tv_sec).\(info.st_mtim.tv_nsec)"
+    }
+
+    /// Writes the state (advisory: when it cannot be written, the next open knows less
+    /// and checks in the background, nothing more).
+    private static func writeState(_ state: String, directory: URL) {
+        let path = statePath(directory)
+        let temporary = path + ".new"
+        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        guard descriptor >= 0 else { return }
+        let bytes = Array((state + "\n").utf8)
+        let written = bytes.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
+        close(descriptor)
+        if written == bytes.count { rename(temporary, path) } else { unlink(temporary) }
+    }
+
+    /// Size and modification time of the database and of its write-ahead log.
+    private static func stamps(_ path: String) -> String {
+        (fileStamp(path) ?? "none") + " " + (fileStamp(path + "-wal") ?? "none")
+    }
+
+    private static func changedSinceCleanStop(directory: URL, path: String) -> Bool {
+        guard let state = try? String(contentsOfFile: statePath(directory), encoding: .utf8), state.hasPrefix("clean ") else { return false }
+        let recorded = state.dropFirst("clean ".count).trimmingCharacters(in: .whitespacesAndNewlines)
+        return stamps(path) != recorded
+    }
+
+    /// A clean stop (nothing is written after it): how the files were left is written, so
+    /// that the next open can tell whether anything else changed them meanwhile.
+    public func closeCleanly() {
+        guard let directory else { return }
+        let path = directory.appendingPathComponent("chatcore.sqlite").path
+        SQLiteStore.writeState("clean " + SQLiteStore.stamps(path), directory: directory)
     }
 
     deinit {
@@ -74,7 +124,7 @@ public final class SQLiteStore: ChatStore {
     /// makes SQLite sync the WAL at each commit. It is set here, after opening, because
     /// GRDB's WAL set-up (`Database.setUpWALMode`, run by `DatabasePool.init` after
     /// `prepareDatabase`) lowers it to NORMAL, which syncs only at checkpoints.
-    static func prepare(_ writer: any DatabaseWriter, name: String) throws {
+    static func prepare(_ writer: any DatabaseWriter, name: String, checkEverything: Bool) throws {
         let level = try writer.writeWithoutTransaction { db in
             try db.execute(sql: "PRAGMA synchronous = FULL")
             return try Int.fetchOne(db, sql: "PRAGMA synchronous")
@@ -82,11 +132,44 @@ public final class SQLiteStore: ChatStore {
         guard level == 2 else {
             throw OpenError(description: "the store \(name) does not keep synchronous = FULL (it reads \(level.map(String.init) ?? "nothing"))")
         }
-        try SQLiteStore.migrator.migrate(writer)
-        let check = try writer.read { db in try String.fetchOne(db, sql: "PRAGMA quick_check") }
-        guard check == "ok" else {
-            throw OpenError(description: "the store \(name) is damaged (quick_check: \(check ?? "no answer")); restore it from a backup or move it away")
+        if checkEverything {
+            let check = try writer.read { db in try String.fetchAll(db, sql: "PRAGMA quick_check") }
+            guard check == ["ok"] else {
+                throw OpenError(description: "the store \(name) is damaged (it changed while chatcore was stopped; quick_check: "
+                                + "\(check.prefix(3).joined(separator: "; "))); restore it from a backup or move it away")
+            }
         }
+        try SQLiteStore.migrator.migrate(writer)
+        // What start-up reads (per user and per chat, bounded by neither messages nor
+        // history) is checked now; the message tables are checked in the background
+        // (`checkInBackground`), so that opening does not read the whole file.
+        for table in SQLiteStore.directoryTables {
+            let check = try writer.read { db in try String.fetchOne(db, sql: "PRAGMA quick_check(\(table))") }
+            guard check == "ok" else {
+                throw OpenError(description: "the store \(name) is damaged (quick_check of \(table): \(check ?? "no answer")); restore it from a backup or move it away")
+            }
+        }
+    }
+
+    /// The tables start-up reads whole.
+    static let directoryTables = ["user", "endpoint", "chat", "member", "counter"]
+
+    /// Checks the whole store on a thread of its own, at the lowest priority, and reports
+    /// what it found (nil: nothing is damaged). A damaged page otherwise shows only when
+    /// a request reads it.
+    public func checkInBackground(report: @escaping @Sendable (String?) -> Void) {
+        let pool = self.pool
+        let thread = Thread {
+            setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, 19)
+            do {
+                let check = try pool.read { db in try String.fetchAll(db, sql: "PRAGMA quick_check") }
+                report(check == ["ok"] ? nil : check.prefix(5).joined(separator: "; "))
+            } catch {
+                report("\(error)")
+            }
+        }
+        thread.name = "chatcore-store-check"
+        thread.start()
     }
 
     /// Named, append-only migrations: never edit one that has shipped, add the next.
@@ -199,143 +282,62 @@ public final class SQLiteStore: ChatStore {
                 CREATE INDEX endpoint_by_user ON endpoint(user, ordinal);
                 """)
         }
+        migrator.registerMigration("v7-store-is-the-truth") { db in
+            // What start-up used to recompute from every message is kept, exact, with the
+            // data it counts: unread counts, last activity, reference counts, the uses of
+            // stored contents, the feed and search positions. Marks moving over many
+            // messages are one row each (range_change). Tags and search rows get indexes:
+            // messages are read on demand now.
+            try db.execute(sql: """
+                ALTER TABLE member ADD COLUMN numUnread INTEGER NOT NULL DEFAULT 0;
+                UPDATE member SET numUnread = (
+                    SELECT count(*) FROM message m
+                    WHERE m.chat = member.chat AND m.id >= max(member.readUpTo + 1, member.joinedAt)
+                      AND (member.leftAt IS NULL OR m.id < member.leftAt)
+                      AND m.sender != member.user AND m.neverCountsUnread = 0);
+                ALTER TABLE chat ADD COLUMN lastActivity INTEGER NOT NULL DEFAULT 0;
+                UPDATE chat SET lastActivity = coalesce(
+                    (SELECT max(timestamp) FROM message m WHERE m.chat = chat.number AND m.neverCountsUnread = 0), 0);
+                CREATE TABLE ref_count (
+                    chat INTEGER NOT NULL,
+                    target INTEGER NOT NULL,
+                    tag TEXT NOT NULL,
+                    count INTEGER NOT NULL,
+                    newest INTEGER NOT NULL,
+                    PRIMARY KEY (chat, target, tag)
+                ) WITHOUT ROWID;
+                INSERT INTO ref_count (chat, target, tag, count, newest)
+                    SELECT chat, target, tag, count(*), max(source) FROM message_ref GROUP BY chat, target, tag;
+                CREATE TABLE range_change (
+                    chat INTEGER NOT NULL,
+                    lastSeq INTEGER NOT NULL,
+                    firstSeq INTEGER NOT NULL,
+                    firstId INTEGER NOT NULL,
+                    lastId INTEGER NOT NULL,
+                    PRIMARY KEY (chat, lastSeq)
+                ) WITHOUT ROWID;
+                CREATE TABLE blob (
+                    hash TEXT PRIMARY KEY,
+                    uses INTEGER NOT NULL
+                ) WITHOUT ROWID;
+                INSERT INTO blob (hash, uses)
+                    SELECT hash, count(*) FROM (
+                        SELECT thumbBlob AS hash FROM message WHERE isRecalled = 0 AND thumbBlob IS NOT NULL
+                        UNION ALL
+                        SELECT fileBlob FROM message WHERE isRecalled = 0 AND fileBlob IS NOT NULL)
+                    GROUP BY hash;
+                CREATE TABLE counter (
+                    name TEXT PRIMARY KEY,
+                    value INTEGER NOT NULL
+                ) WITHOUT ROWID;
+                INSERT INTO counter (name, value) VALUES
+                    ('changeSeq', (SELECT coalesce(max(changeSeq), 0) FROM message)),
+                    ('searchRow', (SELECT coalesce(max(searchRow), 0) FROM message));
+                CREATE INDEX message_by_tag ON message(chat, tag, id);
+                CREATE INDEX message_by_search_row ON message(searchRow) WHERE searchRow > 0;
+                """)
+        }
         return migrator
     }
 
-    public func loadSnapshot() throws -> StoreSnapshot {
-        try pool.read { db in
-            var snapshot = StoreSnapshot()
-            snapshot.users = try Row.fetchAll(db, sql: "SELECT number, userId, regId FROM user ORDER BY number").map {
-                UserRecord(number: $0["number"], userId: $0["userId"], regId: $0["regId"])
-            }
-            snapshot.endpoints = try Row.fetchAll(db, sql: "SELECT * FROM endpoint ORDER BY ordinal").map {
-                EndpointRow(id: $0["id"], user: $0["user"], description: $0["description"], nickname: $0["nickname"],
-                            isLegacyDelegate: $0["isLegacyDelegate"], ordinal: $0["ordinal"])
-            }
-            snapshot.chats = try Row.fetchAll(db, sql: "SELECT * FROM chat ORDER BY number").map {
-                ChatRow(number: $0["number"], subject: $0["subject"], isOneToOne: $0["isOneToOne"], invitePolicy: $0["invitePolicy"],
-                        isDefunct: $0["isDefunct"], data: $0["data"], lastMessage: $0["lastMessage"])
-            }
-            snapshot.members = try Row.fetchAll(db, sql: "SELECT * FROM member ORDER BY chat, user").map {
-                var member = MemberRow(chat: $0["chat"], user: $0["user"], isActive: $0["isActive"], isAdmin: $0["isAdmin"], joinedAt: $0["joinedAt"],
-                                       leftAt: $0["leftAt"], isHidden: $0["isHidden"], localData: $0["localData"],
-                                       deliveredUpTo: $0["deliveredUpTo"], readUpTo: $0["readUpTo"])
-                member.privateData = $0["privateData"]
-                return member
-            }
-            var refs: [Int64: [Int64: [RefRow]]] = [:]
-            let refRows = try Row.fetchCursor(db, sql: "SELECT chat, source, tag, target FROM message_ref ORDER BY chat, source, tag")
-            while let row = try refRows.next() {
-                refs[row["chat"], default: [:]][row["source"], default: []].append(RefRow(tag: row["tag"], target: row["target"]))
-            }
-            let messages = try Row.fetchCursor(db, sql: """
-                SELECT chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow,
-                       thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment
-                FROM message ORDER BY chat, id
-                """)
-            while let row = try messages.next() {
-                let chat: Int64 = row[0]
-                let id: Int64 = row[1]
-                var message = MessageRow(
-                    chat: chat, id: id, sender: row[2], tag: row[3], content: row[4], data: row[5],
-                    refs: refs[chat]?[id] ?? [], timestamp: row[6], isControl: row[7], neverCountsUnread: row[8],
-                    isRecalled: row[9], changeSeq: row[10], searchRow: row[11])
-                message.thumbName = row[12]
-                message.thumbBlob = row[13]
-                message.fileName = row[14]
-                message.fileBlob = row[15]
-                message.fileSize = row[16]
-                message.attachment = row[17]
-                snapshot.messages.append(message)
-            }
-            snapshot.messageUsers = try Row.fetchAll(db, sql: "SELECT * FROM message_user").map {
-                var row = MessageUserRow(chat: $0["chat"], id: $0["id"], user: $0["user"], localData: $0["localData"], isDeleted: $0["isDeleted"])
-                row.thumbDetached = $0["thumbDetached"]
-                row.fileDownloaded = $0["fileDownloaded"]
-                return row
-            }
-            return snapshot
-        }
-    }
-
-    public func commit(_ batch: StoreBatch) throws {
-        guard !batch.isEmpty else { return }
-        do {
-            try write(batch)
-        } catch let error as DatabaseError {
-            switch error.resultCode.primaryResultCode {
-            case .SQLITE_FULL: throw StoreFailure(.full, "the disk is full (\(error.message ?? "SQLITE_FULL"))")
-            case .SQLITE_IOERR: throw StoreFailure(.io, "an I/O error (\(error.message ?? "SQLITE_IOERR"), extended code \(error.extendedResultCode.rawValue))")
-            default: throw StoreFailure(.other, "\(error)")
-            }
-        }
-    }
-
-    private func write(_ batch: StoreBatch) throws {
-        try pool.write { db in
-            for user in batch.newUsers {
-                try db.execute(sql: "INSERT INTO user (number, userId, regId) VALUES (?, ?, ?)", arguments: [user.number, user.userId, user.regId])
-            }
-            for endpoint in batch.endpoints {
-                try db.execute(sql: """
-                    INSERT OR REPLACE INTO endpoint (id, user, description, nickname, isLegacyDelegate, ordinal) VALUES (?, ?, ?, ?, ?, ?)
-                    """, arguments: [endpoint.id, endpoint.user, endpoint.description, endpoint.nickname, endpoint.isLegacyDelegate, endpoint.ordinal])
-            }
-            for id in batch.removedEndpoints {
-                try db.execute(sql: "DELETE FROM endpoint WHERE id = ?", arguments: [id])
-            }
-            if !batch.chats.isEmpty {
-                let statement = try db.cachedStatement(sql: """
-                    INSERT OR REPLACE INTO chat (number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage)
-                    VALUES (?, ?, ?, ?, ?, ?, ?)
-                    """)
-                for chat in batch.chats {
-                    try statement.execute(arguments: [chat.number, chat.subject, chat.isOneToOne, chat.invitePolicy, chat.isDefunct, chat.data, chat.lastMessage])
-                }
-            }
-            if !batch.members.isEmpty {
-                let statement = try db.cachedStatement(sql: """
-                    INSERT OR REPLACE INTO member (chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, deliveredUpTo, readUpTo,
-                                                   privateData)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                    """)
-                for member in batch.members {
-                    try statement.execute(arguments: [member.chat, member.user, member.isActive, member.isAdmin, member.joinedAt, member.leftAt,
-                                                      member.isHidden, member.localData, member.deliveredUpTo, member.readUpTo, member.privateData])
-                }
-            }
-            if !batch.messages.isEmpty {
-                let insert = try db.cachedStatement(sql: """
-                    INSERT OR REPLACE INTO message (chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled,
-                                                    changeSeq, searchRow, thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                    """)
-                let insertRef = try db.cachedStatement(sql: "INSERT OR IGNORE INTO message_ref (chat, source, tag, target) VALUES (?, ?, ?, ?)")
-                let clearRefs = try db.cachedStatement(sql: "DELETE FROM message_ref WHERE chat = ? AND source = ?")
-                for message in batch.messages {
-                    try insert.execute(arguments: [message.chat, message.id, message.sender, message.tag, message.content, message.data,
-                                                   message.timestamp, message.isControl, message.neverCountsUnread, message.isRecalled, message.changeSeq,
-                                                   message.searchRow, message.thumbName, message.thumbBlob, message.fileName, message.fileBlob,
-                                                   message.fileSize, message.attachment])
-                    // References only ever go away (a recall); they are never edited.
-                    if message.refs.isEmpty {
-                        if message.isRecalled { try clearRefs.execute(arguments: [message.chat, message.id]) }
-                    } else {
-                        for ref in message.refs {
-                            try insertRef.execute(arguments: [message.chat, message.id, ref.tag, ref.target])
-                        }
-                    }
-                }
-            }
-            if !batch.messageUsers.isEmpty {
-                let statement = try db.cachedStatement(sql: """
-                    INSERT OR REPLACE INTO message_user (chat, id, user, localData, isDeleted, thumbDetached, fileDownloaded)
-                    VALUES (?, ?, ?, ?, ?, ?, ?)
-                    """)
-                for row in batch.messageUsers {
-                    try statement.execute(arguments: [row.chat, row.id, row.user, row.localData, row.isDeleted, row.thumbDetached, row.fileDownloaded])
-                }
-            }
-        }
-    }
 }

@@ -69,6 +69,9 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Close a socket connection that sends nothing for this many seconds (0: never).", valueName: "seconds"))
     var idleTimeout: Int = 0
 
+    @Option(name: .long, help: ArgumentHelp("Memory for messages kept in memory (the hot ones; the store has them all), in MiB.", valueName: "MiB"))
+    var cacheMb: Int = Engine.defaultCacheBytes >> 20
+
     @Option(name: .long, help: "Endpoints one user may have at once: registered ones (endpointUpdate) and connected sessions. A session past it waits in setupState Full.")
     var maxEndpoints: Int = 100
 
@@ -81,6 +84,7 @@ struct Serve: AsyncParsableCommand {
         guard maxRequestsInFlight > 0 else { throw ValidationError("--max-requests-in-flight must be positive") }
         guard maxSessions > 0 else { throw ValidationError("--max-sessions must be positive") }
         guard maxEndpoints > 0 else { throw ValidationError("--max-endpoints must be positive") }
+        guard cacheMb >= 0 else { throw ValidationError("--cache-mb must not be negative") }
         guard idleTimeout >= 0 else { throw ValidationError("--idle-timeout must not be negative") }
         guard outputHighWater > 0, maxOutputBytes >= outputHighWater else {
             throw ValidationError("--max-output-bytes must be at least --output-high-water, which must be positive")
@@ -160,9 +164,11 @@ struct Serve: AsyncParsableCommand {
         if let fixed = ProcessInfo.processInfo.environment["CHATCORE_FIXED_TIME"].flatMap(Int64.init) {
             // For golden transcripts: every message gets this timestamp.
             logger.warning("CHATCORE_FIXED_TIME is set: every timestamp is \(fixed)")
-            engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory, clock: { fixed })
+            engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory,
+                                cacheBytes: cacheMb << 20, clock: { fixed })
         } else {
-            engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory)
+            engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory,
+                                cacheBytes: cacheMb << 20)
         }
         engine.maxEndpoints = maxEndpoints
         engine.start()
@@ -197,7 +203,14 @@ struct Serve: AsyncParsableCommand {
             }
         }
 
-        let shutdown = Shutdown(engine: engine, stdio: stdio, server: server, logger: logger)
+        let shutdown = Shutdown(engine: engine, store: store, stdio: stdio, server: server, logger: logger)
+        // Opening read only what start-up needs; the rest of the file is checked now, at
+        // the lowest priority. A damaged store stops the service, as it would refuse to start.
+        store.checkInBackground { damage in
+            guard let damage else { return }
+            logger.critical("the store is damaged (quick_check: \(damage)); restore it from a backup or move it away")
+            shutdown.run(exitCode: 1)
+        }
         engine.onFatalStoreError = { reason in
             logger.critical("stopping: \(reason)")
             shutdown.run(exitCode: 1)
@@ -220,6 +233,7 @@ struct Serve: AsyncParsableCommand {
                     throw ExitCode(1)
                 }
                 logger.debug("end of standard input: every answer is written")
+                store.closeCleanly()
                 return
             }
             logger.info("end of standard input; still serving sockets")
@@ -292,14 +306,16 @@ final class Shutdown: @unchecked Sendable {
     static let flushSeconds = 5.0
 
     private let engine: Engine
+    private let store: SQLiteStore
     private let stdio: StdioTransport?
     private let server: SocketServer?
     private let logger: Logger
     private let started = NSLock()
     private var isRunning = false
 
-    init(engine: Engine, stdio: StdioTransport?, server: SocketServer?, logger: Logger) {
+    init(engine: Engine, store: SQLiteStore, stdio: StdioTransport?, server: SocketServer?, logger: Logger) {
         self.engine = engine
+        self.store = store
         self.stdio = stdio
         self.server = server
         self.logger = logger
@@ -320,6 +336,7 @@ final class Shutdown: @unchecked Sendable {
             let deadline = Date(timeIntervalSinceNow: Shutdown.flushSeconds)
             stdio?.flushForShutdown(deadline: deadline)
             server?.flushAndCloseAll(deadline: .now() + .milliseconds(Int64(max(0, deadline.timeIntervalSinceNow) * 1000)))
+            if exitCode == 0 && engine.storeFailure == nil { store.closeCleanly() }
             logger.info("stopped: every answer decided was written", metadata: ["exitCode": "\(exitCode)"])
             Glibc.exit(exitCode)
         }

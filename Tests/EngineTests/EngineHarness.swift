@@ -20,14 +20,14 @@ final class EngineHarness {
     private var line = 0
 
     init(store: ChatStore? = nil, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil, attachmentsDirectory: String? = nil,
-         clock: TestClock = TestClock(1_700_000_000)) throws {
+         cacheBytes: Int = Engine.defaultCacheBytes, clock: TestClock = TestClock(1_700_000_000)) throws {
         let store = try store ?? SQLiteStore(writer: DatabaseQueue())
         self.store = store
         self.clock = clock
         var logger = Logger(label: "engine-tests")
         logger.logLevel = .critical
         engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments,
-                            attachmentsDirectory: attachmentsDirectory, clock: { clock.now })
+                            attachmentsDirectory: attachmentsDirectory, cacheBytes: cacheBytes, clock: { clock.now })
         engine.start()
     }
 
@@ -147,7 +147,20 @@ final class FailingStore: ChatStore, @unchecked Sendable {
         var description: String { "database or disk is full (injected)" }
     }
 
-    func loadSnapshot() throws -> StoreSnapshot { try inner.loadSnapshot() }
+    func loadDirectory() throws -> StoreDirectory { try inner.loadDirectory() }
+    func messages(chat: Int64, in ids: ClosedRange<Int64>) throws -> [MessageRow] { try inner.messages(chat: chat, in: ids) }
+    func messages(chat: Int64, ids: [Int64]) throws -> [MessageRow] { try inner.messages(chat: chat, ids: ids) }
+    func messageIds(chat: Int64, matching filter: MessageFilter, from start: Int64, ascending: Bool, limit: Int) throws -> [Int64] {
+        try inner.messageIds(chat: chat, matching: filter, from: start, ascending: ascending, limit: limit)
+    }
+    func firstMessage(chat: Int64, notBefore timestamp: Int64) throws -> Int64? { try inner.firstMessage(chat: chat, notBefore: timestamp) }
+    func references(chat: Int64, to target: Int64, tag: String, excluding excluded: Set<Int64>) throws -> (count: Int64, newest: Int64?) {
+        try inner.references(chat: chat, to: target, tag: tag, excluding: excluded)
+    }
+    func changedMessages(chat: Int64, after seq: Int64, limit: Int) throws -> [MessageChangeRow] { try inner.changedMessages(chat: chat, after: seq, limit: limit) }
+    func rangeChanges(chat: Int64, after seq: Int64) throws -> [RangeChangeRow] { try inner.rangeChanges(chat: chat, after: seq) }
+    func blobUses(_ blob: String) throws -> Int64 { try inner.blobUses(blob) }
+    func searchEntries(after row: Int64, limit: Int) throws -> [SearchEntry] { try inner.searchEntries(after: row, limit: limit) }
 
     func commit(_ batch: StoreBatch) throws {
         if failing.load(ordering: .relaxed) && successesFirst.subtract(1, ordering: .relaxed).newValue < 0 {

@@ -21,9 +21,13 @@ final class FixtureRunner {
     private var usesTCP = false
     private var usesUnix = false
 
-    init(file: URL, binary: URL) throws {
+    /// Arguments every server of this run gets (after the transcript's own).
+    private let extraArguments: [String]
+
+    init(file: URL, binary: URL, extraArguments: [String] = []) throws {
         self.file = file
         self.binary = binary
+        self.extraArguments = extraArguments
         scratch = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("chatcore-fixture-\(UUID().uuidString.prefix(8))")
         try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
         let text = try String(contentsOf: file, encoding: .utf8)
@@ -156,7 +160,7 @@ final class FixtureRunner {
         if usesTCP { arguments += ["--listen", "127.0.0.1:0"] }
         if usesUnix { arguments += ["--listen", "unix:\(socketPath)"] }
         if secret != nil { arguments += ["--auth-secret-file", secretPath] }
-        arguments += serverArguments
+        arguments += serverArguments + extraArguments
         do {
             server = try ServerProcess(binary: binary, arguments: arguments, waitForListeners: (usesTCP ? 1 : 0) + (usesUnix ? 1 : 0))
         } catch {

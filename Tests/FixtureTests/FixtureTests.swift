@@ -32,4 +32,12 @@ struct FixtureTests {
         let runner = try FixtureRunner(file: Self.root.appendingPathComponent(name), binary: Self.binary)
         try runner.run()
     }
+
+    /// Every transcript again with no message kept in memory: every message a request
+    /// needs is read from the store (its indexes), so the cache cannot hide a difference.
+    @Test("transcript without a message cache", arguments: fixtures)
+    func playWithoutCache(_ name: String) throws {
+        let runner = try FixtureRunner(file: Self.root.appendingPathComponent(name), binary: Self.binary, extraArguments: ["--cache-mb", "0"])
+        try runner.run()
+    }
 }

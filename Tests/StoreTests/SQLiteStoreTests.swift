@@ -29,30 +29,30 @@ final class SQLiteStoreTests: XCTestCase {
             try old.close()
         }
         let store = try SQLiteStore(directory: directory)
-        let snapshot = try store.loadSnapshot()
-        XCTAssertEqual(snapshot.users, [UserRecord(number: 1, userId: "alice", regId: 42), UserRecord(number: 2, userId: "bob", regId: 43)])
-        XCTAssertEqual(snapshot.chats, [])
-        XCTAssertEqual(snapshot.messages, [])
+        let directory = try store.loadDirectory()
+        XCTAssertEqual(directory.users, [UserRecord(number: 1, userId: "alice", regId: 42), UserRecord(number: 2, userId: "bob", regId: 43)])
+        XCTAssertEqual(directory.chats, [])
+        XCTAssertEqual(directory.counters, StoreCounters())
         // And today's rows can be written into it.
         var batch = StoreBatch()
-        batch.chats = [ChatRow(number: 1, subject: "after the upgrade", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 0)]
+        batch.newChats = [ChatRow(number: 1, subject: "after the upgrade", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 0)]
         try store.commit(batch)
-        XCTAssertEqual(try store.loadSnapshot().chats.map(\.subject), ["after the upgrade"])
+        XCTAssertEqual(try store.loadDirectory().chats.map(\.subject), ["after the upgrade"])
     }
 
-    /// Every kind of row comes back as it was written, and a row written again replaces it.
+    /// Every kind of row comes back as it was written; a change writes only its columns.
     func testRowsRoundTrip() throws {
         let store = try SQLiteStore(writer: DatabaseQueue())
         var batch = StoreBatch()
         batch.newUsers = [UserRecord(number: 1, userId: "alice", regId: 7), UserRecord(number: 2, userId: "bob", regId: 8)]
-        batch.chats = [ChatRow(number: 1, subject: "s", isOneToOne: true, invitePolicy: "AdminsOnly", isDefunct: true, data: #"{"k":[1,2]}"#, lastMessage: 2)]
-        var starter = MemberRow(chat: 1, user: 1, isActive: true, isAdmin: true, joinedAt: 1, leftAt: nil, isHidden: false, localData: nil,
-                                deliveredUpTo: 2, readUpTo: 2)
-        starter.privateData = #"{"mine":true}"#
-        batch.members = [
-            starter,
-            MemberRow(chat: 1, user: 2, isActive: false, isAdmin: false, joinedAt: 1, leftAt: 2, isHidden: true, localData: #"{"x":1}"#, deliveredUpTo: 1, readUpTo: 0),
-        ]
+        let chat = ChatRow(number: 1, subject: "s", isOneToOne: true, invitePolicy: "AdminsOnly", isDefunct: true, data: #"{"k":[1,2]}"#, lastMessage: 2,
+                           lastActivity: 1_700_000_000)
+        batch.newChats = [chat]
+        let starter = MemberRow(chat: 1, user: 1, isActive: true, isAdmin: true, joinedAt: 1, leftAt: nil, isHidden: false, localData: nil,
+                                privateData: #"{"mine":true}"#, deliveredUpTo: 2, readUpTo: 2)
+        let other = MemberRow(chat: 1, user: 2, isActive: false, isAdmin: false, joinedAt: 1, leftAt: 2, isHidden: true, localData: #"{"x":1}"#,
+                              deliveredUpTo: 1, readUpTo: 0, numUnread: 1)
+        batch.members = [starter, other]
         var first = MessageRow(chat: 1, id: 1, sender: 1, tag: "Text", content: "héllo ✓", data: #"{"a":null}"#, refs: [], timestamp: 1_700_000_000,
                                isControl: false, neverCountsUnread: false, isRecalled: false, changeSeq: 1, searchRow: 1)
         first.fileName = "a.pdf"
@@ -61,27 +61,108 @@ final class SQLiteStoreTests: XCTestCase {
         first.attachment = "Stored"
         let second = MessageRow(chat: 1, id: 2, sender: 2, tag: "Text", content: nil, data: nil, refs: [RefRow(tag: "Quote", target: 1), RefRow(tag: "Thread", target: 1)],
                                 timestamp: 1_700_000_001, isControl: true, neverCountsUnread: true, isRecalled: false, changeSeq: 2, searchRow: 0)
-        batch.messages = [first, second]
+        batch.newMessages = [first, second]
+        batch.refCounts = [RefCountRow(chat: 1, target: 1, tag: "Quote", count: 1, newest: 2), RefCountRow(chat: 1, target: 1, tag: "Thread", count: 1, newest: 2)]
         var state = MessageUserRow(chat: 1, id: 1, user: 2, localData: #"{"seen":true}"#, isDeleted: false)
         state.fileDownloaded = true
-        batch.messageUsers = [state]
+        batch.privateStates = [state]
+        batch.rangeChanges = [RangeChangeRow(chat: 1, firstSeq: 3, firstId: 1, lastId: 2)]
+        batch.blobUses = [first.fileBlob!: 2]
+        batch.counters = StoreCounters(changeSeq: 4, searchRow: 1)
         try store.commit(batch)
 
-        let snapshot = try store.loadSnapshot()
-        XCTAssertEqual(snapshot.users, batch.newUsers)
-        XCTAssertEqual(snapshot.chats, batch.chats)
-        XCTAssertEqual(snapshot.members, batch.members)
-        XCTAssertEqual(snapshot.messages, batch.messages)
-        XCTAssertEqual(snapshot.messageUsers, batch.messageUsers)
+        let directory = try store.loadDirectory()
+        XCTAssertEqual(directory.users, batch.newUsers)
+        XCTAssertEqual(directory.chats, [chat])
+        XCTAssertEqual(directory.members, [starter, other])
+        XCTAssertEqual(directory.counters, StoreCounters(changeSeq: 4, searchRow: 1))
+        var firstRead = first
+        firstRead.refCounts = batch.refCounts
+        firstRead.privateStates = [state]
+        XCTAssertEqual(try store.messages(chat: 1, in: 1...5), [firstRead, second])
+        XCTAssertEqual(try store.messages(chat: 1, ids: [2]), [second])
+        XCTAssertEqual(try store.rangeChanges(chat: 1, after: 3), batch.rangeChanges)
+        XCTAssertEqual(try store.rangeChanges(chat: 1, after: 4), [])
+        XCTAssertEqual(try store.changedMessages(chat: 1, after: 1, limit: 10), [MessageChangeRow(id: 2, changeSeq: 2)])
+        XCTAssertEqual(try store.blobUses(first.fileBlob!), 2)
 
-        // A recall rewrites the message and drops its references.
+        // A change writes the columns it names, nothing else; a recall drops references.
         var recalled = second
         recalled.isRecalled = true
         recalled.refs = []
+        recalled.changeSeq = 9
+        recalled.tag = "Not written"
         var again = StoreBatch()
-        again.messages = [recalled]
+        again.messageUpdates = [Update(recalled, columns: [.isRecalled, .changeSeq])]
+        again.droppedReferences = [(1, 2)]
+        again.refCounts = [RefCountRow(chat: 1, target: 1, tag: "Quote", count: 0, newest: 0)]
+        again.blobUses = [first.fileBlob!: -2]
+        var readMark = other
+        readMark.readUpTo = 2
+        readMark.numUnread = 0
+        readMark.localData = "not written"
+        again.memberUpdates = [Update(readMark, columns: [.readUpTo, .numUnread])]
         try store.commit(again)
-        XCTAssertEqual(try store.loadSnapshot().messages, [first, recalled])
+        var expected = second
+        expected.isRecalled = true
+        expected.refs = []
+        expected.changeSeq = 9
+        XCTAssertEqual(try store.messages(chat: 1, ids: [2]), [expected])
+        XCTAssertEqual(try store.messages(chat: 1, ids: [1]).first?.refCounts, [batch.refCounts[1]])
+        XCTAssertEqual(try store.blobUses(first.fileBlob!), 0)
+        var member = other
+        member.readUpTo = 2
+        member.numUnread = 0
+        XCTAssertEqual(try store.loadDirectory().members.last, member)
+    }
+
+    /// The queries the engine asks: matches by tag, reference, sender and without a
+    /// reference tag, up and down; the first message of a second; the references left
+    /// once some are being recalled.
+    func testQueriesUseWhatTheEngineAsks() throws {
+        let store = try SQLiteStore(writer: DatabaseQueue())
+        var batch = StoreBatch()
+        batch.newChats = [ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 6)]
+        func message(_ id: Int64, sender: Int64, tag: String, at time: Int64, refs: [RefRow] = []) -> MessageRow {
+            MessageRow(chat: 1, id: id, sender: sender, tag: tag, content: "m\(id)", data: nil, refs: refs, timestamp: time, isControl: false,
+                       neverCountsUnread: false, isRecalled: false, changeSeq: id, searchRow: 0)
+        }
+        batch.newMessages = [
+            message(1, sender: 1, tag: "Join", at: 10),
+            message(2, sender: 1, tag: "Text", at: 10),
+            message(3, sender: 2, tag: "Text", at: 12, refs: [RefRow(tag: "Thread", target: 2)]),
+            message(4, sender: 2, tag: "Pic", at: 12),
+            message(5, sender: 1, tag: "Text", at: 15, refs: [RefRow(tag: "Thread", target: 2)]),
+            message(6, sender: 2, tag: "Text", at: 15),
+        ]
+        try store.commit(batch)
+        let all = MessageFilter(firstId: 1)
+        XCTAssertEqual(try store.messageIds(chat: 1, matching: all, from: 3, ascending: true, limit: 2), [3, 4])
+        XCTAssertEqual(try store.messageIds(chat: 1, matching: all, from: 3, ascending: false, limit: 5), [3, 2, 1])
+        var text = all
+        text.tag = "Text"
+        XCTAssertEqual(try store.messageIds(chat: 1, matching: text, from: 6, ascending: false, limit: 10), [6, 5, 3, 2])
+        var thread = all
+        thread.referring = RefRow(tag: "Thread", target: 2)
+        XCTAssertEqual(try store.messageIds(chat: 1, matching: thread, from: 1, ascending: true, limit: 10), [3, 5])
+        var timeline = text
+        timeline.notRefTag = "Thread"
+        XCTAssertEqual(try store.messageIds(chat: 1, matching: timeline, from: 1, ascending: true, limit: 10), [2, 6])
+        var bob = all
+        bob.sender = 2
+        bob.firstId = 4
+        XCTAssertEqual(try store.messageIds(chat: 1, matching: bob, from: 1, ascending: true, limit: 10), [4, 6])
+        var recallable = all
+        recallable.sender = 1
+        recallable.onlyRecallable = true
+        XCTAssertEqual(try store.messageIds(chat: 1, matching: recallable, from: 1, ascending: true, limit: 10), [2, 5])
+        XCTAssertEqual(try store.firstMessage(chat: 1, notBefore: 12), 3)
+        XCTAssertEqual(try store.firstMessage(chat: 1, notBefore: 13), 5)
+        XCTAssertEqual(try store.firstMessage(chat: 1, notBefore: 16), nil)
+        XCTAssertEqual(try store.firstMessage(chat: 1, notBefore: 0), 1)
+        let left = try store.references(chat: 1, to: 2, tag: "Thread", excluding: [5])
+        XCTAssertEqual(left.count, 1)
+        XCTAssertEqual(left.newest, 3)
     }
 
     /// A file store keeps `synchronous = FULL` after GRDB's WAL set-up lowered it to

@@ -1,0 +1,400 @@
+/// The rows the store keeps, as the engine reads and writes them. Each has one mapping to
+/// its table (in the store implementation); the engine's records hold them.
+
+/// A user as the store keeps them.
+///
+/// `number` is the `n` of the user's uri (`bbmpim://user/id/<n>`), assigned in order of
+/// first appearance; `regId` is derived from the user id alone (`RegId.derive`).
+public struct UserRecord: Sendable, Hashable {
+    public let number: Int64
+    public let userId: String
+    public let regId: Int64
+
+    public init(number: Int64, userId: String, regId: Int64) {
+        self.number = number
+        self.userId = userId
+        self.regId = regId
+    }
+
+    public var uri: String { UserRecord.uriPrefix + String(number) }
+
+    /// The uri a user has in their own view (PROTOCOL.md §3).
+    public static let localURI = uriPrefix + "0"
+    /// `"bbmpim://user/id/0"` as JSON bytes, quotes included.
+    public static let quotedLocalURI = Array("\"\(localURI)\"".utf8)
+
+    /// A user's uri as JSON bytes, quotes included.
+    public static func quotedURI(_ number: Int64) -> [UInt8] {
+        Array("\"\(uriPrefix)\(number)\"".utf8)
+    }
+
+    public static let uriPrefix = "bbmpim://user/id/"
+
+    /// The number in a uri of this service, or nil when it is not one.
+    public static func number(fromURI uri: String) -> Int64? {
+        guard uri.hasPrefix(uriPrefix) else { return nil }
+        let digits = uri.dropFirst(uriPrefix.count)
+        guard !digits.isEmpty, digits.count <= 18, digits.allSatisfy({ $0.isASCII && $0.isNumber }), digits.first != "0" else { return nil }
+        return Int64(digits)
+    }
+}
+
+/// An endpoint a user registered (`endpointUpdate`): kept until it is deregistered.
+/// Sessions that never register are endpoints too, but only while they are connected:
+/// they are not stored.
+public struct EndpointRow: Sendable, Equatable {
+    /// The endpoint's id (a random 63-bit number, PROTOCOL.md §3 `endpointId`).
+    public var id: Int64
+    public var user: Int64
+    public var description: String
+    public var nickname: String
+    public var isLegacyDelegate: Bool
+    /// Registration order (endpointsGet lists the oldest first).
+    public var ordinal: Int64
+
+    public init(id: Int64, user: Int64, description: String, nickname: String, isLegacyDelegate: Bool, ordinal: Int64) {
+        self.id = id
+        self.user = user
+        self.description = description
+        self.nickname = nickname
+        self.isLegacyDelegate = isLegacyDelegate
+        self.ordinal = ordinal
+    }
+}
+
+/// A chat as the store keeps it. Per-user parts are in `MemberRow`.
+public struct ChatRow: Sendable, Equatable {
+    public var number: Int64
+    public var subject: String
+    public var isOneToOne: Bool
+    public var invitePolicy: String
+    public var isDefunct: Bool
+    /// Compact JSON, or nil.
+    public var data: String?
+    /// The newest message id (ids are consecutive from 1 and never reused).
+    public var lastMessage: Int64
+    /// The timestamp of the newest message without flag N (0 before the first).
+    public var lastActivity: Int64
+
+    public init(number: Int64, subject: String, isOneToOne: Bool, invitePolicy: String, isDefunct: Bool, data: String?, lastMessage: Int64,
+                lastActivity: Int64 = 0) {
+        self.number = number
+        self.subject = subject
+        self.isOneToOne = isOneToOne
+        self.invitePolicy = invitePolicy
+        self.isDefunct = isDefunct
+        self.data = data
+        self.lastMessage = lastMessage
+        self.lastActivity = lastActivity
+    }
+}
+
+/// The columns of a chat a change may write.
+public enum ChatColumn: String, Sendable, CaseIterable {
+    case subject, isDefunct, data, lastMessage, lastActivity
+}
+
+/// One user's place in one chat, also after they left (their read and delivery marks
+/// still decide the states of the messages they received).
+public struct MemberRow: Sendable, Equatable {
+    public var chat: Int64
+    public var user: Int64
+    public var isActive: Bool
+    public var isAdmin: Bool
+    /// The first message id this member sees (their `Join`, or 1 for a chat's starters).
+    public var joinedAt: Int64
+    /// The id of the message that announced their leaving, when they left.
+    public var leftAt: Int64?
+    public var isHidden: Bool
+    public var localData: String?
+    /// The chat's privateData (compact JSON), kept for its starter only (protocol v2 §5).
+    public var privateData: String?
+    /// Every message up to this id was received by one of their sessions / marked read.
+    public var deliveredUpTo: Int64
+    public var readUpTo: Int64
+    /// Incoming messages after `readUpTo` without flag N, kept exact with every change.
+    public var numUnread: Int64
+
+    public init(chat: Int64, user: Int64, isActive: Bool, isAdmin: Bool, joinedAt: Int64, leftAt: Int64?, isHidden: Bool,
+                localData: String?, privateData: String? = nil, deliveredUpTo: Int64, readUpTo: Int64, numUnread: Int64 = 0) {
+        self.chat = chat
+        self.user = user
+        self.isActive = isActive
+        self.isAdmin = isAdmin
+        self.joinedAt = joinedAt
+        self.leftAt = leftAt
+        self.isHidden = isHidden
+        self.localData = localData
+        self.privateData = privateData
+        self.deliveredUpTo = deliveredUpTo
+        self.readUpTo = readUpTo
+        self.numUnread = numUnread
+    }
+}
+
+/// The columns of a membership a change may write.
+public enum MemberColumn: String, Sendable, CaseIterable {
+    case isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread
+}
+
+/// A message's outgoing reference.
+public struct RefRow: Sendable, Equatable, Hashable {
+    public var tag: String
+    public var target: Int64
+
+    public init(tag: String, target: Int64) {
+        self.tag = tag
+        self.target = target
+    }
+}
+
+/// How many messages refer to one message with one tag, and the newest of them.
+public struct RefCountRow: Sendable, Equatable {
+    public var chat: Int64
+    public var target: Int64
+    public var tag: String
+    /// 0: no message refers to it any more (the row goes).
+    public var count: Int64
+    public var newest: Int64
+
+    public init(chat: Int64, target: Int64, tag: String, count: Int64, newest: Int64) {
+        self.chat = chat
+        self.target = target
+        self.tag = tag
+        self.count = count
+        self.newest = newest
+    }
+}
+
+/// What one user changed about a message for themselves only.
+public struct MessageUserRow: Sendable, Equatable {
+    public var chat: Int64
+    public var id: Int64
+    public var user: Int64
+    public var localData: String?
+    public var isDeleted: Bool
+    public var thumbDetached = false
+    public var fileDownloaded = false
+
+    public init(chat: Int64, id: Int64, user: Int64, localData: String?, isDeleted: Bool) {
+        self.chat = chat
+        self.id = id
+        self.user = user
+        self.localData = localData
+        self.isDeleted = isDeleted
+    }
+}
+
+/// A message as everyone sees it, with what refers to it and what each user changed of
+/// it for themselves.
+public struct MessageRow: Sendable, Equatable {
+    public var chat: Int64
+    public var id: Int64
+    public var sender: Int64
+    public var tag: String
+    public var content: String?
+    public var data: String?
+    public var refs: [RefRow]
+    public var timestamp: Int64
+    public var isControl: Bool
+    public var neverCountsUnread: Bool
+    public var isRecalled: Bool
+    /// The change feed position of the message's latest change of its own (PROTOCOL.md
+    /// §4; marks moving over many messages are `RangeChangeRow`s).
+    public var changeSeq: Int64
+    /// Its row in the search index, 0 when its text is not indexed.
+    public var searchRow: Int64
+    /// Attachments: sanitized base names, stored contents (SHA-256 hex, nil until
+    /// stored), and `Sending`, `Stored` or `Failed` (nil without attachments).
+    public var thumbName: String?
+    public var thumbBlob: String?
+    public var fileName: String?
+    public var fileBlob: String?
+    public var fileSize: Int64?
+    public var attachment: String?
+    /// Read with the message: the messages referring to it, per tag.
+    public var refCounts: [RefCountRow] = []
+    /// Read with the message: every user's private state of it.
+    public var privateStates: [MessageUserRow] = []
+
+    public init(chat: Int64, id: Int64, sender: Int64, tag: String, content: String?, data: String?, refs: [RefRow], timestamp: Int64,
+                isControl: Bool, neverCountsUnread: Bool, isRecalled: Bool, changeSeq: Int64, searchRow: Int64) {
+        self.chat = chat
+        self.id = id
+        self.sender = sender
+        self.tag = tag
+        self.content = content
+        self.data = data
+        self.refs = refs
+        self.timestamp = timestamp
+        self.isControl = isControl
+        self.neverCountsUnread = neverCountsUnread
+        self.isRecalled = isRecalled
+        self.changeSeq = changeSeq
+        self.searchRow = searchRow
+    }
+}
+
+/// The columns of a message a change may write.
+public enum MessageColumn: String, Sendable, CaseIterable {
+    case content, data, isRecalled, changeSeq, searchRow, thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment
+}
+
+/// A message whose own latest change is at `changeSeq` (the change feed).
+public struct MessageChangeRow: Sendable, Equatable {
+    public var id: Int64
+    public var changeSeq: Int64
+
+    public init(id: Int64, changeSeq: Int64) {
+        self.id = id
+        self.changeSeq = changeSeq
+    }
+}
+
+/// Many messages changed at once (a read or delivery mark moving over them): message
+/// `firstId + k` changed at `firstSeq + k`, up to `lastId`. Written once, however many
+/// messages it covers.
+public struct RangeChangeRow: Sendable, Equatable {
+    public var chat: Int64
+    public var firstSeq: Int64
+    public var firstId: Int64
+    public var lastId: Int64
+
+    public init(chat: Int64, firstSeq: Int64, firstId: Int64, lastId: Int64) {
+        self.chat = chat
+        self.firstSeq = firstSeq
+        self.firstId = firstId
+        self.lastId = lastId
+    }
+
+    public var lastSeq: Int64 { firstSeq + lastId - firstId }
+
+    /// When message `id` changed in this range (nil: it is not in it).
+    public func seq(of id: Int64) -> Int64? {
+        id >= firstId && id <= lastId ? firstSeq + id - firstId : nil
+    }
+}
+
+/// Counters kept with the data they count.
+public struct StoreCounters: Sendable, Equatable {
+    /// The change feed's position: every message change takes the next number.
+    public var changeSeq: Int64
+    /// The newest message's row in the search index.
+    public var searchRow: Int64
+
+    public init(changeSeq: Int64 = 0, searchRow: Int64 = 0) {
+        self.changeSeq = changeSeq
+        self.searchRow = searchRow
+    }
+}
+
+/// What is per user and per chat: all the engine reads at start-up.
+public struct StoreDirectory: Sendable {
+    public var users: [UserRecord] = []
+    public var endpoints: [EndpointRow] = []
+    public var chats: [ChatRow] = []
+    public var members: [MemberRow] = []
+    public var counters = StoreCounters()
+
+    public init() {}
+}
+
+/// A row written with only some of its columns.
+public struct Update<Row: Sendable, Column: Hashable & Sendable>: Sendable {
+    public var row: Row
+    public var columns: Set<Column>
+
+    public init(_ row: Row, columns: Set<Column>) {
+        self.row = row
+        self.columns = columns
+    }
+}
+
+/// The writes of one group commit: new rows whole, changed rows by their changed columns.
+public struct StoreBatch: Sendable {
+    public var newUsers: [UserRecord] = []
+    /// Endpoints registered or renamed (written whole), and endpoints deregistered.
+    public var endpoints: [EndpointRow] = []
+    public var removedEndpoints: [Int64] = []
+    public var newChats: [ChatRow] = []
+    public var chatUpdates: [Update<ChatRow, ChatColumn>] = []
+    /// New memberships, and members who come back (written whole).
+    public var members: [MemberRow] = []
+    public var memberUpdates: [Update<MemberRow, MemberColumn>] = []
+    /// New messages with their references.
+    public var newMessages: [MessageRow] = []
+    public var messageUpdates: [Update<MessageRow, MessageColumn>] = []
+    /// Messages whose outgoing references go (recalled).
+    public var droppedReferences: [(chat: Int64, id: Int64)] = []
+    /// Changes of a message's own `changeSeq` without reading it: (chat, id, seq).
+    public var touches: [(chat: Int64, id: Int64, seq: Int64)] = []
+    public var rangeChanges: [RangeChangeRow] = []
+    /// Reference counts as they now are (count 0: the row goes).
+    public var refCounts: [RefCountRow] = []
+    public var privateStates: [MessageUserRow] = []
+    /// How many more (or fewer) messages hold on to each stored content.
+    public var blobUses: [String: Int64] = [:]
+    /// The counters as they now are (nil: unchanged).
+    public var counters: StoreCounters?
+
+    public init() {}
+
+    public var isEmpty: Bool {
+        newUsers.isEmpty && endpoints.isEmpty && removedEndpoints.isEmpty && newChats.isEmpty && chatUpdates.isEmpty && members.isEmpty
+            && memberUpdates.isEmpty && newMessages.isEmpty && messageUpdates.isEmpty && droppedReferences.isEmpty && touches.isEmpty
+            && rangeChanges.isEmpty && refCounts.isEmpty && privateStates.isEmpty && blobUses.isEmpty && counters == nil
+    }
+}
+
+// MARK: what changed
+
+extension ChatRow {
+    /// The columns whose values differ from `old`.
+    public func columns(changedFrom old: ChatRow) -> Set<ChatColumn> {
+        var columns: Set<ChatColumn> = []
+        if subject != old.subject { columns.insert(.subject) }
+        if isDefunct != old.isDefunct { columns.insert(.isDefunct) }
+        if data != old.data { columns.insert(.data) }
+        if lastMessage != old.lastMessage { columns.insert(.lastMessage) }
+        if lastActivity != old.lastActivity { columns.insert(.lastActivity) }
+        return columns
+    }
+}
+
+extension MemberRow {
+    /// The columns whose values differ from `old`.
+    public func columns(changedFrom old: MemberRow) -> Set<MemberColumn> {
+        var columns: Set<MemberColumn> = []
+        if isActive != old.isActive { columns.insert(.isActive) }
+        if isAdmin != old.isAdmin { columns.insert(.isAdmin) }
+        if joinedAt != old.joinedAt { columns.insert(.joinedAt) }
+        if leftAt != old.leftAt { columns.insert(.leftAt) }
+        if isHidden != old.isHidden { columns.insert(.isHidden) }
+        if localData != old.localData { columns.insert(.localData) }
+        if privateData != old.privateData { columns.insert(.privateData) }
+        if deliveredUpTo != old.deliveredUpTo { columns.insert(.deliveredUpTo) }
+        if readUpTo != old.readUpTo { columns.insert(.readUpTo) }
+        if numUnread != old.numUnread { columns.insert(.numUnread) }
+        return columns
+    }
+}
+
+extension MessageRow {
+    /// The message's own columns whose values differ from `old` (references are rows of
+    /// their own: they only ever go, with a recall).
+    public func columns(changedFrom old: MessageRow) -> Set<MessageColumn> {
+        var columns: Set<MessageColumn> = []
+        if content != old.content { columns.insert(.content) }
+        if data != old.data { columns.insert(.data) }
+        if isRecalled != old.isRecalled { columns.insert(.isRecalled) }
+        if changeSeq != old.changeSeq { columns.insert(.changeSeq) }
+        if searchRow != old.searchRow { columns.insert(.searchRow) }
+        if thumbName != old.thumbName { columns.insert(.thumbName) }
+        if thumbBlob != old.thumbBlob { columns.insert(.thumbBlob) }
+        if fileName != old.fileName { columns.insert(.fileName) }
+        if fileBlob != old.fileBlob { columns.insert(.fileBlob) }
+        if fileSize != old.fileSize { columns.insert(.fileSize) }
+        if attachment != old.attachment { columns.insert(.attachment) }
+        return columns
+    }
+}
