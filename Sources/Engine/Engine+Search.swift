@@ -5,9 +5,6 @@ import Store
 /// `search` (PROTOCOL.md §9): message text from the store's index, chat subjects from
 /// memory, and only what the user may see.
 extension Engine {
-    /// Queries shorter than this many characters cannot use the trigram index.
-    static let indexedQueryLength = 3
-
     func search(_ request: Search, user: Int64, batch: Batch) throws -> Event {
         let scope: [(ChatRecord, MemberRecord)]
         if let chatId = request.chatId {
@@ -26,9 +23,11 @@ extension Engine {
         func visible(_ message: MessageRecord, to member: MemberRecord) -> Bool {
             message.id >= member.joinedAt && !message.isRecalled && message.searchRow > 0 && message.privateStates[user]?.isDeleted != true
         }
-        if text.count >= Engine.indexedQueryLength, let searchIndex {
-            // The index must see everything this batch posted or recalled before now.
+        if let searchIndex {
+            // The index must see everything this batch posted or recalled before now, and
+            // everything it lacked at start-up.
             try commitSoFar(batch)
+            searchRefill.wait()
             let members = Dictionary(uniqueKeysWithValues: scope.map { ($0.0.number, $0) })
             var below: Int64?
             while found.count < limit {
@@ -49,8 +48,7 @@ extension Engine {
                 below = last.row
             }
         } else {
-            // One or two characters (an emoji, a CJK word): no trigram to look up, so the
-            // visible history is scanned, newest first, chat by chat (also without an index).
+            // Without an index (tests), the visible history is scanned, newest first.
             for (chat, member) in scope {
                 var taken = 0
                 var high = chat.lastMessage

@@ -65,6 +65,8 @@ public final class Engine: @unchecked Sendable {
     let searchIndex: MessageSearchIndex?
     private let inbox = Inbox<Work>()
     private let sessionCounter = Atomic<Int>(0)
+    /// Left once the search index has every message it lacked at start-up.
+    let searchRefill = DispatchGroup()
     /// Attachments being stored on worker threads, and work of sessions being prepared
     /// off their threads (tokens being checked): `drain` waits for both.
     let attachmentJobs = Atomic<Int>(0)
@@ -181,17 +183,34 @@ public final class Engine: @unchecked Sendable {
     /// Why the store can no longer be used (the process should exit non-zero), if so.
     public var storeFailure: String? { fatalLock.withLock { fatalStoreError } }
 
-    /// Hands the index every searchable message it does not have yet (it lags commits and
-    /// may lose its tail in a crash): the store finds them by search row.
+    /// Hands the index every searchable message it does not have yet (it lags commits, may
+    /// lose its tail in a crash, and is rebuilt whole when its file is lost or laid out by
+    /// an older release): the store finds them by search row, on a thread of its own, so
+    /// that start-up does not wait; a search waits for it (`searchRefill`).
     private func refillSearchIndex() throws {
         guard let searchIndex else { return }
-        var indexed = try searchIndex.indexedUpTo()
-        while indexed < lastSearchRow {
-            let entries = try store.searchEntries(after: indexed, limit: 10_000)
-            guard let last = entries.last else { break }
-            searchIndex.add(entries, removing: [])
-            indexed = last.row
+        let indexed = try searchIndex.indexedUpTo()
+        let upTo = lastSearchRow
+        guard indexed < upTo else { return }
+        let store = self.store
+        let logger = self.logger
+        searchRefill.enter()
+        let thread = Thread { [searchRefill] in
+            var after = indexed
+            do {
+                while after < upTo {
+                    let entries = try store.searchEntries(after: after, limit: 10_000).filter { $0.row <= upTo }
+                    guard let last = entries.last else { break }
+                    searchIndex.add(entries, removing: [])
+                    after = last.row
+                }
+            } catch {
+                logger.error("the search index could not be refilled: searches may miss messages", metadata: ["error": "\(error)"])
+            }
+            searchRefill.leave()
         }
+        thread.name = "chatcore-search-refill"
+        thread.start()
     }
 
     struct StoreInconsistency: Error, CustomStringConvertible {

@@ -2,14 +2,28 @@ import Foundation
 import GRDB
 import Store
 
-/// `MessageSearchIndex` in its own SQLite file (`search.sqlite`): FTS5 with the `trigram`
-/// tokenizer, written by its own thread in large transactions.
+/// `MessageSearchIndex` in its own SQLite file (`search.sqlite`), written by its own thread
+/// in large transactions.
+///
+/// Two FTS5 tables, both scoped by chat inside the match (so that a query costs what the
+/// asking user's chats hold, not the whole store):
+/// - `message_search` (`trigram` tokenizer): a case-insensitive substring match of three
+///   or more characters, the chat as a `#<chat>#` phrase of its own column;
+/// - `message_grams` (`ascii` tokenizer, no positions): every character and every pair of
+///   adjacent characters of the lowercased text as a token (`u<hex>`, `b<hex>v<hex>`), the
+///   chat as `c<chat>`: queries of one or two characters (an emoji, a two-letter word)
+///   are looked up, not scanned.
 ///
 /// Keeping it out of the message store's transactions keeps FTS5's index maintenance
 /// (and its occasional segment merges) off the path from a send to its `Sent`. It is
-/// derived data: the engine re-adds whatever it lacks at start-up, and a damaged index
-/// file is simply rebuilt.
+/// derived data: the engine re-adds whatever it lacks, and a damaged index file (or one
+/// laid out by an older release) is simply rebuilt.
 public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
+    /// The layout of the file; another one is rebuilt.
+    static let layout = 2
+    /// A query scoped to more chats than this filters the chats after matching instead.
+    static let scopedChats = 64
+
     private let queue: DatabaseQueue
     private let condition = NSCondition()
     private var pendingAdds: [SearchEntry] = []
@@ -35,10 +49,18 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
                 try db.execute(sql: "PRAGMA synchronous = NORMAL")
             }
             let queue = try DatabaseQueue(path: path, configuration: configuration)
+            let layout = try queue.read { db in try Int.fetchOne(db, sql: "PRAGMA user_version") ?? 0 }
+            let empty = try queue.read { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM sqlite_master") ?? 0 } == 0
+            guard layout == SQLiteSearchIndex.layout || empty else {
+                throw DatabaseError(message: "search index layout \(layout), not \(SQLiteSearchIndex.layout)")
+            }
             try queue.write { db in
                 try db.execute(sql: """
                     CREATE VIRTUAL TABLE IF NOT EXISTS message_search
-                    USING fts5(text, chat UNINDEXED, id UNINDEXED, tokenize = 'trigram')
+                    USING fts5(text, scope, chat UNINDEXED, id UNINDEXED, tokenize = 'trigram');
+                    CREATE VIRTUAL TABLE IF NOT EXISTS message_grams
+                    USING fts5(grams, chat UNINDEXED, id UNINDEXED, tokenize = 'ascii', detail = 'none');
+                    PRAGMA user_version = \(SQLiteSearchIndex.layout);
                     """)
             }
             let check = try queue.read { db in try String.fetchOne(db, sql: "PRAGMA quick_check") }
@@ -78,12 +100,23 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
     /// Waits until everything added so far is in the index, then queries it.
     public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit] {
         try waitUntilWritten()
-        guard !chats.isEmpty else { return [] }
-        // One FTS5 phrase: with trigrams, a case-insensitive substring match.
-        let phrase = "\"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\""
-        let chatList = chats.map(String.init).joined(separator: ",")
-        var sql = "SELECT chat, id, rowid FROM message_search WHERE message_search MATCH ? AND chat IN (\(chatList))"
-        var arguments: StatementArguments = [phrase]
+        guard !chats.isEmpty, !text.isEmpty else { return [] }
+        let scoped = chats.count <= SQLiteSearchIndex.scopedChats
+        let table: String
+        var match: String
+        if text.unicodeScalars.count >= 3 {
+            // One FTS5 phrase: with trigrams, a case-insensitive substring match.
+            table = "message_search"
+            match = "text : \"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\""
+            if scoped { match += " AND scope : (" + chats.map { "\"#\($0)#\"" }.joined(separator: " OR ") + ")" }
+        } else {
+            table = "message_grams"
+            match = SQLiteSearchIndex.queryToken(text)
+            if scoped { match += " AND (" + chats.map { "c\($0)" }.joined(separator: " OR ") + ")" }
+        }
+        var sql = "SELECT chat, id, rowid FROM \(table) WHERE \(table) MATCH ?"
+        var arguments: StatementArguments = [match]
+        if !scoped { sql += " AND chat IN (" + chats.map(String.init).joined(separator: ",") + ")" }
         if let belowRow {
             sql += " AND rowid < ?"
             arguments += [belowRow]
@@ -93,6 +126,36 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
         return try queue.read { db in
             try Row.fetchAll(db, sql: sql, arguments: arguments).map { SearchHit(chat: $0[0], id: $0[1], row: $0[2]) }
         }
+    }
+
+    // MARK: one- and two-character grams
+
+    private static func hex(_ scalar: Unicode.Scalar) -> String {
+        String(scalar.value, radix: 16)
+    }
+
+    /// The token a one- or two-character query looks up.
+    static func queryToken(_ text: String) -> String {
+        let scalars = Array(text.lowercased().unicodeScalars)
+        return scalars.count == 1 ? "u" + hex(scalars[0]) : "b" + hex(scalars[0]) + "v" + hex(scalars[1])
+    }
+
+    /// Every character and pair of adjacent characters of the lowercased text, each once,
+    /// and the chat's token.
+    static func grams(_ text: String, chat: Int64) -> String {
+        let scalars = Array(text.lowercased().unicodeScalars)
+        var seen = Set<String>()
+        var tokens: [String] = []
+        for (index, scalar) in scalars.enumerated() {
+            let single = "u" + hex(scalar)
+            if seen.insert(single).inserted { tokens.append(single) }
+            if index + 1 < scalars.count {
+                let pair = "b" + hex(scalar) + "v" + hex(scalars[index + 1])
+                if seen.insert(pair).inserted { tokens.append(pair) }
+            }
+        }
+        tokens.append("c\(chat)")
+        return tokens.joined(separator: " ")
     }
 
     private func writeLoop() {
@@ -108,10 +171,18 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
             var error: Error?
             do {
                 try queue.write { db in
-                    let insert = try db.cachedStatement(sql: "INSERT OR REPLACE INTO message_search (rowid, text, chat, id) VALUES (?, ?, ?, ?)")
-                    for entry in adds { try insert.execute(arguments: [entry.row, entry.text, entry.chat, entry.id]) }
+                    let insert = try db.cachedStatement(sql: "INSERT OR REPLACE INTO message_search (rowid, text, scope, chat, id) VALUES (?, ?, ?, ?, ?)")
+                    let insertGrams = try db.cachedStatement(sql: "INSERT OR REPLACE INTO message_grams (rowid, grams, chat, id) VALUES (?, ?, ?, ?)")
+                    for entry in adds {
+                        try insert.execute(arguments: [entry.row, entry.text, "#\(entry.chat)#", entry.chat, entry.id])
+                        try insertGrams.execute(arguments: [entry.row, SQLiteSearchIndex.grams(entry.text, chat: entry.chat), entry.chat, entry.id])
+                    }
                     let delete = try db.cachedStatement(sql: "DELETE FROM message_search WHERE rowid = ?")
-                    for row in removals { try delete.execute(arguments: [row]) }
+                    let deleteGrams = try db.cachedStatement(sql: "DELETE FROM message_grams WHERE rowid = ?")
+                    for row in removals {
+                        try delete.execute(arguments: [row])
+                        try deleteGrams.execute(arguments: [row])
+                    }
                 }
             } catch let caught {
                 error = caught
