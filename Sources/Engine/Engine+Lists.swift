@@ -273,15 +273,13 @@ extension Engine {
             throw ProtocolError.invalid("'since' \(token) is not a token this service gave out")
         }
         let limit = Int(request.limit ?? 100)
-        var found: [(seq: Int64, chat: ChatRecord, message: MessageRecord)] = []
+        var scoped: [Int64: (chat: ChatRecord, firstId: Int64)] = [:]
         for chat in scope {
             guard let member = chat.activeMember(user) else { continue }
             try commitIfChanged(chat, batch: batch)
-            for (seq, message) in try changes(in: chat, after: since, from: member.joinedAt, limit: limit + 1) {
-                found.append((seq, chat, message))
-            }
+            scoped[chat.number] = (chat, member.joinedAt)
         }
-        found.sort { $0.seq < $1.seq }
+        var found = try changes(in: scoped, after: since, limit: limit + 1)
         let hasMore = found.count > limit
         if hasMore { found.removeLast(found.count - limit) }
         let changed = found.map { renderMessage($0.message, in: $0.chat, for: user) }
@@ -289,31 +287,35 @@ extension Engine {
         return .listChanges(ListChanges(cookie: request.cookie, changed: changed, token: String(next), hasMore: hasMore))
     }
 
-    /// Up to `limit` messages of `chat` (ids from `firstId`) whose latest change is after
-    /// `since`, with that position, ascending.
-    private func changes(in chat: ChatRecord, after since: Int64, from firstId: Int64, limit: Int) throws -> [(Int64, MessageRecord)] {
+    /// Up to `limit` messages of `chats` (each from its `firstId`) whose latest change is
+    /// after `since`, with that position, ascending.
+    private func changes(in chats: [Int64: (chat: ChatRecord, firstId: Int64)], after since: Int64,
+                         limit: Int) throws -> [(seq: Int64, chat: ChatRecord, message: MessageRecord)] {
+        let numbers = chats.keys.sorted()
         let ranges: [RangeChangeRow]
         do {
-            ranges = try store.rangeChanges(chat: chat.number, after: since)
+            ranges = try store.rangeChanges(chats: numbers, after: since)
         } catch {
             throw unreadable(error)
         }
-        /// The latest position any range gives `id`.
-        func rangeSeq(of id: Int64) -> Int64 {
-            ranges.reduce(0) { latest, range in max(latest, range.seq(of: id) ?? 0) }
+        var rangesOfChat: [Int64: [RangeChangeRow]] = [:]
+        for range in ranges { rangesOfChat[range.chat, default: []].append(range) }
+        /// The latest position any range gives message `id` of `chat`.
+        func rangeSeq(of id: Int64, in chat: Int64) -> Int64 {
+            (rangesOfChat[chat] ?? []).reduce(0) { latest, range in max(latest, range.seq(of: id) ?? 0) }
         }
-        var result: [(Int64, MessageRecord)] = []
+        var result: [(seq: Int64, chat: ChatRecord, message: MessageRecord)] = []
         // Candidates come from two sorted streams: messages by their own change, and the
         // ranges' messages by position; a candidate counts at its latest position only.
         var own: [MessageChangeRow] = []
         var ownIndex = 0
         var ownAfter = since
         var ownDone = false
-        var rangeCursor = ranges.map { max($0.firstId, firstId, $0.firstId + since - $0.firstSeq + 1) }
+        var rangeCursor = ranges.map { range in max(range.firstId, chats[range.chat]?.firstId ?? 1, range.firstId + since - range.firstSeq + 1) }
         func nextOwn() throws -> MessageChangeRow? {
             if ownIndex == own.count && !ownDone {
                 do {
-                    own = try store.changedMessages(chat: chat.number, after: ownAfter, limit: max(limit * 2, 64))
+                    own = try store.changedMessages(chats: numbers, after: ownAfter, limit: max(limit * 2, 64))
                 } catch {
                     throw unreadable(error)
                 }
@@ -332,14 +334,17 @@ extension Engine {
             }
             if let candidate = candidateOwn, best == nil || candidate.changeSeq < best!.seq {
                 ownIndex += 1
-                guard candidate.id >= firstId, rangeSeq(of: candidate.id) < candidate.changeSeq,
+                guard let (chat, firstId) = chats[candidate.chat], candidate.id >= firstId,
+                      rangeSeq(of: candidate.id, in: candidate.chat) < candidate.changeSeq,
                       let message = try loadMessage(candidate.id, in: chat) else { continue }
-                result.append((candidate.changeSeq, message))
+                result.append((candidate.changeSeq, chat, message))
             } else if let (index, seq) = best {
+                let range = ranges[index]
                 let id = rangeCursor[index]
                 rangeCursor[index] += 1
-                guard rangeSeq(of: id) == seq, let message = try loadMessage(id, in: chat), message.changeSeq < seq else { continue }
-                result.append((seq, message))
+                guard let (chat, _) = chats[range.chat], rangeSeq(of: id, in: range.chat) == seq,
+                      let message = try loadMessage(id, in: chat), message.changeSeq < seq else { continue }
+                result.append((seq, chat, message))
             } else {
                 break
             }

@@ -163,6 +163,10 @@ public final class Engine: @unchecked Sendable {
         try refillSearchIndex()
     }
 
+    /// How many chats and users the engine knows (logged at start-up).
+    public var chatCount: Int { chats.count }
+    public var userCount: Int { users.byNumber.count }
+
     /// Requests taken from now on are refused ("shutting down") instead of started.
     public func beginShutdown() {
         shuttingDown.store(true, ordering: .releasing)

@@ -1,14 +1,30 @@
 import GRDB
 import Store
 
-// Each row the store keeps maps to its table here, once: read by `init(row:)`, written by
-// `encode(to:)`; narrow changes write only the columns they name (`update(_:columns:)`).
+// Each row the store keeps maps to its table here, once: a `Field` enumeration names the
+// table's columns in the order they are selected (`databaseSelection`), `init(row:)` reads
+// them by that position (no look-up of names per value: start-up reads every chat and
+// membership, a window a hundred messages), `encode(to:)` writes them, and a narrow
+// change writes only the columns it names (`update(_:columns:)`).
 
-extension UserRecord: FetchableRecord, PersistableRecord {
+/// A record whose columns are selected in the order of its `Field`s.
+protocol SelectedInOrder: FetchableRecord, TableRecord {
+    associatedtype Field: RawRepresentable & CaseIterable where Field.RawValue == Int
+}
+
+extension SelectedInOrder {
+    static var columnNames: [String] { Field.allCases.map { "\($0)" } }
+    /// `"a", "b", ...` for a SELECT of exactly these columns, in order.
+    static var selectionSQL: String { columnNames.map { "\"\($0)\"" }.joined(separator: ", ") }
+    public static var databaseSelection: [any SQLSelectable] { columnNames.map { Column($0) } }
+}
+
+extension UserRecord: SelectedInOrder, PersistableRecord {
     public static let databaseTableName = "user"
+    enum Field: Int, CaseIterable { case number, userId, regId }
 
     public init(row: Row) throws {
-        self.init(number: row["number"], userId: row["userId"], regId: row["regId"])
+        self.init(number: row[Field.number.rawValue], userId: row[Field.userId.rawValue], regId: row[Field.regId.rawValue])
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -18,12 +34,13 @@ extension UserRecord: FetchableRecord, PersistableRecord {
     }
 }
 
-extension EndpointRow: FetchableRecord, PersistableRecord {
+extension EndpointRow: SelectedInOrder, PersistableRecord {
     public static let databaseTableName = "endpoint"
+    enum Field: Int, CaseIterable { case id, user, description, nickname, isLegacyDelegate, ordinal }
 
     public init(row: Row) throws {
-        self.init(id: row["id"], user: row["user"], description: row["description"], nickname: row["nickname"],
-                  isLegacyDelegate: row["isLegacyDelegate"], ordinal: row["ordinal"])
+        self.init(id: row[Field.id.rawValue], user: row[Field.user.rawValue], description: row[Field.description.rawValue], nickname: row[Field.nickname.rawValue],
+                  isLegacyDelegate: row[Field.isLegacyDelegate.rawValue], ordinal: row[Field.ordinal.rawValue])
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -36,12 +53,14 @@ extension EndpointRow: FetchableRecord, PersistableRecord {
     }
 }
 
-extension ChatRow: FetchableRecord, PersistableRecord {
+extension ChatRow: SelectedInOrder, PersistableRecord {
     public static let databaseTableName = "chat"
+    enum Field: Int, CaseIterable { case number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage, lastActivity }
 
     public init(row: Row) throws {
-        self.init(number: row["number"], subject: row["subject"], isOneToOne: row["isOneToOne"], invitePolicy: row["invitePolicy"],
-                  isDefunct: row["isDefunct"], data: row["data"], lastMessage: row["lastMessage"], lastActivity: row["lastActivity"])
+        self.init(number: row[Field.number.rawValue], subject: row[Field.subject.rawValue], isOneToOne: row[Field.isOneToOne.rawValue],
+                  invitePolicy: row[Field.invitePolicy.rawValue], isDefunct: row[Field.isDefunct.rawValue], data: row[Field.data.rawValue],
+                  lastMessage: row[Field.lastMessage.rawValue], lastActivity: row[Field.lastActivity.rawValue])
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -56,13 +75,17 @@ extension ChatRow: FetchableRecord, PersistableRecord {
     }
 }
 
-extension MemberRow: FetchableRecord, PersistableRecord {
+extension MemberRow: SelectedInOrder, PersistableRecord {
     public static let databaseTableName = "member"
+    enum Field: Int, CaseIterable {
+        case chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread
+    }
 
     public init(row: Row) throws {
-        self.init(chat: row["chat"], user: row["user"], isActive: row["isActive"], isAdmin: row["isAdmin"], joinedAt: row["joinedAt"],
-                  leftAt: row["leftAt"], isHidden: row["isHidden"], localData: row["localData"], privateData: row["privateData"],
-                  deliveredUpTo: row["deliveredUpTo"], readUpTo: row["readUpTo"], numUnread: row["numUnread"])
+        self.init(chat: row[Field.chat.rawValue], user: row[Field.user.rawValue], isActive: row[Field.isActive.rawValue], isAdmin: row[Field.isAdmin.rawValue],
+                  joinedAt: row[Field.joinedAt.rawValue], leftAt: row[Field.leftAt.rawValue], isHidden: row[Field.isHidden.rawValue], localData: row[Field.localData.rawValue],
+                  privateData: row[Field.privateData.rawValue], deliveredUpTo: row[Field.deliveredUpTo.rawValue], readUpTo: row[Field.readUpTo.rawValue],
+                  numUnread: row[Field.numUnread.rawValue])
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -81,21 +104,26 @@ extension MemberRow: FetchableRecord, PersistableRecord {
     }
 }
 
-extension MessageRow: FetchableRecord, PersistableRecord {
+extension MessageRow: SelectedInOrder, PersistableRecord {
     public static let databaseTableName = "message"
+    enum Field: Int, CaseIterable {
+        case chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow
+        case thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment
+    }
 
     /// The message's own columns (references, counts and private states are rows of
     /// their own tables, read beside it).
     public init(row: Row) throws {
-        self.init(chat: row["chat"], id: row["id"], sender: row["sender"], tag: row["tag"], content: row["content"], data: row["data"], refs: [],
-                  timestamp: row["timestamp"], isControl: row["isControl"], neverCountsUnread: row["neverCountsUnread"],
-                  isRecalled: row["isRecalled"], changeSeq: row["changeSeq"], searchRow: row["searchRow"])
-        thumbName = row["thumbName"]
-        thumbBlob = row["thumbBlob"]
-        fileName = row["fileName"]
-        fileBlob = row["fileBlob"]
-        fileSize = row["fileSize"]
-        attachment = row["attachment"]
+        self.init(chat: row[Field.chat.rawValue], id: row[Field.id.rawValue], sender: row[Field.sender.rawValue], tag: row[Field.tag.rawValue], content: row[Field.content.rawValue],
+                  data: row[Field.data.rawValue], refs: [], timestamp: row[Field.timestamp.rawValue], isControl: row[Field.isControl.rawValue],
+                  neverCountsUnread: row[Field.neverCountsUnread.rawValue], isRecalled: row[Field.isRecalled.rawValue], changeSeq: row[Field.changeSeq.rawValue],
+                  searchRow: row[Field.searchRow.rawValue])
+        thumbName = row[Field.thumbName.rawValue]
+        thumbBlob = row[Field.thumbBlob.rawValue]
+        fileName = row[Field.fileName.rawValue]
+        fileBlob = row[Field.fileBlob.rawValue]
+        fileSize = row[Field.fileSize.rawValue]
+        attachment = row[Field.attachment.rawValue]
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -120,11 +148,12 @@ extension MessageRow: FetchableRecord, PersistableRecord {
     }
 }
 
-extension RefCountRow: FetchableRecord, PersistableRecord {
+extension RefCountRow: SelectedInOrder, PersistableRecord {
     public static let databaseTableName = "ref_count"
+    enum Field: Int, CaseIterable { case chat, target, tag, count, newest }
 
     public init(row: Row) throws {
-        self.init(chat: row["chat"], target: row["target"], tag: row["tag"], count: row["count"], newest: row["newest"])
+        self.init(chat: row[Field.chat.rawValue], target: row[Field.target.rawValue], tag: row[Field.tag.rawValue], count: row[Field.count.rawValue], newest: row[Field.newest.rawValue])
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -136,13 +165,15 @@ extension RefCountRow: FetchableRecord, PersistableRecord {
     }
 }
 
-extension MessageUserRow: FetchableRecord, PersistableRecord {
+extension MessageUserRow: SelectedInOrder, PersistableRecord {
     public static let databaseTableName = "message_user"
+    enum Field: Int, CaseIterable { case chat, id, user, localData, isDeleted, thumbDetached, fileDownloaded }
 
     public init(row: Row) throws {
-        self.init(chat: row["chat"], id: row["id"], user: row["user"], localData: row["localData"], isDeleted: row["isDeleted"])
-        thumbDetached = row["thumbDetached"]
-        fileDownloaded = row["fileDownloaded"]
+        self.init(chat: row[Field.chat.rawValue], id: row[Field.id.rawValue], user: row[Field.user.rawValue], localData: row[Field.localData.rawValue],
+                  isDeleted: row[Field.isDeleted.rawValue])
+        thumbDetached = row[Field.thumbDetached.rawValue]
+        fileDownloaded = row[Field.fileDownloaded.rawValue]
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -156,11 +187,12 @@ extension MessageUserRow: FetchableRecord, PersistableRecord {
     }
 }
 
-extension RangeChangeRow: FetchableRecord, PersistableRecord {
+extension RangeChangeRow: SelectedInOrder, PersistableRecord {
     public static let databaseTableName = "range_change"
+    enum Field: Int, CaseIterable { case chat, firstSeq, firstId, lastId }
 
     public init(row: Row) throws {
-        self.init(chat: row["chat"], firstSeq: row["firstSeq"], firstId: row["firstId"], lastId: row["lastId"])
+        self.init(chat: row[Field.chat.rawValue], firstSeq: row[Field.firstSeq.rawValue], firstId: row[Field.firstId.rawValue], lastId: row[Field.lastId.rawValue])
     }
 
     public func encode(to container: inout PersistenceContainer) throws {

@@ -8,19 +8,23 @@ import Store
 /// Two FTS5 tables, both scoped by chat inside the match (so that a query costs what the
 /// asking user's chats hold, not the whole store):
 /// - `message_search` (`trigram` tokenizer): a case-insensitive substring match of three
-///   or more characters, the chat as a `#<chat>#` phrase of its own column;
+///   or more characters, the chat in a column of its own as exactly three characters of
+///   the Private Use Area (`scopeToken`): one trigram, so that matching the user's chats
+///   is an OR of single terms, not of phrases that share trigrams;
 /// - `message_grams` (`ascii` tokenizer, no positions): every character and every pair of
 ///   adjacent characters of the lowercased text as a token (`u<hex>`, `b<hex>v<hex>`), the
 ///   chat as `c<chat>`: queries of one or two characters (an emoji, a two-letter word)
-///   are looked up, not scanned.
+///   are looked up, not scanned. It keeps no copy of its text (`content=''`): a hit's
+///   chat and id come from `message_search` (same row), and a recalled message, gone
+///   from there, is gone from its hits too.
 ///
 /// Keeping it out of the message store's transactions keeps FTS5's index maintenance
 /// (and its occasional segment merges) off the path from a send to its `Sent`. It is
-/// derived data: the engine re-adds whatever it lacks, and a damaged index file (or one
-/// laid out by an older release) is simply rebuilt.
+/// derived data: the engine re-adds whatever it lacks, and an index file that cannot be
+/// opened (or one laid out by an older release) is simply rebuilt.
 public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
     /// The layout of the file; another one is rebuilt.
-    static let layout = 2
+    static let layout = 3
     /// A query scoped to more chats than this filters the chats after matching instead.
     static let scopedChats = 64
 
@@ -57,14 +61,15 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
             try queue.write { db in
                 try db.execute(sql: """
                     CREATE VIRTUAL TABLE IF NOT EXISTS message_search
-                    USING fts5(text, scope, chat UNINDEXED, id UNINDEXED, tokenize = 'trigram');
+                    USING fts5(text, scope, chat UNINDEXED, id UNINDEXED, tokenize = 'trigram', columnsize = 0);
                     CREATE VIRTUAL TABLE IF NOT EXISTS message_grams
-                    USING fts5(grams, chat UNINDEXED, id UNINDEXED, tokenize = 'ascii', detail = 'none');
+                    USING fts5(grams, tokenize = 'ascii', detail = 'none', content = '', columnsize = 0);
                     PRAGMA user_version = \(SQLiteSearchIndex.layout);
                     """)
             }
-            let check = try queue.read { db in try String.fetchOne(db, sql: "PRAGMA quick_check") }
-            guard check == "ok" else { throw DatabaseError(message: "quick_check: \(check ?? "no answer")") }
+            // No check of the whole file here: that would make opening cost what history
+            // holds. A damaged index shows as a search that fails (Internal); removing
+            // search.sqlite makes chatcore rebuild it from the store.
             return queue
         }
         do {
@@ -108,24 +113,35 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
             // One FTS5 phrase: with trigrams, a case-insensitive substring match.
             table = "message_search"
             match = "text : \"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\""
-            if scoped { match += " AND scope : (" + chats.map { "\"#\($0)#\"" }.joined(separator: " OR ") + ")" }
+            if scoped { match += " AND scope : (" + chats.map { "\"" + SQLiteSearchIndex.scopeToken($0) + "\"" }.joined(separator: " OR ") + ")" }
         } else {
             table = "message_grams"
             match = SQLiteSearchIndex.queryToken(text)
             if scoped { match += " AND (" + chats.map { "c\($0)" }.joined(separator: " OR ") + ")" }
         }
-        var sql = "SELECT chat, id, rowid FROM \(table) WHERE \(table) MATCH ?"
+        var sql = table == "message_search"
+            ? "SELECT chat, id, rowid FROM message_search WHERE message_search MATCH ?"
+            : "SELECT s.chat, s.id, g.rowid FROM message_grams g JOIN message_search s ON s.rowid = g.rowid WHERE message_grams MATCH ?"
+        let prefix = table == "message_search" ? "" : "g."
         var arguments: StatementArguments = [match]
-        if !scoped { sql += " AND chat IN (" + chats.map(String.init).joined(separator: ",") + ")" }
+        if !scoped { sql += " AND \(table == "message_search" ? "" : "s.")chat IN (" + chats.map(String.init).joined(separator: ",") + ")" }
         if let belowRow {
-            sql += " AND rowid < ?"
+            sql += " AND \(prefix)rowid < ?"
             arguments += [belowRow]
         }
-        sql += " ORDER BY rowid DESC LIMIT ?"
+        sql += " ORDER BY \(prefix)rowid DESC LIMIT ?"
         arguments += [limit]
         return try queue.read { db in
             try Row.fetchAll(db, sql: sql, arguments: arguments).map { SearchHit(chat: $0[0], id: $0[1], row: $0[2]) }
         }
+    }
+
+    /// A chat as one trigram: three characters of the Private Use Area (U+E000 on, 6,400 of
+    /// them: 2.6·10¹¹ chats).
+    static func scopeToken(_ chat: Int64) -> String {
+        let base: Int64 = 6400
+        let digits = [chat / (base * base) % base, chat / base % base, chat % base]
+        return String(String.UnicodeScalarView(digits.map { Unicode.Scalar(UInt32(0xE000 + $0))! }))
     }
 
     // MARK: one- and two-character grams
@@ -172,17 +188,18 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
             do {
                 try queue.write { db in
                     let insert = try db.cachedStatement(sql: "INSERT OR REPLACE INTO message_search (rowid, text, scope, chat, id) VALUES (?, ?, ?, ?, ?)")
-                    let insertGrams = try db.cachedStatement(sql: "INSERT OR REPLACE INTO message_grams (rowid, grams, chat, id) VALUES (?, ?, ?, ?)")
+                    let insertGrams = try db.cachedStatement(sql: "INSERT INTO message_grams (rowid, grams) VALUES (?, ?)")
+                    let known = try db.cachedStatement(sql: "SELECT 1 FROM message_search WHERE rowid = ?")
                     for entry in adds {
-                        try insert.execute(arguments: [entry.row, entry.text, "#\(entry.chat)#", entry.chat, entry.id])
-                        try insertGrams.execute(arguments: [entry.row, SQLiteSearchIndex.grams(entry.text, chat: entry.chat), entry.chat, entry.id])
+                        // A row already indexed (a refill handing over again) keeps its grams.
+                        let had = try Bool.fetchOne(known, arguments: [entry.row]) ?? false
+                        try insert.execute(arguments: [entry.row, entry.text, SQLiteSearchIndex.scopeToken(entry.chat), entry.chat, entry.id])
+                        if !had { try insertGrams.execute(arguments: [entry.row, SQLiteSearchIndex.grams(entry.text, chat: entry.chat)]) }
                     }
+                    // The grams of a recalled message stay (they keep no text to delete by);
+                    // without its row here, its hits are not found.
                     let delete = try db.cachedStatement(sql: "DELETE FROM message_search WHERE rowid = ?")
-                    let deleteGrams = try db.cachedStatement(sql: "DELETE FROM message_grams WHERE rowid = ?")
-                    for row in removals {
-                        try delete.execute(arguments: [row])
-                        try deleteGrams.execute(arguments: [row])
-                    }
+                    for row in removals { try delete.execute(arguments: [row]) }
                 }
             } catch let caught {
                 error = caught

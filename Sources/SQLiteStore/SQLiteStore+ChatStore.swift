@@ -25,7 +25,7 @@ extension SQLiteStore: ChatStore {
 
     public func messages(chat: Int64, in ids: ClosedRange<Int64>) throws -> [MessageRow] {
         try pool.read { db in
-            var messages = try MessageRow.fetchAll(db, sql: "SELECT * FROM message WHERE chat = ? AND id BETWEEN ? AND ? ORDER BY id",
+            var messages = try MessageRow.fetchAll(db, sql: "SELECT \(MessageRow.selectionSQL) FROM message WHERE chat = ? AND id BETWEEN ? AND ? ORDER BY id",
                                                    arguments: [chat, ids.lowerBound, ids.upperBound])
             guard !messages.isEmpty else { return [] }
             let first = messages[0].id
@@ -41,7 +41,8 @@ extension SQLiteStore: ChatStore {
             for start in stride(from: 0, to: ids.count, by: 500) {
                 let part = Array(ids[start..<min(start + 500, ids.count)])
                 let list = part.map(String.init).joined(separator: ",")
-                var messages = try MessageRow.fetchAll(db, sql: "SELECT * FROM message WHERE chat = ? AND id IN (\(list)) ORDER BY id", arguments: [chat])
+                var messages = try MessageRow.fetchAll(db, sql: "SELECT \(MessageRow.selectionSQL) FROM message WHERE chat = ? AND id IN (\(list)) ORDER BY id",
+                                                       arguments: [chat])
                 try complete(&messages, db: db, where: "chat = ? AND %@ IN (\(list))", arguments: [chat])
                 all += messages
             }
@@ -59,12 +60,12 @@ extension SQLiteStore: ChatStore {
         while let row = try refs.next() {
             if let position = index[row[0]] { messages[position].refs.append(RefRow(tag: row[1], target: row[2])) }
         }
-        let counts = try RefCountRow.fetchCursor(db, sql: "SELECT * FROM ref_count WHERE " + condition.replacingOccurrences(of: "%@", with: "target")
+        let counts = try RefCountRow.fetchCursor(db, sql: "SELECT \(RefCountRow.selectionSQL) FROM ref_count WHERE " + condition.replacingOccurrences(of: "%@", with: "target")
                                                  + " ORDER BY target, tag", arguments: arguments)
         while let count = try counts.next() {
             if let position = index[count.target] { messages[position].refCounts.append(count) }
         }
-        let states = try MessageUserRow.fetchCursor(db, sql: "SELECT * FROM message_user WHERE " + condition.replacingOccurrences(of: "%@", with: "id")
+        let states = try MessageUserRow.fetchCursor(db, sql: "SELECT \(MessageUserRow.selectionSQL) FROM message_user WHERE " + condition.replacingOccurrences(of: "%@", with: "id")
                                                     + " ORDER BY id, user", arguments: arguments)
         while let state = try states.next() {
             if let position = index[state.id] { messages[position].privateStates.append(state) }
@@ -145,16 +146,23 @@ extension SQLiteStore: ChatStore {
 
     // MARK: the change feed
 
-    public func changedMessages(chat: Int64, after seq: Int64, limit: Int) throws -> [MessageChangeRow] {
-        try pool.read { db in
-            try Row.fetchAll(db, sql: "SELECT id, changeSeq FROM message WHERE chat = ? AND changeSeq > ? ORDER BY changeSeq LIMIT ?",
-                             arguments: [chat, seq, limit]).map { MessageChangeRow(id: $0[0], changeSeq: $0[1]) }
+    public func changedMessages(chats: [Int64], after seq: Int64, limit: Int) throws -> [MessageChangeRow] {
+        guard !chats.isEmpty else { return [] }
+        // Each chat's changes by the (chat, changeSeq) index, merged.
+        let list = chats.map(String.init).joined(separator: ",")
+        return try pool.read { db in
+            try Row.fetchAll(db, sql: "SELECT chat, id, changeSeq FROM message WHERE chat IN (\(list)) AND changeSeq > ? ORDER BY changeSeq LIMIT ?",
+                             arguments: [seq, limit]).map { MessageChangeRow(chat: $0[0], id: $0[1], changeSeq: $0[2]) }
         }
     }
 
-    public func rangeChanges(chat: Int64, after seq: Int64) throws -> [RangeChangeRow] {
-        try pool.read { db in
-            try RangeChangeRow.fetchAll(db, sql: "SELECT * FROM range_change WHERE chat = ? AND lastSeq > ? ORDER BY firstSeq", arguments: [chat, seq])
+    public func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow] {
+        guard !chats.isEmpty else { return [] }
+        let list = chats.map(String.init).joined(separator: ",")
+        return try pool.read { db in
+            try RangeChangeRow.fetchAll(db, sql: """
+                SELECT \(RangeChangeRow.selectionSQL) FROM range_change WHERE chat IN (\(list)) AND lastSeq > ? ORDER BY firstSeq
+                """, arguments: [seq])
         }
     }
 

@@ -36,12 +36,13 @@ public protocol ChatStore: AnyObject, Sendable {
 
     // MARK: the change feed
 
-    /// Messages of `chat` whose own latest change is after `seq`, oldest change first, at
+    /// Messages of `chats` whose own latest change is after `seq`, oldest change first, at
     /// most `limit`.
-    func changedMessages(chat: Int64, after seq: Int64, limit: Int) throws -> [MessageChangeRow]
+    func changedMessages(chats: [Int64], after seq: Int64, limit: Int) throws -> [MessageChangeRow]
 
-    /// Changes of many messages at once (marks moving) that end after `seq`, oldest first.
-    func rangeChanges(chat: Int64, after seq: Int64) throws -> [RangeChangeRow]
+    /// Changes of many messages at once (marks moving) in `chats` that end after `seq`,
+    /// oldest first.
+    func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow]
 
     // MARK: attachments and search
 

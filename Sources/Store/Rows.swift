@@ -242,10 +242,12 @@ public enum MessageColumn: String, Sendable, CaseIterable {
 
 /// A message whose own latest change is at `changeSeq` (the change feed).
 public struct MessageChangeRow: Sendable, Equatable {
+    public var chat: Int64
     public var id: Int64
     public var changeSeq: Int64
 
-    public init(id: Int64, changeSeq: Int64) {
+    public init(chat: Int64, id: Int64, changeSeq: Int64) {
+        self.chat = chat
         self.id = id
         self.changeSeq = changeSeq
     }

@@ -135,6 +135,7 @@ struct Serve: AsyncParsableCommand {
 
         let directory = URL(fileURLWithPath: dataDir ?? Serve.defaultDataDirectory(), isDirectory: true)
         let store: SQLiteStore
+        let opening = ContinuousClock.now
         do {
             store = try SQLiteStore(directory: directory)
         } catch {
@@ -172,7 +173,8 @@ struct Serve: AsyncParsableCommand {
         }
         engine.maxEndpoints = maxEndpoints
         engine.start()
-        logger.info("store ready", metadata: ["dataDir": "\(directory.path)"])
+        logger.info("store ready", metadata: ["dataDir": "\(directory.path)", "openedIn": "\(ContinuousClock.now - opening)",
+                                              "chats": "\(engine.chatCount)", "users": "\(engine.userCount)"])
 
         let sessionLimits = Session.Limits(maxRequestsInFlight: maxRequestsInFlight, maxLineBytes: maxLineBytes)
         // The standard input/output session exists (and a --user is authenticated) before

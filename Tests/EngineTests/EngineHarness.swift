@@ -157,8 +157,8 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     func references(chat: Int64, to target: Int64, tag: String, excluding excluded: Set<Int64>) throws -> (count: Int64, newest: Int64?) {
         try inner.references(chat: chat, to: target, tag: tag, excluding: excluded)
     }
-    func changedMessages(chat: Int64, after seq: Int64, limit: Int) throws -> [MessageChangeRow] { try inner.changedMessages(chat: chat, after: seq, limit: limit) }
-    func rangeChanges(chat: Int64, after seq: Int64) throws -> [RangeChangeRow] { try inner.rangeChanges(chat: chat, after: seq) }
+    func changedMessages(chats: [Int64], after seq: Int64, limit: Int) throws -> [MessageChangeRow] { try inner.changedMessages(chats: chats, after: seq, limit: limit) }
+    func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow] { try inner.rangeChanges(chats: chats, after: seq) }
     func blobUses(_ blob: String) throws -> Int64 { try inner.blobUses(blob) }
     func searchEntries(after row: Int64, limit: Int) throws -> [SearchEntry] { try inner.searchEntries(after: row, limit: limit) }
 

@@ -81,9 +81,10 @@ final class SQLiteStoreTests: XCTestCase {
         firstRead.privateStates = [state]
         XCTAssertEqual(try store.messages(chat: 1, in: 1...5), [firstRead, second])
         XCTAssertEqual(try store.messages(chat: 1, ids: [2]), [second])
-        XCTAssertEqual(try store.rangeChanges(chat: 1, after: 3), batch.rangeChanges)
-        XCTAssertEqual(try store.rangeChanges(chat: 1, after: 4), [])
-        XCTAssertEqual(try store.changedMessages(chat: 1, after: 1, limit: 10), [MessageChangeRow(id: 2, changeSeq: 2)])
+        XCTAssertEqual(try store.rangeChanges(chats: [1, 2], after: 3), batch.rangeChanges)
+        XCTAssertEqual(try store.rangeChanges(chats: [1], after: 4), [])
+        XCTAssertEqual(try store.changedMessages(chats: [1], after: 1, limit: 10), [MessageChangeRow(chat: 1, id: 2, changeSeq: 2)])
+        XCTAssertEqual(try store.changedMessages(chats: [2], after: 0, limit: 10), [])
         XCTAssertEqual(try store.blobUses(first.fileBlob!), 2)
 
         // A change writes the columns it names, nothing else; a recall drops references.
