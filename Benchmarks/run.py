@@ -8,8 +8,10 @@ End to end: 200,000 chatMessageSend lines whose last member is unknown, through 
 `chatcore serve` on stdin, each answered InvalidParameter.
 Engine (Benchmarks/engine.py): durable sends, latency, a 1,000,000-message chat, and the
 Python+SQLite reference peer.
+Store (Benchmarks/store.py): stores of 1M and 10M messages built by store_gen.py: start-up,
+memory, reads under load, sends while reading.
 
-    python3 Benchmarks/run.py [codec] [engine]     (both when none is named)
+    python3 Benchmarks/run.py [codec] [engine] [store]     (all when none is named)
 """
 import json
 import pathlib
@@ -80,7 +82,7 @@ def codec_rows(corpus):
 
 
 def main():
-    wanted = set(sys.argv[1:]) or {"codec", "engine"}
+    wanted = set(sys.argv[1:]) or {"codec", "engine", "store"}
     if "codec" in wanted:
         codec_table()
     if "engine" in wanted:
@@ -90,6 +92,12 @@ def main():
         print(f"\n{'benchmark':<48} {'measure':<32} {'result':>20}")
         for group, name, value in rows:
             print(f"{group:<48} {name:<32} {value:>20}")
+    if "store" in wanted:
+        sys.path.insert(0, str(ROOT / "Benchmarks"))
+        import store
+        print(f"\n{'benchmark':<34} {'measure':<40} {'result':>22}   in-memory engine / notes")
+        for group, name, value, note in store.rows():
+            print(f"{group:<34} {name:<40} {value:>22}   {note}")
 
 
 def codec_table():

@@ -38,9 +38,18 @@ extension Engine {
                 } catch {
                     throw ProtocolError(.internal, "the search index failed: \(error)")
                 }
-                for hit in hits {
-                    guard let (chat, member) = members[hit.chat], let message = try loadMessage(hit.id, in: chat),
-                          visible(message, to: member) else { continue }
+                // The index has only what is searchable and not recalled; what the user
+                // deleted for themselves is asked of the store, all at once.
+                let candidates = hits.filter { hit in members[hit.chat].map { hit.id >= $0.1.joinedAt } ?? false }
+                let deleted: Set<MessageAddress>
+                do {
+                    deleted = try store.privatelyDeleted(by: user, among: candidates.map { MessageAddress(chat: $0.chat, id: $0.id) })
+                } catch {
+                    throw unreadable(error)
+                }
+                for hit in candidates where !deleted.contains(MessageAddress(chat: hit.chat, id: hit.id)) {
+                    let (chat, member) = members[hit.chat]!
+                    if let cached = cache.get(chat: hit.chat, id: hit.id), !visible(cached, to: member) { continue }
                     found.append((hit.row, chat, hit.id))
                     if found.count == limit { break }
                 }

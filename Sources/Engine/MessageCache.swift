@@ -65,14 +65,16 @@ final class MessageCache {
         pinned.insert(key)
     }
 
-    /// Everything was committed (or memory was rebuilt): nothing is pinned.
+    /// Everything was committed (or memory was rebuilt): nothing is pinned. The records
+    /// that were (they changed) are measured again.
     func unpinAll() {
-        pinned.removeAll(keepingCapacity: true)
-        // Sizes may have grown while records changed.
-        bytes = nodes.values.reduce(0) { total, node in
-            node.size = node.record.footprint
-            return total + node.size
+        for key in pinned {
+            guard let node = nodes[key] else { continue }
+            let size = node.record.footprint
+            bytes += size - node.size
+            node.size = size
         }
+        pinned.removeAll(keepingCapacity: true)
     }
 
     /// Evicts the least recently used records until the budget holds (pinned ones stay).

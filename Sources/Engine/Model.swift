@@ -210,7 +210,7 @@ final class MessageRecord {
 
     /// Roughly what the record costs in memory (the cache's budget counts it).
     var footprint: Int {
-        240 + (content?.utf8.count ?? 0) + (data.map { $0.json.utf8.count } ?? 0) + refs.count * 48 + refBy.count * 64 + privateStates.count * 96
+        240 + (content?.utf8.count ?? 0) + (data?.byteCount ?? 0) + refs.count * 48 + refBy.count * 64 + privateStates.count * 96
     }
 }
 

@@ -103,36 +103,72 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
     }
 
     /// Waits until everything added so far is in the index, then queries it.
+    ///
+    /// Three characters or more: the index gives the messages that have three of the
+    /// query's trigrams (its first, middle and last), each a single term, and their text is
+    /// checked for the whole query here. A phrase of all its trigrams would be exact, but
+    /// intersecting every trigram's positions costs what the commonest trigram holds
+    /// (measured: 27 ms for a rare three-word phrase in a store of a million messages,
+    /// 2.7 ms this way).
     public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit] {
         try waitUntilWritten()
         guard !chats.isEmpty, !text.isEmpty else { return [] }
         let scoped = chats.count <= SQLiteSearchIndex.scopedChats
-        let table: String
-        var match: String
-        if text.unicodeScalars.count >= 3 {
-            // One FTS5 phrase: with trigrams, a case-insensitive substring match.
-            table = "message_search"
-            match = "text : \"" + text.replacingOccurrences(of: "\"", with: "\"\"") + "\""
-            if scoped { match += " AND scope : (" + chats.map { "\"" + SQLiteSearchIndex.scopeToken($0) + "\"" }.joined(separator: " OR ") + ")" }
-        } else {
-            table = "message_grams"
-            match = SQLiteSearchIndex.queryToken(text)
+        let scalars = Array(text.unicodeScalars)
+        if scalars.count < 3 {
+            var match = SQLiteSearchIndex.queryToken(text)
             if scoped { match += " AND (" + chats.map { "c\($0)" }.joined(separator: " OR ") + ")" }
+            return try hits(sql: "SELECT s.chat, s.id, g.rowid FROM message_grams g JOIN message_search s ON s.rowid = g.rowid WHERE message_grams MATCH ?",
+                            rowid: "g.rowid", chatColumn: "s.chat", match: match, chats: scoped ? nil : chats, below: belowRow, limit: limit)
         }
-        var sql = table == "message_search"
-            ? "SELECT chat, id, rowid FROM message_search WHERE message_search MATCH ?"
-            : "SELECT s.chat, s.id, g.rowid FROM message_grams g JOIN message_search s ON s.rowid = g.rowid WHERE message_grams MATCH ?"
-        let prefix = table == "message_search" ? "" : "g."
+        var positions = [0, (scalars.count - 3) / 2, scalars.count - 3]
+        positions = positions.enumerated().filter { $0.offset == 0 || $0.element != positions[$0.offset - 1] }.map(\.element)
+        let terms = positions.map { start in
+            "\"" + String(String.UnicodeScalarView(scalars[start..<start + 3])).replacingOccurrences(of: "\"", with: "\"\"") + "\""
+        }
+        var match = "text : (" + terms.joined(separator: " AND ") + ")"
+        if scoped { match += " AND scope : (" + chats.map { "\"" + SQLiteSearchIndex.scopeToken($0) + "\"" }.joined(separator: " OR ") + ")" }
+        var found: [SearchHit] = []
+        var below = belowRow
+        while found.count < limit {
+            let page = try candidates(match: match, chats: scoped ? nil : chats, below: below, limit: max(limit, 64))
+            for (hit, candidate) in page where found.count < limit && candidate.range(of: text, options: [.caseInsensitive]) != nil {
+                found.append(hit)
+            }
+            guard page.count == max(limit, 64), let last = page.last else { break }
+            below = last.0.row
+        }
+        return found
+    }
+
+    private func hits(sql: String, rowid: String, chatColumn: String, match: String, chats: [Int64]?, below: Int64?, limit: Int) throws -> [SearchHit] {
+        var sql = sql
         var arguments: StatementArguments = [match]
-        if !scoped { sql += " AND \(table == "message_search" ? "" : "s.")chat IN (" + chats.map(String.init).joined(separator: ",") + ")" }
-        if let belowRow {
-            sql += " AND \(prefix)rowid < ?"
-            arguments += [belowRow]
+        if let chats { sql += " AND \(chatColumn) IN (" + chats.map(String.init).joined(separator: ",") + ")" }
+        if let below {
+            sql += " AND \(rowid) < ?"
+            arguments += [below]
         }
-        sql += " ORDER BY \(prefix)rowid DESC LIMIT ?"
+        sql += " ORDER BY \(rowid) DESC LIMIT ?"
         arguments += [limit]
         return try queue.read { db in
             try Row.fetchAll(db, sql: sql, arguments: arguments).map { SearchHit(chat: $0[0], id: $0[1], row: $0[2]) }
+        }
+    }
+
+    /// Messages with the query's trigrams, newest first, with their text.
+    private func candidates(match: String, chats: [Int64]?, below: Int64?, limit: Int) throws -> [(SearchHit, String)] {
+        var sql = "SELECT chat, id, rowid, text FROM message_search WHERE message_search MATCH ?"
+        var arguments: StatementArguments = [match]
+        if let chats { sql += " AND chat IN (" + chats.map(String.init).joined(separator: ",") + ")" }
+        if let below {
+            sql += " AND rowid < ?"
+            arguments += [below]
+        }
+        sql += " ORDER BY rowid DESC LIMIT ?"
+        arguments += [limit]
+        return try queue.read { db in
+            try Row.fetchAll(db, sql: sql, arguments: arguments).map { (SearchHit(chat: $0[0], id: $0[1], row: $0[2]), $0[3]) }
         }
     }
 

@@ -166,6 +166,23 @@ extension SQLiteStore: ChatStore {
         }
     }
 
+    public func privatelyDeleted(by user: Int64, among messages: [MessageAddress]) throws -> Set<MessageAddress> {
+        guard !messages.isEmpty else { return [] }
+        return try pool.read { db in
+            var deleted = Set<MessageAddress>()
+            for start in stride(from: 0, to: messages.count, by: 400) {
+                let part = messages[start..<min(start + 400, messages.count)]
+                let values = part.map { "(\($0.chat),\($0.id))" }.joined(separator: ",")
+                for row in try Row.fetchAll(db, sql: """
+                    SELECT chat, id FROM message_user WHERE user = ? AND isDeleted = 1 AND (chat, id) IN (VALUES \(values))
+                    """, arguments: [user]) {
+                    deleted.insert(MessageAddress(chat: row[0], id: row[1]))
+                }
+            }
+            return deleted
+        }
+    }
+
     // MARK: attachments and search
 
     public func blobUses(_ blob: String) throws -> Int64 {

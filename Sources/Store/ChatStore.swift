@@ -44,6 +44,9 @@ public protocol ChatStore: AnyObject, Sendable {
     /// oldest first.
     func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow]
 
+    /// Which of these messages `user` deleted for themselves.
+    func privatelyDeleted(by user: Int64, among messages: [MessageAddress]) throws -> Set<MessageAddress>
+
     // MARK: attachments and search
 
     /// How many messages hold on to a stored content (0 when none does).

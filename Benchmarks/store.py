@@ -1,0 +1,271 @@
+"""Store benchmarks (issue 12, "the store is the truth"), run by `Benchmarks/run.py store`
+(`make bench`): stores of 1,000,000 and 10,000,000 messages in 10,000 chats of 5 among
+1,000 users, built by `store_gen.py` (kept in Benchmarks/out between runs), served by the
+release binary over a Unix socket.
+
+For each store:
+- start-up until answering (process start to the first answer), after a clean stop and
+  after SIGKILL, and the resident memory then;
+- a mixed read load from 8 sessions (windows of 100 messages around random anchors, thread
+  children, the change feed, search with common, rare, one- and two-character queries):
+  p50 and p99 of each, the first pass cold (nothing of it was read since start-up), the
+  second warm; resident memory after it, and at its peak;
+- durable sends/s of one pipelining sender while the 8 readers go on, every Sent after a
+  synced commit.
+
+The previous engine kept every message in memory; its figures (from the issue that asked
+for this redesign) are printed beside.
+"""
+import json
+import os
+import pathlib
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CHATCORE = ROOT / ".build" / "release" / "chatcore"
+OUT = ROOT / "Benchmarks" / "out"
+USERS = 1000
+CHATS = 10_000
+MEMBERS = 5
+
+# The in-memory engine, as measured before the redesign (issue 12's text).
+BEFORE = {
+    1_000_000: {"start": "3.2 s (one chat)", "rss": "424 MB (626 MB peak)"},
+    10_000_000: {"start": "45 s", "rss": "3.5 GB (5.5 GB peak)", "kill": "40–50 s"},
+}
+
+
+def chats_of(user_number):
+    """The chats user `u<n-1>` (number n) is in, as store_gen.py makes them."""
+    index = user_number - 1
+    return [chat for chat in range(1, CHATS + 1) if any(((chat - 1) * MEMBERS + k) % USERS == index for k in range(MEMBERS))]
+
+
+def rss_kb(pid, field="VmRSS"):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+class Server:
+    def __init__(self, data):
+        self.data = data
+        self.path = os.path.join(data, "s")
+
+    def start(self):
+        if os.path.exists(self.path):
+            os.remove(self.path)
+        began = time.perf_counter()
+        self.process = subprocess.Popen([str(CHATCORE), "serve", "--data-dir", self.data, "--listen", "unix:" + self.path,
+                                         "--insecure-no-auth", "--log-level", "error"], stdin=subprocess.DEVNULL)
+        while True:
+            try:
+                probe = Session(self.path, "u0")
+                break
+            except OSError:
+                time.sleep(0.002)
+        probe.ask({"identitiesGet": {"cookie": "up", "appUserIds": ["u0"]}}, "up")
+        took = time.perf_counter() - began
+        probe.close()
+        return took
+
+    def stop(self, kill=False):
+        self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        self.process.wait(timeout=120)
+
+
+class Session:
+    def __init__(self, path, user):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(path)
+        self.buffer = b""
+        self.sock.sendall(json.dumps({"authToken": {"userId": user, "authToken": "x"}}).encode() + b"\n")
+        self.sent = 0
+
+    def lines(self):
+        while True:
+            while b"\n" not in self.buffer:
+                chunk = self.sock.recv(1 << 20)
+                if not chunk:
+                    raise EOFError
+                self.buffer += chunk
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            yield line
+
+    def ask(self, request, cookie):
+        """Sends a request; returns the seconds until its answer is complete."""
+        began = time.perf_counter()
+        self.sock.sendall(json.dumps(request, ensure_ascii=False).encode() + b"\n")
+        marker = ('"cookie":"%s"' % cookie).encode()
+        for line in self.lines():
+            if marker not in line:
+                continue
+            if line.startswith((b'{"listAll"', b'{"listElements"', b'{"listMatching"')):
+                continue
+            if line.startswith(b'{"listChunk"') and b'"last":true' not in line:
+                continue
+            return time.perf_counter() - began
+
+    def close(self):
+        self.sock.close()
+
+
+def percentile(values, fraction):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * fraction))] * 1000 if values else float("nan")
+
+
+def read_load(path, messages_per_chat, change_seq, seconds, passes=2, sessions=8):
+    """Each session is a user reading their chats; the same random requests run twice
+    (cold, then warm). Returns {kind: [(p50, p99) per pass]}."""
+    results = {}
+    lock = threading.Lock()
+    words = ["coffee", "report deadline", "naïve", "déjà vu", "🎉", "vu", "日本", "x", "train office home", "zzz"]
+
+    def run(n):
+        rng = random.Random(n)
+        user = 1 + rng.randrange(USERS)
+        chats = chats_of(user)
+        plan = []
+        for i in range(400):
+            chat = rng.choice(chats)
+            kind = rng.random()
+            if kind < 0.55:
+                plan.append(("window", {"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": str(chat)},
+                                                                "window": {"messageId": rng.randrange(1, messages_per_chat + 1), "before": 50, "after": 49}}}))
+            elif kind < 0.75:
+                plan.append(("thread", {"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": str(chat), "ref": {"tag": "Thread",
+                                                                "messageId": rng.randrange(5, messages_per_chat + 1)}}, "window": {"messageId": 1, "after": 100}}}))
+            elif kind < 0.87:
+                plan.append(("feed", {"requestListChanges": {"type": "chatMessage", "since": str(max(0, change_seq - rng.randrange(1, 200_000))), "limit": 100}}))
+            else:
+                plan.append(("search", {"search": {"text": rng.choice(words)}}))
+        session = Session(path, f"u{user - 1}")
+        for run_pass in range(passes):
+            timings = {}
+            deadline = time.time() + seconds
+            for index, (kind, request) in enumerate(plan):
+                if time.time() > deadline:
+                    break
+                cookie = f"c{run_pass}-{index}"
+                body = next(iter(request.values()))
+                body["cookie"] = cookie
+                timings.setdefault(kind, []).append(session.ask(request, cookie))
+            with lock:
+                for kind, values in timings.items():
+                    results.setdefault(kind, [[] for _ in range(passes)])[run_pass].extend(values)
+        session.close()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(sessions)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {kind: [(percentile(v, 0.5), percentile(v, 0.99)) for v in runs] for kind, runs in results.items()}
+
+
+def sends_while_reading(server, messages_per_chat, count=20_000):
+    stop = threading.Event()
+
+    def reader(n):
+        rng = random.Random(100 + n)
+        user = 1 + rng.randrange(USERS)
+        session = Session(server.path, f"u{user - 1}")
+        chats = chats_of(user)
+        index = 0
+        while not stop.is_set():
+            index += 1
+            session.ask({"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": str(rng.choice(chats))}, "cookie": f"r{index}",
+                                                 "window": {"messageId": rng.randrange(1, messages_per_chat + 1), "before": 50, "after": 49}}}, f"r{index}")
+        session.close()
+
+    readers = [threading.Thread(target=reader, args=(n,)) for n in range(8)]
+    for thread in readers:
+        thread.start()
+    sender = Session(server.path, "u0")
+    chat = str(chats_of(1)[0])
+    got = 0
+    began = time.perf_counter()
+    lines = b"".join(b'{"chatMessageSend":{"chatId":"%s","tag":"Text","content":"while reading %d"}}\n' % (chat.encode(), n) for n in range(count))
+    writer = threading.Thread(target=sender.sock.sendall, args=(lines,))
+    writer.start()
+    for line in sender.lines():
+        if line.startswith(b'{"listAdd":{"type":"chatMessage"') and b'"senderUri":"bbmpim://user/id/0"' in line:
+            got += 1
+            if got == count:
+                break
+    took = time.perf_counter() - began
+    writer.join()
+    stop.set()
+    for thread in readers:
+        thread.join()
+    sender.close()
+    return count / took
+
+
+def bench(messages):
+    data = OUT / f"store-{messages // 1_000_000}M"
+    if not (data / "chatcore.sqlite").exists():
+        OUT.mkdir(parents=True, exist_ok=True)
+        began = time.time()
+        subprocess.run([sys.executable, str(ROOT / "Benchmarks" / "store_gen.py"), str(data), "--messages", str(messages), "--chats", str(CHATS),
+                        "--users", str(USERS), "--binary", str(CHATCORE)], check=True)
+        print(f"  (built the {messages:,}-message store in {time.time() - began:.0f} s)", file=sys.stderr)
+    server = Server(str(data))
+    label = f"store: {messages // 1_000_000}M messages, {CHATS:,} chats"
+    rows = []
+    starts = []
+    for _ in range(3):
+        starts.append(server.start())
+        rss_start = rss_kb(server.process.pid)
+        server.stop()
+    after_kill = []
+    for _ in range(2):
+        server.start()
+        server.stop(kill=True)
+        after_kill.append(server.start())
+        server.stop()
+    before = BEFORE[messages]
+    rows.append((label, "start-up until answering", f"{statistics.median(starts) * 1000:.0f} ms", before["start"]))
+    rows.append((label, "start-up after SIGKILL", f"{statistics.median(after_kill) * 1000:.0f} ms", before.get("kill", "")))
+    rows.append((label, "RSS after start-up", f"{rss_start / 1024:.0f} MB", before["rss"]))
+
+    server.start()
+    change_seq = 0
+    import sqlite3
+    database = sqlite3.connect(f"file:{data}/chatcore.sqlite?mode=ro", uri=True)
+    change_seq = database.execute("SELECT value FROM counter WHERE name = 'changeSeq'").fetchone()[0]
+    database.close()
+    per_chat = messages // CHATS
+    results = read_load(server.path, per_chat, change_seq, seconds=30)
+    for kind in ["window", "thread", "feed", "search"]:
+        (cold50, cold99), (warm50, warm99) = results.get(kind, [(float("nan"),) * 2] * 2)
+        what = {"window": "100-message window", "thread": "thread children", "feed": "change feed (limit 100)", "search": "search (mixed queries)"}[kind]
+        rows.append((label, f"{what} p50 / p99", f"{warm50:.2f} / {cold99:.2f} ms", f"cold p50 {cold50:.2f}, warm p99 {warm99:.2f}"))
+    rows.append((label, "RSS after the read load (peak)", f"{rss_kb(server.process.pid) / 1024:.0f} MB ({rss_kb(server.process.pid, 'VmHWM') / 1024:.0f})", ""))
+    rate = sends_while_reading(server, per_chat)
+    rows.append((label, "durable sends/s while 8 sessions read", f"{rate:,.0f}", ""))
+    server.stop()
+    return rows
+
+
+def rows(sizes=(1_000_000, 10_000_000)):
+    table = []
+    for messages in sizes:
+        table += bench(messages)
+    return table
+
+
+if __name__ == "__main__":
+    sizes = tuple(int(size) for size in sys.argv[1:]) or (1_000_000, 10_000_000)
+    print(f"{'benchmark':<34} {'measure':<40} {'result':>22}   in-memory engine / notes")
+    for group, name, value, note in rows(sizes):
+        print(f"{group:<34} {name:<40} {value:>22}   {note}")
