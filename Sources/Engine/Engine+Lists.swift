@@ -322,6 +322,12 @@ extension Engine {
                 ownIndex = 0
                 ownDone = own.isEmpty
                 if let last = own.last { ownAfter = last.changeSeq }
+                // One read per chat for the page, not one per message.
+                for (number, page) in Dictionary(grouping: own, by: \.chat) {
+                    if let (chat, firstId) = chats[number] {
+                        _ = try loadMessages(in: chat, ids: page.map(\.id).filter { $0 >= firstId })
+                    }
+                }
             }
             return ownIndex < own.count ? own[ownIndex] : nil
         }

@@ -24,52 +24,81 @@ extension SQLiteStore: ChatStore {
     // MARK: messages
 
     public func messages(chat: Int64, in ids: ClosedRange<Int64>) throws -> [MessageRow] {
-        try pool.read { db in
-            var messages = try MessageRow.fetchAll(db, sql: "SELECT \(MessageRow.selectionSQL) FROM message WHERE chat = ? AND id BETWEEN ? AND ? ORDER BY id",
-                                                   arguments: [chat, ids.lowerBound, ids.upperBound])
-            guard !messages.isEmpty else { return [] }
-            let first = messages[0].id
-            try complete(&messages, db: db, where: "chat = ? AND %@ BETWEEN ? AND ?", arguments: [chat, first, messages.last!.id])
-            return messages
-        }
+        try pool.read { db in try messages(chat: chat, .range(ids.lowerBound, ids.upperBound), db: db) }
     }
 
     public func messages(chat: Int64, ids: [Int64]) throws -> [MessageRow] {
-        guard !ids.isEmpty else { return [] }
+        guard let low = ids.min(), let high = ids.max() else { return [] }
         return try pool.read { db in
-            var all: [MessageRow] = []
-            for start in stride(from: 0, to: ids.count, by: 500) {
-                let part = Array(ids[start..<min(start + 500, ids.count)])
-                let list = part.map(String.init).joined(separator: ",")
-                var messages = try MessageRow.fetchAll(db, sql: "SELECT \(MessageRow.selectionSQL) FROM message WHERE chat = ? AND id IN (\(list)) ORDER BY id",
-                                                       arguments: [chat])
-                try complete(&messages, db: db, where: "chat = ? AND %@ IN (\(list))", arguments: [chat])
-                all += messages
+            // Ids close together (a window with a few cached) read as a range, others by
+            // the list; either way by statements prepared once.
+            if high - low < Int64(ids.count) * 2 + 16 {
+                let wanted = Set(ids)
+                return try messages(chat: chat, .range(low, high), db: db).filter { wanted.contains($0.id) }
             }
-            return all
+            return try messages(chat: chat, .list(Selection.json(ids)), db: db)
         }
     }
 
-    /// Adds each message's references, reference counts and private states (the rows
-    /// `condition` selects, with `%@` standing for the table's message column).
-    private func complete(_ messages: inout [MessageRow], db: Database, where condition: String, arguments: StatementArguments) throws {
+    /// Which messages of a chat a read wants: ids from..through, or a JSON array of ids.
+    private enum Selection {
+        case range(Int64, Int64)
+        case list(String)
+
+        /// `ids` as a JSON array, for `json_each`.
+        static func json(_ ids: [Int64]) -> String { "[" + ids.map { String($0) }.joined(separator: ",") + "]" }
+
+        func arguments(chat: Int64) -> StatementArguments {
+            switch self {
+            case .range(let low, let high): [chat, low, high]
+            case .list(let json): [chat, json]
+            }
+        }
+
+        /// The statement of `both` for this kind of selection.
+        func sql(_ both: (range: String, list: String)) -> String {
+            switch self {
+            case .range: both.range
+            case .list: both.list
+            }
+        }
+    }
+
+    /// The statements reading messages and what completes them, made once.
+    private enum ReadSQL {
+        static func both(_ make: ((String) -> String) -> String) -> (range: String, list: String) {
+            (make { "\($0) BETWEEN ? AND ?" }, make { "\($0) IN (SELECT value FROM json_each(?))" })
+        }
+
+        static let messages = both { "SELECT \(MessageRow.selectionSQL) FROM message WHERE chat = ? AND \($0("id")) ORDER BY id" }
+        static let refs = both { "SELECT source, tag, target FROM message_ref WHERE chat = ? AND \($0("source")) ORDER BY source, tag" }
+        static let refCounts = both { "SELECT \(RefCountRow.selectionSQL) FROM ref_count WHERE chat = ? AND \($0("target")) ORDER BY target, tag" }
+        static let privateStates = both { "SELECT \(MessageUserRow.selectionSQL) FROM message_user WHERE chat = ? AND \($0("id")) ORDER BY id, user" }
+        static let rangeChanges = "SELECT \(RangeChangeRow.selectionSQL) FROM range_change WHERE chat IN (SELECT value FROM json_each(?)) AND lastSeq > ? ORDER BY firstSeq"
+    }
+
+    /// The messages `selection` names, each with its references, reference counts and
+    /// private states.
+    private func messages(chat: Int64, _ selection: Selection, db: Database) throws -> [MessageRow] {
+        let arguments = selection.arguments(chat: chat)
+        var messages = try MessageRow.fetchAll(db.cachedStatement(sql: selection.sql(ReadSQL.messages)), arguments: arguments)
+        guard !messages.isEmpty else { return [] }
         var index: [Int64: Int] = [:]
+        index.reserveCapacity(messages.count)
         for (position, message) in messages.enumerated() { index[message.id] = position }
-        let refs = try Row.fetchCursor(db, sql: "SELECT source, tag, target FROM message_ref WHERE " + condition.replacingOccurrences(of: "%@", with: "source")
-                                       + " ORDER BY source, tag", arguments: arguments)
+        let refs = try Row.fetchCursor(db.cachedStatement(sql: selection.sql(ReadSQL.refs)), arguments: arguments)
         while let row = try refs.next() {
             if let position = index[row[0]] { messages[position].refs.append(RefRow(tag: row[1], target: row[2])) }
         }
-        let counts = try RefCountRow.fetchCursor(db, sql: "SELECT \(RefCountRow.selectionSQL) FROM ref_count WHERE " + condition.replacingOccurrences(of: "%@", with: "target")
-                                                 + " ORDER BY target, tag", arguments: arguments)
+        let counts = try RefCountRow.fetchCursor(db.cachedStatement(sql: selection.sql(ReadSQL.refCounts)), arguments: arguments)
         while let count = try counts.next() {
             if let position = index[count.target] { messages[position].refCounts.append(count) }
         }
-        let states = try MessageUserRow.fetchCursor(db, sql: "SELECT \(MessageUserRow.selectionSQL) FROM message_user WHERE " + condition.replacingOccurrences(of: "%@", with: "id")
-                                                    + " ORDER BY id, user", arguments: arguments)
+        let states = try MessageUserRow.fetchCursor(db.cachedStatement(sql: selection.sql(ReadSQL.privateStates)), arguments: arguments)
         while let state = try states.next() {
             if let position = index[state.id] { messages[position].privateStates.append(state) }
         }
+        return messages
     }
 
     public func messageIds(chat: Int64, matching filter: MessageFilter, from start: Int64, ascending: Bool, limit: Int) throws -> [Int64] {
@@ -109,14 +138,15 @@ extension SQLiteStore: ChatStore {
         let order = filter.referring != nil ? "r.source" : "m.id"
         let sql = "SELECT m.id FROM \(from) WHERE " + conditions.joined(separator: " AND ") + " ORDER BY \(order) \(ascending ? "ASC" : "DESC") LIMIT ?"
         arguments += [limit]
-        return try pool.read { db in try Int64.fetchAll(db, sql: sql, arguments: arguments) }
+        // A bounded set of shapes (which conditions are present): prepared once each.
+        return try pool.read { db in try Int64.fetchAll(db.cachedStatement(sql: sql), arguments: arguments) }
     }
 
     public func firstMessage(chat: Int64, notBefore timestamp: Int64) throws -> Int64? {
         try pool.read { db in
             // Timestamps never decrease along a chat's ids: a binary search over ids by
             // point reads needs no index of its own.
-            guard let last = try Int64.fetchOne(db, sql: "SELECT max(id) FROM message WHERE chat = ?", arguments: [chat]) else { return nil }
+            guard let last = try Int64.fetchOne(db.cachedStatement(sql: "SELECT max(id) FROM message WHERE chat = ?"), arguments: [chat]) else { return nil }
             let at = try db.cachedStatement(sql: "SELECT timestamp FROM message WHERE chat = ? AND id = ?")
             var low: Int64 = 1
             var high = last + 1
@@ -131,7 +161,7 @@ extension SQLiteStore: ChatStore {
 
     public func references(chat: Int64, to target: Int64, tag: String, excluding excluded: Set<Int64>) throws -> (count: Int64, newest: Int64?) {
         try pool.read { db in
-            let sources = try Int64.fetchCursor(db, sql: "SELECT source FROM message_ref WHERE chat = ? AND target = ? AND tag = ? ORDER BY source DESC",
+            let sources = try Int64.fetchCursor(db.cachedStatement(sql: "SELECT source FROM message_ref WHERE chat = ? AND target = ? AND tag = ? ORDER BY source DESC"),
                                                 arguments: [chat, target, tag])
             var count: Int64 = 0
             var newest: Int64?
@@ -147,22 +177,42 @@ extension SQLiteStore: ChatStore {
     // MARK: the change feed
 
     public func changedMessages(chats: [Int64], after seq: Int64, limit: Int) throws -> [MessageChangeRow] {
-        guard !chats.isEmpty else { return [] }
-        // Each chat's changes by the (chat, changeSeq) index, merged.
-        let list = chats.map(String.init).joined(separator: ",")
+        guard !chats.isEmpty, limit > 0 else { return [] }
         return try pool.read { db in
-            try Row.fetchAll(db, sql: "SELECT chat, id, changeSeq FROM message WHERE chat IN (\(list)) AND changeSeq > ? ORDER BY changeSeq LIMIT ?",
-                             arguments: [seq, limit]).map { MessageChangeRow(chat: $0[0], id: $0[1], changeSeq: $0[2]) }
+            // Each chat's first changes by the (chat, changeSeq) index, merged; once `limit`
+            // are known, the next chats need only what comes before the last of them. Far
+            // back in a busy feed this reads O(chats × limit) index entries, not every
+            // change since `seq`.
+            let first = try db.cachedStatement(sql: "SELECT id, changeSeq FROM message WHERE chat = ? AND changeSeq > ? ORDER BY changeSeq LIMIT ?")
+            let bounded = try db.cachedStatement(sql: """
+                SELECT id, changeSeq FROM message WHERE chat = ? AND changeSeq > ? AND changeSeq < ? ORDER BY changeSeq LIMIT ?
+                """)
+            var found: [MessageChangeRow] = []
+            for chat in chats {
+                let rows: RowCursor
+                if found.count < limit {
+                    rows = try Row.fetchCursor(first, arguments: [chat, seq, limit])
+                } else {
+                    rows = try Row.fetchCursor(bounded, arguments: [chat, seq, found[limit - 1].changeSeq, limit])
+                }
+                var added = false
+                while let row = try rows.next() {
+                    found.append(MessageChangeRow(chat: chat, id: row[0], changeSeq: row[1]))
+                    added = true
+                }
+                if added {
+                    found.sort { $0.changeSeq < $1.changeSeq }
+                    if found.count > limit { found.removeLast(found.count - limit) }
+                }
+            }
+            return found
         }
     }
 
     public func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow] {
         guard !chats.isEmpty else { return [] }
-        let list = chats.map(String.init).joined(separator: ",")
         return try pool.read { db in
-            try RangeChangeRow.fetchAll(db, sql: """
-                SELECT \(RangeChangeRow.selectionSQL) FROM range_change WHERE chat IN (\(list)) AND lastSeq > ? ORDER BY firstSeq
-                """, arguments: [seq])
+            try RangeChangeRow.fetchAll(db.cachedStatement(sql: ReadSQL.rangeChanges), arguments: [Selection.json(chats), seq])
         }
     }
 
@@ -170,15 +220,12 @@ extension SQLiteStore: ChatStore {
         guard !messages.isEmpty else { return [] }
         return try pool.read { db in
             var deleted = Set<MessageAddress>()
-            for start in stride(from: 0, to: messages.count, by: 400) {
-                let part = messages[start..<min(start + 400, messages.count)]
-                let values = part.map { "(\($0.chat),\($0.id))" }.joined(separator: ",")
-                for row in try Row.fetchAll(db, sql: """
-                    SELECT chat, id FROM message_user WHERE user = ? AND isDeleted = 1 AND (chat, id) IN (VALUES \(values))
-                    """, arguments: [user]) {
-                    deleted.insert(MessageAddress(chat: row[0], id: row[1]))
-                }
-            }
+            let pairs = "[" + messages.map { "[\($0.chat),\($0.id)]" }.joined(separator: ",") + "]"
+            let rows = try Row.fetchCursor(db.cachedStatement(sql: """
+                SELECT chat, id FROM message_user WHERE user = ? AND isDeleted = 1
+                AND (chat, id) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))
+                """), arguments: [user, pairs])
+            while let row = try rows.next() { deleted.insert(MessageAddress(chat: row[0], id: row[1])) }
             return deleted
         }
     }
