@@ -123,31 +123,58 @@ def percentile(values, fraction):
     return values[min(len(values) - 1, int(len(values) * fraction))] * 1000 if values else float("nan")
 
 
+def plan_for(rng, chats, messages_per_chat, change_seq, count, words):
+    """`count` random reads of a user's chats: windows of 100 around random anchors, thread
+    children, the change feed from up to 200,000 positions back, searches."""
+    plan = []
+    for _ in range(count):
+        chat = rng.choice(chats)
+        kind = rng.random()
+        if kind < 0.55:
+            plan.append(("window", {"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": str(chat)},
+                                                            "window": {"messageId": rng.randrange(1, messages_per_chat + 1), "before": 50, "after": 49}}}))
+        elif kind < 0.75:
+            plan.append(("thread", {"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": str(chat), "ref": {"tag": "Thread",
+                                                            "messageId": rng.randrange(5, messages_per_chat + 1)}}, "window": {"messageId": 1, "after": 100}}}))
+        elif kind < 0.87:
+            plan.append(("feed", {"requestListChanges": {"type": "chatMessage", "since": str(max(0, change_seq - rng.randrange(1, 200_000))), "limit": 100}}))
+        else:
+            plan.append(("search", {"search": {"text": rng.choice(words)}}))
+    return plan
+
+
+WORDS = ["coffee", "report deadline", "naïve", "déjà vu", "🎉", "vu", "日本", "x", "train office home", "zzz"]
+
+
+def one_session(path, messages_per_chat, change_seq, count=1500):
+    """One user's random reads, one at a time (latency, not throughput): the plan once
+    cold (nothing of it read since start-up), then again warm. Returns
+    {kind: (cold timings, warm timings)}."""
+    rng = random.Random(7)
+    user = 1 + rng.randrange(USERS)
+    plan = plan_for(rng, chats_of(user), messages_per_chat, change_seq, count, WORDS)
+    session = Session(path, f"u{user - 1}")
+    results = {}
+    for run_pass in range(2):
+        for index, (kind, request) in enumerate(plan):
+            cookie = f"o{run_pass}-{index}"
+            next(iter(request.values()))["cookie"] = cookie
+            results.setdefault(kind, ([], []))[run_pass].append(session.ask(request, cookie))
+    session.close()
+    return results
+
+
 def read_load(path, messages_per_chat, change_seq, seconds, passes=2, sessions=8):
     """Each session is a user reading their chats; the same random requests run twice
     (cold, then warm). Returns {kind: [(p50, p99) per pass]}."""
     results = {}
     lock = threading.Lock()
-    words = ["coffee", "report deadline", "naïve", "déjà vu", "🎉", "vu", "日本", "x", "train office home", "zzz"]
+    done = [0]
 
     def run(n):
         rng = random.Random(n)
         user = 1 + rng.randrange(USERS)
-        chats = chats_of(user)
-        plan = []
-        for i in range(400):
-            chat = rng.choice(chats)
-            kind = rng.random()
-            if kind < 0.55:
-                plan.append(("window", {"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": str(chat)},
-                                                                "window": {"messageId": rng.randrange(1, messages_per_chat + 1), "before": 50, "after": 49}}}))
-            elif kind < 0.75:
-                plan.append(("thread", {"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": str(chat), "ref": {"tag": "Thread",
-                                                                "messageId": rng.randrange(5, messages_per_chat + 1)}}, "window": {"messageId": 1, "after": 100}}}))
-            elif kind < 0.87:
-                plan.append(("feed", {"requestListChanges": {"type": "chatMessage", "since": str(max(0, change_seq - rng.randrange(1, 200_000))), "limit": 100}}))
-            else:
-                plan.append(("search", {"search": {"text": rng.choice(words)}}))
+        plan = plan_for(rng, chats_of(user), messages_per_chat, change_seq, 400, WORDS)
         session = Session(path, f"u{user - 1}")
         for run_pass in range(passes):
             timings = {}
@@ -160,16 +187,19 @@ def read_load(path, messages_per_chat, change_seq, seconds, passes=2, sessions=8
                 body["cookie"] = cookie
                 timings.setdefault(kind, []).append(session.ask(request, cookie))
             with lock:
+                done[0] += sum(len(values) for values in timings.values())
                 for kind, values in timings.items():
                     results.setdefault(kind, [[] for _ in range(passes)])[run_pass].extend(values)
         session.close()
 
     threads = [threading.Thread(target=run, args=(n,)) for n in range(sessions)]
+    began = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return {kind: [(percentile(v, 0.5), percentile(v, 0.99)) for v in runs] for kind, runs in results.items()}
+    rate = done[0] / (time.perf_counter() - began)
+    return {kind: [(percentile(v, 0.5), percentile(v, 0.99)) for v in runs] for kind, runs in results.items()}, rate
 
 
 def sends_while_reading(server, messages_per_chat, count=20_000):
@@ -245,12 +275,19 @@ def bench(messages):
     change_seq = database.execute("SELECT value FROM counter WHERE name = 'changeSeq'").fetchone()[0]
     database.close()
     per_chat = messages // CHATS
-    results = read_load(server.path, per_chat, change_seq, seconds=30)
+    names = {"window": "100-message window", "thread": "thread children", "feed": "change feed (limit 100)", "search": "search (mixed queries)"}
+    single = one_session(server.path, per_chat, change_seq)
+    for kind in ["window", "thread", "feed", "search"]:
+        cold, warm = single[kind]
+        rows.append((label, f"{names[kind]} p50 / p99", f"{percentile(warm, 0.5):.2f} / {percentile(cold + warm, 0.99):.2f} ms",
+                     f"cold: p50 {percentile(cold, 0.5):.2f}, p99 {percentile(cold, 0.99):.2f}, max {max(cold) * 1000:.1f}"))
+    rows.append((label, "RSS after one user's reads", f"{rss_kb(server.process.pid) / 1024:.0f} MB", ""))
+    results, rate = read_load(server.path, per_chat, change_seq, seconds=30)
     for kind in ["window", "thread", "feed", "search"]:
         (cold50, cold99), (warm50, warm99) = results.get(kind, [(float("nan"),) * 2] * 2)
-        what = {"window": "100-message window", "thread": "thread children", "feed": "change feed (limit 100)", "search": "search (mixed queries)"}[kind]
-        rows.append((label, f"{what} p50 / p99", f"{warm50:.2f} / {cold99:.2f} ms", f"cold p50 {cold50:.2f}, warm p99 {warm99:.2f}"))
-    rows.append((label, "RSS after the read load (peak)", f"{rss_kb(server.process.pid) / 1024:.0f} MB ({rss_kb(server.process.pid, 'VmHWM') / 1024:.0f})", ""))
+        rows.append((label, f"8 readers: {names[kind]} p50 / p99", f"{warm50:.2f} / {cold99:.2f} ms", f"cold p50 {cold50:.2f}, warm p99 {warm99:.2f}"))
+    rows.append((label, "8 readers: reads answered per second", f"{rate:,.0f}", "one engine thread decides; 2 cores shared with the clients"))
+    rows.append((label, "RSS after the mixed read load (peak)", f"{rss_kb(server.process.pid) / 1024:.0f} MB ({rss_kb(server.process.pid, 'VmHWM') / 1024:.0f})", ""))
     rate = sends_while_reading(server, per_chat)
     rows.append((label, "durable sends/s while 8 sessions read", f"{rate:,.0f}", ""))
     server.stop()

@@ -120,6 +120,12 @@ final class Batch {
         if let session { append(.begin(current), to: session) }
     }
 
+    /// The current request is answered by a later batch (off the engine thread meanwhile):
+    /// this one neither answers it nor, if its commit fails, refuses it.
+    func answeredLater() {
+        items[items.count - 1] = .internal
+    }
+
     /// Call before the current item changes who `session` is (its identity, user or
     /// endpoint): a failed commit puts it back.
     func willChangeSetup(of session: EngineSession) {

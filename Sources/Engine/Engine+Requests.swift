@@ -2,7 +2,7 @@ import Protocol
 
 extension Engine {
     /// Routes an authenticated request to its handler.
-    func handle(_ request: Request, user: Int64, session: EngineSession, batch: Batch) throws {
+    func handle(_ request: Request, user: Int64, session: EngineSession, line: Int, batch: Batch) throws {
         switch request {
         case .authToken:
             throw ProtocolError(.internal, "authToken is handled by the session")
@@ -58,7 +58,7 @@ extension Engine {
         case .chatEventSend(let request):
             try sendEvent(request, user: user, session: session, batch: batch)
         case .search(let request):
-            batch.emit(try search(request, user: user, batch: batch), to: session)
+            try search(request, user: user, session: session, line: line, batch: batch)
         case .chatMessageFileDownload(let request):
             try download(request, user: user, batch: batch)
         case .chatMessageDetach(let request):

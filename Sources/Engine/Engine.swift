@@ -25,6 +25,8 @@ public final class Engine: @unchecked Sendable {
         case tick
         /// A message's attachments were stored (blobs) or could not be (error).
         case attachmentsStored(chat: Int64, id: Int64, thumb: String?, file: String?, error: String?)
+        /// A search's hits, looked up off the engine thread (`Engine+Search.swift`).
+        case searchFound(Search, line: Int, chatIds: [String], user: Int64, hits: Result<[SearchHit], ProtocolError>, session: EngineSession)
         /// Finish what came before, then end the engine thread.
         case stop
 
@@ -50,6 +52,11 @@ public final class Engine: @unchecked Sendable {
     private var parkedOrder: [ObjectIdentifier] = []
     /// Parked work items (read by `drain` on other threads).
     private let parkedCount = Atomic<Int>(0)
+    /// Sessions whose work is parked until an answer being made off the engine thread
+    /// (a search) comes back, whatever their output.
+    private var awaitingOutside: Set<ObjectIdentifier> = []
+    /// Where searches look up the index and the store, several at once.
+    let searchQueue = DispatchQueue(label: "chatcore-search", qos: .userInitiated, attributes: .concurrent)
     /// `listChunk` carries at most this many elements (PROTOCOL.md §4).
     static let chunkSize = 500
 
@@ -277,6 +284,22 @@ public final class Engine: @unchecked Sendable {
         inbox.put(.tick)
     }
 
+    /// Hands work made off the engine thread to it.
+    func put(_ work: Work) {
+        inbox.put(work)
+    }
+
+    /// The session's next work waits (in order) until `outsideAnswered`: its current
+    /// request is being answered off the engine thread.
+    func awaitOutside(_ session: EngineSession) {
+        let key = ObjectIdentifier(session)
+        awaitingOutside.insert(key)
+        if parked[key] == nil {
+            parked[key] = (session, [])
+            parkedOrder.append(key)
+        }
+    }
+
     /// A session is preparing work off its thread (checking a token's signature) that it
     /// will submit: `drain` waits for it. Pair with `endOutsideWork` after submitting.
     public func beginOutsideWork() {
@@ -328,15 +351,23 @@ public final class Engine: @unchecked Sendable {
             let batch = Batch(cache: cache)
             var barriers: [@Sendable () -> Void] = []
             for item in unparkedWork() { take(item, batch: batch) }
+            var answeredOutside = false
             for item in work {
                 switch item {
                 case .barrier(let body):
                     barriers.append(body)
                 case .stop:
                     stopping = true
+                case .searchFound:
+                    answeredOutside = true
+                    take(item, batch: batch)
                 default:
                     take(item, batch: batch)
                 }
+            }
+            // The sessions whose answers came back go on at once, not at the next look.
+            if answeredOutside {
+                for item in unparkedWork() { take(item, batch: batch) }
             }
             commit(batch)
             batch.deliver()
@@ -403,6 +434,10 @@ public final class Engine: @unchecked Sendable {
         case .attachmentsStored(let chat, let id, let thumb, let file, let error):
             batch.begin(.internal, session: nil)
             attachmentsStored(chat: chat, id: id, thumb: thumb, file: file, error: error, batch: batch)
+        case .searchFound(let request, let line, let chatIds, let user, let hits, let session):
+            awaitingOutside.remove(ObjectIdentifier(session))
+            guard session.isOpen else { return }
+            searchFound(request, line: line, chatIds: chatIds, user: user, hits: hits, session: session, batch: batch)
         case .barrier, .stop:
             break
         }
@@ -416,6 +451,7 @@ public final class Engine: @unchecked Sendable {
         let shuttingDown = isShuttingDown
         parkedOrder.removeAll { key in
             guard let entry = parked[key] else { return true }
+            guard !awaitingOutside.contains(key) else { return false }
             let backlog = entry.session.sink?.backlog ?? 0
             guard shuttingDown || !entry.session.isOpen || backlog <= outputMark / 2 else { return false }
             released += entry.work
@@ -499,7 +535,7 @@ public final class Engine: @unchecked Sendable {
                 if try serveBeforeSetUp(request, session: session, batch: batch) { return }
                 throw notSetUp(session)
             }
-            try handle(request, user: user, session: session, batch: batch)
+            try handle(request, user: user, session: session, line: line, batch: batch)
         } catch let error as ProtocolError {
             batch.emit(error.requestFailed(request: request.name, cookie: request.cookie, line: line), to: session)
         } catch {

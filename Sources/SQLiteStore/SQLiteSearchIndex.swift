@@ -28,7 +28,8 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
     /// A query scoped to more chats than this filters the chats after matching instead.
     static let scopedChats = 64
 
-    private let queue: DatabaseQueue
+    /// WAL: searches read while the writer thread writes.
+    private let queue: DatabasePool
     private let condition = NSCondition()
     private var pendingAdds: [SearchEntry] = []
     private var pendingRemovals: [Int64] = []
@@ -44,15 +45,14 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
         thread.start()
     }
 
-    private static func open(path: String) throws -> DatabaseQueue {
-        func make() throws -> DatabaseQueue {
+    private static func open(path: String) throws -> DatabasePool {
+        func make() throws -> DatabasePool {
             var configuration = Configuration()
             configuration.label = "chatcore-search"
             configuration.prepareDatabase { db in
-                try db.execute(sql: "PRAGMA journal_mode = WAL")
                 try db.execute(sql: "PRAGMA synchronous = NORMAL")
             }
-            let queue = try DatabaseQueue(path: path, configuration: configuration)
+            let queue = try DatabasePool(path: path, configuration: configuration)
             let layout = try queue.read { db in try Int.fetchOne(db, sql: "PRAGMA user_version") ?? 0 }
             let empty = try queue.read { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM sqlite_master") ?? 0 } == 0
             guard layout == SQLiteSearchIndex.layout || empty else {
@@ -109,67 +109,119 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
     /// checked for the whole query here. A phrase of all its trigrams would be exact, but
     /// intersecting every trigram's positions costs what the commonest trigram holds
     /// (measured: 27 ms for a rare three-word phrase in a store of a million messages,
-    /// 2.7 ms this way).
+    /// 2.7 ms this way). One statement, newest first, read only as far as `limit` hits
+    /// need: FTS5 walks its doclists in rowid order, so stopping early is free, where
+    /// pages of a fixed size would each start the match again.
     public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit] {
         try waitUntilWritten()
-        guard !chats.isEmpty, !text.isEmpty else { return [] }
+        guard !chats.isEmpty, !text.isEmpty, limit > 0 else { return [] }
         let scoped = chats.count <= SQLiteSearchIndex.scopedChats
         let scalars = Array(text.unicodeScalars)
+        let match: String
+        let sql: String
         if scalars.count < 3 {
-            var match = SQLiteSearchIndex.queryToken(text)
-            if scoped { match += " AND (" + chats.map { "c\($0)" }.joined(separator: " OR ") + ")" }
-            return try hits(sql: "SELECT s.chat, s.id, g.rowid FROM message_grams g JOIN message_search s ON s.rowid = g.rowid WHERE message_grams MATCH ?",
-                            rowid: "g.rowid", chatColumn: "s.chat", match: match, chats: scoped ? nil : chats, below: belowRow, limit: limit)
-        }
-        var positions = [0, (scalars.count - 3) / 2, scalars.count - 3]
-        positions = positions.enumerated().filter { $0.offset == 0 || $0.element != positions[$0.offset - 1] }.map(\.element)
-        let terms = positions.map { start in
-            "\"" + String(String.UnicodeScalarView(scalars[start..<start + 3])).replacingOccurrences(of: "\"", with: "\"\"") + "\""
-        }
-        var match = "text : (" + terms.joined(separator: " AND ") + ")"
-        if scoped { match += " AND scope : (" + chats.map { "\"" + SQLiteSearchIndex.scopeToken($0) + "\"" }.joined(separator: " OR ") + ")" }
-        var found: [SearchHit] = []
-        var below = belowRow
-        while found.count < limit {
-            let page = try candidates(match: match, chats: scoped ? nil : chats, below: below, limit: max(limit, 64))
-            for (hit, candidate) in page where found.count < limit && candidate.range(of: text, options: [.caseInsensitive]) != nil {
-                found.append(hit)
+            var grams = SQLiteSearchIndex.queryToken(text)
+            if scoped { grams += " AND (" + chats.map { "c\($0)" }.joined(separator: " OR ") + ")" }
+            match = grams
+            sql = scoped ? Query.grams : Query.gramsFiltered
+        } else {
+            var positions = [0, (scalars.count - 3) / 2, scalars.count - 3]
+            positions = positions.enumerated().filter { $0.offset == 0 || $0.element != positions[$0.offset - 1] }.map(\.element)
+            let terms = positions.map { start in
+                "\"" + String(String.UnicodeScalarView(scalars[start..<start + 3])).replacingOccurrences(of: "\"", with: "\"\"") + "\""
             }
-            guard page.count == max(limit, 64), let last = page.last else { break }
-            below = last.0.row
+            var trigrams = "text : (" + terms.joined(separator: " AND ") + ")"
+            if scoped { trigrams += " AND scope : (" + chats.map { "\"" + SQLiteSearchIndex.scopeToken($0) + "\"" }.joined(separator: " OR ") + ")" }
+            match = trigrams
+            sql = scoped ? Query.trigrams : Query.trigramsFiltered
         }
-        return found
+        var arguments: StatementArguments = [match, belowRow ?? Int64.max]
+        if !scoped { arguments += ["[" + chats.map { String($0) }.joined(separator: ",") + "]"] }
+        let needle = scalars.count >= 3 ? Needle(text) : nil
+        return try queue.read { db in
+            let rows = try Row.fetchCursor(db.cachedStatement(sql: sql), arguments: arguments)
+            var found: [SearchHit] = []
+            while found.count < limit, let row = try rows.next() {
+                if let needle {
+                    guard try row.withUnsafeData(atIndex: 3, { $0.map(needle.isFound(in:)) ?? false }) else { continue }
+                }
+                found.append(SearchHit(chat: row[0], id: row[1], row: row[2]))
+            }
+            return found
+        }
     }
 
-    private func hits(sql: String, rowid: String, chatColumn: String, match: String, chats: [Int64]?, below: Int64?, limit: Int) throws -> [SearchHit] {
-        var sql = sql
-        var arguments: StatementArguments = [match]
-        if let chats { sql += " AND \(chatColumn) IN (" + chats.map(String.init).joined(separator: ",") + ")" }
-        if let below {
-            sql += " AND \(rowid) < ?"
-            arguments += [below]
+    /// A query's text, found in a candidate's UTF-8 ignoring case: the candidate is
+    /// lowercased into a reused buffer as it is compared, ASCII by folding its bytes, other
+    /// characters by their lowercase mapping (looked up once per character and kept). No
+    /// string is made per candidate: Foundation's case-insensitive `range(of:)` took 80%
+    /// of a search's time on Linux, and `lowercased()` of every candidate most of the rest.
+    final class Needle {
+        private let bytes: [UInt8]
+        private var lowered: [UInt8] = []
+        private var mappings: [UInt32: [UInt8]] = [:]
+
+        init(_ text: String) {
+            bytes = Array(text.lowercased().utf8)
         }
-        sql += " ORDER BY \(rowid) DESC LIMIT ?"
-        arguments += [limit]
-        return try queue.read { db in
-            try Row.fetchAll(db, sql: sql, arguments: arguments).map { SearchHit(chat: $0[0], id: $0[1], row: $0[2]) }
+
+        func isFound(in candidate: Data) -> Bool {
+            guard !bytes.isEmpty else { return true }
+            return candidate.withUnsafeBytes { raw in
+                let input = raw.bindMemory(to: UInt8.self)
+                lowered.removeAll(keepingCapacity: true)
+                var index = 0
+                while index < input.count {
+                    let byte = input[index]
+                    if byte < 0x80 {
+                        lowered.append(byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte)
+                        index += 1
+                        continue
+                    }
+                    let length = byte >= 0xF0 ? 4 : byte >= 0xE0 ? 3 : byte >= 0xC0 ? 2 : 1
+                    let end = min(index + length, input.count)
+                    var value: UInt32 = 0
+                    for position in index..<end { value = value << 8 | UInt32(input[position]) }
+                    if let mapping = mappings[value] {
+                        lowered.append(contentsOf: mapping)
+                    } else {
+                        let original = Array(input[index..<end])
+                        let mapping = Array(String(decoding: original, as: UTF8.self).lowercased().utf8)
+                        mappings[value] = mapping
+                        lowered.append(contentsOf: mapping)
+                    }
+                    index = end
+                }
+                return lowered.withUnsafeBufferPointer { haystack in
+                    guard haystack.count >= bytes.count else { return false }
+                    let first = bytes[0]
+                    for start in 0...(haystack.count - bytes.count) where haystack[start] == first {
+                        var offset = 1
+                        while offset < bytes.count && haystack[start + offset] == bytes[offset] { offset += 1 }
+                        if offset == bytes.count { return true }
+                    }
+                    return false
+                }
+            }
         }
     }
 
-    /// Messages with the query's trigrams, newest first, with their text.
-    private func candidates(match: String, chats: [Int64]?, below: Int64?, limit: Int) throws -> [(SearchHit, String)] {
-        var sql = "SELECT chat, id, rowid, text FROM message_search WHERE message_search MATCH ?"
-        var arguments: StatementArguments = [match]
-        if let chats { sql += " AND chat IN (" + chats.map(String.init).joined(separator: ",") + ")" }
-        if let below {
-            sql += " AND rowid < ?"
-            arguments += [below]
-        }
-        sql += " ORDER BY rowid DESC LIMIT ?"
-        arguments += [limit]
-        return try queue.read { db in
-            try Row.fetchAll(db, sql: sql, arguments: arguments).map { (SearchHit(chat: $0[0], id: $0[1], row: $0[2]), $0[3]) }
-        }
+    /// The statements of `searchMessages`: the user's chats inside the match, or (more
+    /// chats than `scopedChats`) filtered after it.
+    private enum Query {
+        static let trigrams = "SELECT chat, id, rowid, text FROM message_search WHERE message_search MATCH ? AND rowid < ? ORDER BY rowid DESC"
+        static let trigramsFiltered = """
+            SELECT chat, id, rowid, text FROM message_search WHERE message_search MATCH ? AND rowid < ?
+            AND chat IN (SELECT value FROM json_each(?)) ORDER BY rowid DESC
+            """
+        static let grams = """
+            SELECT s.chat, s.id, g.rowid FROM message_grams g JOIN message_search s ON s.rowid = g.rowid
+            WHERE message_grams MATCH ? AND g.rowid < ? ORDER BY g.rowid DESC
+            """
+        static let gramsFiltered = """
+            SELECT s.chat, s.id, g.rowid FROM message_grams g JOIN message_search s ON s.rowid = g.rowid
+            WHERE message_grams MATCH ? AND g.rowid < ? AND s.chat IN (SELECT value FROM json_each(?)) ORDER BY g.rowid DESC
+            """
     }
 
     /// A chat as one trigram: three characters of the Private Use Area (U+E000 on, 6,400 of
@@ -181,6 +233,8 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
     }
 
     // MARK: one- and two-character grams
+
+    private static let hexDigits = Array("0123456789abcdef".utf8)
 
     private static func hex(_ scalar: Unicode.Scalar) -> String {
         String(scalar.value, radix: 16)
@@ -195,19 +249,42 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
     /// Every character and pair of adjacent characters of the lowercased text, each once,
     /// and the chat's token.
     static func grams(_ text: String, chat: Int64) -> String {
+        // Built as bytes, each gram once (sets of the scalars' values): strings and sets
+        // of strings per gram made this most of the index writer's time.
         let scalars = Array(text.lowercased().unicodeScalars)
-        var seen = Set<String>()
-        var tokens: [String] = []
-        for (index, scalar) in scalars.enumerated() {
-            let single = "u" + hex(scalar)
-            if seen.insert(single).inserted { tokens.append(single) }
-            if index + 1 < scalars.count {
-                let pair = "b" + hex(scalar) + "v" + hex(scalars[index + 1])
-                if seen.insert(pair).inserted { tokens.append(pair) }
+        var singles = Set<UInt32>(minimumCapacity: scalars.count)
+        var pairs = Set<UInt64>(minimumCapacity: scalars.count)
+        var out: [UInt8] = []
+        out.reserveCapacity(scalars.count * 14 + 24)
+        func hex(_ value: UInt32) {
+            let digits = SQLiteSearchIndex.hexDigits
+            var shift = 28
+            while shift > 0 && value >> UInt32(shift) == 0 { shift -= 4 }
+            while shift >= 0 {
+                out.append(digits[Int(value >> UInt32(shift) & 0xF)])
+                shift -= 4
             }
         }
-        tokens.append("c\(chat)")
-        return tokens.joined(separator: " ")
+        for (index, scalar) in scalars.enumerated() {
+            if singles.insert(scalar.value).inserted {
+                out.append(UInt8(ascii: "u"))
+                hex(scalar.value)
+                out.append(UInt8(ascii: " "))
+            }
+            if index + 1 < scalars.count {
+                let next = scalars[index + 1].value
+                if pairs.insert(UInt64(scalar.value) << 32 | UInt64(next)).inserted {
+                    out.append(UInt8(ascii: "b"))
+                    hex(scalar.value)
+                    out.append(UInt8(ascii: "v"))
+                    hex(next)
+                    out.append(UInt8(ascii: " "))
+                }
+            }
+        }
+        out.append(UInt8(ascii: "c"))
+        out.append(contentsOf: String(chat).utf8)
+        return String(decoding: out, as: UTF8.self)
     }
 
     private func writeLoop() {

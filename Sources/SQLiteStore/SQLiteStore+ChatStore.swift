@@ -269,8 +269,9 @@ extension SQLiteStore: ChatStore {
         for update in batch.memberUpdates { try update.row.update(db, columns: update.columns.map(\.rawValue)) }
         if !batch.newMessages.isEmpty {
             let insertRef = try db.cachedStatement(sql: "INSERT OR IGNORE INTO message_ref (chat, source, tag, target) VALUES (?, ?, ?, ?)")
+            let insertMessage = try db.cachedStatement(sql: MessageRow.insertSQL)
             for message in batch.newMessages {
-                try message.insert(db)
+                try insertMessage.execute(arguments: message.insertArguments)
                 for ref in message.refs { try insertRef.execute(arguments: [message.chat, message.id, ref.tag, ref.target]) }
             }
         }

@@ -14,6 +14,9 @@ public final class SQLiteStore: @unchecked Sendable {
     public let directory: URL?
     let pool: any DatabaseWriter
     private let lockDescriptor: Int32?
+    /// Whether the last process stopped cleanly and nothing changed the files since:
+    /// then SQLite's own guarantees cover the file and no whole check is needed.
+    public let stoppedCleanly: Bool
 
     public struct OpenError: Error, CustomStringConvertible {
         public let description: String
@@ -42,7 +45,9 @@ public final class SQLiteStore: @unchecked Sendable {
         let path = directory.appendingPathComponent("chatcore.sqlite").path
         // Was the file changed while no chatcore had it (the state its last clean stop
         // wrote no longer matches)? Then the whole of it is checked before it is used.
-        let changedOutside = SQLiteStore.changedSinceCleanStop(directory: directory, path: path)
+        let lastStop = SQLiteStore.lastStop(directory: directory, path: path)
+        let changedOutside = lastStop == .changedSince
+        stoppedCleanly = lastStop == .clean
         do {
             pool = try DatabasePool(path: path, configuration: configuration)
             try SQLiteStore.prepare(pool, name: path, checkEverything: changedOutside)
@@ -61,6 +66,7 @@ public final class SQLiteStore: @unchecked Sendable {
     public init(writer: any DatabaseWriter) throws {
         directory = nil
         lockDescriptor = nil
+        stoppedCleanly = false
         pool = writer
         try SQLiteStore.prepare(writer, name: writer.path, checkEverything: false)
     }
@@ -97,10 +103,15 @@ public final class SQLiteStore: @unchecked Sendable {
         (fileStamp(path) ?? "none") + " " + (fileStamp(path + "-wal") ?? "none")
     }
 
-    private static func changedSinceCleanStop(directory: URL, path: String) -> Bool {
-        guard let state = try? String(contentsOfFile: statePath(directory), encoding: .utf8), state.hasPrefix("clean ") else { return false }
+    private enum LastStop { case clean, changedSince, unclean }
+
+    /// How the last process left the store: stopped cleanly (and the files are as it left
+    /// them), stopped cleanly but changed since, or not stopped cleanly (a crash, or no
+    /// state written: a store of an older release).
+    private static func lastStop(directory: URL, path: String) -> LastStop {
+        guard let state = try? String(contentsOfFile: statePath(directory), encoding: .utf8), state.hasPrefix("clean ") else { return .unclean }
         let recorded = state.dropFirst("clean ".count).trimmingCharacters(in: .whitespacesAndNewlines)
-        return stamps(path) != recorded
+        return stamps(path) == recorded ? .clean : .changedSince
     }
 
     /// A clean stop (nothing is written after it): how the files were left is written, so

@@ -240,3 +240,68 @@ def test_a_damaged_store_refuses_to_start_with_a_clear_message():
                                 capture_output=True, timeout=60)
         assert result.returncode != 0
         assert re.search(rb"damaged|malformed|not a database|corrupt", result.stderr), result.stderr
+
+
+def _fill(data, lines=2000):
+    feed = "\n".join(json.dumps({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "x" * 500}}) for _ in range(lines))
+    start = json.dumps({"chatStart": {"cookie": "s", "invitees": [{"userId": "bob"}], "subject": "s"}})
+    subprocess.run([chatcore_binary(), "serve", "--user", "alice", "--data-dir", data], input=(start + "\n" + feed + "\n").encode(),
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+
+
+def _damage_message_pages(database):
+    """Garbage in every page past the first few (the message table's), leaving the small
+    tables start-up reads whole readable."""
+    import sqlite3
+    connection = sqlite3.connect(database)
+    connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    pages = [page for (page,) in connection.execute("SELECT pageno FROM dbstat WHERE name = 'message' AND pagetype = 'leaf'")]
+    connection.close()
+    with open(database, "r+b") as f:
+        for page in pages[len(pages) // 2:]:
+            f.seek((page - 1) * 4096 + 200)
+            f.write(b"\x00garbage\xff" * 50)
+
+
+def test_a_clean_stop_spares_the_next_start_the_whole_file_check_a_crash_does_not():
+    with tempfile.TemporaryDirectory() as scratch:
+        data = os.path.join(scratch, "data")
+        _fill(data, 10)
+
+        def start_and_log():
+            result = subprocess.run([chatcore_binary(), "serve", "--user", "alice", "--data-dir", data, "--log-level", "info"],
+                                    input=b"", capture_output=True, timeout=60)
+            assert result.returncode == 0, result.stderr
+            return result.stderr
+
+        assert b"wholeFileCheck=none (stopped cleanly)" in start_and_log()
+        # A process killed leaves the store "open": the next start checks it all.
+        path = os.path.join(scratch, "s.sock")
+        process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", data, "--listen", "unix:" + path, "--insecure-no-auth"],
+                                   stderr=subprocess.DEVNULL)
+        deadline = time.time() + 30
+        while not os.path.exists(path) and time.time() < deadline:
+            time.sleep(0.01)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        assert b"wholeFileCheck=in the background" in start_and_log()
+        assert b"wholeFileCheck=none (stopped cleanly)" in start_and_log()
+
+
+def test_damage_found_after_a_crash_stops_the_service_with_a_clear_message():
+    with tempfile.TemporaryDirectory() as scratch:
+        data = os.path.join(scratch, "data")
+        _fill(data)
+        _damage_message_pages(os.path.join(data, "chatcore.sqlite"))
+        # As a crash leaves it: the last process did not stop cleanly.
+        with open(os.path.join(data, "store-state"), "w") as state:
+            state.write("open\n")
+        path = os.path.join(scratch, "s.sock")
+        process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", data, "--listen", "unix:" + path, "--insecure-no-auth"],
+                                   stderr=subprocess.PIPE)
+        try:
+            assert process.wait(timeout=60) == 1
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert re.search(rb"the store is damaged \(quick_check: ", process.stderr.read())
