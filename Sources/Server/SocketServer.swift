@@ -161,16 +161,56 @@ public final class SocketServer: Sendable {
         // Only the output is shut: a client still sending would otherwise be reset, and
         // a reset can discard answers it has not read yet. It reads every answer, then
         // EOF; the process exits after.
-        let closed = open.map { channel in
-            channel.eventLoop.flatSubmit { SessionHandler.flushThenClose(channel, outputOnly: true) }
+        let shut = open.map { channel in
+            channel.eventLoop.flatSubmit {
+                channel.read()  // input paused by backpressure is read (and dropped) again
+                return SessionHandler.flushThenClose(channel, outputOnly: true)
+            }
         }
-        for future in closed {
-            let remaining = deadline - .now()
-            guard remaining > .zero else { break }
-            let done = DispatchSemaphore(value: 0)
-            future.whenComplete { _ in done.signal() }
-            _ = done.wait(timeout: .now() + .nanoseconds(Int(remaining.nanoseconds)))
+        for future in shut where !Self.wait(for: future, until: deadline) { break }
+        // Exiting closes every socket, and a socket closed with input it has not read
+        // makes the client's next read fail with a reset in place of EOF, even after it
+        // has every answer. So linger: until each client has taken in everything written
+        // to it (nothing left in the kernel's send queue) and had a moment to read its
+        // EOF, or has closed, within the deadline.
+        var lingering = open
+        var drainedSince: [ObjectIdentifier: NIODeadline] = [:]
+        while !lingering.isEmpty && NIODeadline.now() < deadline {
+            lingering.removeAll { channel in
+                guard channel.isActive, let unread = Self.unreadByPeer(channel) else { return true }
+                guard unread == 0 else {
+                    drainedSince[ObjectIdentifier(channel)] = nil
+                    return false
+                }
+                let since = drainedSince[ObjectIdentifier(channel)] ?? .now()
+                drainedSince[ObjectIdentifier(channel)] = since
+                return NIODeadline.now() - since >= Self.eofGrace
+            }
+            if !lingering.isEmpty { usleep(10_000) }
         }
+    }
+
+    /// How long a client that has read every answer is given to read its EOF.
+    static let eofGrace = TimeAmount.milliseconds(200)
+
+    private static func wait(for future: EventLoopFuture<Void>, until deadline: NIODeadline) -> Bool {
+        let remaining = deadline - .now()
+        guard remaining > .zero else { return false }
+        let done = DispatchSemaphore(value: 0)
+        future.whenComplete { _ in done.signal() }
+        return done.wait(timeout: .now() + .nanoseconds(Int(remaining.nanoseconds))) == .success
+    }
+
+    /// Bytes written to the socket that its peer has not taken in yet (for a Unix socket,
+    /// not yet read by the client; for TCP, not yet acknowledged); nil when unknown.
+    private static func unreadByPeer(_ channel: Channel) -> Int? {
+        guard let provider = channel as? SocketOptionProvider else { return nil }
+        // SO_MEMINFO: the socket's memory counters (linux/sock_diag.h), of which
+        // SK_MEMINFO_WMEM_ALLOC (2) and SK_MEMINFO_WMEM_QUEUED (5) hold what is unsent.
+        typealias MemInfo = (UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32)
+        let future: EventLoopFuture<MemInfo> = provider.unsafeGetSocketOption(level: SocketOptionLevel(SOL_SOCKET), name: SocketOptionName(SO_MEMINFO))
+        guard let info = try? future.wait() else { return nil }
+        return Int(info.2) + Int(info.5)
     }
 }
 
@@ -265,8 +305,10 @@ final class SessionHandler: ChannelDuplexHandler {
 
     // Backpressure: hold reads while the client does not read its output or the engine
     // has too much of this session's work.
+    // Shutting down, input is read and dropped, so that a client still sending is not
+    // blocked and nothing is left unread when the socket closes.
     private func mayRead(_ context: ChannelHandlerContext) -> Bool {
-        context.channel.isWritable && (session?.wantsInput ?? true)
+        engine.isShuttingDown || (context.channel.isWritable && (session?.wantsInput ?? true))
     }
 
     func read(context: ChannelHandlerContext) {
