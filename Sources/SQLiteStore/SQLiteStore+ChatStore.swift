@@ -112,7 +112,10 @@ extension SQLiteStore: ChatStore {
         }
         if let referring = filter.referring {
             // Driven by the reference index: a thread's children, a message's edits.
-            from = "message_ref r JOIN message m ON m.chat = r.chat AND m.id = r.source"
+            // Named: without statistics SQLite prefers the primary key's range of
+            // sources and walks every reference of the chat (8 ms instead of 0.08 ms for
+            // a thread of 100,000 replies in a chat of a million messages).
+            from = "message_ref r INDEXED BY message_ref_by_target JOIN message m ON m.chat = r.chat AND m.id = r.source"
             conditions[0] = "r.chat = ? AND r.target = ? AND r.tag = ?"
             arguments = [chat, referring.target, referring.tag, start, filter.firstId]
             if let last = filter.lastId { arguments += [last] }
@@ -122,6 +125,8 @@ extension SQLiteStore: ChatStore {
         if let tag = filter.tag {
             conditions.append("m.tag = ?")
             arguments += [tag]
+            // By (chat, tag, id): the ids of one tag in order, however rare the tag.
+            if filter.referring == nil { from = "message m INDEXED BY message_by_tag" }
         }
         if let sender = filter.sender {
             conditions.append("m.sender = ?")
