@@ -14,8 +14,11 @@ final class MessageCache {
         let key: Key
         let record: MessageRecord
         var size: Int
-        var newer: Node?
-        var older: Node?
+        // `nodes` alone owns the nodes (a node in the list is always in it): strong links
+        // would make a cycle that leaks every record when the cache is dropped, and a
+        // chain whose release recurses once per node.
+        unowned(unsafe) var newer: Node?
+        unowned(unsafe) var older: Node?
 
         init(key: Key, record: MessageRecord, size: Int) {
             self.key = key
