@@ -45,11 +45,11 @@ test-node:
 	$(SWIFT) build --product chatcore
 	CHATCORE_BINARY=$(CURDIR)/.build/debug/chatcore node --test Tests/node/
 
-generate: ## regenerate Sources/Protocol/Generated from Schemas/
-	$(SWIFT) run chatcore-codegen Schemas Sources/Protocol/Generated
+generate: ## regenerate Sources/Protocol/Generated and docs/protocol.md from Schemas/
+	$(SWIFT) run chatcore-codegen Schemas Sources/Protocol/Generated --docs docs/protocol.md
 
-check-generated: ## fail when the generated code and Schemas/ disagree
-	$(SWIFT) run chatcore-codegen --check Schemas Sources/Protocol/Generated
+check-generated: ## fail when the generated code or docs/protocol.md and Schemas/ disagree
+	$(SWIFT) run chatcore-codegen --check Schemas Sources/Protocol/Generated --docs docs/protocol.md
 
 FUZZ_SECONDS ?= 300
 FUZZ_BINARY := .build-fuzz/release/chatcore-fuzz

@@ -5,7 +5,7 @@ import Foundation
 import Glibc
 #endif
 
-/// The service's own copies of attached files (PROTOCOL.md §7), under the data directory:
+/// The service's own copies of attached files (§7), under the data directory:
 ///
 ///     attachments/blobs/<sha256>                    each distinct content once
 ///     attachments/messages/<chat>-<id>/<kind>/<name> a message's thumb or file (hard link)
@@ -43,7 +43,7 @@ public final class AttachmentStore: @unchecked Sendable {
 
     // MARK: names
 
-    /// The base name kept of a path (PROTOCOL.md §7): no directory parts, no control
+    /// The base name kept of a path (§7): no directory parts, no control
     /// characters, no leading dots, `/ \ : * ? " < > |` replaced by `_`, at most 255 bytes.
     public static func sanitize(_ path: String) -> String {
         let base = path.split(separator: "/", omittingEmptySubsequences: true).last.map(String.init) ?? ""

@@ -58,6 +58,8 @@ struct Field {
     let shape: FieldShape
     let required: Bool
     let description: String?
+    /// The schema's `default`, as compact JSON (documentation only: the engine applies it).
+    var defaultValue: String? = nil
 }
 
 enum Declaration {
@@ -104,5 +106,19 @@ extension JSONTree {
     var boolValue: Bool? {
         if case .bool(let value) = self { return value }
         return nil
+    }
+}
+
+extension JSONTree {
+    /// Compact JSON text (for documentation).
+    var compactText: String {
+        switch self {
+        case .null: return "null"
+        case .bool(let value): return value ? "true" : "false"
+        case .number(let text): return text
+        case .string(let text): return "\"" + text.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\""
+        case .array(let elements): return "[" + elements.map(\.compactText).joined(separator: ",") + "]"
+        case .object(let members): return "{" + members.map { JSONTree.string($0.0).compactText + ":" + $0.1.compactText }.joined(separator: ",") + "}"
+        }
     }
 }

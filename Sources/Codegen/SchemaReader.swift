@@ -224,7 +224,8 @@ final class SchemaReader {
         var fields: [Field] = []
         for (property, child) in node["properties"]?.members ?? [] {
             let shape = try shape(of: child, file: file, pointer: pointer + "/properties/" + property)
-            fields.append(Field(name: property, shape: shape, required: required.contains(property), description: describe(child, file: file)))
+            fields.append(Field(name: property, shape: shape, required: required.contains(property), description: describe(child, file: file),
+                                defaultValue: defaultValue(child, file: file)))
         }
         for name in required where !fields.contains(where: { $0.name == name }) {
             throw fail(file, pointer, "'\(name)' is required but not a property")
@@ -270,6 +271,15 @@ final class SchemaReader {
         if let reference = node["$ref"]?.stringValue, let (targetFile, targetPointer) = try? resolve(reference, from: file),
            let target = try? self.node(in: targetFile, at: targetPointer) {
             return describe(target, file: targetFile)
+        }
+        return nil
+    }
+
+    private func defaultValue(_ node: JSONTree, file: String) -> String? {
+        if let value = node["default"] { return value.compactText }
+        if let reference = node["$ref"]?.stringValue, let (targetFile, targetPointer) = try? resolve(reference, from: file),
+           let target = try? self.node(in: targetFile, at: targetPointer) {
+            return defaultValue(target, file: targetFile)
         }
         return nil
     }

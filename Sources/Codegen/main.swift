@@ -2,13 +2,20 @@ import Foundation
 
 /// chatcore-codegen: turns Schemas/ into Swift types and codecs.
 ///
-///     chatcore-codegen SCHEMAS_DIR OUTPUT_DIR           write the generated files
-///     chatcore-codegen --check SCHEMAS_DIR OUTPUT_DIR   exit 1 if they differ from OUTPUT_DIR
+///     chatcore-codegen SCHEMAS_DIR OUTPUT_DIR [--docs FILE]           write the generated files
+///     chatcore-codegen --check SCHEMAS_DIR OUTPUT_DIR [--docs FILE]   exit 1 if they differ
+///
+/// `--docs FILE` also writes the protocol reference (prose from SCHEMAS_DIR/protocol.md).
 var arguments = Array(CommandLine.arguments.dropFirst())
 let checkOnly = arguments.first == "--check"
 if checkOnly { arguments.removeFirst() }
-guard arguments.count == 2 else {
-    FileHandle.standardError.write(Data("usage: chatcore-codegen [--check] SCHEMAS_DIR OUTPUT_DIR\n".utf8))
+var extraOutputs: [String: URL] = [:]
+while let index = arguments.firstIndex(where: { $0.hasPrefix("--") }), index + 1 < arguments.count {
+    extraOutputs[String(arguments[index].dropFirst(2))] = URL(fileURLWithPath: arguments[index + 1])
+    arguments.removeSubrange(index...index + 1)
+}
+guard arguments.count == 2, Set(extraOutputs.keys).isSubset(of: ["docs"]) else {
+    FileHandle.standardError.write(Data("usage: chatcore-codegen [--check] SCHEMAS_DIR OUTPUT_DIR [--docs FILE]\n".utf8))
     exit(2)
 }
 let schemas = URL(fileURLWithPath: arguments[0], isDirectory: true)
@@ -46,11 +53,20 @@ do {
             existing[relative] = try String(contentsOf: url, encoding: .utf8)
         }
     }
+    // Files outside OUTPUT_DIR, by path.
+    var others: [URL: String] = [:]
+    if let docs = extraOutputs["docs"] {
+        let prose = try String(contentsOf: schemas.appendingPathComponent("protocol.md"), encoding: .utf8)
+        var emitter = DocsEmitter(reader: reader, catalogue: catalogue, prose: prose)
+        others[docs] = emitter.render()
+    }
+    let othersChanged = others.keys.filter { (try? String(contentsOf: $0, encoding: .utf8)) != others[$0] }.sorted { $0.path < $1.path }
     let stale = existing.keys.filter { generated[$0] == nil }.sorted()
     let changed = generated.keys.filter { existing[$0] != generated[$0] }.sorted()
     if checkOnly {
-        if stale.isEmpty && changed.isEmpty {
-            print("generated code is up to date with Schemas/ (\(generated.count) files)")
+        for url in othersChanged { print("out of date: \(url.relativePath)") }
+        if stale.isEmpty && changed.isEmpty && othersChanged.isEmpty {
+            print("generated code is up to date with Schemas/ (\(generated.count + others.count) files)")
             exit(0)
         }
         for name in changed { print("out of date: \(name)") }
@@ -64,7 +80,11 @@ do {
         try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
         try generated[name]!.write(to: url, atomically: true, encoding: .utf8)
     }
-    print("wrote \(changed.count) of \(generated.count) files, removed \(stale.count)")
+    for url in othersChanged {
+        try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+        try others[url]!.write(to: url, atomically: true, encoding: .utf8)
+    }
+    print("wrote \(changed.count) of \(generated.count) files, removed \(stale.count); \(othersChanged.count) of \(others.count) other files")
 } catch {
     FileHandle.standardError.write(Data("chatcore-codegen: \(error)\n".utf8))
     exit(1)

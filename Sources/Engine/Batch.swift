@@ -296,7 +296,7 @@ final class Batch {
         let output = self.output(of: session)
         let start = output.writer.count
         event.encode(to: &output.writer)
-        // In a user's own view that user is bbmpim://user/id/0 (PROTOCOL.md §3): every
+        // In a user's own view that user is bbmpim://user/id/0 (§3): every
         // string that is exactly this viewer's uri, wherever it stands.
         if let own = session.quotedOwnURI {
             output.writer.replaceAll(own, with: UserRecord.quotedLocalURI, from: start)

@@ -7,7 +7,7 @@ import Store
 import Glibc
 #endif
 
-/// Attachments (PROTOCOL.md §7): which files a session may name, storing them off the
+/// Attachments (§7): which files a session may name, storing them off the
 /// engine thread, downloads and detaching, and releasing stored contents.
 extension Engine {
     static let maxThumbBytes: Int64 = 56_320

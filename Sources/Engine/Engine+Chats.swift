@@ -1,7 +1,7 @@
 import Protocol
 import Store
 
-/// Chats and their participants (PROTOCOL.md §5).
+/// Chats and their participants (§5).
 extension Engine {
     /// Participants of one chat, the local user included.
     static let maxParticipants = 250

@@ -29,7 +29,7 @@ final class EndpointRecord {
     }
 }
 
-/// Setup and endpoints (PROTOCOL.md §3): every session is an endpoint of its user. An
+/// Setup and endpoints (§3): every session is an endpoint of its user. An
 /// endpoint that `endpointUpdate` named is registered (stored, kept across reconnects,
 /// until `endpointDeregister`); a session that never names itself is an endpoint only
 /// while it is connected. A user has at most `maxEndpoints` of both kinds together: a
@@ -211,7 +211,7 @@ extension Engine {
         batch.emit(.listChange(.global(ListChangeGlobal(elements: elements))), to: session)
     }
 
-    /// Before a session is set up it may list (PROTOCOL.md §3): `global` shows
+    /// Before a session is set up it may list (§3): `global` shows
     /// authTokenState and setupState, every other list is empty for it and is brought up
     /// to date once it is set up. It may make setup requests, and once its token was
     /// accepted (setupState Full) manage its user's endpoints. False: the request is not

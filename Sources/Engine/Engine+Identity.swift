@@ -1,7 +1,7 @@
 import Protocol
 import Store
 
-/// Authentication, identities, and the `global` and `user` lists (PROTOCOL.md §3, §4).
+/// Authentication, identities, and the `global` and `user` lists (docs/protocol.md §3, §4).
 extension Engine {
     /// A token for `userId` was accepted (or the session was started trusted as it). The
     /// session is then set up on an endpoint of the user, or waits in setupState Full
@@ -42,7 +42,7 @@ extension Engine {
         batch.emit(.setupError(error), to: session)
     }
 
-    /// The session's `global` list (PROTOCOL.md §3). Before a token is accepted:
+    /// The session's `global` list (§3). Before a token is accepted:
     /// authTokenState (`Needed`, or `Rejected` after a refused token) and setupState
     /// `{"state":"NotRequested"}`. Accepted but no endpoint free: authTokenState `Ok`,
     /// setupState `{"state":"Full"}`. Set up: authTokenState `Ok`, setupState

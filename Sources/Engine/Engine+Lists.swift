@@ -1,7 +1,7 @@
 import Protocol
 import Store
 
-/// The list requests (PROTOCOL.md §4) and message matching (§8).
+/// The list requests (§4) and message matching (§8).
 extension Engine {
     /// Results of a match without a window, and the most a window side may ask for.
     static let maxMatches = 1000
@@ -95,7 +95,7 @@ extension Engine {
         }
     }
 
-    /// A list answer (PROTOCOL.md §4): its header, then `listChunk`s of at most
+    /// A list answer (§4): its header, then `listChunk`s of at most
     /// `chunkSize` elements (at least one, possibly empty), the final one `last: true`.
     /// Clients apply a chunk to the list its header opened, so the header comes first.
     func answer<Element>(_ header: Event, _ elements: [Element], to session: EngineSession, batch: Batch,
@@ -256,7 +256,7 @@ extension Engine {
 
     // MARK: requestListChanges
 
-    /// The change feed (PROTOCOL.md §4): messages of the user's chats whose latest change
+    /// The change feed (§4): messages of the user's chats whose latest change
     /// is after `since`, oldest change first. A message's latest change is the later of its
     /// own (`changeSeq`) and of the marks that moved over it (range changes).
     func listChanges(_ request: RequestListChanges, user: Int64, batch: Batch) throws -> Event {

@@ -6,7 +6,7 @@ import Store
 import Glibc
 #endif
 
-/// Messages (PROTOCOL.md §6): sending, states, reading, private delete, recall, typing,
+/// Messages (§6): sending, states, reading, private delete, recall, typing,
 /// and chat events.
 extension Engine {
     /// content (UTF-8) + data (compact JSON) + thumb, in bytes.
@@ -14,7 +14,7 @@ extension Engine {
 
     // MARK: finding things
 
-    /// The chat, when `user` takes part in it (otherwise it is not found: PROTOCOL.md §2).
+    /// The chat, when `user` takes part in it (otherwise it is not found: docs/protocol.md §2).
     func chat(_ chatId: String, of user: Int64) throws -> (ChatRecord, MemberRecord) {
         if let number = Int64(chatId), let chat = chats[number], let member = chat.activeMember(user) {
             return (chat, member)
@@ -101,7 +101,7 @@ extension Engine {
     }
 
     /// Every connected member has now received everything up to the chat's last message:
-    /// the senders' states move (PROTOCOL.md §6).
+    /// the senders' states move (§6).
     func markDelivered(_ chat: ChatRecord, only user: Int64? = nil, batch: Batch, changes: PendingChanges) throws {
         let last = chat.lastMessage
         for member in chat.members.values where member.isActive && member.deliveredUpTo < last && isOnline(member.user) {

@@ -2,7 +2,7 @@ import Protocol
 import Store
 
 /// Rendering elements per viewer, and turning "before" and "after" renderings into the
-/// `listChange` events (PROTOCOL.md §4). Handlers change records; what each user sees
+/// `listChange` events (§4). Handlers change records; what each user sees
 /// changing is always derived here, from the records, never computed on the side.
 extension Engine {
     // MARK: sessions
@@ -106,7 +106,7 @@ extension Engine {
                 return RefBy(tag: tag, newestRef: counted.newest, count: counted.count)
             }
         }
-        // Attachments (PROTOCOL.md §7): the sender sees the stored copy; a recipient the
+        // Attachments (§7): the sender sees the stored copy; a recipient the
         // thumb at once, and the file's name until they download it, then their copy.
         var thumb: String?
         var file: String?
@@ -212,7 +212,7 @@ extension Engine {
     }
 
     /// Stores what changed and sends each connected viewer what changed for them:
-    /// message changes first, then chat changes (PROTOCOL.md §4 ordering).
+    /// message changes first, then chat changes (docs/protocol.md §4 ordering).
     func publish(_ changes: PendingChanges, batch: Batch) {
         var messageChanges: [Int64: [ChatMessageChange]] = [:]
         var userOrder: [Int64] = []

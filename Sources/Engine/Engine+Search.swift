@@ -3,7 +3,7 @@ import Foundation
 import Protocol
 import Store
 
-/// `search` (PROTOCOL.md §9): message text from the store's index, chat subjects from
+/// `search` (§9): message text from the store's index, chat subjects from
 /// memory, and only what the user may see.
 ///
 /// With an index, the engine decides what the user may search (their chats, from when

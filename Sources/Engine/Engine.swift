@@ -5,7 +5,7 @@ import Protocol
 import Store
 import Synchronization
 
-/// The one place that decides (PROTOCOL.md §3–§9).
+/// The one place that decides (docs/protocol.md §3–§9).
 ///
 /// Sessions submit work from any thread; a single engine thread takes everything waiting
 /// as one batch, decides each item in arrival order against the in-memory state, commits
@@ -57,7 +57,7 @@ public final class Engine: @unchecked Sendable {
     private var awaitingOutside: Set<ObjectIdentifier> = []
     /// Where searches look up the index and the store, several at once.
     let searchQueue = DispatchQueue(label: "chatcore-search", qos: .userInitiated, attributes: .concurrent)
-    /// `listChunk` carries at most this many elements (PROTOCOL.md §4).
+    /// `listChunk` carries at most this many elements (§4).
     static let chunkSize = 500
 
     let store: ChatStore
@@ -81,7 +81,7 @@ public final class Engine: @unchecked Sendable {
     private var thread: Thread?
 
     /// How many endpoints one user may have at once: registered ones and sessions that
-    /// have not registered (PROTOCOL.md §3, `--max-endpoints`).
+    /// have not registered (docs/protocol.md §3, `--max-endpoints`).
     public var maxEndpoints = 100
 
     // Engine-thread state.

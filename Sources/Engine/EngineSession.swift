@@ -17,7 +17,7 @@ public protocol EventSink: AnyObject, Sendable {
     func endSession()
 }
 
-/// How a session reached the service; decides which files it may name (PROTOCOL.md §7).
+/// How a session reached the service; decides which files it may name (§7).
 public enum Transport: String, Sendable {
     case stdio
     case tcp
@@ -41,19 +41,19 @@ public final class EngineSession: @unchecked Sendable, Hashable {
         didSet { quotedOwnURI = user.map(UserRecord.quotedURI) }
     }
     /// This session's endpoint once it is set up: one the user registered, or one that
-    /// lasts as long as the session (PROTOCOL.md §3).
+    /// lasts as long as the session (§3).
     var endpoint: Int64?
     /// What `endpointUpdate` said before the session was set up; applied when it is.
     var pendingEndpoint: EndpointUpdate?
     /// `"bbmpim://user/id/<user>"` as JSON bytes, made once (every event this session gets
-    /// is searched for it: PROTOCOL.md §3, the local user is id/0 in its own view).
+    /// is searched for it: docs/protocol.md §3, the local user is id/0 in its own view).
     private(set) var quotedOwnURI: [UInt8]?
     var isOpen = true
     /// A token of this session was refused while it was not authenticated (its
     /// `authTokenState` shows `Rejected`).
     var tokenRejected = false
     /// Lists it asked for before authenticating (answered empty): brought up to date with
-    /// a `listAdd` when it authenticates (PROTOCOL.md §4).
+    /// a `listAdd` when it authenticates (§4).
     var listedEarly: Set<ListType> = []
 
     init(id: Int, transport: Transport, sink: EventSink) {

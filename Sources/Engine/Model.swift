@@ -1,7 +1,7 @@
 import Protocol
 import Store
 
-/// The tags only the service posts (PROTOCOL.md §6): a client sending one gets `ReservedTag`,
+/// The tags only the service posts (§6): a client sending one gets `ReservedTag`,
 /// and a reference may not point at a message carrying one.
 let reservedTags = MessageFilter.reservedTags
 

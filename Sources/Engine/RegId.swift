@@ -1,7 +1,7 @@
 import Crypto
 
 /// A user's regId: a positive 63-bit number derived from the user id alone, so the same
-/// user has the same regId in every store (PROTOCOL.md §3): the first eight bytes of
+/// user has the same regId in every store (§3): the first eight bytes of
 /// SHA-256 of the UTF-8 user id, big-endian, top bit cleared (never 0).
 public enum RegId {
     public static func derive(_ userId: String) -> Int64 {

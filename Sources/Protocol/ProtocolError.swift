@@ -1,7 +1,7 @@
 import Wire
 
 /// A request that is not carried out: one of the wire error codes and a sentence naming
-/// the field or limit (PROTOCOL.md §2). Every layer throws this; `requestFailed(...)` is
+/// the field or limit (§2). Every layer throws this; `requestFailed(...)` is
 /// the one place it becomes the `requestFailed` event.
 public struct ProtocolError: Error, Sendable, Equatable {
     public let code: ErrorCode

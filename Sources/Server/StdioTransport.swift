@@ -8,7 +8,7 @@ import Wire
 import Glibc
 #endif
 
-/// The standard input/output session (PROTOCOL.md §1).
+/// The standard input/output session (§1).
 ///
 /// Blocking threads rather than an event loop, because standard input may be a regular
 /// file (`chatcore serve --user u < requests.ndjson`), which epoll cannot watch. The

@@ -3,7 +3,7 @@ import JWTKit
 import Protocol
 import Wire
 
-/// Checks `authToken` JWTs and issues them for `chatcore token` (PROTOCOL.md §3), with
+/// Checks `authToken` JWTs and issues them for `chatcore token` (§3), with
 /// vapor's jwt-kit.
 ///
 /// A token is accepted when its header's `alg` is HS256 and it is signed with the secret

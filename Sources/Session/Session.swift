@@ -8,7 +8,7 @@ import Wire
 /// order, and never block the caller.
 public protocol SessionOutput: AnyObject, Sendable {
     /// Appends complete lines (copied before returning); `flush` ends a batch of events
-    /// (PROTOCOL.md §1).
+    /// (§1).
     func write(_ bytes: UnsafeRawBufferPointer, flush: Bool)
     /// The engine has caught up with this session's input: reading may resume.
     func resumeInput()
@@ -19,7 +19,7 @@ public protocol SessionOutput: AnyObject, Sendable {
     func closeAfterWritten()
 }
 
-/// One endpoint (PROTOCOL.md §3): turns its lines into requests for the engine and the
+/// One endpoint (§3): turns its lines into requests for the engine and the
 /// engine's events into its output.
 ///
 /// Lines arrive on one transport thread at a time. Answers the session makes itself

@@ -62,7 +62,7 @@ public protocol ChatStore: AnyObject, Sendable {
     func commit(_ batch: StoreBatch) throws
 }
 
-/// Which messages a match looks for (PROTOCOL.md §8 criteria, in store words).
+/// Which messages a match looks for (docs/protocol.md §8 criteria, in store words).
 public struct MessageFilter: Sendable, Equatable {
     /// The lowest id (the member's first visible message).
     public var firstId: Int64
@@ -86,7 +86,7 @@ public struct MessageFilter: Sendable, Equatable {
         self.sender = sender
     }
 
-    /// The tags only the service posts (PROTOCOL.md §6).
+    /// The tags only the service posts (§6).
     public static let reservedTags: Set<String> = ["Join", "Leave", "Subject", "Gap", "Shred", "Clear", "Admin", "Remove"]
 }
 
@@ -112,7 +112,7 @@ public struct StoreFailure: Error, CustomStringConvertible, Sendable {
     }
 }
 
-/// The text index behind `search` (PROTOCOL.md §9). It is derived from the messages: it
+/// The text index behind `search` (§9). It is derived from the messages: it
 /// may lag behind commits (additions are handed over and written in the background) and
 /// lose its tail in a crash; the engine re-adds what it lacks at start-up.
 public protocol MessageSearchIndex: AnyObject, Sendable {

@@ -18,7 +18,7 @@ public struct UserRecord: Sendable, Hashable {
 
     public var uri: String { UserRecord.uriPrefix + String(number) }
 
-    /// The uri a user has in their own view (PROTOCOL.md §3).
+    /// The uri a user has in their own view (§3).
     public static let localURI = uriPrefix + "0"
     /// `"bbmpim://user/id/0"` as JSON bytes, quotes included.
     public static let quotedLocalURI = Array("\"\(localURI)\"".utf8)
@@ -43,7 +43,7 @@ public struct UserRecord: Sendable, Hashable {
 /// Sessions that never register are endpoints too, but only while they are connected:
 /// they are not stored.
 public struct EndpointRow: Sendable, Equatable {
-    /// The endpoint's id (a random 63-bit number, PROTOCOL.md §3 `endpointId`).
+    /// The endpoint's id (a random 63-bit number, docs/protocol.md §3 `endpointId`).
     public var id: Int64
     public var user: Int64
     public var description: String
@@ -199,7 +199,7 @@ public struct MessageRow: Sendable, Equatable {
     public var isControl: Bool
     public var neverCountsUnread: Bool
     public var isRecalled: Bool
-    /// The change feed position of the message's latest change of its own (PROTOCOL.md
+    /// The change feed position of the message's latest change of its own (docs/protocol.md
     /// §4; marks moving over many messages are `RangeChangeRow`s).
     public var changeSeq: Int64
     /// Its row in the search index, 0 when its text is not indexed.

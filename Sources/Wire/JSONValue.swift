@@ -21,7 +21,7 @@ public struct JSONValue: Sendable, Hashable, CustomStringConvertible {
     public var isNull: Bool { json == "null" }
     public var isObject: Bool { json.utf8.first == UInt8(ascii: "{") }
 
-    /// The number of bytes of the compact text (the size limits of PROTOCOL.md §6 count these).
+    /// The number of bytes of the compact text (the size limits of docs/protocol.md §6 count these).
     public var byteCount: Int { json.utf8.count }
 
     public static func string(_ value: String) -> JSONValue {

@@ -9,7 +9,7 @@ import Darwin
 /// Generated encoders drive it field by field; free-form values (`JSONValue`) are
 /// embedded verbatim, which is why this is not `yajl_gen`: YAJL's generator cannot
 /// insert an already-encoded value, and re-generating one would change its escapes and
-/// number spellings (PROTOCOL.md requires them to come back as sent).
+/// number spellings (docs/protocol.md requires them to come back as sent).
 ///
 /// The buffer is raw memory owned by the writer (it is not copyable): every answer is
 /// written through here, and an `Array` pays a uniqueness and capacity check per byte
@@ -160,7 +160,7 @@ public struct JSONWriter: ~Copyable, @unchecked Sendable {
 
     public mutating func integer(_ value: Int) { integer(Int64(value)) }
 
-    /// A 64-bit id: written as a decimal string (PROTOCOL.md §1).
+    /// A 64-bit id: written as a decimal string (§1).
     public mutating func id64(_ value: Int64) {
         separate()
         put(UInt8(ascii: "\""))

@@ -1,4 +1,4 @@
-/// Splits a byte stream into protocol lines (PROTOCOL.md §1).
+/// Splits a byte stream into protocol lines (§1).
 ///
 /// It knows only bytes and limits: a line is the bytes before `\n` (a trailing `\r` is
 /// dropped before parsing but counts toward the limit). A line longer than

@@ -27,7 +27,7 @@ public enum DecodedRequest {
 }
 
 /// The outcome of decoding one line: the message, or why not, with what the error
-/// answer needs (PROTOCOL.md §2): the member name when the line is an object with
+/// answer needs (§2): the member name when the line is an object with
 /// exactly one member, and the cookie when its value is an object with a string cookie.
 public struct DecodedLine<Message: Sendable>: Sendable {
     public let request: String?

@@ -4,7 +4,7 @@ import SQLiteStore
 import XCTest
 @testable import Engine
 
-/// Endpoints under failed commits (PROTOCOL.md §3): a deregistration or a registration
+/// Endpoints under failed commits (§3): a deregistration or a registration
 /// that the store did not take changes nobody's session and nothing that is listed.
 final class EndpointTests: XCTestCase {
     private func harness() throws -> (EngineHarness, FailingStore) {

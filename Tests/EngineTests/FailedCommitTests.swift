@@ -4,7 +4,7 @@ import SQLiteStore
 import XCTest
 @testable import Engine
 
-/// A commit that fails (PROTOCOL.md §2 `Internal`; issue 11): every request of the batch
+/// A commit that fails (docs/protocol.md §2 `Internal`; issue 11): every request of the batch
 /// gets one answer, nothing of it is seen, what was committed before stays answered, and
 /// nobody keeps an identity the store does not have.
 final class FailedCommitTests: XCTestCase {

@@ -2,7 +2,7 @@ import Foundation
 import XCTest
 @testable import Engine
 
-/// `requestListMatching` windows (PROTOCOL.md §8) against a brute-force model.
+/// `requestListMatching` windows (§8) against a brute-force model.
 final class WindowTests: XCTestCase {
     /// Messages 1–4 at T−1 and 5–7 at T+1: a window at T has 1–4 before and 5–7 after.
     func testATimestampBetweenMessagesLosesNone() throws {

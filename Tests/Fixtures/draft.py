@@ -5,7 +5,7 @@ received after each step (with the clock fixed, as the test runner does).
 
     python3 Tests/Fixtures/draft.py script.txt > Tests/Fixtures/x/y.transcript
 
-A draft is not a test: read every received line against PROTOCOL.md before keeping it.
+A draft is not a test: read every received line against docs/protocol.md before keeping it.
 Script steps: `!server ARGS` (first: extra arguments for `chatcore serve`), `!connect NAME`
 (then `NAME> {"authToken":...}` as usual), `NAME> JSON`, `!restart`, `!kill`, `!sleep MS`,
 `#` comments (kept).

@@ -1,4 +1,4 @@
-"""Attachments over the wire (PROTOCOL.md §7, issue 5): storing, Move, downloads with
+"""Attachments over the wire (docs/protocol.md §7, issue 5): storing, Move, downloads with
 the same bytes, detaching, recall releasing the stored copy, size limits, and every way a
 socket session could try to reach a file outside --attachments-dir."""
 import hashlib

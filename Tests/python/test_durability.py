@@ -1,6 +1,6 @@
 """SIGKILL in the middle of a pipelined load: after a restart nothing that was announced
 `Sent` is lost, ids are consecutive, and refBy and the chat's counters agree with the
-messages (PROTOCOL.md §6, issue 4)."""
+messages (docs/protocol.md §6, issue 4)."""
 import json
 import os
 import random

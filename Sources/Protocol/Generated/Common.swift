@@ -3,7 +3,7 @@
 
 import Wire
 
-/// The typed lists of the protocol (PROTOCOL.md §4).
+/// The typed lists of the protocol (§4).
 public enum ListType: String, Sendable, Hashable, CaseIterable {
     case global = "global"
     case user = "user"
@@ -86,7 +86,7 @@ public enum AttachmentPolicy: String, Sendable, Hashable, CaseIterable {
     case delete = "Delete"
 }
 
-/// Where a message is on its way (PROTOCOL.md §6).
+/// Where a message is on its way (§6).
 public enum MessageState: String, Sendable, Hashable, CaseIterable {
     case sending = "Sending"
     case sent = "Sent"

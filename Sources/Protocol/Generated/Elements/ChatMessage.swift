@@ -45,7 +45,7 @@ public enum RecallState: String, Sendable, Hashable, CaseIterable {
     case recalled = "Recalled"
 }
 
-/// A message of a chat, as the local user sees it (PROTOCOL.md §6).
+/// A message of a chat, as the local user sees it (§6).
 public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
     /// A chat, as the service named it.
     public var chatId: String
@@ -71,7 +71,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
     public var fileState: FileState?
     /// Letters, alphabetical: C control, D deleted, I incoming, N never counts as unread, U unverified.
     public var flags: String
-    /// Where a message is on its way (PROTOCOL.md §6).
+    /// Where a message is on its way (§6).
     public var state: MessageState
     /// True unless every recipient is in the same state.
     public var stateIsPartial: Bool

@@ -7,7 +7,7 @@ import Wire
 public struct RecipientState: Sendable, Equatable, WireDecodable, WireEncodable {
     /// A user as the protocol names them: bbmpim://user/id/<n>.
     public var userUri: String
-    /// Where a message is on its way (PROTOCOL.md §6).
+    /// Where a message is on its way (§6).
     public var state: MessageState
 
     public init(userUri: String, state: MessageState) {

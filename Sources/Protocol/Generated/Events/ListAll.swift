@@ -8,7 +8,7 @@ public struct ListAll: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The member name of this message on the wire.
     public static let name = "listAll"
 
-    /// The typed lists of the protocol (PROTOCOL.md §4).
+    /// The typed lists of the protocol (§4).
     public var type: ListType
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?

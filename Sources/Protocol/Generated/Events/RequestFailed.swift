@@ -16,7 +16,7 @@ public enum ErrorCode: String, Sendable, Hashable, CaseIterable {
     case `internal` = "Internal"
 }
 
-/// A request was not carried out (PROTOCOL.md §2).
+/// A request was not carried out (§2).
 public struct RequestFailed: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The member name of this message on the wire.
     public static let name = "requestFailed"

@@ -3,7 +3,7 @@
 
 import Wire
 
-/// Authenticates the session as a user with a JWT (HS256; sub = userId).
+/// Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId).
 public struct AuthToken: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The member name of this message on the wire.
     public static let name = "authToken"

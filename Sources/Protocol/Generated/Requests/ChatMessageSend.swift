@@ -3,7 +3,7 @@
 
 import Wire
 
-/// Sends a message (PROTOCOL.md §6). content + data + thumb are at most 71680 bytes together (TooLarge).
+/// Sends a message (§6). content + data + thumb are at most 71680 bytes together (TooLarge).
 public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The member name of this message on the wire.
     public static let name = "chatMessageSend"

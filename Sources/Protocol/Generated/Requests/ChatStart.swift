@@ -3,7 +3,7 @@
 
 import Wire
 
-/// Starts a chat (PROTOCOL.md §5).
+/// Starts a chat (§5).
 public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The member name of this message on the wire.
     public static let name = "chatStart"

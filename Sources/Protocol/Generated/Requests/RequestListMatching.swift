@@ -335,7 +335,7 @@ public struct RequestListMatchingUser: Sendable, Equatable, WireDecodable, WireE
     }
 }
 
-/// Asks for the elements matching criteria (PROTOCOL.md §8).
+/// Asks for the elements matching criteria (§8).
 public enum RequestListMatching: Sendable, Equatable, WireUnionDecodable, WireEncodable {
     case chatMessage(RequestListMatchingChatMessage)
     case chatParticipant(RequestListMatchingChatParticipant)

@@ -3,7 +3,7 @@
 
 import Wire
 
-/// Finds messages by content and chats by subject (PROTOCOL.md §9).
+/// Finds messages by content and chats by subject (§9).
 public struct Search: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The member name of this message on the wire.
     public static let name = "search"
