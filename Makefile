@@ -2,6 +2,7 @@
 SWIFT   ?= swift
 PYTHON  ?= python3
 LISTEN  ?= 127.0.0.1:7400
+DATA_DIR ?= $(or $(XDG_DATA_HOME),$(HOME)/.local/share)/chatcore
 RELEASE := .build/release/chatcore
 
 .PHONY: help setup build run test test-swift test-python test-node test-fuzz generate check-generated bench soak fuzz asan tsan clean
@@ -10,7 +11,7 @@ help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 setup: ## install the system packages and Python test tools (Debian; run as root)
-	@missing=""; for p in libyajl-dev libsqlite3-dev pkg-config strace netcat-openbsd; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in libyajl-dev libsqlite3-dev pkg-config strace netcat-openbsd python3-venv; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	command -v node >/dev/null || missing="$$missing nodejs"; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && apt-get install -y -qq $$missing; fi
 	@$(PYTHON) -c "import jsonschema, referencing, pytest, cryptography" 2>/dev/null || \
@@ -21,15 +22,15 @@ setup: ## install the system packages and Python test tools (Debian; run as root
 build: setup ## build the release binary
 	$(SWIFT) build -c release --product chatcore
 
-run: build ## set up, build and start the service on $(LISTEN) (any token accepted: loopback only)
+run: build ## set up, build and start the service on $(LISTEN) (any token accepted: loopback only); DATA_DIR=... for another store
 	@echo
-	@echo "chatcore is starting on $(LISTEN). In another terminal:"
+	@echo "chatcore is starting on $(LISTEN), store in $(DATA_DIR). In another terminal:"
 	@echo "    nc $(subst :, ,$(LISTEN))"
 	@echo '    {"authToken":{"userId":"alice","authToken":"any"}}'
 	@echo '    {"identitiesGet":{"cookie":"1","appUserIds":["alice"]}}'
-	@echo "Examples/netcat.md walks through more. Ctrl-C stops it; data stays in ~/.local/share/chatcore."
+	@echo "README.md walks two users through a chat; Examples/netcat.md shows more. Ctrl-C stops it."
 	@echo
-	exec $(RELEASE) serve --listen $(LISTEN) --insecure-no-auth
+	exec $(RELEASE) serve --listen $(LISTEN) --data-dir $(DATA_DIR) --insecure-no-auth
 
 test: setup test-swift test-python test-node test-fuzz ## set up and run every test (a short fuzz run included)
 
@@ -39,17 +40,17 @@ test-swift: check-generated
 
 test-python:
 	$(SWIFT) build --product chatcore
-	CHATCORE_BINARY=$(CURDIR)/.build/debug/chatcore $(PYTHON) -m pytest -q Tests/python Examples
+	CHATCORE_BINARY=$(CURDIR)/.build/debug/chatcore $(PYTHON) -m pytest -q Tests/python Examples clients/python/tests
 
 test-node:
 	$(SWIFT) build --product chatcore
-	CHATCORE_BINARY=$(CURDIR)/.build/debug/chatcore node --test Tests/node/
+	CHATCORE_BINARY=$(CURDIR)/.build/debug/chatcore node --test Tests/node/ clients/typescript/test/
 
 generate: ## regenerate Sources/Protocol/Generated and docs/protocol.md from Schemas/
-	$(SWIFT) run chatcore-codegen Schemas Sources/Protocol/Generated --docs docs/protocol.md
+	$(SWIFT) run chatcore-codegen Schemas Sources/Protocol/Generated --docs docs/protocol.md --python clients/python/chatcore/protocol.py --typescript clients/typescript
 
 check-generated: ## fail when the generated code or docs/protocol.md and Schemas/ disagree
-	$(SWIFT) run chatcore-codegen --check Schemas Sources/Protocol/Generated --docs docs/protocol.md
+	$(SWIFT) run chatcore-codegen --check Schemas Sources/Protocol/Generated --docs docs/protocol.md --python clients/python/chatcore/protocol.py --typescript clients/typescript
 
 FUZZ_SECONDS ?= 300
 FUZZ_BINARY := .build-fuzz/release/chatcore-fuzz

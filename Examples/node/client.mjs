@@ -1,46 +1,36 @@
-// A minimal chatcore client in Node.js: spawns `chatcore serve --user alice`, sends
-// requests as JSON lines on its standard input, and reads events from its standard output.
+// A chatcore session from Node.js, with the client in clients/typescript (`npm install
+// ./clients/typescript`, or run from the repository as is):
 //
-//     CHATCORE_BINARY=.build/debug/chatcore node Examples/node/client.mjs
-import { spawn } from "node:child_process";
+//     node Examples/node/client.mjs
+//
+// It spawns `chatcore serve --user alice` on a fresh data directory, starts a chat with bob,
+// sends a message, reads the chat back, and shows a refused request. The binary is found
+// through CHATCORE_BINARY, PATH, or a build of this repository (`make build`).
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { createInterface } from "node:readline";
+import { Client, chatStart, chatMessageSend, identitiesGet, requestListMatchingChatMessage } from "../../clients/typescript/client.js";
 
-const binary = process.env.CHATCORE_BINARY ?? "chatcore";
 const dataDir = mkdtempSync(join(tmpdir(), "chatcore-node-"));
-const child = spawn(binary, ["serve", "--user", "alice", "--data-dir", dataDir], { stdio: ["pipe", "pipe", "inherit"] });
-
-// Events carrying a cookie resolve the request that sent it.
-const waiting = new Map();
-let nextCookie = 1;
-createInterface({ input: child.stdout }).on("line", (line) => {
-  const event = JSON.parse(line);
-  const [name, body] = Object.entries(event)[0];
-  const resolve = waiting.get(body?.cookie);
-  if (resolve) {
-    waiting.delete(body.cookie);
-    resolve(event);
-  } else {
-    console.log("event:", name, JSON.stringify(body));
-  }
-});
-
-function request(name, fields) {
-  const cookie = `node${nextCookie++}`;
-  child.stdin.write(JSON.stringify({ [name]: { ...fields, cookie } }) + "\n");
-  return new Promise((resolve) => waiting.set(cookie, resolve));
+let alice;
+try {
+  alice = Client.spawn("alice", { dataDir });
+} catch (error) {
+  console.error(error.message);
+  process.exit(1);
 }
-
-const identities = await request("identitiesGet", { appUserIds: ["alice"] });
-console.log("identities:", JSON.stringify(identities.identities.info));
-const failed = await request("chatMessageSend", { chatId: "1", tag: "Text", misspelled: true });
-console.log("requestFailed:", failed.requestFailed.reason);
-
-child.stdin.end();
-child.on("exit", (code) => {
-  rmSync(dataDir, { recursive: true, force: true });
-  console.log("exit code", code);
-  process.exit(code ?? 1);
-});
+const me = await alice.request(identitiesGet({ appUserIds: ["alice"] }));
+console.log("alice is", me.info[0].uri);
+const chat = await alice.request(chatStart({ invitees: [{ userId: "bob" }], subject: "Lunch" }));
+console.log("started chat", chat.chatId, JSON.stringify(chat.subject));
+const sent = await alice.request(chatMessageSend({ chatId: chat.chatId, tag: "Text", content: "Noon?" }));
+console.log("sent message", sent.messageId, sent.state);
+const window = await alice.request(requestListMatchingChatMessage({ criteria: { chatId: chat.chatId }, window: { messageId: sent.messageId, before: 10 } }));
+for (const message of window.elements) console.log(" ", message.messageId, message.tag, message.content ?? "");
+try {
+  await alice.request({ chatMessageSend: { chatId: chat.chatId, tag: "Text", misspelled: true } });
+} catch (refused) {
+  console.log("refused:", refused.error, refused.reason);
+}
+await alice.close();
+rmSync(dataDir, { recursive: true, force: true });

@@ -1,24 +1,36 @@
-"""Drives the Python example against the real binary."""
+"""Runs the Python example against the real binary, and without one."""
 import os
 import pathlib
+import shutil
+import subprocess
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from chatcore_client import ChatcoreClient  # noqa: E402
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BINARY = os.environ.get("CHATCORE_BINARY", str(ROOT / ".build" / "debug" / "chatcore"))
+EXAMPLE = pathlib.Path(__file__).with_name("chat.py")
 
 
-def test_the_python_client_spawns_chatcore_and_talks_to_it():
-    client = ChatcoreClient("alice", binary=BINARY)
-    identities = client.request("identitiesGet", {"appUserIds": ["alice", "nobody"]})
-    assert identities["identities"]["info"][0]["uri"] == "bbmpim://user/id/0"  # yourself, in your own view
-    # A list answer opens with its header; the chunks follow, the final one "last".
-    assert client.request("requestListAll", {"type": "global"}) == {"listAll": {"type": "global", "cookie": "py2"}}
-    chunk = client.receive()["listChunk"]
-    assert chunk["last"] is True
-    assert [element["name"] for element in chunk["elements"]] == ["authTokenState", "setupState", "localUri", "localRegId", "endpointId"]
-    failed = client.request("chatMessageSend", {"chatId": "1", "tag": "Text", "oops": True})
-    assert failed["requestFailed"]["reason"] == "unknown field 'oops'"
-    assert client.close() == 0
+def test_the_python_example_chats_through_the_client():
+    result = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "alice is bbmpim://user/id/0",
+        "started chat 1 'Lunch'",
+        "sent message 2 Sent",
+        "  1 Join ",
+        "  2 Text Noon?",
+        "refused: InvalidParameter unknown field 'misspelled'",
+    ]
+
+
+def test_without_a_binary_the_example_says_how_to_point_at_one(tmp_path):
+    # A copy of the example and the client outside the repository, where no build is found.
+    root = pathlib.Path(__file__).resolve().parents[2]
+    shutil.copytree(root / "clients" / "python" / "chatcore", tmp_path / "clients" / "python" / "chatcore")
+    (tmp_path / "Examples" / "python").mkdir(parents=True)
+    shutil.copy(EXAMPLE, tmp_path / "Examples" / "python")
+    env = {key: value for key, value in os.environ.items() if key != "CHATCORE_BINARY"}
+    env["PATH"] = os.path.dirname(sys.executable)
+    result = subprocess.run([sys.executable, str(tmp_path / "Examples" / "python" / "chat.py")], capture_output=True, text=True,
+                            timeout=60, cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "CHATCORE_BINARY" in result.stderr

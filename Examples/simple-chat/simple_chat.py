@@ -2,7 +2,9 @@
 """Simple Chat: the flow of the Spark "Simple Chat" sample, in a terminal, over chatcore.
 
 Authenticate, create a chat, list chats, send Text messages, mark them read, and watch
-each message's delivery status change live.
+each message's delivery status change live. It reacts to events as a bbmcore app does (one
+handler per event), and builds its requests with the Python client's typed builders
+(`chatcore.protocol`).
 
     # spawn chatcore on this user's own data directory (standard input/output):
     python3 simple_chat.py --user alice
@@ -25,6 +27,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+
+try:
+    import chatcore
+except ImportError:  # not installed (pip install ./clients/python): use the repository's copy
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python"))
+    import chatcore
+from chatcore import protocol
 
 
 class Connection:
@@ -103,7 +112,7 @@ class SimpleChat:
                 if element["name"] == "localUri":
                     self.my_uri = element["value"]
                     self.say(f"* signed in as {self.user} ({self.my_uri})")
-                    self.connection.send({"requestListAll": {"type": "chat", "cookie": "chats-initial"}})
+                    self.connection.send(protocol.request_list_all(type="chat", cookie="chats-initial"))
                     self.ready.set()
         elif body["type"] == "chat":
             for change in body["elements"]:
@@ -128,7 +137,7 @@ class SimpleChat:
         elif body["type"] == "chatParticipant":
             for participant in body["elements"]:
                 if participant["userUri"] not in self.users:
-                    self.connection.send({"requestListElements": {"type": "user", "elements": [{"uri": participant["userUri"]}]}})
+                    self.connection.send(protocol.request_list_elements_user(elements=[{"uri": participant["userUri"]}]))
 
     def on_listChunk(self, body):
         # A list answer opens with its header (listAll, listElements, listMatching); its
@@ -185,22 +194,19 @@ class SimpleChat:
     def command(self, line):
         if line.startswith("/start "):
             parts = line.split(maxsplit=2)
-            request = {"cookie": "start", "invitees": [{"userId": parts[1]}]}
-            if len(parts) == 3:
-                request["subject"] = parts[2]
-            else:
-                request["isOneToOne"] = True
-            self.connection.send({"chatStart": request})
+            subject = parts[2] if len(parts) == 3 else None
+            self.connection.send(protocol.chat_start(cookie="start", invitees=[{"userId": parts[1]}], subject=subject,
+                                                     isOneToOne=True if subject is None else None))
         elif line == "/chats":
-            self.connection.send({"requestListAll": {"type": "chat", "cookie": "chats"}})
+            self.connection.send(protocol.request_list_all(type="chat", cookie="chats"))
         elif line.startswith("/open "):
             self.open_chat = line.split()[1]
-            self.connection.send({"requestListMatching": {"type": "chatMessage", "criteria": {"chatId": self.open_chat, "tag": "Text"},
-                                                          "window": {"timestamp": 2 ** 40, "before": 20}, "cookie": "open"}})
+            self.connection.send(protocol.request_list_matching_chat_message(
+                criteria={"chatId": self.open_chat, "tag": "Text"}, window={"timestamp": 2 ** 40, "before": 20}, cookie="open"))
         elif line == "/read":
             chat = self.chats.get(self.open_chat)
             if chat and chat.get("lastMessage"):
-                self.connection.send({"chatMessageRead": {"chatId": self.open_chat, "messageId": str(chat["lastMessage"])}})
+                self.connection.send(protocol.chat_message_read(chatId=self.open_chat, messageId=str(chat["lastMessage"])))
         elif line == "/quit":
             return False
         elif line.startswith("/"):
@@ -208,7 +214,7 @@ class SimpleChat:
         elif self.open_chat is None:
             self.say("? open a chat first: /open CHATID or /start USERID")
         elif line:
-            self.connection.send({"chatMessageSend": {"chatId": self.open_chat, "tag": "Text", "content": line}})
+            self.connection.send(protocol.chat_message_send(chatId=self.open_chat, tag="Text", content=line))
         return True
 
 
@@ -217,16 +223,21 @@ def main():
     parser.add_argument("--user", required=True)
     parser.add_argument("--connect", help="HOST:PORT or unix:PATH of a running chatcore")
     parser.add_argument("--token", default="-", help="JWT for --connect (any text with --insecure-no-auth)")
-    parser.add_argument("--binary", default=os.environ.get("CHATCORE_BINARY", "chatcore"))
+    parser.add_argument("--binary", help="the chatcore executable (default: $CHATCORE_BINARY, PATH, or this repository's build)")
     parser.add_argument("--data-dir")
     args = parser.parse_args()
+    if not args.connect:
+        try:
+            args.binary = chatcore.find_binary(args.binary)
+        except chatcore.BinaryNotFound as missing:
+            sys.exit(str(missing))
     connection = Connection(args)
     app = SimpleChat(connection, args.user)
     threading.Thread(target=app.listen, daemon=True).start()
     if args.connect:
-        connection.send({"authToken": {"userId": args.user, "authToken": args.token}})
+        connection.send(protocol.auth_token(userId=args.user, authToken=args.token))
     else:
-        connection.send({"requestListAll": {"type": "global", "cookie": "me"}})
+        connection.send(protocol.request_list_all(type="global", cookie="me"))
     for line in sys.stdin:
         if not app.command(line.strip()):
             break

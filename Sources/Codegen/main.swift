@@ -5,7 +5,9 @@ import Foundation
 ///     chatcore-codegen SCHEMAS_DIR OUTPUT_DIR [--docs FILE]           write the generated files
 ///     chatcore-codegen --check SCHEMAS_DIR OUTPUT_DIR [--docs FILE]   exit 1 if they differ
 ///
-/// `--docs FILE` also writes the protocol reference (prose from SCHEMAS_DIR/protocol.md).
+/// `--docs FILE` also writes the protocol reference (prose from SCHEMAS_DIR/protocol.md),
+/// `--python FILE` the Python client's protocol module, `--typescript DIR` the TypeScript
+/// client's `protocol.js` and `protocol.d.ts`.
 var arguments = Array(CommandLine.arguments.dropFirst())
 let checkOnly = arguments.first == "--check"
 if checkOnly { arguments.removeFirst() }
@@ -14,8 +16,8 @@ while let index = arguments.firstIndex(where: { $0.hasPrefix("--") }), index + 1
     extraOutputs[String(arguments[index].dropFirst(2))] = URL(fileURLWithPath: arguments[index + 1])
     arguments.removeSubrange(index...index + 1)
 }
-guard arguments.count == 2, Set(extraOutputs.keys).isSubset(of: ["docs"]) else {
-    FileHandle.standardError.write(Data("usage: chatcore-codegen [--check] SCHEMAS_DIR OUTPUT_DIR [--docs FILE]\n".utf8))
+guard arguments.count == 2, Set(extraOutputs.keys).isSubset(of: ["docs", "python", "typescript"]) else {
+    FileHandle.standardError.write(Data("usage: chatcore-codegen [--check] SCHEMAS_DIR OUTPUT_DIR [--docs FILE] [--python FILE] [--typescript DIR]\n".utf8))
     exit(2)
 }
 let schemas = URL(fileURLWithPath: arguments[0], isDirectory: true)
@@ -59,6 +61,12 @@ do {
         let prose = try String(contentsOf: schemas.appendingPathComponent("protocol.md"), encoding: .utf8)
         var emitter = DocsEmitter(reader: reader, catalogue: catalogue, prose: prose)
         others[docs] = emitter.render()
+    }
+    let clients = ClientEmitter(reader: reader, catalogue: catalogue)
+    if let python = extraOutputs["python"] { others[python] = clients.renderPython() }
+    if let typescript = extraOutputs["typescript"] {
+        others[typescript.appendingPathComponent("protocol.js")] = clients.renderJavaScript()
+        others[typescript.appendingPathComponent("protocol.d.ts")] = clients.renderDeclarations()
     }
     let othersChanged = others.keys.filter { (try? String(contentsOf: $0, encoding: .utf8)) != others[$0] }.sorted { $0.path < $1.path }
     let stale = existing.keys.filter { generated[$0] == nil }.sorted()

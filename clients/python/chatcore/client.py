@@ -1,0 +1,374 @@
+"""An asyncio client for chatcore: spawn `chatcore serve --user`, or connect over TCP or a
+Unix socket; send requests and await their outcome; iterate over events.
+
+Every request's outcome is found the same way (docs/protocol.md, "Reference"):
+
+- a failure is the `requestFailed` whose `line` is the request's line (the client counts
+  the lines it writes), or `chatStartFailed` / `setupError`;
+- an answer is the event that carries the request's cookie (the client gives every
+  request one): a list answer is its header and every chunk up to `"last": true`, a
+  started chat or a sent message is the `listAdd` element carrying the cookie;
+- a request that is not answered when it succeeds is followed by a cheap list request
+  (the `global` element `authTokenState`): answers keep the order of requests, so once
+  that is answered and no failure came, the request succeeded.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Any, AsyncIterator, Callable
+
+from . import protocol
+
+LIST_HEADERS = {"listAll", "listElements", "listMatching"}
+STREAM_LIMIT = 256 << 20  # a list chunk of 500 large messages is tens of MB
+
+
+class ChatcoreError(Exception):
+    """A request was refused: `error` is the protocol's code, `event` what said so."""
+
+    def __init__(self, event: str, error: str, reason: str, body: dict[str, Any] | None = None):
+        super().__init__(f"{event}: {error}: {reason}")
+        self.event = event
+        self.error = error
+        self.reason = reason
+        self.body = body or {}
+
+
+class ChatcoreTimeout(ChatcoreError, TimeoutError):
+    def __init__(self, request: str, seconds: float):
+        super().__init__("timeout", "Timeout", f"no outcome for {request} within {seconds} s")
+
+
+class ConnectionClosed(ChatcoreError, ConnectionError):
+    def __init__(self, reason: str = "the connection to chatcore closed"):
+        super().__init__("closed", "Closed", reason)
+
+
+class BinaryNotFound(FileNotFoundError):
+    pass
+
+
+def find_binary(binary: str | os.PathLike[str] | None = None) -> str:
+    """The chatcore executable: `binary`, else $CHATCORE_BINARY, else `chatcore` on PATH, else
+    a build in this or an enclosing directory (`.build/release/chatcore`, then debug)."""
+    if binary:
+        return os.path.abspath(binary)
+    if os.environ.get("CHATCORE_BINARY"):
+        return os.path.abspath(os.environ["CHATCORE_BINARY"])
+    if found := shutil.which("chatcore"):
+        return found
+    for start in (pathlib.Path.cwd(), pathlib.Path(__file__).resolve().parent):
+        for directory in (start, *start.parents):
+            for kind in ("release", "debug"):
+                candidate = directory / ".build" / kind / "chatcore"
+                if candidate.is_file() and os.access(candidate, os.X_OK):
+                    return str(candidate)
+    raise BinaryNotFound(
+        "chatcore was not found: build it (`make build`, or `swift build -c release --product chatcore` in the "
+        "chatcore repository), then set CHATCORE_BINARY=/path/to/chatcore, put it on PATH, or pass binary=")
+
+
+class _Pending:
+    def __init__(self, name: str, cookie: str | None, future: asyncio.Future[Any]):
+        self.name = name
+        self.cookie = cookie
+        self.future = future
+        self.header: dict[str, Any] | None = None
+        self.elements: list[Any] = []
+        self.barrier_for: _Pending | None = None
+
+
+class Client:
+    """One session of chatcore. Use `Client.spawn`, `Client.connect` or `Server.connect`."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter | asyncio.StreamWriter,
+                 process: asyncio.subprocess.Process | None = None):
+        self._reader = reader
+        self._writer = writer
+        self._process = process
+        self._lines = 0
+        self._cookies = (f"py{n}" for n in itertools.count(1))
+        self._by_line: dict[int, _Pending] = {}
+        self._by_cookie: dict[str, _Pending] = {}
+        self._auth: _Pending | None = None
+        self._subscribers: list[asyncio.Queue[tuple[str, dict[str, Any]] | None]] = []
+        self._closed: ConnectionClosed | None = None
+        self._write_lock = asyncio.Lock()
+        self.globals: dict[str, Any] = {}
+        self._task = asyncio.get_running_loop().create_task(self._read())
+
+    # MARK: opening
+
+    @classmethod
+    async def spawn(cls, user: str, *, data_dir: str | os.PathLike[str] | None = None,
+                    binary: str | os.PathLike[str] | None = None, args: tuple[str, ...] = ()) -> Client:
+        """Starts `chatcore serve --user USER` as a child process and talks over its
+        standard input/output (the session is that user from the start)."""
+        quiet = () if "--log-level" in args else ("--log-level", "warning")
+        command = [find_binary(binary), "serve", "--user", user, *quiet, *args]
+        if data_dir is not None:
+            command += ["--data-dir", str(data_dir)]
+        process = await asyncio.create_subprocess_exec(*command, stdin=asyncio.subprocess.PIPE,
+                                                       stdout=asyncio.subprocess.PIPE, limit=STREAM_LIMIT)
+        assert process.stdout and process.stdin
+        return cls(process.stdout, process.stdin, process)
+
+    @classmethod
+    async def connect(cls, address: str) -> Client:
+        """Connects to a serving chatcore: "unix:/path", "tcp://host:port" or "host:port"."""
+        if address.startswith("unix:"):
+            reader, writer = await asyncio.open_unix_connection(address[len("unix:"):], limit=STREAM_LIMIT)
+        else:
+            host, _, port = address.removeprefix("tcp://").rpartition(":")
+            reader, writer = await asyncio.open_connection(host or "127.0.0.1", int(port), limit=STREAM_LIMIT)
+        return cls(reader, writer)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Ends the session: no more input; waits for the service to answer what was sent."""
+        if not self._writer.is_closing():
+            try:
+                if self._writer.can_write_eof():
+                    self._writer.write_eof()
+                else:
+                    self._writer.close()
+            except (OSError, RuntimeError):
+                pass
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), 10)
+        except (asyncio.TimeoutError, ConnectionError):
+            self._task.cancel()
+        self._writer.close()
+        if self._process is not None:
+            try:
+                await asyncio.wait_for(self._process.wait(), 10)
+            except asyncio.TimeoutError:
+                self._process.kill()
+                await self._process.wait()
+
+    # MARK: requests
+
+    async def authenticate(self, user_id: str, token: str = "any", *, timeout: float = 10.0) -> dict[str, Any]:
+        """Sends `authToken` and waits until setup says `Success` (or `Full`); returns the
+        `global` values. A refused token raises ChatcoreError from `setupError`."""
+        await self.request(protocol.auth_token(userId=user_id, authToken=token), timeout=timeout)
+        return dict(self.globals)
+
+    async def send(self, message: dict[str, Any]) -> int:
+        """Writes one request without waiting; returns its line number."""
+        return await self._write(message)
+
+    async def request(self, message: dict[str, Any], *, timeout: float = 10.0) -> Any:
+        """Sends one request (built with `chatcore.protocol`) and waits for its outcome:
+
+        - a list request: `{"header": <listAll/listElements/listMatching>, "elements": [...]}`;
+        - `chatStart`: the new chat element; `chatMessageSend`: the sent message element;
+        - `authToken`: the `global` values once set up;
+        - an answered request (`identitiesGet`, `search`, ...): the answer's fields;
+        - a request answered only when it fails: None.
+
+        A failure raises ChatcoreError; no outcome in `timeout` seconds raises ChatcoreTimeout.
+        """
+        ((name, body),) = message.items()
+        body = dict(body)
+        if name in protocol.TAKES_COOKIE and "cookie" not in body:
+            body["cookie"] = next(self._cookies)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        pending = _Pending(name, body.get("cookie"), future)
+        if pending.cookie is not None:
+            if pending.cookie in self._by_cookie:
+                raise ValueError(f"cookie {pending.cookie!r} is already waiting for an answer")
+            self._by_cookie[pending.cookie] = pending
+        if name == "authToken":
+            self._auth = pending
+        async with self._write_lock:
+            line = await self._write({name: body})
+            self._by_line[line] = pending
+            if not protocol.ANSWERS.get(name) and name != "authToken":
+                barrier = _Pending("requestListElements", next(self._cookies), asyncio.get_running_loop().create_future())
+                barrier.barrier_for = pending
+                self._by_cookie[barrier.cookie] = barrier
+                barrier_line = await self._write(protocol.request_list_elements_global(
+                    elements=[{"name": "authTokenState"}], cookie=barrier.cookie))
+                self._by_line[barrier_line] = barrier
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except asyncio.TimeoutError:
+            raise ChatcoreTimeout(name, timeout) from None
+        finally:
+            self._forget(pending)
+
+    async def _write(self, message: dict[str, Any]) -> int:
+        if self._closed:
+            raise self._closed
+        self._writer.write(json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
+        self._lines += 1
+        line = self._lines
+        try:
+            await self._writer.drain()
+        except (ConnectionError, BrokenPipeError) as error:
+            raise ConnectionClosed(str(error)) from error
+        return line
+
+    def _forget(self, pending: _Pending) -> None:
+        for table in (self._by_line, self._by_cookie):
+            for key in [k for k, v in table.items() if v is pending or v.barrier_for is pending]:
+                del table[key]
+        if self._auth is pending:
+            self._auth = None
+
+    # MARK: events
+
+    def events(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Every event from now on, as (name, fields), answers included; ends when the
+        connection closes."""
+        queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
+        self._subscribers.append(queue)
+
+        async def iterate() -> AsyncIterator[tuple[str, dict[str, Any]]]:
+            try:
+                while (item := await queue.get()) is not None:
+                    yield item
+            finally:
+                if queue in self._subscribers:
+                    self._subscribers.remove(queue)
+        return iterate()
+
+    async def wait_for(self, predicate: Callable[[str, dict[str, Any]], bool], *, timeout: float = 10.0,
+                       events: AsyncIterator[tuple[str, dict[str, Any]]] | None = None) -> tuple[str, dict[str, Any]]:
+        """The first event (from `events`, or from now on) for which predicate(name, fields) holds."""
+        source = events or self.events()
+
+        async def first() -> tuple[str, dict[str, Any]]:
+            async for name, body in source:
+                if predicate(name, body):
+                    return name, body
+            raise self._closed or ConnectionClosed()
+        try:
+            return await asyncio.wait_for(first(), timeout)
+        except asyncio.TimeoutError:
+            raise ChatcoreTimeout("an event", timeout) from None
+
+    async def _read(self) -> None:
+        try:
+            while line := await self._reader.readline():
+                if not line.endswith(b"\n"):
+                    break
+                ((name, body),) = json.loads(line).items()
+                self._dispatch(name, body)
+                for queue in list(self._subscribers):
+                    queue.put_nowait((name, body))
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError) as error:
+            self._closed = ConnectionClosed(f"the connection to chatcore failed: {error}")
+        finally:
+            self._closed = self._closed or ConnectionClosed()
+            for pending in {*self._by_line.values(), *self._by_cookie.values()}:
+                self._settle(pending, error=self._closed)
+            for queue in self._subscribers:
+                queue.put_nowait(None)
+
+    def _settle(self, pending: _Pending, value: Any = None, error: Exception | None = None) -> None:
+        target = pending.barrier_for or pending
+        if target.future.done():
+            return
+        if error is not None:
+            target.future.set_exception(error)
+        else:
+            target.future.set_result(None if pending.barrier_for else value)
+
+    def _dispatch(self, name: str, body: dict[str, Any]) -> None:
+        if name == "requestFailed":
+            pending = self._by_line.get(body.get("line", 0))
+            if pending:
+                self._settle(pending, error=ChatcoreError(name, body["error"], body["reason"], body))
+            return
+        if name == "listChange" and body.get("type") == "global":
+            for element in body.get("elements", []):
+                self.globals[element["name"]] = element.get("value")
+            auth = self._auth
+            if auth and not auth.future.done():
+                state = (self.globals.get("setupState") or {}).get("state")
+                if self.globals.get("authTokenState") == "Ok" and state in ("Success", "Full"):
+                    auth.future.set_result(dict(self.globals))
+            return
+        if name == "setupError" and self._auth:
+            self._settle(self._auth, error=ChatcoreError(name, body.get("error", ""), body.get("error", ""), body))
+            return
+        cookie = body.get("cookie")
+        pending = self._by_cookie.get(cookie) if cookie is not None else None
+        if pending is None:
+            return
+        if name in LIST_HEADERS:
+            pending.header = body
+        elif name == "listChunk":
+            pending.elements.extend(body.get("elements", []))
+            if body.get("last"):
+                self._settle(pending, {"header": pending.header, "elements": pending.elements})
+        elif name == "listAdd":
+            elements = body.get("elements", [])
+            self._settle(pending, elements[0] if elements else None)
+        elif name == "chatStartFailed":
+            self._settle(pending, error=ChatcoreError(name, body.get("reason", ""), body.get("detail", ""), body))
+        elif name in protocol.ANSWERS.get(pending.name, ()):
+            self._settle(pending, body)
+
+
+class Server:
+    """A chatcore serving a Unix socket in a directory of its own, for scripts and tests that
+    need several users at once. By default any token is accepted (`--insecure-no-auth`)."""
+
+    def __init__(self, process: asyncio.subprocess.Process, socket_path: str, directory: tempfile.TemporaryDirectory[str] | None):
+        self.process = process
+        self.address = "unix:" + socket_path
+        self._directory = directory
+
+    @classmethod
+    async def start(cls, *, data_dir: str | os.PathLike[str] | None = None, binary: str | os.PathLike[str] | None = None,
+                    args: tuple[str, ...] = ("--insecure-no-auth", "--log-level", "warning"), timeout: float = 30.0) -> Server:
+        directory = tempfile.TemporaryDirectory(prefix="chatcore-")
+        socket_path = os.path.join(directory.name, "chatcore.sock")
+        data = str(data_dir) if data_dir is not None else os.path.join(directory.name, "data")
+        process = await asyncio.create_subprocess_exec(
+            find_binary(binary), "serve", "--listen", "unix:" + socket_path, "--data-dir", data, *args,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not os.path.exists(socket_path):
+            if process.returncode is not None or asyncio.get_running_loop().time() > deadline:
+                raise ConnectionClosed(f"chatcore did not start serving {socket_path} (exit {process.returncode})")
+            await asyncio.sleep(0.02)
+        return cls(process, socket_path, directory)
+
+    async def connect(self, user: str | None = None, token: str = "any") -> Client:
+        """A new session; authenticated as `user` when given."""
+        client = await Client.connect(self.address)
+        if user is not None:
+            await client.authenticate(user, token)
+        return client
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), 20)
+            except asyncio.TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+        if self._directory:
+            self._directory.cleanup()
+
+    async def __aenter__(self) -> Server:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -1,0 +1,347 @@
+// chatcore's Node client: spawn `chatcore serve --user` or connect over TCP or a Unix socket,
+// send requests and await their outcome, iterate over events. Types: client.d.ts; the
+// request builders and protocol types are generated from Schemas/ (protocol.js, protocol.d.ts).
+//
+// Every request's outcome is found the same way (docs/protocol.md, "Reference"): a failure is
+// the requestFailed whose `line` is the request's line (the client counts the lines it
+// writes), or chatStartFailed / setupError; an answer is the event carrying the request's
+// cookie (list answers: the header and every chunk up to `last: true`; a started chat or a
+// sent message: the listAdd carrying the cookie); a request not answered when it succeeds is
+// followed by a small list request, and since answers keep the order of requests, once that
+// is answered with no failure before it, the request succeeded.
+import { spawn } from "node:child_process";
+import { existsSync, accessSync, constants, mkdtempSync, rmSync } from "node:fs";
+import { connect as netConnect } from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, delimiter, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { ANSWERS, TAKES_COOKIE, requestListElementsGlobal } from "./protocol.js";
+
+export * from "./protocol.js";
+
+const LIST_HEADERS = new Set(["listAll", "listElements", "listMatching"]);
+
+export class ChatcoreError extends Error {
+  constructor(event, error, reason, body = {}) {
+    super(`${event}: ${error}: ${reason}`);
+    this.name = "ChatcoreError";
+    this.event = event;
+    this.error = error;
+    this.reason = reason;
+    this.body = body;
+  }
+}
+
+export class ChatcoreTimeout extends ChatcoreError {
+  constructor(request, ms) {
+    super("timeout", "Timeout", `no outcome for ${request} within ${ms} ms`);
+    this.name = "ChatcoreTimeout";
+  }
+}
+
+export class ConnectionClosed extends ChatcoreError {
+  constructor(reason = "the connection to chatcore closed") {
+    super("closed", "Closed", reason);
+    this.name = "ConnectionClosed";
+  }
+}
+
+function executable(path) {
+  try {
+    accessSync(path, constants.X_OK);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** The chatcore executable: `binary`, else $CHATCORE_BINARY, else `chatcore` on PATH, else a
+ * build in the current directory or above (.build/release/chatcore, then debug). */
+export function findBinary(binary) {
+  if (binary) return resolve(binary);
+  if (process.env.CHATCORE_BINARY) return resolve(process.env.CHATCORE_BINARY);
+  for (const directory of (process.env.PATH ?? "").split(delimiter)) {
+    if (directory && executable(join(directory, "chatcore"))) return join(directory, "chatcore");
+  }
+  for (const start of [process.cwd(), dirname(fileURLToPath(import.meta.url))]) {
+    for (let directory = resolve(start); ; directory = dirname(directory)) {
+      for (const kind of ["release", "debug"]) {
+        const candidate = join(directory, ".build", kind, "chatcore");
+        if (executable(candidate)) return candidate;
+      }
+      if (dirname(directory) === directory) break;
+    }
+  }
+  throw new Error("chatcore was not found: build it (`make build`, or `swift build -c release --product chatcore` in the " +
+    "chatcore repository), then set CHATCORE_BINARY=/path/to/chatcore, put it on PATH, or pass { binary }");
+}
+
+export class Client {
+  #input;
+  #output;
+  #child;
+  #lines = 0;
+  #cookies = 0;
+  #byLine = new Map();
+  #byCookie = new Map();
+  #auth = null;
+  #subscribers = new Set();
+  #closed = null;
+  #buffer = "";
+  #ended;
+  /** The `global` values received (authTokenState, setupState, localUri, ...). */
+  globals = {};
+
+  constructor(input, output, child = null) {
+    this.#input = input;
+    this.#output = output;
+    this.#child = child;
+    output.setEncoding("utf8");
+    output.on("data", (text) => this.#receive(text));
+    this.#ended = new Promise((resolveEnded) => {
+      const end = (error) => {
+        if (!this.#closed) this.#closed = new ConnectionClosed(error ? `the connection to chatcore failed: ${error.message}` : undefined);
+        for (const pending of new Set([...this.#byLine.values(), ...this.#byCookie.values()])) this.#settle(pending, undefined, this.#closed);
+        for (const subscriber of this.#subscribers) subscriber.push(null);
+        resolveEnded();
+      };
+      output.on("end", () => end());
+      output.on("close", () => end());
+      output.on("error", (error) => end(error));
+    });
+    input.on("error", () => {});
+  }
+
+  /** `chatcore serve --user USER` as a child process, over its standard input/output. */
+  static spawn(user, { dataDir, binary, args = [] } = {}) {
+    const quiet = args.includes("--log-level") ? [] : ["--log-level", "warning"];
+    const command = ["serve", "--user", user, ...quiet, ...args, ...(dataDir ? ["--data-dir", dataDir] : [])];
+    const child = spawn(findBinary(binary), command, { stdio: ["pipe", "pipe", "inherit"] });
+    return new Client(child.stdin, child.stdout, child);
+  }
+
+  /** Connects to a serving chatcore: "unix:/path", "tcp://host:port" or "host:port". */
+  static connect(address) {
+    return new Promise((resolveClient, reject) => {
+      const options = address.startsWith("unix:")
+        ? { path: address.slice("unix:".length) }
+        : (() => {
+            const rest = address.replace(/^tcp:\/\//, "");
+            const at = rest.lastIndexOf(":");
+            return { host: rest.slice(0, at) || "127.0.0.1", port: Number(rest.slice(at + 1)) };
+          })();
+      const socket = netConnect({ ...options, allowHalfOpen: true });
+      socket.once("connect", () => resolveClient(new Client(socket, socket)));
+      socket.once("error", reject);
+    });
+  }
+
+  /** Sends authToken; resolves with the global values once setup says Success (or Full). */
+  async authenticate(userId, token = "any", { timeout = 10000 } = {}) {
+    await this.request({ authToken: { userId, authToken: token } }, { timeout });
+    return { ...this.globals };
+  }
+
+  /** Writes one request without waiting; returns its line number. */
+  send(message) {
+    if (this.#closed) throw this.#closed;
+    this.#input.write(JSON.stringify(message) + "\n");
+    return ++this.#lines;
+  }
+
+  /**
+   * Sends a request and resolves with its outcome: a list answer as { header, elements }, the
+   * new chat element for chatStart, the sent message element for chatMessageSend, the globals
+   * for authToken, the answer's fields for an answered request, undefined for a request
+   * answered only when it fails. Rejects with ChatcoreError or ChatcoreTimeout.
+   */
+  request(message, { timeout = 10000 } = {}) {
+    const [name, fields] = Object.entries(message)[0];
+    const body = { ...fields };
+    if (TAKES_COOKIE.has(name) && body.cookie === undefined) body.cookie = `js${++this.#cookies}`;
+    return new Promise((resolvePromise, reject) => {
+      const pending = { name, cookie: body.cookie, resolve: resolvePromise, reject, header: null, elements: [], done: false };
+      if (pending.cookie !== undefined) {
+        if (this.#byCookie.has(pending.cookie)) throw new Error(`cookie ${pending.cookie} is already waiting for an answer`);
+        this.#byCookie.set(pending.cookie, pending);
+      }
+      if (name === "authToken") this.#auth = pending;
+      const timer = setTimeout(() => this.#settle(pending, undefined, new ChatcoreTimeout(name, timeout)), timeout);
+      pending.cleanup = () => {
+        clearTimeout(timer);
+        for (const table of [this.#byLine, this.#byCookie]) {
+          for (const [key, value] of table) if (value === pending || value.barrierFor === pending) table.delete(key);
+        }
+        if (this.#auth === pending) this.#auth = null;
+      };
+      try {
+        this.#byLine.set(this.send({ [name]: body }), pending);
+        if ((ANSWERS[name] ?? []).length === 0 && name !== "authToken") {
+          const barrier = { name: "requestListElements", cookie: `js${++this.#cookies}`, barrierFor: pending, elements: [] };
+          this.#byCookie.set(barrier.cookie, barrier);
+          this.#byLine.set(this.send(requestListElementsGlobal({ elements: [{ name: "authTokenState" }], cookie: barrier.cookie })), barrier);
+        }
+      } catch (error) {
+        this.#settle(pending, undefined, error);
+      }
+    });
+  }
+
+  /** Every event from now on, as [name, fields], answers included; ends when the connection closes. */
+  events() {
+    const queue = [];
+    let wake = null;
+    const subscriber = { push: (item) => { queue.push(item); if (wake) { wake(); wake = null; } } };
+    this.#subscribers.add(subscriber);
+    const subscribers = this.#subscribers;
+    return {
+      async next() {
+        while (queue.length === 0) await new Promise((resolveWake) => { wake = resolveWake; });
+        const item = queue.shift();
+        if (item === null) {
+          subscribers.delete(subscriber);
+          return { done: true, value: undefined };
+        }
+        return { done: false, value: item };
+      },
+      async return() {
+        subscribers.delete(subscriber);
+        return { done: true, value: undefined };
+      },
+      [Symbol.asyncIterator]() { return this; },
+    };
+  }
+
+  /** The first event (from `events`, or from now on) for which predicate(name, fields) holds. */
+  async waitFor(predicate, { timeout = 10000, events } = {}) {
+    const source = events ?? this.events();
+    let timer;
+    const expired = new Promise((_, reject) => { timer = setTimeout(() => reject(new ChatcoreTimeout("an event", timeout)), timeout); });
+    try {
+      return await Promise.race([expired, (async () => {
+        for (;;) {
+          const { done, value } = await source.next();
+          if (done) throw this.#closed ?? new ConnectionClosed();
+          if (predicate(value[0], value[1])) return value;
+        }
+      })()]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /** Ends the session: no more input; resolves once the service has answered everything. */
+  async close() {
+    this.#input.end();
+    let timer;
+    await Promise.race([this.#ended, new Promise((r) => { timer = setTimeout(r, 10000); })]);
+    clearTimeout(timer);
+    if (this.#output.destroy) this.#output.destroy();
+    if (this.#child && this.#child.exitCode === null) {
+      await new Promise((resolveExit) => {
+        const timer = setTimeout(() => this.#child.kill("SIGKILL"), 10000);
+        this.#child.once("exit", () => { clearTimeout(timer); resolveExit(); });
+      });
+    }
+  }
+
+  #receive(text) {
+    this.#buffer += text;
+    let newline;
+    while ((newline = this.#buffer.indexOf("\n")) >= 0) {
+      const line = this.#buffer.slice(0, newline);
+      this.#buffer = this.#buffer.slice(newline + 1);
+      if (!line) continue;
+      const event = JSON.parse(line);
+      const [name, fields] = Object.entries(event)[0];
+      this.#dispatch(name, fields);
+      for (const subscriber of this.#subscribers) subscriber.push([name, fields]);
+    }
+  }
+
+  #settle(pending, value, error) {
+    const target = pending.barrierFor ?? pending;
+    if (target.done) return;
+    target.done = true;
+    target.cleanup?.();
+    if (error) target.reject(error);
+    else target.resolve(pending.barrierFor ? undefined : value);
+  }
+
+  #dispatch(name, body) {
+    if (name === "requestFailed") {
+      const pending = this.#byLine.get(body.line);
+      if (pending) this.#settle(pending, undefined, new ChatcoreError(name, body.error, body.reason, body));
+      return;
+    }
+    if (name === "listChange" && body.type === "global") {
+      for (const element of body.elements ?? []) this.globals[element.name] = element.value;
+      const state = this.globals.setupState?.state;
+      if (this.#auth && this.globals.authTokenState === "Ok" && (state === "Success" || state === "Full")) {
+        this.#settle(this.#auth, { ...this.globals });
+      }
+      return;
+    }
+    if (name === "setupError" && this.#auth) {
+      this.#settle(this.#auth, undefined, new ChatcoreError(name, body.error, body.error, body));
+      return;
+    }
+    const pending = body.cookie === undefined ? undefined : this.#byCookie.get(body.cookie);
+    if (!pending) return;
+    if (LIST_HEADERS.has(name)) {
+      pending.header = body;
+    } else if (name === "listChunk") {
+      pending.elements.push(...(body.elements ?? []));
+      if (body.last) this.#settle(pending, { header: pending.header, elements: pending.elements });
+    } else if (name === "listAdd") {
+      this.#settle(pending, body.elements?.[0]);
+    } else if (name === "chatStartFailed") {
+      this.#settle(pending, undefined, new ChatcoreError(name, body.reason, body.detail ?? "", body));
+    } else if ((ANSWERS[pending.name] ?? []).includes(name)) {
+      this.#settle(pending, body);
+    }
+  }
+}
+
+/** A chatcore serving a Unix socket in a directory of its own, for scripts and tests that need
+ * several users at once. By default any token is accepted (--insecure-no-auth). */
+export class Server {
+  constructor(child, socket, directory) {
+    this.child = child;
+    this.address = `unix:${socket}`;
+    this.directory = directory;
+  }
+
+  static async start({ dataDir, binary, args = ["--insecure-no-auth", "--log-level", "warning"], timeout = 30000 } = {}) {
+    const directory = mkdtempSync(join(tmpdir(), "chatcore-"));
+    const socket = join(directory, "chatcore.sock");
+    const child = spawn(findBinary(binary), ["serve", "--listen", `unix:${socket}`, "--data-dir", dataDir ?? join(directory, "data"), ...args],
+      { stdio: ["ignore", "ignore", "inherit"] });
+    const started = Date.now();
+    while (!existsSync(socket)) {
+      if (child.exitCode !== null || Date.now() - started > timeout) {
+        throw new ConnectionClosed(`chatcore did not start serving ${socket} (exit ${child.exitCode})`);
+      }
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    return new Server(child, socket, directory);
+  }
+
+  /** A new session; authenticated as `user` when given. */
+  async connect(user, token = "any") {
+    const client = await Client.connect(this.address);
+    if (user !== undefined) await client.authenticate(user, token);
+    return client;
+  }
+
+  async stop() {
+    if (this.child.exitCode === null) {
+      await new Promise((resolveExit) => {
+        const timer = setTimeout(() => this.child.kill("SIGKILL"), 20000);
+        this.child.once("exit", () => { clearTimeout(timer); resolveExit(); });
+        this.child.kill("SIGTERM");
+      });
+    }
+    rmSync(this.directory, { recursive: true, force: true });
+  }
+}
