@@ -9,9 +9,10 @@ import PackageDescription
 //   Store       – the storage protocol the engine needs, and its records
 //   SQLiteStore – that protocol on SQLite (GRDB)
 //   Attachments – the service's own copies of attached files (content-addressed)
+//   ServiceMetrics – what the service counts and measures (swift-metrics; exported by Server)
 //   Engine      – the chat semantics: one place that decides
 //   Session     – authentication, per-session output and backpressure
-//   Server      – transports: stdio, TCP and Unix sockets (SwiftNIO)
+//   Server      – transports: stdio, TCP and Unix sockets (SwiftNIO); the metrics endpoint
 //   chatcore    – the command line
 let package = Package(
     name: "chatcore",
@@ -27,6 +28,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
         .package(url: "https://github.com/vapor/jwt-kit", from: "5.8.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
     ],
     targets: [
         .systemLibrary(
@@ -38,6 +41,10 @@ let package = Package(
         .target(name: "Protocol", dependencies: ["Wire"]),
         .target(name: "Store"),
         .target(
+            name: "ServiceMetrics",
+            dependencies: ["Protocol", .product(name: "CoreMetrics", package: "swift-metrics")]
+        ),
+        .target(
             name: "Attachments",
             dependencies: [.product(name: "Crypto", package: "swift-crypto")]
         ),
@@ -48,7 +55,7 @@ let package = Package(
         .target(
             name: "Engine",
             dependencies: [
-                "Protocol", "Store", "Attachments",
+                "Protocol", "Store", "Attachments", "ServiceMetrics",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -56,7 +63,7 @@ let package = Package(
         .target(
             name: "Session",
             dependencies: [
-                "Engine", "Protocol", "Wire",
+                "Engine", "Protocol", "Wire", "ServiceMetrics",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -64,17 +71,21 @@ let package = Package(
         .target(
             name: "Server",
             dependencies: [
-                "Session", "Wire",
+                "Session", "Wire", "ServiceMetrics",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .executableTarget(
             name: "chatcore",
             dependencies: [
-                "Server", "Session", "Engine", "SQLiteStore", "Attachments",
+                "Server", "Session", "Engine", "SQLiteStore", "Attachments", "ServiceMetrics",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -1,4 +1,5 @@
 import Protocol
+import ServiceMetrics
 import Store
 import Wire
 
@@ -293,6 +294,7 @@ final class Batch {
     // MARK: events
 
     func emit(_ event: Event, to session: EngineSession) {
+        ServiceMetrics.count(event)
         let output = self.output(of: session)
         let start = output.writer.count
         event.encode(to: &output.writer)
@@ -342,6 +344,7 @@ final class Batch {
                     switch entry {
                     case .begin(let item):
                         guard item >= durable, case .request(let name, let cookie, let line) = items[item] else { continue }
+                        ServiceMetrics.failed(name, error: ErrorCode.internal.rawValue)
                         ProtocolError(.internal, reason).requestFailed(request: name, cookie: cookie, line: line).encode(to: &kept)
                     case .event(let start, let end, let item):
                         var keep = item < durable

@@ -2,6 +2,7 @@ import Attachments
 import Foundation
 import Logging
 import Protocol
+import ServiceMetrics
 import Store
 import Synchronization
 
@@ -240,6 +241,8 @@ public final class Engine: @unchecked Sendable {
 
     public func openSession(transport: Transport, sink: EventSink) -> EngineSession {
         let id = sessionCounter.add(1, ordering: .relaxed).newValue
+        ServiceMetrics.sessions.increment()
+        ServiceMetrics.sessionsOpened.increment()
         return EngineSession(id: id, transport: transport, sink: sink)
     }
 
@@ -352,6 +355,7 @@ public final class Engine: @unchecked Sendable {
             var barriers: [@Sendable () -> Void] = []
             for item in unparkedWork() { take(item, batch: batch) }
             var answeredOutside = false
+            ServiceMetrics.batchSize.record(work.count)
             for item in work {
                 switch item {
                 case .barrier(let body):
@@ -470,7 +474,15 @@ public final class Engine: @unchecked Sendable {
         let counters = StoreCounters(changeSeq: changeSeq, searchRow: lastSearchRow)
         batch.collectRows(counters: counters == storedCounters ? nil : counters)
         if !batch.store.isEmpty {
-            try store.commit(batch.store)
+            let started = ContinuousClock.now
+            do {
+                try store.commit(batch.store)
+            } catch {
+                ServiceMetrics.commitFailures.increment()
+                throw error
+            }
+            let elapsed = (ContinuousClock.now - started).components
+            ServiceMetrics.commitDuration.recordNanoseconds(elapsed.seconds * 1_000_000_000 + elapsed.attoseconds / 1_000_000_000)
             storedCounters = counters
             searchIndex?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
         }
@@ -544,6 +556,7 @@ public final class Engine: @unchecked Sendable {
     }
 
     private func detach(_ session: EngineSession) {
+        if session.isOpen { ServiceMetrics.sessions.decrement() }
         session.isOpen = false
         unregister(session)
     }

@@ -1,6 +1,7 @@
 import Engine
 import Foundation
 import Protocol
+import ServiceMetrics
 import Synchronization
 import Wire
 
@@ -76,6 +77,7 @@ public final class Session: EventSink, @unchecked Sendable {
         case .line(let bytes, let number):
             receive(line: bytes, number: number)
         case .tooLarge(let number):
+            ServiceMetrics.received(nil)
             respond(ProtocolError(.tooLarge, "the line is longer than the limit of \(limits.maxLineBytes) bytes (--max-line-bytes)")
                 .requestFailed(request: nil, cookie: nil, line: number))
         }
@@ -85,6 +87,7 @@ public final class Session: EventSink, @unchecked Sendable {
         // Shutting down: lines read from now on are not accepted (and not answered).
         guard !engine.isShuttingDown else { return }
         let decoded = decoder.decode(line, as: Request.self)
+        ServiceMetrics.received(decoded.request)
         switch decoded.result {
         case .failure(let failure):
             respond(RealProtocol.failure(failure, request: decoded.request, line: line).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number))
@@ -119,6 +122,7 @@ public final class Session: EventSink, @unchecked Sendable {
     /// An answer made here, kept in order behind the session's work in the engine.
     private func respond(_ event: Event) {
         if inFlight.load(ordering: .acquiring) == 0 {
+            ServiceMetrics.count(event)  // through the engine, the batch counts it
             event.encode(to: &pending)
             if pending.count >= 64 * 1024 { handOver(flush: false) }
         } else {
@@ -212,12 +216,14 @@ public final class Session: EventSink, @unchecked Sendable {
         // comes back here (found by ThreadSanitizer's run: the nested access trapped).
         let outgoing = pending.bytes
         pending.removeAll()
+        ServiceMetrics.outputBytes.increment(by: outgoing.count)
         outgoing.withUnsafeBytes { output.write($0, flush: flush) }
     }
 
     // MARK: EventSink (engine thread)
 
     public func deliver(_ lines: UnsafeRawBufferPointer) {
+        ServiceMetrics.outputBytes.increment(by: lines.count)
         output.write(lines, flush: true)
     }
 

@@ -4,6 +4,9 @@ import Attachments
 import Engine
 import Foundation
 import Logging
+import Metrics
+import Prometheus
+import ServiceMetrics
 import NIOCore
 import NIOPosix
 import SQLiteStore
@@ -69,6 +72,9 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Close a socket connection that sends nothing for this many seconds (0: never).", valueName: "seconds"))
     var idleTimeout: Int = 0
 
+    @Option(name: .long, help: ArgumentHelp("Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT).", valueName: "ADDR"))
+    var metrics: String?
+
     @Option(name: .long, help: ArgumentHelp("Memory for messages kept in memory (the hot ones; the store has them all), in MiB.", valueName: "MiB"))
     var cacheMb: Int = Engine.defaultCacheBytes >> 20
 
@@ -100,6 +106,9 @@ struct Serve: AsyncParsableCommand {
                 throw ValidationError("--insecure-no-auth refuses to listen on \(text): only loopback addresses and Unix sockets")
             }
         }
+        if let metrics {
+            guard case .tcp? = ListenAddress(metrics) else { throw ValidationError("--metrics \(metrics): expected HOST:PORT") }
+        }
         if !listen.isEmpty && authSecretFile == nil && authJwks == nil && !insecureNoAuth {
             throw ValidationError("sockets need --auth-secret-file or --auth-jwks (or --insecure-no-auth on loopback): no one could authenticate")
         }
@@ -113,6 +122,15 @@ struct Serve: AsyncParsableCommand {
             return handler
         }
         let logger = Logger(label: "chatcore")
+        // Before anything is counted: metrics are made on first use.
+        let registry: PrometheusCollectorRegistry? = metrics == nil ? nil : PrometheusCollectorRegistry()
+        if let registry {
+            var factory = PrometheusMetricsFactory(registry: registry)
+            factory.valueHistogramBuckets = ServiceMetrics.valueBuckets
+            factory.durationHistogramBuckets = ServiceMetrics.durationBuckets
+            MetricsSystem.bootstrap(factory)
+            ServiceMetrics.register()
+        }
 
         let authenticator: Authenticator
         if authSecretFile != nil || authJwks != nil {
@@ -185,8 +203,23 @@ struct Serve: AsyncParsableCommand {
             : nil
         var group: MultiThreadedEventLoopGroup?
         var server: SocketServer?
+        if let registry, let metrics, case .tcp(let host, let port)? = ListenAddress(metrics) {
+            let loops = group ?? MultiThreadedEventLoopGroup(numberOfThreads: listen.isEmpty ? 1 : System.coreCount)
+            group = loops
+            let endpoint = MetricsEndpoint(registry: registry) {
+                ServiceMetrics.storeBytes.record(Serve.bytes(in: directory))
+            }
+            do {
+                let channel = try await endpoint.bind(host: host, port: port, group: loops)
+                logger.info("serving metrics", metadata: ["address": "\(metrics)", "bound": "\(channel.localAddress.map { "\($0)" } ?? metrics)",
+                                                          "port": "\(channel.localAddress?.port ?? port)"])
+            } catch {
+                logger.critical("cannot serve metrics", metadata: ["address": "\(metrics)", "error": "\(error)"])
+                throw ExitCode(1)
+            }
+        }
         if !listen.isEmpty {
-            let loops = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
+            let loops = group ?? MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
             group = loops
             let sockets = SocketServer(group: loops, engine: engine, authenticator: authenticator,
                                       limits: .init(session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
@@ -235,7 +268,7 @@ struct Serve: AsyncParsableCommand {
                 thread.name = "chatcore-stdin"
                 thread.start()
             }
-            if group == nil {
+            if server == nil {
                 if let failure = engine.storeFailure {
                     logger.critical("stopped: \(failure)")
                     throw ExitCode(1)
@@ -255,6 +288,17 @@ struct Serve: AsyncParsableCommand {
         if let xdg = environment["XDG_DATA_HOME"], !xdg.isEmpty { return xdg + "/chatcore" }
         let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
         return home + "/.local/share/chatcore"
+    }
+
+    /// Bytes of the files directly in the data directory (the store, its log, the search
+    /// index; attachments live in a directory of their own).
+    static func bytes(in directory: URL) -> Int64 {
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? []
+        return names.reduce(Int64(0)) { total, name in
+            let attributes = try? FileManager.default.attributesOfItem(atPath: directory.appendingPathComponent(name).path)
+            guard attributes?[.type] as? FileAttributeType == .typeRegular else { return total }
+            return total + ((attributes?[.size] as? NSNumber)?.int64Value ?? 0)
+        }
     }
 
     /// SIGINT and SIGTERM: stop reading at once, answer everything accepted (requests not

@@ -1,0 +1,94 @@
+import CoreMetrics
+import Foundation
+import Protocol
+
+/// What the service counts and measures, through swift-metrics: whoever bootstraps the
+/// `MetricsSystem` (the command line, with `--metrics`) decides where it goes. Without a
+/// bootstrap every metric is a no-op.
+///
+/// The metrics are made on first use, so the system must be bootstrapped before anything
+/// is served.
+public enum ServiceMetrics {
+    /// Sessions open now (stdio and sockets).
+    public static let sessions = Meter(label: "chatcore_sessions")
+    /// Sessions opened since start.
+    public static let sessionsOpened = Counter(label: "chatcore_sessions_opened_total")
+    /// Requests (work items: requests, decode failures) the engine took in one batch.
+    public static let batchSize = Recorder(label: "chatcore_batch_items", aggregate: true)
+    /// One batch's transaction: from the start of the write to its synced commit.
+    public static let commitDuration = Timer(label: "chatcore_commit_duration_seconds")
+    /// Commits that failed (the batch's requests were answered Internal).
+    public static let commitFailures = Counter(label: "chatcore_commit_failures_total")
+    /// Bytes handed to the transports, every session together.
+    public static let outputBytes = Counter(label: "chatcore_output_bytes_total")
+    /// Bytes of the store's files (the database, its write-ahead log, the search index).
+    public static let storeBytes = Gauge(label: "chatcore_store_bytes")
+
+    public static let requestLabel = "chatcore_requests_total"
+    public static let failureLabel = "chatcore_request_failures_total"
+    /// Buckets of the histograms, by label (where the exporter's defaults do not fit).
+    public static let valueBuckets: [String: [Double]] = [
+        "chatcore_batch_items": [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000],
+    ]
+    public static let durationBuckets: [String: [Duration]] = [
+        "chatcore_commit_duration_seconds": [
+            .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(5),
+            .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1),
+        ],
+    ]
+
+    /// Request names are labels only when the protocol has them: anything else a client
+    /// sends is "unknown" (a label per made-up name would let anyone grow the metrics).
+    private static let known: Set<String> = Set(Request.wireMessages.fields.map(\.name))
+    private static let lock = NSLock()
+    nonisolated(unsafe) private static var requests: [String: Counter] = [:]
+    nonisolated(unsafe) private static var failures: [String: Counter] = [:]
+
+    static func labelValue(_ request: String?) -> String {
+        guard let request, known.contains(request) else { return "unknown" }
+        return request
+    }
+
+    /// Makes every metric at once (after the bootstrap), so that a scrape shows each one,
+    /// at zero until it moves.
+    public static func register() {
+        _ = (sessions, sessionsOpened, batchSize, commitDuration, commitFailures, outputBytes, storeBytes)
+        lock.withLock {
+            for name in known.union(["unknown"]) where requests[name] == nil {
+                requests[name] = Counter(label: requestLabel, dimensions: [("request", name)])
+            }
+        }
+    }
+
+    /// A line was read as a request (decoded or not).
+    public static func received(_ request: String?) {
+        let name = labelValue(request)
+        let counter = lock.withLock {
+            if let counter = requests[name] { return counter }
+            let counter = Counter(label: requestLabel, dimensions: [("request", name)])
+            requests[name] = counter
+            return counter
+        }
+        counter.increment()
+    }
+
+    /// A request was answered `requestFailed` with `error`.
+    public static func failed(_ request: String?, error: String) {
+        let name = labelValue(request)
+        let key = name + "\u{0}" + error
+        let counter = lock.withLock {
+            if let counter = failures[key] { return counter }
+            let counter = Counter(label: failureLabel, dimensions: [("request", name), ("error", error)])
+            failures[key] = counter
+            return counter
+        }
+        counter.increment()
+    }
+
+    /// Counts the event when it is a `requestFailed`.
+    public static func count(_ event: Event) {
+        if case .requestFailed(let failure) = event {
+            failed(failure.request, error: failure.error.rawValue)
+        }
+    }
+}

@@ -1,0 +1,106 @@
+"""--metrics serves Prometheus text whose counters match what was sent."""
+import json
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+from conftest import chatcore_binary
+
+SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"(,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*)?\})? (-?[0-9.eE+-]+|NaN|\+Inf|-Inf)$')
+
+
+def parse(text):
+    """{(name, frozenset(labels)): value}; fails on anything that is not Prometheus text."""
+    samples, typed = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert kind in {"counter", "gauge", "histogram", "summary", "untyped"}, line
+            typed.add(name)
+            continue
+        if line.startswith("#") or not line:
+            continue
+        match = SAMPLE.match(line)
+        assert match, f"not a Prometheus sample: {line!r}"
+        labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', match.group(3) or ""))
+        samples[(match.group(1), labels)] = float(match.group(5))
+        base = re.sub(r"_(bucket|sum|count)$", "", match.group(1))
+        assert match.group(1) in typed or base in typed, f"{match.group(1)} has no TYPE line"
+    return samples
+
+
+def scrape(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return parse(response.read().decode())
+
+
+def requests_of(samples):
+    return {dict(labels)["request"]: int(value) for (name, labels), value in samples.items() if name == "chatcore_requests_total" and value}
+
+
+def test_metrics_count_what_was_sent():
+    with tempfile.TemporaryDirectory() as work:
+        path = os.path.join(work, "s")
+        server = subprocess.Popen([chatcore_binary(), "serve", "--listen", "unix:" + path, "--insecure-no-auth", "--data-dir",
+                                   os.path.join(work, "d"), "--metrics", "127.0.0.1:0"], stderr=subprocess.PIPE, text=True)
+        try:
+            port = None
+            for line in server.stderr:
+                if "serving metrics" in line:
+                    port = int(re.search(r"port=(\d+)", line).group(1))
+                if "listening" in line:
+                    break
+            assert port
+            before = scrape(port)
+            assert requests_of(before) == {}
+            assert before[("chatcore_sessions", frozenset())] == 0
+            assert ("chatcore_requests_total", frozenset({("request", "chatMessageSend")})) in before  # every request, at 0
+
+            client = socket.socket(socket.AF_UNIX)
+            client.connect(path)
+            reader = client.makefile("rb")
+            lines = [{"authToken": {"userId": "alice", "authToken": "x"}},
+                     {"chatStart": {"cookie": "s", "invitees": [{"userId": "bob"}], "subject": "m"}}]
+            lines += [{"chatMessageSend": {"chatId": "1", "tag": "Text", "content": f"m{n}", "cookie": f"c{n}"}} for n in range(5)]
+            lines += [{"requestListAll": {"type": "chat", "cookie": "l"}}, {"chatLeave": {"chatIds": ["99"]}},
+                      {"noSuchRequest": {}}, "not json", {"identitiesGet": {"cookie": "i", "appUserIds": ["alice"]}}]
+            client.sendall(b"".join((line if isinstance(line, str) else json.dumps(line)).encode() + b"\n" for line in lines))
+            while b'"identities"' not in reader.readline():
+                pass
+            during = scrape(port)
+            assert requests_of(during) == {"authToken": 1, "chatStart": 1, "chatMessageSend": 5, "requestListAll": 1, "chatLeave": 1,
+                                           "unknown": 2, "identitiesGet": 1}
+            failures = {tuple(sorted(dict(labels).items())): int(value) for (name, labels), value in during.items()
+                        if name == "chatcore_request_failures_total"}
+            assert failures == {(("error", "NotFound"), ("request", "chatLeave")): 1,
+                                (("error", "UnknownRequest"), ("request", "unknown")): 1,
+                                (("error", "ParseError"), ("request", "unknown")): 1}
+            assert during[("chatcore_sessions", frozenset())] == 1
+            assert during[("chatcore_commit_duration_seconds_count", frozenset())] >= 1
+            assert during[("chatcore_output_bytes_total", frozenset())] > 1000
+            assert during[("chatcore_store_bytes", frozenset())] > 0
+            reader.close()  # the socket closes once its file is closed too
+            client.close()
+            deadline = time.time() + 10
+            while scrape(port)[("chatcore_sessions", frozenset())] != 0 and time.time() < deadline:
+                time.sleep(0.05)
+            assert scrape(port)[("chatcore_sessions", frozenset())] == 0
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=10)
+                assert False, "only /metrics is served"
+            except urllib.error.HTTPError as error:
+                assert error.code == 404
+        finally:
+            server.terminate()
+            server.wait(timeout=20)
+
+
+def test_metrics_needs_a_host_and_port():
+    done = subprocess.run([chatcore_binary(), "serve", "--metrics", "unix:/tmp/x"], capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "--metrics unix:/tmp/x: expected HOST:PORT" in done.stderr
