@@ -103,14 +103,14 @@ def load(client, chats, rng, stop):
         try:
             if kind < 0.6:
                 message = {"chatId": chat, "tag": "Text", "content": f"{client.user} {n} {rng.random():.6f}"}
-                mine = [key for key in client.sent if key[0] == chat]
+                mine = [key for key in client.sent.copy() if key[0] == chat]  # copy(): the reader thread adds to it
                 if mine and rng.random() < 0.3:
                     message["ref"] = [{"tag": rng.choice(["Quote", "Thread", "Edit"]), "messageId": rng.choice(mine)[1]}]
                 client.send({"chatMessageSend": message})
             elif kind < 0.75:
                 client.send({"chatMessageRead": {"chatId": chat, "messageId": rng.randrange(2, 400)}})
             elif kind < 0.82:
-                mine = [key for key in client.sent if key[0] == chat]
+                mine = [key for key in client.sent.copy() if key[0] == chat]  # copy(): the reader thread adds to it
                 if mine:
                     client.send({"chatMessageDestroy": {"chatId": chat, "messageId": rng.choice(mine)[1]}})
             elif kind < 0.9:
