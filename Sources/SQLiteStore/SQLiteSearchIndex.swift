@@ -10,7 +10,11 @@ import Store
 /// - `message_search` (`trigram` tokenizer): a case-insensitive substring match of three
 ///   or more characters, the chat in a column of its own as exactly three characters of
 ///   the Private Use Area (`scopeToken`): one trigram, so that matching the user's chats
-///   is an OR of single terms, not of phrases that share trigrams;
+///   is an OR of single terms, not of phrases that share trigrams. Queries are single
+///   terms only (candidates are verified on their text), so the index keeps which column
+///   a trigram is in but not its positions (`detail = 'column'`): writing it cost a core
+///   under a full send load, and with positions the index writer held sends to 70% of the
+///   in-memory engine's rate;
 /// - `message_grams` (`ascii` tokenizer, no positions): every character and every pair of
 ///   adjacent characters of the lowercased text as a token (`u<hex>`, `b<hex>v<hex>`), the
 ///   chat as `c<chat>`: queries of one or two characters (an emoji, a two-letter word)
@@ -24,7 +28,7 @@ import Store
 /// opened (or one laid out by an older release) is simply rebuilt.
 public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
     /// The layout of the file; another one is rebuilt.
-    static let layout = 3
+    static let layout = 4
     /// A query scoped to more chats than this filters the chats after matching instead.
     static let scopedChats = 64
 
@@ -61,7 +65,7 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
             try queue.write { db in
                 try db.execute(sql: """
                     CREATE VIRTUAL TABLE IF NOT EXISTS message_search
-                    USING fts5(text, scope, chat UNINDEXED, id UNINDEXED, tokenize = 'trigram', columnsize = 0);
+                    USING fts5(text, scope, chat UNINDEXED, id UNINDEXED, tokenize = 'trigram', detail = 'column', columnsize = 0);
                     CREATE VIRTUAL TABLE IF NOT EXISTS message_grams
                     USING fts5(grams, tokenize = 'ascii', detail = 'none', content = '', columnsize = 0);
                     PRAGMA user_version = \(SQLiteSearchIndex.layout);
@@ -287,6 +291,9 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
         return String(decoding: out, as: UTF8.self)
     }
 
+    /// The highest row written (writer thread only; nil until read from the file).
+    private var highestRow: Int64?
+
     private func writeLoop() {
         while true {
             condition.lock()
@@ -300,14 +307,24 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
             var error: Error?
             do {
                 try queue.write { db in
-                    let insert = try db.cachedStatement(sql: "INSERT OR REPLACE INTO message_search (rowid, text, scope, chat, id) VALUES (?, ?, ?, ?, ?)")
+                    let insert = try db.cachedStatement(sql: "INSERT INTO message_search (rowid, text, scope, chat, id) VALUES (?, ?, ?, ?, ?)")
+                    let replace = try db.cachedStatement(sql: "INSERT OR REPLACE INTO message_search (rowid, text, scope, chat, id) VALUES (?, ?, ?, ?, ?)")
                     let insertGrams = try db.cachedStatement(sql: "INSERT INTO message_grams (rowid, grams) VALUES (?, ?)")
                     let known = try db.cachedStatement(sql: "SELECT 1 FROM message_search WHERE rowid = ?")
+                    if highestRow == nil { highestRow = try Int64.fetchOne(db, sql: "SELECT max(rowid) FROM message_search") ?? 0 }
                     for entry in adds {
-                        // A row already indexed (a refill handing over again) keeps its grams.
-                        let had = try Bool.fetchOne(known, arguments: [entry.row]) ?? false
-                        try insert.execute(arguments: [entry.row, entry.text, SQLiteSearchIndex.scopeToken(entry.chat), entry.chat, entry.id])
-                        if !had { try insertGrams.execute(arguments: [entry.row, SQLiteSearchIndex.grams(entry.text, chat: entry.chat)]) }
+                        let arguments: StatementArguments = [entry.row, entry.text, SQLiteSearchIndex.scopeToken(entry.chat), entry.chat, entry.id]
+                        if entry.row > highestRow! {
+                            // New (rows only grow): no look-up, no replacing.
+                            try insert.execute(arguments: arguments)
+                            highestRow = entry.row
+                        } else {
+                            // A row handed over again (a refill) is replaced and keeps its grams.
+                            let had = try Bool.fetchOne(known, arguments: [entry.row]) ?? false
+                            try replace.execute(arguments: arguments)
+                            if had { continue }
+                        }
+                        try insertGrams.execute(arguments: [entry.row, SQLiteSearchIndex.grams(entry.text, chat: entry.chat)])
                     }
                     // The grams of a recalled message stay (they keep no text to delete by);
                     // without its row here, its hits are not found.
@@ -316,6 +333,7 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
                 }
             } catch let caught {
                 error = caught
+                highestRow = nil  // the transaction was rolled back: read it again
             }
             condition.lock()
             inFlight -= 1

@@ -65,6 +65,11 @@ extension SQLiteStore: ChatStore {
     }
 
     /// The statements reading messages and what completes them, made once.
+    static let searchEntriesSQL = """
+        SELECT searchRow, chat, id, content FROM message
+        WHERE searchRow > ? AND searchRow > 0 AND content IS NOT NULL ORDER BY searchRow LIMIT ?
+        """
+
     private enum ReadSQL {
         static func both(_ make: ((String) -> String) -> String) -> (range: String, list: String) {
             (make { "\($0) BETWEEN ? AND ?" }, make { "\($0) IN (SELECT value FROM json_each(?))" })
@@ -242,10 +247,11 @@ extension SQLiteStore: ChatStore {
     }
 
     public func searchEntries(after row: Int64, limit: Int) throws -> [SearchEntry] {
+        // `searchRow > 0` lets SQLite use the partial index (message_by_search_row): it cannot
+        // tell that a bound `?` implies it, and without it every page scanned and sorted the
+        // whole table (refilling the index of 10M messages would have taken hours).
         try pool.read { db in
-            try Row.fetchAll(db, sql: """
-                SELECT searchRow, chat, id, content FROM message WHERE searchRow > ? AND content IS NOT NULL ORDER BY searchRow LIMIT ?
-                """, arguments: [row, limit]).map { SearchEntry(row: $0[0], chat: $0[1], id: $0[2], text: $0[3]) }
+            try Row.fetchAll(db, sql: SQLiteStore.searchEntriesSQL, arguments: [row, limit]).map { SearchEntry(row: $0[0], chat: $0[1], id: $0[2], text: $0[3]) }
         }
     }
 

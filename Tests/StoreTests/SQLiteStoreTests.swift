@@ -181,4 +181,15 @@ final class SQLiteStoreTests: XCTestCase {
         }
         _ = first
     }
+
+    /// Refilling the search index reads its entries page by page: each page must be a seek
+    /// in the search-row index, not a scan and sort of every message (a `?` bound to the
+    /// row does not tell SQLite that the partial index applies).
+    func testSearchEntriesAreReadThroughTheirIndex() throws {
+        let store = try SQLiteStore(writer: DatabaseQueue())
+        let plan = try store.pool.read { db in
+            try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN " + SQLiteStore.searchEntriesSQL, arguments: [5, 10]).map { $0["detail"] as String }
+        }
+        XCTAssertEqual(plan, ["SEARCH message USING INDEX message_by_search_row (searchRow>?)"])
+    }
 }
