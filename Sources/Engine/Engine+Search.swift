@@ -51,8 +51,13 @@ extension Engine {
         let refill = searchRefill
         searchQueue.async { [self] in
             let found: Result<[SearchHit], ProtocolError>
-            refill.wait()
+            // An index being rebuilt (after an upgrade) can take minutes: a shutdown does
+            // not wait for it.
+            while refill.wait(timeout: .now() + .milliseconds(100)) == .timedOut && !isShuttingDown {}
             do {
+                guard refill.wait(timeout: .now()) == .success else {
+                    throw ProtocolError(.internal, "the service is shutting down: the search index was still being rebuilt")
+                }
                 found = .success(try Engine.look(up: searchScope, in: searchIndex, store: store))
             } catch let error as ProtocolError {
                 found = .failure(error)
