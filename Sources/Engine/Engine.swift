@@ -219,6 +219,7 @@ public final class Engine: @unchecked Sendable {
                     try searchIndex.waitUntilWritten()
                     after = last.row
                 }
+                searchIndex.bulkLoadEnded()
             } catch {
                 logger.error("the search index could not be refilled: searches may miss messages", metadata: ["error": "\(error)"])
             }

@@ -293,11 +293,57 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
 
     /// The highest row written (writer thread only; nil until read from the file).
     private var highestRow: Int64?
+    /// A bulk load ended and its segments are not merged yet (guarded by `condition`).
+    private var mergePending = false
+    /// Pages one merge step writes, and how long the writer is idle before it merges.
+    static let pagesPerMergeStep = 256
+    static let idleBeforeMerging = 0.1
+
+    public func bulkLoadEnded() {
+        condition.lock()
+        mergePending = true
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    /// One step of merging every segment into one, while nothing else is to be written
+    /// (after a bulk load only: FTS5's own automerge keeps the segments of everyday writes
+    /// in check, and merging a small new segment into one huge one each time would
+    /// rewrite the index). An index rebuilt a page at a time is many segments, and a query
+    /// reads every one (measured at 10M: search p99 33 ms, 21 ms once merged). Returns
+    /// whether more is left to merge.
+    private func mergeStep() -> Bool {
+        do {
+            return try queue.write { db in
+                var more = false
+                for table in ["message_search", "message_grams"] {
+                    let before = db.totalChangesCount
+                    // A negative page count: merge towards one segment, this many pages at a time.
+                    try db.execute(sql: "INSERT INTO \(table) (\(table), rank) VALUES ('merge', ?)", arguments: [-SQLiteSearchIndex.pagesPerMergeStep])
+                    // FTS5 reports a merge that did something as changes (two or more).
+                    if db.totalChangesCount - before >= 2 { more = true }
+                }
+                return more
+            }
+        } catch {
+            return false  // derived data: a failed merge leaves the index as it was
+        }
+    }
 
     private func writeLoop() {
         while true {
             condition.lock()
-            while pendingAdds.isEmpty && pendingRemovals.isEmpty { condition.wait() }
+            while pendingAdds.isEmpty && pendingRemovals.isEmpty {
+                if mergePending {
+                    // Idle: merge a little, then look for work again.
+                    if condition.wait(until: Date(timeIntervalSinceNow: SQLiteSearchIndex.idleBeforeMerging)) { continue }
+                    condition.unlock()
+                    mergePending = mergeStep()
+                    condition.lock()
+                } else {
+                    condition.wait()
+                }
+            }
             let adds = pendingAdds
             let removals = pendingRemovals
             pendingAdds.removeAll(keepingCapacity: true)

@@ -125,6 +125,10 @@ public protocol MessageSearchIndex: AnyObject, Sendable {
     /// Waits until everything handed over is written.
     func waitUntilWritten() throws
 
+    /// A bulk load (rebuilding the index from the store) was handed over: the index may
+    /// reorganise itself while it has nothing else to write.
+    func bulkLoadEnded()
+
     /// Messages of `chats` whose text contains `text` case-insensitively, newest first
     /// (descending search row), below `belowRow` when given; everything handed over
     /// before the call is taken into account.
