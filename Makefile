@@ -84,7 +84,7 @@ tsan: setup ## every Swift test, transcript and Python test against a ThreadSani
 	TSAN_OPTIONS="log_path=$(TSAN_REPORTS)/report suppressions=$(CURDIR)/Tests/tsan.supp" \
 	  $(SWIFT) test --sanitize=thread --scratch-path .build-tsan
 	TSAN_OPTIONS="log_path=$(TSAN_REPORTS)/report suppressions=$(CURDIR)/Tests/tsan.supp" \
-	  CHATCORE_BINARY=$(CURDIR)/.build-tsan/debug/chatcore CHATCORE_SANITIZED=1 $(PYTHON) -m pytest -q Tests/python Examples
+	  CHATCORE_BINARY=$(CURDIR)/.build-tsan/debug/chatcore CHATCORE_SANITIZED=1 $(PYTHON) -m pytest -q Tests/python Examples clients/python/tests
 	@if ls $(TSAN_REPORTS) | grep -q .; then echo "ThreadSanitizer reported (see $(TSAN_REPORTS)):"; head -60 $(TSAN_REPORTS)/*; exit 1; fi
 	@echo "ThreadSanitizer: no reports"
 
