@@ -118,7 +118,7 @@ final class FixtureRunner {
             switch connection.stream.next() {
             case .endOfStream: connection.close()
             case .line(let text): throw fail(number, "\(rest): expected the service to close the session, got \(text)")
-            case .timedOut: throw fail(number, "\(rest): the service did not close the session within 10 s")
+            case .timedOut: throw fail(number, "\(rest): the service did not close the session within \(Int(LineStream.patience)) s")
             }
         case "big":
             let parts = rest.split(separator: " ").map(String.init)
@@ -193,7 +193,7 @@ final class FixtureRunner {
         }
         switch try stream(number, name).next() {
         case .timedOut:
-            throw fail(number, "\(name): no line came within 10 s; expected \(expectedText)")
+            throw fail(number, "\(name): no line came within \(Int(LineStream.patience)) s; expected \(expectedText)")
         case .endOfStream:
             throw fail(number, "\(name): the stream ended; expected \(expectedText)")
         case .line(let actualText):

@@ -50,7 +50,12 @@ final class LineStream: @unchecked Sendable {
         case timedOut
     }
 
-    func next(timeout: TimeInterval = 10) -> Next {
+    /// How long a transcript waits for a line: long, because CI's virtual disk can stall a
+    /// synced commit for seconds right after a build has written gigabytes (a line that
+    /// should come never passes for one that came late).
+    static let patience: TimeInterval = 30
+
+    func next(timeout: TimeInterval = LineStream.patience) -> Next {
         let deadline = Date(timeIntervalSinceNow: timeout)
         condition.lock()
         defer { condition.unlock() }
