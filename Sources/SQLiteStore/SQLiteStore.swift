@@ -17,6 +17,8 @@ public final class SQLiteStore: @unchecked Sendable {
     /// Whether the last process stopped cleanly and nothing changed the files since:
     /// then SQLite's own guarantees cover the file and no whole check is needed.
     public let stoppedCleanly: Bool
+    /// The store was created by this open (there was nothing to check).
+    public let isNew: Bool
 
     public struct OpenError: Error, CustomStringConvertible {
         public let description: String
@@ -47,7 +49,8 @@ public final class SQLiteStore: @unchecked Sendable {
         // wrote no longer matches)? Then the whole of it is checked before it is used.
         let lastStop = SQLiteStore.lastStop(directory: directory, path: path)
         let changedOutside = lastStop == .changedSince
-        stoppedCleanly = lastStop == .clean
+        isNew = lastStop == .none
+        stoppedCleanly = lastStop == .clean || lastStop == .none
         do {
             pool = try DatabasePool(path: path, configuration: configuration)
             try SQLiteStore.prepare(pool, name: path, checkEverything: changedOutside)
@@ -67,6 +70,7 @@ public final class SQLiteStore: @unchecked Sendable {
         directory = nil
         lockDescriptor = nil
         stoppedCleanly = false
+        isNew = false
         pool = writer
         try SQLiteStore.prepare(writer, name: writer.path, checkEverything: false)
     }
@@ -103,12 +107,14 @@ public final class SQLiteStore: @unchecked Sendable {
         (fileStamp(path) ?? "none") + " " + (fileStamp(path + "-wal") ?? "none")
     }
 
-    private enum LastStop { case clean, changedSince, unclean }
+    private enum LastStop { case clean, changedSince, unclean, none }
 
     /// How the last process left the store: stopped cleanly (and the files are as it left
     /// them), stopped cleanly but changed since, or not stopped cleanly (a crash, or no
     /// state written: a store of an older release).
     private static func lastStop(directory: URL, path: String) -> LastStop {
+        // No database and no log: a new store, nothing to check.
+        if fileStamp(path) == nil && fileStamp(path + "-wal") == nil { return .none }
         guard let state = try? String(contentsOfFile: statePath(directory), encoding: .utf8), state.hasPrefix("clean ") else { return .unclean }
         let recorded = state.dropFirst("clean ".count).trimmingCharacters(in: .whitespacesAndNewlines)
         return stamps(path) == recorded ? .clean : .changedSince

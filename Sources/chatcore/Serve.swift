@@ -193,7 +193,7 @@ struct Serve: AsyncParsableCommand {
         engine.start()
         logger.info("store ready", metadata: ["dataDir": "\(directory.path)", "openedIn": "\(ContinuousClock.now - opening)",
                                               "chats": "\(engine.chatCount)", "users": "\(engine.userCount)",
-                                              "wholeFileCheck": "\(store.stoppedCleanly ? "none (stopped cleanly)" : "in the background")"])
+                                              "wholeFileCheck": "\(store.isNew ? "none (new store)" : store.stoppedCleanly ? "none (stopped cleanly)" : "in the background")"])
 
         let sessionLimits = Session.Limits(maxRequestsInFlight: maxRequestsInFlight, maxLineBytes: maxLineBytes)
         // The standard input/output session exists (and a --user is authenticated) before

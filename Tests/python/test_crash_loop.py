@@ -266,7 +266,6 @@ def _damage_message_pages(database):
 def test_a_clean_stop_spares_the_next_start_the_whole_file_check_a_crash_does_not():
     with tempfile.TemporaryDirectory() as scratch:
         data = os.path.join(scratch, "data")
-        _fill(data, 10)
 
         def start_and_log():
             result = subprocess.run([chatcore_binary(), "serve", "--user", "alice", "--data-dir", data, "--log-level", "info"],
@@ -274,6 +273,8 @@ def test_a_clean_stop_spares_the_next_start_the_whole_file_check_a_crash_does_no
             assert result.returncode == 0, result.stderr
             return result.stderr
 
+        assert b"wholeFileCheck=none (new store)" in start_and_log()  # nothing to check yet
+        _fill(data, 10)
         assert b"wholeFileCheck=none (stopped cleanly)" in start_and_log()
         # A process killed leaves the store "open": the next start checks it all.
         path = os.path.join(scratch, "s.sock")
