@@ -5,6 +5,27 @@
 struct ClientEmitter {
     let reader: SchemaReader
     let catalogue: [String: Declaration]
+    let requests: [RequestInfo]
+
+    /// One builder function: a request, or one variant of a request that has several.
+    struct Builder {
+        /// The variant's discriminator value ("" for a request of one form).
+        let suffix: String
+        let discriminator: (key: String, value: String)?
+        let structure: Structure
+
+        /// What the caller gives: every field but those never sent and the discriminator.
+        var parameters: [Field] {
+            structure.fields.filter { $0.shape != .rejected && $0.name != discriminator?.key }
+        }
+
+        /// A field the caller must give (a cookie never: the client gives each request one).
+        static func isRequired(_ field: Field) -> Bool {
+            field.required && field.name != "cookie"
+        }
+
+        var needsFields: Bool { parameters.contains(where: Builder.isRequired) }
+    }
 
     /// A request, as the clients need it: its wire name, its fields or variants, and what
     /// answers it.
@@ -12,24 +33,28 @@ struct ClientEmitter {
         let wireName: String
         let typeName: String
         /// One builder per variant (`requestListMatching` has several), or one.
-        let builders: [(suffix: String, discriminator: (String, String)?, structure: Structure)]
+        let builders: [Builder]
         let answers: [String]
         let description: String?
+
+        var takesCookie: Bool { builders.allSatisfy { $0.structure.fields.contains { $0.name == "cookie" } } }
     }
 
-    var requests: [RequestInfo] {
-        messageNames("request.json").compactMap { wireName in
+    init(reader: SchemaReader, catalogue: [String: Declaration]) {
+        self.reader = reader
+        self.catalogue = catalogue
+        requests = reader.messageNames(in: "request.json").compactMap { wireName in
             let file = "requests/\(wireName).json"
             guard let typeName = reader.files[file]?["title"]?.stringValue else { return nil }
-            let answers = reader.files[file]?["x-answer"]?.elements?.compactMap(\.stringValue) ?? []
+            let answers = reader.answers(toRequestIn: file)
             switch catalogue[typeName] {
             case .structure(let structure)?:
-                return RequestInfo(wireName: wireName, typeName: typeName, builders: [("", nil, structure)], answers: answers,
-                                   description: structure.description)
+                return RequestInfo(wireName: wireName, typeName: typeName, builders: [Builder(suffix: "", discriminator: nil, structure: structure)],
+                                   answers: answers, description: structure.description)
             case .union(_, let description, let discriminator, let variants)?:
-                let builders = variants.compactMap { variant -> (String, (String, String)?, Structure)? in
+                let builders = variants.compactMap { variant -> Builder? in
                     guard case .structure(let structure)? = catalogue[variant.type] else { return nil }
-                    return (variant.value, (discriminator, variant.value), structure)
+                    return Builder(suffix: variant.value, discriminator: (discriminator, variant.value), structure: structure)
                 }
                 return RequestInfo(wireName: wireName, typeName: typeName, builders: builders, answers: answers, description: description)
             default:
@@ -38,12 +63,8 @@ struct ClientEmitter {
         }
     }
 
-    func messageNames(_ set: String) -> [String] {
-        reader.files[set]?["properties"]?.members?.map(\.0) ?? []
-    }
-
     func eventTypes() -> [(wireName: String, typeName: String)] {
-        messageNames("event.json").compactMap { name in
+        reader.messageNames(in: "event.json").compactMap { name in
             reader.files["events/\(name).json"]?["title"]?.stringValue.map { (name, $0) }
         }
     }
@@ -126,12 +147,10 @@ struct ClientEmitter {
         for request in requests {
             for builder in request.builders {
                 let function = ClientEmitter.snake(request.wireName) + (builder.suffix.isEmpty ? "" : "_" + ClientEmitter.snake(builder.suffix))
-                let fields = builder.structure.fields.filter { field in field.shape != .rejected && field.name != builder.discriminator?.0 }
-                // A cookie is always optional here: the client gives each request one.
-                let required = { (field: Field) in field.required && field.name != "cookie" }
-                let ordered = fields.filter(required) + fields.filter { !required($0) }
+                let fields = builder.parameters
+                let ordered = fields.filter(Builder.isRequired) + fields.filter { !Builder.isRequired($0) }
                 var parameters = ordered.map { field in
-                    "\(field.name): \(ClientEmitter.python(field.shape, input: true))" + (required(field) ? "" : " | None = None")
+                    "\(field.name): \(ClientEmitter.python(field.shape, input: true))" + (Builder.isRequired(field) ? "" : " | None = None")
                 }
                 if !parameters.isEmpty { parameters.insert("*", at: 0) }
                 out += "def \(function)(\(parameters.joined(separator: ", "))) -> dict[str, Any]:\n"
@@ -150,7 +169,7 @@ struct ClientEmitter {
         out += "}\n\n"
         out += "# Requests that take a cookie.\n"
         out += "TAKES_COOKIE: frozenset[str] = frozenset({\n"
-        for request in requests where request.builders.allSatisfy({ $0.structure.fields.contains { $0.name == "cookie" } }) {
+        for request in requests where request.takesCookie {
             out += "    \(ClientEmitter.quoted(request.wireName)),\n"
         }
         out += "})\n\n"
@@ -202,11 +221,10 @@ struct ClientEmitter {
         for request in requests {
             for builder in request.builders {
                 let function = ClientEmitter.camel(request.wireName, builder.suffix)
-                let fields = builder.structure.fields.filter { $0.shape != .rejected && $0.name != builder.discriminator?.0 }
                 var members = ["...fields"]
                 if let (key, value) = builder.discriminator { members.insert("\(key): \(ClientEmitter.quoted(value))", at: 0) }
                 out += "/** \(ClientEmitter.comment(builder.structure.description ?? request.description)) */\n"
-                out += "export function \(function)(fields\(fields.contains { $0.required && $0.name != "cookie" } ? "" : " = {}")) {\n"
+                out += "export function \(function)(fields\(builder.needsFields ? "" : " = {}")) {\n"
                 out += "  return message(\(ClientEmitter.quoted(request.wireName)), { \(members.joined(separator: ", ")) });\n}\n\n"
             }
         }
@@ -216,7 +234,7 @@ struct ClientEmitter {
         out += "});\n\n"
         out += "/** Requests that take a cookie. */\n"
         out += "export const TAKES_COOKIE = new Set([\n"
-        for request in requests where request.builders.allSatisfy({ $0.structure.fields.contains { $0.name == "cookie" } }) {
+        for request in requests where request.takesCookie {
             out += "  \(ClientEmitter.quoted(request.wireName)),\n"
         }
         out += "]);\n\n"
@@ -257,10 +275,9 @@ struct ClientEmitter {
         for request in requests {
             for builder in request.builders {
                 let function = ClientEmitter.camel(request.wireName, builder.suffix)
-                let fields = builder.structure.fields.filter { $0.shape != .rejected && $0.name != builder.discriminator?.0 }
-                let parameter = builder.discriminator == nil ? builder.structure.name : "Omit<\(builder.structure.name), \(ClientEmitter.quoted(builder.discriminator!.0))>"
+                let parameter = builder.discriminator.map { "Omit<\(builder.structure.name), \(ClientEmitter.quoted($0.key))>" } ?? builder.structure.name
                 out += "/** \(ClientEmitter.comment(builder.structure.description ?? request.description)) */\n"
-                out += "export function \(function)(fields\(fields.contains { $0.required && $0.name != "cookie" } ? "" : "?"): CookieOptional<\(parameter)>): { \(request.wireName): \(request.typeName) };\n\n"
+                out += "export function \(function)(fields\(builder.needsFields ? "" : "?"): CookieOptional<\(parameter)>): { \(request.wireName): \(request.typeName) };\n\n"
             }
         }
         out += "/** Every request, by its name. */\n"

@@ -34,6 +34,16 @@ final class SchemaReader {
         }
     }
 
+    /// The wire names of a message set (`request.json`, `event.json`), in its order.
+    func messageNames(in set: String) -> [String] {
+        files[set]?["properties"]?.members?.map(\.0) ?? []
+    }
+
+    /// The events that answer a request (`x-answer`; none: only a failure is answered).
+    func answers(toRequestIn file: String) -> [String] {
+        files[file]?["x-answer"]?.elements?.compactMap(\.stringValue) ?? []
+    }
+
     func run(messageSets: [String]) throws {
         for file in messageSets {
             guard let tree = files[file] else { throw GeneratorError(description: "missing \(file)") }
