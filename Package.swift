@@ -42,7 +42,7 @@ let package = Package(
         .target(name: "Store"),
         .target(
             name: "ServiceMetrics",
-            dependencies: ["Protocol", .product(name: "CoreMetrics", package: "swift-metrics")]
+            dependencies: ["Protocol", .product(name: "CoreMetrics", package: "swift-metrics"), .product(name: "Metrics", package: "swift-metrics")]
         ),
         .target(
             name: "Attachments",

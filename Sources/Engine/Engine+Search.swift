@@ -53,9 +53,10 @@ extension Engine {
             let found: Result<[SearchHit], ProtocolError>
             // An index being rebuilt (after an upgrade) can take minutes: a shutdown does
             // not wait for it.
-            while refill.wait(timeout: .now() + .milliseconds(100)) == .timedOut && !isShuttingDown {}
+            var rebuilt: Bool
+            repeat { rebuilt = refill.wait(timeout: .now() + .milliseconds(100)) == .success } while !rebuilt && !isShuttingDown
             do {
-                guard refill.wait(timeout: .now()) == .success else {
+                guard rebuilt else {
                     throw ProtocolError(.internal, "the service is shutting down: the search index was still being rebuilt")
                 }
                 found = .success(try Engine.look(up: searchScope, in: searchIndex, store: store))

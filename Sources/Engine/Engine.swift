@@ -485,8 +485,7 @@ public final class Engine: @unchecked Sendable {
                 ServiceMetrics.commitFailures.increment()
                 throw error
             }
-            let elapsed = (ContinuousClock.now - started).components
-            ServiceMetrics.commitDuration.recordNanoseconds(elapsed.seconds * 1_000_000_000 + elapsed.attoseconds / 1_000_000_000)
+            ServiceMetrics.committed(in: ContinuousClock.now - started)
             storedCounters = counters
             searchIndex?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
         }

@@ -1,4 +1,5 @@
 import CoreMetrics
+import Metrics
 import Foundation
 import Protocol
 
@@ -53,36 +54,36 @@ public enum ServiceMetrics {
     /// at zero until it moves.
     public static func register() {
         _ = (sessions, sessionsOpened, batchSize, commitDuration, commitFailures, outputBytes, storeBytes)
-        lock.withLock {
-            for name in known.union(["unknown"]) where requests[name] == nil {
-                requests[name] = Counter(label: requestLabel, dimensions: [("request", name)])
-            }
+        for name in known.union(["unknown"]) {
+            _ = counter(in: &requests, key: name, label: requestLabel, dimensions: [("request", name)])
         }
     }
 
     /// A line was read as a request (decoded or not).
     public static func received(_ request: String?) {
         let name = labelValue(request)
-        let counter = lock.withLock {
-            if let counter = requests[name] { return counter }
-            let counter = Counter(label: requestLabel, dimensions: [("request", name)])
-            requests[name] = counter
-            return counter
-        }
-        counter.increment()
+        counter(in: &requests, key: name, label: requestLabel, dimensions: [("request", name)]).increment()
     }
 
     /// A request was answered `requestFailed` with `error`.
     public static func failed(_ request: String?, error: String) {
         let name = labelValue(request)
-        let key = name + "\u{0}" + error
-        let counter = lock.withLock {
-            if let counter = failures[key] { return counter }
-            let counter = Counter(label: failureLabel, dimensions: [("request", name), ("error", error)])
-            failures[key] = counter
+        counter(in: &failures, key: name + "\u{0}" + error, label: failureLabel, dimensions: [("request", name), ("error", error)]).increment()
+    }
+
+    /// The counter kept under `key`, made on first use.
+    private static func counter(in table: inout [String: Counter], key: String, label: String, dimensions: [(String, String)]) -> Counter {
+        lock.withLock {
+            if let counter = table[key] { return counter }
+            let counter = Counter(label: label, dimensions: dimensions)
+            table[key] = counter
             return counter
         }
-        counter.increment()
+    }
+
+    /// A batch's commit took `duration`.
+    public static func committed(in duration: Duration) {
+        commitDuration.record(duration: duration)
     }
 
     /// Counts the event when it is a `requestFailed`.
