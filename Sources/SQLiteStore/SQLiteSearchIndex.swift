@@ -240,14 +240,33 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
 
     private static let hexDigits = Array("0123456789abcdef".utf8)
 
-    private static func hex(_ scalar: Unicode.Scalar) -> String {
-        String(scalar.value, radix: 16)
+    /// Appends `value` in lowercase hexadecimal without leading zeros: how a gram names a
+    /// character, in the index and in a query alike.
+    private static func appendHex(_ value: UInt32, to out: inout [UInt8]) {
+        var shift = 28
+        while shift > 0 && value >> UInt32(shift) == 0 { shift -= 4 }
+        while shift >= 0 {
+            out.append(hexDigits[Int(value >> UInt32(shift) & 0xF)])
+            shift -= 4
+        }
+    }
+
+    /// The gram of one character (`u<hex>`) or of a pair (`b<hex>v<hex>`).
+    private static func appendGram(_ first: UInt32, _ second: UInt32?, to out: inout [UInt8]) {
+        out.append(UInt8(ascii: second == nil ? "u" : "b"))
+        appendHex(first, to: &out)
+        if let second {
+            out.append(UInt8(ascii: "v"))
+            appendHex(second, to: &out)
+        }
     }
 
     /// The token a one- or two-character query looks up.
     static func queryToken(_ text: String) -> String {
         let scalars = Array(text.lowercased().unicodeScalars)
-        return scalars.count == 1 ? "u" + hex(scalars[0]) : "b" + hex(scalars[0]) + "v" + hex(scalars[1])
+        var out: [UInt8] = []
+        appendGram(scalars[0].value, scalars.count == 1 ? nil : scalars[1].value, to: &out)
+        return String(decoding: out, as: UTF8.self)
     }
 
     /// Every character and pair of adjacent characters of the lowercased text, each once,
@@ -260,28 +279,15 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
         var pairs = Set<UInt64>(minimumCapacity: scalars.count)
         var out: [UInt8] = []
         out.reserveCapacity(scalars.count * 14 + 24)
-        func hex(_ value: UInt32) {
-            let digits = SQLiteSearchIndex.hexDigits
-            var shift = 28
-            while shift > 0 && value >> UInt32(shift) == 0 { shift -= 4 }
-            while shift >= 0 {
-                out.append(digits[Int(value >> UInt32(shift) & 0xF)])
-                shift -= 4
-            }
-        }
         for (index, scalar) in scalars.enumerated() {
             if singles.insert(scalar.value).inserted {
-                out.append(UInt8(ascii: "u"))
-                hex(scalar.value)
+                appendGram(scalar.value, nil, to: &out)
                 out.append(UInt8(ascii: " "))
             }
             if index + 1 < scalars.count {
                 let next = scalars[index + 1].value
                 if pairs.insert(UInt64(scalar.value) << 32 | UInt64(next)).inserted {
-                    out.append(UInt8(ascii: "b"))
-                    hex(scalar.value)
-                    out.append(UInt8(ascii: "v"))
-                    hex(next)
+                    appendGram(scalar.value, next, to: &out)
                     out.append(UInt8(ascii: " "))
                 }
             }
