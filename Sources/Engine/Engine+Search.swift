@@ -131,7 +131,7 @@ extension Engine {
             let low = max(member.joinedAt, 1)
             while high >= low && taken < limit {
                 let page = try loadMessages(in: chat, max(low, high - 499)...high)
-                for message in page.reversed() where taken < limit && message.id >= member.joinedAt && isVisible(message, to: user) {
+                for message in page.reversed() where taken < limit && isVisible(message, to: user) {
                     if let content = message.content, content.range(of: text, options: [.caseInsensitive]) != nil {
                         found.append((message.searchRow, chat, message.id))
                         taken += 1

@@ -204,7 +204,8 @@ struct Serve: AsyncParsableCommand {
         var group: MultiThreadedEventLoopGroup?
         var server: SocketServer?
         if let registry, let metrics, case .tcp(let host, let port)? = ListenAddress(metrics) {
-            let loops = group ?? MultiThreadedEventLoopGroup(numberOfThreads: listen.isEmpty ? 1 : System.coreCount)
+            // The sockets, when there are, share this group (made here first).
+            let loops = MultiThreadedEventLoopGroup(numberOfThreads: listen.isEmpty ? 1 : System.coreCount)
             group = loops
             let endpoint = MetricsEndpoint(registry: registry) {
                 ServiceMetrics.storeBytes.record(Serve.bytes(in: directory))
