@@ -8,6 +8,7 @@ import PackageDescription
 //   Protocol    – the messages, generated from Schemas/ by Codegen
 //   Store       – the storage protocol the engine needs, and its records
 //   SQLiteStore – that protocol on SQLite (GRDB)
+//   PostgresStore – that protocol on PostgreSQL (postgres-nio)
 //   Attachments – the service's own copies of attached files (content-addressed)
 //   ServiceMetrics – what the service counts and measures (swift-metrics; exported by Server)
 //   Engine      – the chat semantics: one place that decides
@@ -30,6 +31,7 @@ let package = Package(
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
+        .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
     ],
     targets: [
         .systemLibrary(
@@ -51,6 +53,15 @@ let package = Package(
         .target(
             name: "SQLiteStore",
             dependencies: ["Store", .product(name: "GRDB", package: "GRDB.swift")]
+        ),
+        .target(
+            name: "PostgresStore",
+            dependencies: [
+                "Store",
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         .target(
             name: "Engine",
@@ -82,7 +93,7 @@ let package = Package(
         .executableTarget(
             name: "chatcore",
             dependencies: [
-                "Server", "Session", "Engine", "SQLiteStore", "Attachments", "ServiceMetrics",
+                "Server", "Session", "Engine", "SQLiteStore", "PostgresStore", "Attachments", "ServiceMetrics",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),

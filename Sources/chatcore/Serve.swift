@@ -42,6 +42,12 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Where the store lives (created if missing). Default: $XDG_DATA_HOME/chatcore, else ~/.local/share/chatcore.", valueName: "dir"))
     var dataDir: String?
 
+    @Option(name: .long, help: ArgumentHelp("Keep everything in this PostgreSQL database instead of SQLite in --data-dir: postgres://USER@HOST[:PORT]/DATABASE, or postgres://USER@/DATABASE?host=SOCKET_DIR. No password here: --store-password-file or PGPASSWORD.", valueName: "url"))
+    var store: String?
+
+    @Option(name: .long, help: ArgumentHelp("A file holding the PostgreSQL password of --store (trailing whitespace removed).", valueName: "file"))
+    var storePasswordFile: String?
+
     @Option(name: .long, help: ArgumentHelp("A file whose bytes (trailing whitespace removed) are the HMAC key for authToken JWTs.", valueName: "file"))
     var authSecretFile: String?
 
@@ -152,10 +158,10 @@ struct Serve: AsyncParsableCommand {
         }
 
         let directory = URL(fileURLWithPath: dataDir ?? Serve.defaultDataDirectory(), isDirectory: true)
-        let store: SQLiteStore
+        let store: OpenedStore
         let opening = ContinuousClock.now
         do {
-            store = try SQLiteStore(directory: directory)
+            store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger)
         } catch {
             logger.critical("cannot open the store", metadata: ["error": "\(error)"])
             throw ExitCode(1)
@@ -174,6 +180,8 @@ struct Serve: AsyncParsableCommand {
         let searchIndex: SQLiteSearchIndex
         do {
             attachments = try AttachmentStore(directory: directory)
+            // The search index is derived from the store and kept beside the node (with
+            // PostgreSQL too): it is refilled from the store when it lags.
             searchIndex = try SQLiteSearchIndex(directory: directory)
         } catch {
             logger.critical("cannot prepare the attachment store or the search index", metadata: ["error": "\(error)"])
@@ -183,17 +191,17 @@ struct Serve: AsyncParsableCommand {
         if let fixed = ProcessInfo.processInfo.environment["CHATCORE_FIXED_TIME"].flatMap(Int64.init) {
             // For golden transcripts: every message gets this timestamp.
             logger.warning("CHATCORE_FIXED_TIME is set: every timestamp is \(fixed)")
-            engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory,
+            engine = try Engine(store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory,
                                 cacheBytes: cacheMb << 20, clock: { fixed })
         } else {
-            engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory,
+            engine = try Engine(store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory,
                                 cacheBytes: cacheMb << 20)
         }
         engine.maxEndpoints = maxEndpoints
         engine.start()
-        logger.info("store ready", metadata: ["dataDir": "\(directory.path)", "openedIn": "\(ContinuousClock.now - opening)",
+        logger.info("store ready", metadata: ["store": "\(store.description)", "dataDir": "\(directory.path)", "openedIn": "\(ContinuousClock.now - opening)",
                                               "chats": "\(engine.chatCount)", "users": "\(engine.userCount)",
-                                              "wholeFileCheck": "\(store.isNew ? "none (new store)" : store.stoppedCleanly ? "none (stopped cleanly)" : "in the background")"])
+                                              "wholeFileCheck": "\(store.wholeFileCheck)"])
 
         let sessionLimits = Session.Limits(maxRequestsInFlight: maxRequestsInFlight, maxLineBytes: maxLineBytes)
         // The standard input/output session exists (and a --user is authenticated) before
@@ -246,12 +254,10 @@ struct Serve: AsyncParsableCommand {
         // store stops the service, as it would refuse to start. After a clean stop that
         // left the files as they are, it is not read whole at all (on 10M messages that
         // is 45 s of reading at every start).
-        if !store.stoppedCleanly {
-            store.checkInBackground { damage in
-                guard let damage else { return }
-                logger.critical("the store is damaged (quick_check: \(damage)); restore it from a backup or move it away")
-                shutdown.run(exitCode: 1)
-            }
+        store.checkInBackground { damage in
+            guard let damage else { return }
+            logger.critical("the store is damaged (quick_check: \(damage)); restore it from a backup or move it away")
+            shutdown.run(exitCode: 1)
         }
         engine.onFatalStoreError = { reason in
             logger.critical("stopping: \(reason)")
@@ -359,14 +365,14 @@ final class Shutdown: @unchecked Sendable {
     static let flushSeconds = 5.0
 
     private let engine: Engine
-    private let store: SQLiteStore
+    private let store: OpenedStore
     private let stdio: StdioTransport?
     private let server: SocketServer?
     private let logger: Logger
     private let started = NSLock()
     private var isRunning = false
 
-    init(engine: Engine, store: SQLiteStore, stdio: StdioTransport?, server: SocketServer?, logger: Logger) {
+    init(engine: Engine, store: OpenedStore, stdio: StdioTransport?, server: SocketServer?, logger: Logger) {
         self.engine = engine
         self.store = store
         self.stdio = stdio

@@ -1,0 +1,466 @@
+import PostgresNIO
+import Store
+
+/// `ChatStore` on PostgreSQL: the same tables and indexes as the SQLite store (columns
+/// keep the engine's names, quoted), the same reads by index, and one transaction per
+/// batch, committed (synchronous_commit: the server's WAL is flushed) before `commit`
+/// returns. Rows are written many per statement.
+extension PostgresStore: ChatStore {
+    // MARK: start-up
+
+    public func loadDirectory() throws -> StoreDirectory {
+        try withConnection { connection in
+            var directory = StoreDirectory()
+            directory.users = try run(connection, #"SELECT "number", "userId", "regId" FROM "user" ORDER BY "number""#).map {
+                let (number, userId, regId) = try $0.decode((Int64, String, Int64).self)
+                return UserRecord(number: number, userId: userId, regId: regId)
+            }
+            directory.endpoints = try run(connection, #"SELECT id, "user", description, nickname, "isLegacyDelegate", ordinal FROM endpoint ORDER BY ordinal"#).map {
+                let (id, user, description, nickname, isLegacyDelegate, ordinal) = try $0.decode((Int64, Int64, String, String, Bool, Int64).self)
+                return EndpointRow(id: id, user: user, description: description, nickname: nickname, isLegacyDelegate: isLegacyDelegate, ordinal: ordinal)
+            }
+            directory.chats = try run(connection, """
+                SELECT "number", subject, "isOneToOne", "invitePolicy", "isDefunct", data, "lastMessage", "lastActivity" FROM chat ORDER BY "number"
+                """).map {
+                let (number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage, lastActivity) =
+                    try $0.decode((Int64, String, Bool, String, Bool, String?, Int64, Int64).self)
+                return ChatRow(number: number, subject: subject, isOneToOne: isOneToOne, invitePolicy: invitePolicy, isDefunct: isDefunct, data: data,
+                               lastMessage: lastMessage, lastActivity: lastActivity)
+            }
+            directory.members = try run(connection, "SELECT \(Columns.member) FROM member ORDER BY chat, \"user\"").map(PostgresStore.member)
+            var counters: [String: Int64] = [:]
+            for row in try run(connection, "SELECT name, value FROM counter") {
+                let (name, value) = try row.decode((String, Int64).self)
+                counters[name] = value
+            }
+            directory.counters = StoreCounters(changeSeq: counters["changeSeq"] ?? 0, searchRow: counters["searchRow"] ?? 0)
+            return directory
+        }
+    }
+
+    /// Column lists, in the order the readers below decode them.
+    enum Columns {
+        static let member = #"chat, "user", "isActive", "isAdmin", "joinedAt", "leftAt", "isHidden", "localData", "privateData", "deliveredUpTo", "readUpTo", "numUnread""#
+        static let message = #"chat, id, sender, tag, content, data, "timestamp", "isControl", "neverCountsUnread", "isRecalled", "changeSeq", "searchRow", "#
+            + #""thumbName", "thumbBlob", "fileName", "fileBlob", "fileSize", attachment"#
+        static let messageUser = #"chat, id, "user", "localData", "isDeleted", "thumbDetached", "fileDownloaded""#
+    }
+
+    static func member(_ row: PostgresRow) throws -> MemberRow {
+        let (chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread) =
+            try row.decode((Int64, Int64, Bool, Bool, Int64, Int64?, Bool, String?, String?, Int64, Int64, Int64).self)
+        return MemberRow(chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
+                         localData: localData, privateData: privateData, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo, numUnread: numUnread)
+    }
+
+    static func message(_ row: PostgresRow) throws -> MessageRow {
+        var cells = row.makeIterator()
+        func next<T: PostgresDecodable>(_ type: T.Type = T.self) throws -> T {
+            guard let cell = cells.next() else { throw StoreFailure(.other, "a message row has fewer columns than read") }
+            return try cell.decode(T.self)
+        }
+        var message = MessageRow(chat: try next(), id: try next(), sender: try next(), tag: try next(), content: try next(), data: try next(), refs: [],
+                                 timestamp: try next(), isControl: try next(), neverCountsUnread: try next(), isRecalled: try next(),
+                                 changeSeq: try next(), searchRow: try next())
+        message.thumbName = try next()
+        message.thumbBlob = try next()
+        message.fileName = try next()
+        message.fileBlob = try next()
+        message.fileSize = try next()
+        message.attachment = try next()
+        return message
+    }
+
+    // MARK: messages
+
+    public func messages(chat: Int64, in ids: ClosedRange<Int64>) throws -> [MessageRow] {
+        try withConnection { connection in
+            try messages(connection, chat: chat) { binds, column in "\(column) BETWEEN \(binds.add(ids.lowerBound)) AND \(binds.add(ids.upperBound))" }
+        }
+    }
+
+    public func messages(chat: Int64, ids: [Int64]) throws -> [MessageRow] {
+        guard !ids.isEmpty else { return [] }
+        return try withConnection { connection in
+            try messages(connection, chat: chat) { binds, column in "\(column) = ANY(\(binds.add(ids)))" }
+        }
+    }
+
+    /// The messages `selecting` names (a condition on the column it is given), each with
+    /// its references, reference counts and private states.
+    private func messages(_ connection: PostgresConnection, chat: Int64, selecting: (inout Binds, String) -> String) throws -> [MessageRow] {
+        func read(_ sql: (String) -> String, column: String) throws -> PostgresQueryResult {
+            var binds = Binds()
+            let chatParameter = binds.add(chat)
+            let condition = selecting(&binds, column)
+            return try run(connection, sql("chat = \(chatParameter) AND \(condition)"), binds)
+        }
+        var messages = try read({ "SELECT \(Columns.message) FROM message WHERE \($0) ORDER BY id" }, column: "id").map(PostgresStore.message)
+        guard !messages.isEmpty else { return [] }
+        var index: [Int64: Int] = [:]
+        index.reserveCapacity(messages.count)
+        for (position, message) in messages.enumerated() { index[message.id] = position }
+        for row in try read({ "SELECT source, tag, target FROM message_ref WHERE \($0) ORDER BY source, tag" }, column: "source") {
+            let (source, tag, target) = try row.decode((Int64, String, Int64).self)
+            if let position = index[source] { messages[position].refs.append(RefRow(tag: tag, target: target)) }
+        }
+        for row in try read({ "SELECT chat, target, tag, count, newest FROM ref_count WHERE \($0) ORDER BY target, tag" }, column: "target") {
+            let (chat, target, tag, count, newest) = try row.decode((Int64, Int64, String, Int64, Int64).self)
+            if let position = index[target] { messages[position].refCounts.append(RefCountRow(chat: chat, target: target, tag: tag, count: count, newest: newest)) }
+        }
+        for row in try read({ "SELECT \(Columns.messageUser) FROM message_user WHERE \($0) ORDER BY id, \"user\"" }, column: "id") {
+            let (chat, id, user, localData, isDeleted, thumbDetached, fileDownloaded) = try row.decode((Int64, Int64, Int64, String?, Bool, Bool, Bool).self)
+            guard let position = index[id] else { continue }
+            var state = MessageUserRow(chat: chat, id: id, user: user, localData: localData, isDeleted: isDeleted)
+            state.thumbDetached = thumbDetached
+            state.fileDownloaded = fileDownloaded
+            messages[position].privateStates.append(state)
+        }
+        return messages
+    }
+
+    public func messageIds(chat: Int64, matching filter: MessageFilter, from start: Int64, ascending: Bool, limit: Int) throws -> [Int64] {
+        guard limit > 0 else { return [] }
+        var binds = Binds()
+        var from = "message m"
+        var conditions: [String]
+        let order: String
+        if let referring = filter.referring {
+            // Driven by the reference index: a thread's children, a message's edits.
+            from = "message_ref r JOIN message m ON m.chat = r.chat AND m.id = r.source"
+            conditions = ["r.chat = \(binds.add(chat))", "r.target = \(binds.add(referring.target))", "r.tag = \(binds.add(referring.tag))",
+                          ascending ? "r.source >= \(binds.add(start))" : "r.source <= \(binds.add(start))", "r.source >= \(binds.add(filter.firstId))"]
+            order = "r.source"
+        } else {
+            conditions = ["m.chat = \(binds.add(chat))", ascending ? "m.id >= \(binds.add(start))" : "m.id <= \(binds.add(start))",
+                          "m.id >= \(binds.add(filter.firstId))"]
+            order = "m.id"
+        }
+        if let last = filter.lastId { conditions.append("m.id <= \(binds.add(last))") }
+        if let tag = filter.tag { conditions.append("m.tag = \(binds.add(tag))") }
+        if let sender = filter.sender { conditions.append("m.sender = \(binds.add(sender))") }
+        if let notRefTag = filter.notRefTag {
+            conditions.append("NOT EXISTS (SELECT 1 FROM message_ref x WHERE x.chat = m.chat AND x.source = m.id AND x.tag = \(binds.add(notRefTag)))")
+        }
+        if filter.onlyRecallable {
+            conditions.append(#"NOT m."isRecalled""#)
+            conditions.append("m.tag <> ALL(\(binds.add(MessageFilter.reservedTags.sorted())))")
+        }
+        let sql = "SELECT m.id FROM \(from) WHERE " + conditions.joined(separator: " AND ")
+            + " ORDER BY \(order) \(ascending ? "ASC" : "DESC") LIMIT \(binds.add(Int64(limit)))"
+        return try withConnection { connection in try run(connection, sql, binds).map { try $0.decode(Int64.self) } }
+    }
+
+    public func firstMessage(chat: Int64, notBefore timestamp: Int64) throws -> Int64? {
+        // Timestamps never decrease along a chat's ids: a binary search over ids by point
+        // reads of the primary key needs no index of its own.
+        try withConnection { connection in
+            var binds = Binds()
+            let lastSQL = "SELECT max(id) FROM message WHERE chat = \(binds.add(chat))"
+            guard let last = try run(connection, lastSQL, binds).first?.decode(Int64?.self) else { return nil }
+            var low: Int64 = 1
+            var high = last + 1
+            while low < high {
+                let middle = low + (high - low) / 2
+                var at = Binds()
+                let sql = #"SELECT "timestamp" FROM message WHERE chat = \#(at.add(chat)) AND id = \#(at.add(middle))"#
+                let value = try run(connection, sql, at).first?.decode(Int64.self) ?? Int64.min
+                if value >= timestamp { high = middle } else { low = middle + 1 }
+            }
+            return low <= last ? low : nil
+        }
+    }
+
+    public func references(chat: Int64, to target: Int64, tag: String, excluding excluded: Set<Int64>) throws -> (count: Int64, newest: Int64?) {
+        var binds = Binds()
+        let sql = "SELECT source FROM message_ref WHERE chat = \(binds.add(chat)) AND target = \(binds.add(target)) AND tag = \(binds.add(tag)) "
+            + "AND NOT (source = ANY(\(binds.add(excluded.sorted())))) ORDER BY source DESC"
+        return try withConnection { connection in
+            let sources = try run(connection, sql, binds).map { try $0.decode(Int64.self) }
+            return (Int64(sources.count), sources.first)
+        }
+    }
+
+    // MARK: the change feed
+
+    public func changedMessages(chats: [Int64], after seq: Int64, limit: Int) throws -> [MessageChangeRow] {
+        guard !chats.isEmpty, limit > 0 else { return [] }
+        // Each chat's first changes by the (chat, changeSeq) index, then the first of all:
+        // O(chats × limit) index entries, not every change since `seq`.
+        var binds = Binds()
+        let chatsParameter = binds.add(chats)
+        let seqParameter = binds.add(seq)
+        let limitParameter = binds.add(Int64(limit))
+        let sql = """
+            SELECT m.chat, m.id, m."changeSeq" FROM unnest(\(chatsParameter)::bigint[]) AS c(chat)
+            CROSS JOIN LATERAL (SELECT chat, id, "changeSeq" FROM message WHERE chat = c.chat AND "changeSeq" > \(seqParameter)
+                                ORDER BY "changeSeq" LIMIT \(limitParameter)) m
+            ORDER BY m."changeSeq" LIMIT \(limitParameter)
+            """
+        return try withConnection { connection in
+            try run(connection, sql, binds).map {
+                let (chat, id, changeSeq) = try $0.decode((Int64, Int64, Int64).self)
+                return MessageChangeRow(chat: chat, id: id, changeSeq: changeSeq)
+            }
+        }
+    }
+
+    public func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow] {
+        guard !chats.isEmpty else { return [] }
+        var binds = Binds()
+        let sql = #"SELECT chat, "firstSeq", "firstId", "lastId" FROM range_change WHERE chat = ANY(\#(binds.add(chats))) AND "lastSeq" > \#(binds.add(seq)) ORDER BY "firstSeq""#
+        return try withConnection { connection in
+            try run(connection, sql, binds).map {
+                let (chat, firstSeq, firstId, lastId) = try $0.decode((Int64, Int64, Int64, Int64).self)
+                return RangeChangeRow(chat: chat, firstSeq: firstSeq, firstId: firstId, lastId: lastId)
+            }
+        }
+    }
+
+    public func privatelyDeleted(by user: Int64, among messages: [MessageAddress]) throws -> Set<MessageAddress> {
+        guard !messages.isEmpty else { return [] }
+        var binds = Binds()
+        let sql = #"SELECT chat, id FROM message_user WHERE "user" = \#(binds.add(user)) AND "isDeleted" "#
+            + "AND (chat, id) IN (SELECT * FROM unnest(\(binds.add(messages.map(\.chat)))::bigint[], \(binds.add(messages.map(\.id)))::bigint[]))"
+        return try withConnection { connection in
+            Set(try run(connection, sql, binds).map {
+                let (chat, id) = try $0.decode((Int64, Int64).self)
+                return MessageAddress(chat: chat, id: id)
+            })
+        }
+    }
+
+    // MARK: attachments and search
+
+    public func blobUses(_ blob: String) throws -> Int64 {
+        var binds = Binds()
+        let sql = "SELECT uses FROM blob WHERE hash = \(binds.add(blob))"
+        return try withConnection { connection in try run(connection, sql, binds).first?.decode(Int64.self) ?? 0 }
+    }
+
+    public func searchEntries(after row: Int64, limit: Int) throws -> [SearchEntry] {
+        var binds = Binds()
+        let sql = #"SELECT "searchRow", chat, id, content FROM message WHERE "searchRow" > \#(binds.add(row)) AND "searchRow" > 0 AND content IS NOT NULL "#
+            + #"ORDER BY "searchRow" LIMIT \#(binds.add(Int64(limit)))"#
+        return try withConnection { connection in
+            try run(connection, sql, binds).map {
+                let (row, chat, id, text) = try $0.decode((Int64, Int64, Int64, String).self)
+                return SearchEntry(row: row, chat: chat, id: id, text: text)
+            }
+        }
+    }
+
+    // MARK: writing
+
+    public func commit(_ batch: StoreBatch) throws {
+        guard !batch.isEmpty else { return }
+        do {
+            try withConnection { connection in
+                try run(connection, "BEGIN")
+                try write(batch, connection)
+                try run(connection, "COMMIT")
+            }
+        } catch let failure as StoreFailure {
+            throw failure
+        } catch let error as PSQLError {
+            // 53100: disk_full; the class 53 (insufficient resources) passes once space or
+            // memory is freed, like SQLite's full disk.
+            if let state = error.serverInfo?[.sqlState], state.hasPrefix("53") {
+                throw StoreFailure(.full, "PostgreSQL is out of resources: \(PostgresStore.describe(error))")
+            }
+            throw StoreFailure(.other, "PostgreSQL: \(PostgresStore.describe(error))")
+        } catch {
+            throw StoreFailure(.other, "PostgreSQL: \(PostgresStore.describe(error))")
+        }
+    }
+
+    /// A value of a row written by `insert`.
+    enum Value {
+        case int(Int64?)
+        case text(String?)
+        case bool(Bool)
+    }
+
+    /// Inserts `rows` (each with a value per column), as many per statement as
+    /// PostgreSQL's 65,535 parameters allow; `conflict` is what follows ON CONFLICT.
+    private func insert(_ connection: PostgresConnection, into table: String, columns: [String], rows: [[Value]], conflict: String? = nil) throws {
+        guard !rows.isEmpty else { return }
+        let perStatement = max(1, 60_000 / columns.count)
+        var start = 0
+        while start < rows.count {
+            let chunk = rows[start..<min(rows.count, start + perStatement)]
+            var binds = Binds()
+            var tuples: [String] = []
+            tuples.reserveCapacity(chunk.count)
+            for row in chunk {
+                let placeholders = row.map { value -> String in
+                    switch value {
+                    case .int(let number): binds.add(number)
+                    case .text(let text): binds.add(text)
+                    case .bool(let flag): binds.add(flag)
+                    }
+                }
+                tuples.append("(" + placeholders.joined(separator: ", ") + ")")
+            }
+            var sql = "INSERT INTO \(table) (\(columns.joined(separator: ", "))) VALUES " + tuples.joined(separator: ", ")
+            if let conflict { sql += " ON CONFLICT \(conflict)" }
+            try run(connection, sql, binds)
+            start += perStatement
+        }
+    }
+
+    /// `ON CONFLICT (key) DO UPDATE` setting every other column to the new row's.
+    private static func replacing(key: [String], columns: [String]) -> String {
+        "(\(key.joined(separator: ", "))) DO UPDATE SET " + columns.filter { !key.contains($0) }.map { "\($0) = EXCLUDED.\($0)" }.joined(separator: ", ")
+    }
+
+    /// Writes the named columns of one row found by its key.
+    private func update(_ connection: PostgresConnection, _ table: String, key: [(String, Int64)], set values: [(String, Value)]) throws {
+        guard !values.isEmpty else { return }
+        var binds = Binds()
+        let assignments = values.map { column, value -> String in
+            switch value {
+            case .int(let number): "\"\(column)\" = \(binds.add(number))"
+            case .text(let text): "\"\(column)\" = \(binds.add(text))"
+            case .bool(let flag): "\"\(column)\" = \(binds.add(flag))"
+            }
+        }
+        let conditions = key.map { "\($0.0) = \(binds.add($0.1))" }
+        try run(connection, "UPDATE \(table) SET " + assignments.joined(separator: ", ") + " WHERE " + conditions.joined(separator: " AND "), binds)
+    }
+
+    private static let userColumns = [#""number""#, #""userId""#, #""regId""#]
+    private static let endpointColumns = ["id", #""user""#, "description", "nickname", #""isLegacyDelegate""#, "ordinal"]
+    private static let chatColumns = [#""number""#, "subject", #""isOneToOne""#, #""invitePolicy""#, #""isDefunct""#, "data", #""lastMessage""#, #""lastActivity""#]
+    private static let memberColumns = Columns.member.components(separatedBy: ", ")
+    private static let messageColumns = Columns.message.components(separatedBy: ", ")
+    private static let messageUserColumns = Columns.messageUser.components(separatedBy: ", ")
+    private static let refCountColumns = ["chat", "target", "tag", "count", "newest"]
+    private static let rangeChangeColumns = ["chat", #""lastSeq""#, #""firstSeq""#, #""firstId""#, #""lastId""#]
+
+    private func write(_ batch: StoreBatch, _ connection: PostgresConnection) throws {
+        typealias S = PostgresStore
+        try insert(connection, into: #""user""#, columns: S.userColumns, rows: batch.newUsers.map { [.int($0.number), .text($0.userId), .int($0.regId)] })
+        try insert(connection, into: "endpoint", columns: S.endpointColumns, rows: batch.endpoints.map {
+            [.int($0.id), .int($0.user), .text($0.description), .text($0.nickname), .bool($0.isLegacyDelegate), .int($0.ordinal)]
+        }, conflict: S.replacing(key: ["id"], columns: S.endpointColumns))
+        if !batch.removedEndpoints.isEmpty {
+            var binds = Binds()
+            try run(connection, "DELETE FROM endpoint WHERE id = ANY(\(binds.add(batch.removedEndpoints)))", binds)
+        }
+        try insert(connection, into: "chat", columns: S.chatColumns, rows: batch.newChats.map {
+            [.int($0.number), .text($0.subject), .bool($0.isOneToOne), .text($0.invitePolicy), .bool($0.isDefunct), .text($0.data), .int($0.lastMessage), .int($0.lastActivity)]
+        })
+        for update in batch.chatUpdates {
+            let row = update.row
+            try self.update(connection, "chat", key: [(#""number""#, row.number)], set: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
+                switch column {
+                case .subject: (column.rawValue, .text(row.subject))
+                case .isDefunct: (column.rawValue, .bool(row.isDefunct))
+                case .data: (column.rawValue, .text(row.data))
+                case .lastMessage: (column.rawValue, .int(row.lastMessage))
+                case .lastActivity: (column.rawValue, .int(row.lastActivity))
+                }
+            })
+        }
+        try insert(connection, into: "member", columns: S.memberColumns, rows: batch.members.map(S.values),
+                   conflict: S.replacing(key: ["chat", #""user""#], columns: S.memberColumns))
+        for update in batch.memberUpdates {
+            let row = update.row
+            try self.update(connection, "member", key: [("chat", row.chat), (#""user""#, row.user)], set: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
+                switch column {
+                case .isActive: (column.rawValue, .bool(row.isActive))
+                case .isAdmin: (column.rawValue, .bool(row.isAdmin))
+                case .joinedAt: (column.rawValue, .int(row.joinedAt))
+                case .leftAt: (column.rawValue, .int(row.leftAt))
+                case .isHidden: (column.rawValue, .bool(row.isHidden))
+                case .localData: (column.rawValue, .text(row.localData))
+                case .privateData: (column.rawValue, .text(row.privateData))
+                case .deliveredUpTo: (column.rawValue, .int(row.deliveredUpTo))
+                case .readUpTo: (column.rawValue, .int(row.readUpTo))
+                case .numUnread: (column.rawValue, .int(row.numUnread))
+                }
+            })
+        }
+        try insert(connection, into: "message", columns: S.messageColumns, rows: batch.newMessages.map(S.values))
+        try insert(connection, into: "message_ref", columns: ["chat", "source", "tag", "target"], rows: batch.newMessages.flatMap { message in
+            message.refs.map { [.int(message.chat), .int(message.id), .text($0.tag), .int($0.target)] }
+        }, conflict: "DO NOTHING")
+        for update in batch.messageUpdates {
+            let row = update.row
+            try self.update(connection, "message", key: [("chat", row.chat), ("id", row.id)], set: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
+                switch column {
+                case .content: (column.rawValue, .text(row.content))
+                case .data: (column.rawValue, .text(row.data))
+                case .isRecalled: (column.rawValue, .bool(row.isRecalled))
+                case .changeSeq: (column.rawValue, .int(row.changeSeq))
+                case .searchRow: (column.rawValue, .int(row.searchRow))
+                case .thumbName: (column.rawValue, .text(row.thumbName))
+                case .thumbBlob: (column.rawValue, .text(row.thumbBlob))
+                case .fileName: (column.rawValue, .text(row.fileName))
+                case .fileBlob: (column.rawValue, .text(row.fileBlob))
+                case .fileSize: (column.rawValue, .int(row.fileSize))
+                case .attachment: (column.rawValue, .text(row.attachment))
+                }
+            })
+        }
+        if !batch.droppedReferences.isEmpty {
+            var binds = Binds()
+            try run(connection, """
+                DELETE FROM message_ref r USING unnest(\(binds.add(batch.droppedReferences.map(\.chat)))::bigint[], \(binds.add(batch.droppedReferences.map(\.id)))::bigint[])
+                AS d(chat, source) WHERE r.chat = d.chat AND r.source = d.source
+                """, binds)
+        }
+        if !batch.touches.isEmpty {
+            var binds = Binds()
+            try run(connection, """
+                UPDATE message m SET "changeSeq" = t.seq
+                FROM unnest(\(binds.add(batch.touches.map(\.chat)))::bigint[], \(binds.add(batch.touches.map(\.id)))::bigint[], \(binds.add(batch.touches.map(\.seq)))::bigint[])
+                AS t(chat, id, seq) WHERE m.chat = t.chat AND m.id = t.id
+                """, binds)
+        }
+        try insert(connection, into: "range_change", columns: S.rangeChangeColumns, rows: batch.rangeChanges.map {
+            [.int($0.chat), .int($0.lastSeq), .int($0.firstSeq), .int($0.firstId), .int($0.lastId)]
+        }, conflict: S.replacing(key: ["chat", #""lastSeq""#], columns: S.rangeChangeColumns))
+        let kept = batch.refCounts.filter { $0.count > 0 }
+        try insert(connection, into: "ref_count", columns: S.refCountColumns, rows: kept.map {
+            [.int($0.chat), .int($0.target), .text($0.tag), .int($0.count), .int($0.newest)]
+        }, conflict: S.replacing(key: ["chat", "target", "tag"], columns: S.refCountColumns))
+        let gone = batch.refCounts.filter { $0.count <= 0 }
+        if !gone.isEmpty {
+            var binds = Binds()
+            try run(connection, """
+                DELETE FROM ref_count c USING unnest(\(binds.add(gone.map(\.chat)))::bigint[], \(binds.add(gone.map(\.target)))::bigint[], \(binds.add(gone.map(\.tag)))::text[])
+                AS g(chat, target, tag) WHERE c.chat = g.chat AND c.target = g.target AND c.tag = g.tag
+                """, binds)
+        }
+        try insert(connection, into: "message_user", columns: S.messageUserColumns, rows: batch.privateStates.map {
+            [.int($0.chat), .int($0.id), .int($0.user), .text($0.localData), .bool($0.isDeleted), .bool($0.thumbDetached), .bool($0.fileDownloaded)]
+        }, conflict: S.replacing(key: ["chat", "id", #""user""#], columns: S.messageUserColumns))
+        let blobs = batch.blobUses.filter { $0.value != 0 }.sorted { $0.key < $1.key }
+        if !blobs.isEmpty {
+            try insert(connection, into: "blob", columns: ["hash", "uses"], rows: blobs.map { [.text($0.key), .int($0.value)] },
+                       conflict: "(hash) DO UPDATE SET uses = blob.uses + EXCLUDED.uses")
+            var binds = Binds()
+            try run(connection, "DELETE FROM blob WHERE hash = ANY(\(binds.add(blobs.map(\.key)))) AND uses <= 0", binds)
+        }
+        if let counters = batch.counters {
+            var binds = Binds()
+            try run(connection, """
+                UPDATE counter SET value = CASE name WHEN 'changeSeq' THEN \(binds.add(counters.changeSeq)) ELSE \(binds.add(counters.searchRow)) END
+                WHERE name IN ('changeSeq', 'searchRow')
+                """, binds)
+        }
+    }
+
+    private static func values(_ member: MemberRow) -> [Value] {
+        [.int(member.chat), .int(member.user), .bool(member.isActive), .bool(member.isAdmin), .int(member.joinedAt), .int(member.leftAt), .bool(member.isHidden),
+         .text(member.localData), .text(member.privateData), .int(member.deliveredUpTo), .int(member.readUpTo), .int(member.numUnread)]
+    }
+
+    private static func values(_ message: MessageRow) -> [Value] {
+        [.int(message.chat), .int(message.id), .int(message.sender), .text(message.tag), .text(message.content), .text(message.data), .int(message.timestamp),
+         .bool(message.isControl), .bool(message.neverCountsUnread), .bool(message.isRecalled), .int(message.changeSeq), .int(message.searchRow),
+         .text(message.thumbName), .text(message.thumbBlob), .text(message.fileName), .text(message.fileBlob), .int(message.fileSize), .text(message.attachment)]
+    }
+}

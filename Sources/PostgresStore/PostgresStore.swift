@@ -1,0 +1,388 @@
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import PostgresNIO
+import Store
+
+/// `ChatStore` on a PostgreSQL database, through postgres-nio.
+///
+/// The engine calls the store synchronously from its own thread (never from an event
+/// loop), so each call here runs its statements on a connection and waits for them.
+/// Connections are kept and reused; one that breaks (the server restarted) is dropped and
+/// a new one is made for the next call, waiting for the server up to `patience`.
+///
+/// One chatcore process serves a database at a time, as with SQLite's lock file: the
+/// engine keeps users, chats and memberships in memory and allocates ids from it, so a
+/// second writer would hand out the same ids. A session-level advisory lock, held on a
+/// connection of its own for as long as the process runs, says so to a second process.
+public final class PostgresStore: @unchecked Sendable {
+    public struct OpenError: Error, CustomStringConvertible {
+        public let description: String
+
+        public init(description: String) {
+            self.description = description
+        }
+    }
+
+    /// Where the database is and who connects (from `--store`).
+    public struct Location: Sendable, CustomStringConvertible {
+        public enum Address: Sendable {
+            case tcp(host: String, port: Int)
+            case unix(path: String)
+        }
+
+        public var address: Address
+        public var user: String
+        public var database: String
+        public var password: String?
+
+        /// `postgres://USER@HOST[:PORT]/DATABASE`, or `postgres://USER@/DATABASE?host=/run/postgresql`
+        /// (a Unix socket in that directory, libpq's spelling). A password in the URL is
+        /// refused: command lines are visible to every user of the machine.
+        public init(url text: String, password: String?) throws {
+            guard let url = URLComponents(string: text), let scheme = url.scheme, scheme == "postgres" || scheme == "postgresql" else {
+                throw OpenError(description: "--store must be a postgres:// URL (postgres://USER@HOST[:PORT]/DATABASE), not \(text)")
+            }
+            guard url.password == nil else {
+                throw OpenError(description: "--store must not carry a password (command lines are visible to every user of the machine): "
+                                + "use --store-password-file or PGPASSWORD")
+            }
+            let database = url.path.hasPrefix("/") ? String(url.path.dropFirst()) : url.path
+            guard !database.isEmpty else { throw OpenError(description: "--store names no database: postgres://USER@HOST/DATABASE") }
+            let socketDirectory = url.queryItems?.first { $0.name == "host" }?.value
+            let port = url.port ?? 5432
+            if let socketDirectory, socketDirectory.hasPrefix("/") {
+                address = .unix(path: socketDirectory + "/.s.PGSQL.\(port)")
+            } else if let host = url.host, !host.isEmpty {
+                address = .tcp(host: host, port: port)
+            } else {
+                address = .unix(path: "/var/run/postgresql/.s.PGSQL.\(port)")
+            }
+            user = url.user ?? ProcessInfo.processInfo.environment["USER"] ?? "postgres"
+            self.database = database
+            self.password = password
+        }
+
+        public var description: String {
+            switch address {
+            case .tcp(let host, let port): "postgres://\(user)@\(host):\(port)/\(database)"
+            case .unix(let path): "postgres://\(user)@/\(database) (socket \(path))"
+            }
+        }
+
+        var configuration: PostgresConnection.Configuration {
+            var configuration: PostgresConnection.Configuration
+            switch address {
+            case .tcp(let host, let port):
+                configuration = .init(host: host, port: port, username: user, password: password, database: database, tls: .disable)
+            case .unix(let path):
+                configuration = .init(unixSocketPath: path, username: user, password: password, database: database)
+            }
+            configuration.options.connectTimeout = .seconds(5)
+            return configuration
+        }
+    }
+
+    public let location: Location
+    let logger: Logger
+    private let group: MultiThreadedEventLoopGroup
+    private let lock = NSLock()
+    private var idle: [PostgresConnection] = []
+    private var nextConnectionID = 0
+    /// Holds the advisory lock that makes this process the database's only writer.
+    private var lockHolder: PostgresConnection?
+    /// How long a call waits for the server to come back before it fails.
+    public var patience: Duration = .seconds(15)
+
+    /// The advisory lock's key: "chatcore" read as a number.
+    static let writerLockKey: Int64 = 0x6368_6174_636f_7265
+
+    public init(location: Location, logger: Logger) throws {
+        self.location = location
+        self.logger = logger
+        group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        do {
+            try takeWriterLock()
+            try withConnection { connection in try PostgresStore.migrate(connection, logger: logger) }
+        } catch let error as OpenError {
+            shutDown()
+            throw error
+        } catch {
+            shutDown()
+            throw OpenError(description: "cannot open the store \(location): \(PostgresStore.describe(error))")
+        }
+    }
+
+    deinit {
+        shutDown()
+    }
+
+    /// Closes every connection (the advisory lock goes with its connection).
+    public func shutDown() {
+        let connections = lock.withLock { () -> [PostgresConnection] in
+            let all = idle + (lockHolder.map { [$0] } ?? [])
+            idle = []
+            lockHolder = nil
+            return all
+        }
+        for connection in connections { try? connection.close().wait() }
+        try? group.syncShutdownGracefully()
+    }
+
+    // MARK: connections
+
+    private func connect() throws -> PostgresConnection {
+        let id = lock.withLock { () -> Int in
+            nextConnectionID += 1
+            return nextConnectionID
+        }
+        let deadline = ContinuousClock.now + patience
+        while true {
+            do {
+                return try PostgresConnection.connect(on: group.next(), configuration: location.configuration, id: id, logger: logger).wait()
+            } catch {
+                // Refused or unreachable: the server may be restarting. Anything the
+                // server itself said (a wrong password, no such database) will not change.
+                if let error = error as? PSQLError, error.serverInfo != nil { throw error }
+                guard ContinuousClock.now < deadline else { throw error }
+                logger.warning("cannot reach PostgreSQL: trying again", metadata: ["store": "\(location)", "error": "\(PostgresStore.describe(error))"])
+                Thread.sleep(forTimeInterval: 0.2)
+            }
+        }
+    }
+
+    /// Runs `body` on a connection of the pool (made when none is idle). A connection that
+    /// broke is closed, not kept; one in a failed transaction is rolled back first.
+    func withConnection<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
+        try checkWriterLock()
+        let connection = try lock.withLock { idle.popLast() } ?? connect()
+        do {
+            let result = try body(connection)
+            lock.withLock { idle.append(connection) }
+            return result
+        } catch {
+            if connection.isClosed {
+                try? connection.close().wait()
+            } else if (try? connection.query("ROLLBACK", logger: logger).wait()) != nil {
+                lock.withLock { idle.append(connection) }
+            } else {
+                try? connection.close().wait()
+            }
+            throw error
+        }
+    }
+
+    /// Becomes the database's only writer, or says who is.
+    private func takeWriterLock() throws {
+        let connection = try connect()
+        let rows = try connection.query("SELECT pg_try_advisory_lock(\(PostgresStore.writerLockKey))", logger: logger).wait()
+        guard let row = rows.first, try row.decode(Bool.self) else {
+            try? connection.close().wait()
+            throw OpenError(description: "another chatcore process is serving the database \(location) (it holds the writer lock); "
+                            + "one process per database: several nodes on one database are not supported yet")
+        }
+        lock.withLock { lockHolder = connection }
+    }
+
+    /// After the server restarted, the lock went with the old connection: take it again
+    /// before writing (and stop if another process took it meanwhile).
+    private func checkWriterLock() throws {
+        let holder = lock.withLock { lockHolder }
+        guard holder == nil || holder!.isClosed else { return }
+        logger.warning("the connection holding the writer lock was lost: taking it again", metadata: ["store": "\(location)"])
+        if let holder { try? holder.close().wait() }
+        lock.withLock { lockHolder = nil }
+        do {
+            try takeWriterLock()
+        } catch let error as OpenError {
+            throw StoreFailure(.io, error.description)
+        }
+    }
+
+    // MARK: statements
+
+    /// Runs one statement and returns its rows.
+    @discardableResult
+    func run(_ connection: PostgresConnection, _ sql: String, _ binds: Binds = Binds()) throws -> PostgresQueryResult {
+        try connection.query(PostgresQuery(unsafeSQL: sql, binds: binds.bindings), logger: logger).wait()
+    }
+
+    /// Bound values of one statement; `add` returns the placeholder that names each.
+    struct Binds {
+        var bindings = PostgresBindings()
+        private(set) var count = 0
+
+        init() {}
+
+        mutating func add(_ value: Int64) -> String { bindings.append(value); return next() }
+        mutating func add(_ value: Int64?) -> String { bindings.append(value); return next() }
+        mutating func add(_ value: String) -> String { bindings.append(value); return next() }
+        mutating func add(_ value: String?) -> String { bindings.append(value); return next() }
+        mutating func add(_ value: Bool) -> String { bindings.append(value); return next() }
+        mutating func add(_ value: [Int64]) -> String { bindings.append(value); return next() }
+        mutating func add(_ value: [String]) -> String { bindings.append(value); return next() }
+
+        private mutating func next() -> String {
+            count += 1
+            return "$\(count)"
+        }
+    }
+
+    /// An error in words (PostgreSQL's own message and SQLSTATE when the server sent one).
+    static func describe(_ error: Error) -> String {
+        guard let error = error as? PSQLError else { return "\(error)" }
+        if let info = error.serverInfo {
+            return "\(info[.message] ?? "error") (SQLSTATE \(info[.sqlState] ?? "?"))"
+        }
+        return "\(error.code)"
+    }
+
+    // MARK: migrations
+
+    /// Named, append-only migrations, applied in order under a transaction-level advisory
+    /// lock (two processes starting at once do not both apply one). Never edit one that
+    /// has shipped: add the next.
+    static let migrations: [(name: String, sql: [String])] = [
+        ("v1-chatcore", [
+            """
+            CREATE TABLE "user" (
+                "number" bigint PRIMARY KEY,
+                "userId" text NOT NULL UNIQUE,
+                "regId" bigint NOT NULL UNIQUE
+            )
+            """,
+            """
+            CREATE TABLE endpoint (
+                id bigint PRIMARY KEY,
+                "user" bigint NOT NULL,
+                description text NOT NULL,
+                nickname text NOT NULL,
+                "isLegacyDelegate" boolean NOT NULL,
+                ordinal bigint NOT NULL
+            )
+            """,
+            #"CREATE INDEX endpoint_by_user ON endpoint("user", ordinal)"#,
+            """
+            CREATE TABLE chat (
+                "number" bigint PRIMARY KEY,
+                subject text NOT NULL,
+                "isOneToOne" boolean NOT NULL,
+                "invitePolicy" text NOT NULL,
+                "isDefunct" boolean NOT NULL,
+                data text,
+                "lastMessage" bigint NOT NULL,
+                "lastActivity" bigint NOT NULL
+            )
+            """,
+            """
+            CREATE TABLE member (
+                chat bigint NOT NULL,
+                "user" bigint NOT NULL,
+                "isActive" boolean NOT NULL,
+                "isAdmin" boolean NOT NULL,
+                "joinedAt" bigint NOT NULL,
+                "leftAt" bigint,
+                "isHidden" boolean NOT NULL,
+                "localData" text,
+                "privateData" text,
+                "deliveredUpTo" bigint NOT NULL,
+                "readUpTo" bigint NOT NULL,
+                "numUnread" bigint NOT NULL,
+                PRIMARY KEY (chat, "user")
+            )
+            """,
+            #"CREATE INDEX member_by_user ON member("user")"#,
+            """
+            CREATE TABLE message (
+                chat bigint NOT NULL,
+                id bigint NOT NULL,
+                sender bigint NOT NULL,
+                tag text NOT NULL,
+                content text,
+                data text,
+                "timestamp" bigint NOT NULL,
+                "isControl" boolean NOT NULL,
+                "neverCountsUnread" boolean NOT NULL,
+                "isRecalled" boolean NOT NULL,
+                "changeSeq" bigint NOT NULL,
+                "searchRow" bigint NOT NULL,
+                "thumbName" text,
+                "thumbBlob" text,
+                "fileName" text,
+                "fileBlob" text,
+                "fileSize" bigint,
+                attachment text,
+                PRIMARY KEY (chat, id)
+            )
+            """,
+            #"CREATE INDEX message_by_change ON message(chat, "changeSeq")"#,
+            #"CREATE INDEX message_by_tag ON message(chat, tag, id)"#,
+            #"CREATE INDEX message_by_search_row ON message("searchRow") WHERE "searchRow" > 0"#,
+            """
+            CREATE TABLE message_ref (
+                chat bigint NOT NULL,
+                source bigint NOT NULL,
+                tag text NOT NULL,
+                target bigint NOT NULL,
+                PRIMARY KEY (chat, source, tag)
+            )
+            """,
+            #"CREATE INDEX message_ref_by_target ON message_ref(chat, target, tag, source)"#,
+            """
+            CREATE TABLE message_user (
+                chat bigint NOT NULL,
+                id bigint NOT NULL,
+                "user" bigint NOT NULL,
+                "localData" text,
+                "isDeleted" boolean NOT NULL,
+                "thumbDetached" boolean NOT NULL,
+                "fileDownloaded" boolean NOT NULL,
+                PRIMARY KEY (chat, id, "user")
+            )
+            """,
+            """
+            CREATE TABLE ref_count (
+                chat bigint NOT NULL,
+                target bigint NOT NULL,
+                tag text NOT NULL,
+                count bigint NOT NULL,
+                newest bigint NOT NULL,
+                PRIMARY KEY (chat, target, tag)
+            )
+            """,
+            """
+            CREATE TABLE range_change (
+                chat bigint NOT NULL,
+                "lastSeq" bigint NOT NULL,
+                "firstSeq" bigint NOT NULL,
+                "firstId" bigint NOT NULL,
+                "lastId" bigint NOT NULL,
+                PRIMARY KEY (chat, "lastSeq")
+            )
+            """,
+            "CREATE TABLE blob (hash text PRIMARY KEY, uses bigint NOT NULL)",
+            "CREATE TABLE counter (name text PRIMARY KEY, value bigint NOT NULL)",
+            #"INSERT INTO counter (name, value) VALUES ('changeSeq', 0), ('searchRow', 0)"#,
+        ]),
+    ]
+
+    static func migrate(_ connection: PostgresConnection, logger: Logger) throws {
+        _ = try connection.query("BEGIN", logger: logger).wait()
+        _ = try connection.query("SELECT pg_advisory_xact_lock(\(writerLockKey + 1))", logger: logger).wait()
+        _ = try connection.query("CREATE TABLE IF NOT EXISTS chatcore_migration (name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+                                 logger: logger).wait()
+        let applied = Set(try connection.query("SELECT name FROM chatcore_migration", logger: logger).wait().map { try $0.decode(String.self) })
+        for migration in migrations where !applied.contains(migration.name) {
+            logger.info("applying a store migration", metadata: ["migration": "\(migration.name)"])
+            for statement in migration.sql {
+                _ = try connection.query(PostgresQuery(unsafeSQL: statement), logger: logger).wait()
+            }
+            var binds = Binds()
+            let name = binds.add(migration.name)
+            _ = try connection.query(PostgresQuery(unsafeSQL: "INSERT INTO chatcore_migration (name) VALUES (\(name))", binds: binds.bindings),
+                                     logger: logger).wait()
+        }
+        _ = try connection.query("COMMIT", logger: logger).wait()
+    }
+}

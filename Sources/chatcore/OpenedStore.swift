@@ -1,0 +1,66 @@
+import Foundation
+import Logging
+import PostgresStore
+import SQLiteStore
+import Store
+
+/// The store the service was started with: SQLite in the data directory (the default,
+/// needing nothing), or PostgreSQL (`--store postgres://…`).
+enum OpenedStore {
+    case sqlite(SQLiteStore)
+    case postgres(PostgresStore)
+
+    /// Opens what `--store` names (nil: SQLite in `directory`). The PostgreSQL password
+    /// comes from `passwordFile`, else from PGPASSWORD: never from the command line.
+    static func open(_ url: String?, passwordFile: String?, directory: URL, logger: Logger) throws -> OpenedStore {
+        guard let url else { return .sqlite(try SQLiteStore(directory: directory)) }
+        var password = ProcessInfo.processInfo.environment["PGPASSWORD"]
+        if let passwordFile {
+            do {
+                password = try String(contentsOfFile: passwordFile, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+            } catch {
+                throw PostgresStore.OpenError(description: "cannot read --store-password-file \(passwordFile): \(error.localizedDescription)")
+            }
+        }
+        let location = try PostgresStore.Location(url: url, password: password)
+        return .postgres(try PostgresStore(location: location, logger: logger))
+    }
+
+    var chatStore: any ChatStore {
+        switch self {
+        case .sqlite(let store): store
+        case .postgres(let store): store
+        }
+    }
+
+    /// What the log says of it at start-up.
+    var description: String {
+        switch self {
+        case .sqlite(let store): store.directory?.path ?? "SQLite"
+        case .postgres(let store): "\(store.location)"
+        }
+    }
+
+    /// How much of it is checked after start-up (PostgreSQL checks its own files).
+    var wholeFileCheck: String {
+        switch self {
+        case .sqlite(let store): store.isNew ? "none (new store)" : store.stoppedCleanly ? "none (stopped cleanly)" : "in the background"
+        case .postgres: "none (PostgreSQL)"
+        }
+    }
+
+    /// After a crash, SQLite's file is checked whole in the background; `report` gets
+    /// what is damaged.
+    func checkInBackground(report: @escaping @Sendable (String?) -> Void) {
+        guard case .sqlite(let store) = self, !store.stoppedCleanly else { return }
+        store.checkInBackground(report: report)
+    }
+
+    /// A clean stop: nothing is written after it.
+    func closeCleanly() {
+        switch self {
+        case .sqlite(let store): store.closeCleanly()
+        case .postgres(let store): store.shutDown()
+        }
+    }
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""`make test-postgres`: every transcript and every Python test, with chatcore's store in
+PostgreSQL instead of SQLite: a cluster is made in a temporary directory (initdb, a Unix
+socket there only), each chatcore the tests start gets a database of its own
+(chatcore-on-postgres), and the cluster is removed at the end.
+
+    python3 Tests/postgres/run.py [--if-available] [BINARY]
+
+--if-available: exit 0 with a note when PostgreSQL is not installed (`make test` on a
+machine without it); `make setup` installs it.
+"""
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from postgres_cluster import Cluster, postgres_bin  # noqa: E402
+
+# Tests of SQLite's own files (its lock file, its disk faults, its migrations, the store of
+# an older release): the same behaviours on PostgreSQL are PostgreSQL's, tested by
+# Tests/postgres/test_postgres_store.py.
+SQLITE_ONLY = [
+    "Tests/python/test_store_faults.py",
+    "Tests/python/test_release_store.py",
+    "Tests/python/test_crash_loop.py::test_a_damaged_store_refuses_to_start_with_a_clear_message",
+    "Tests/python/test_crash_loop.py::test_a_clean_stop_spares_the_next_start_the_whole_file_check_a_crash_does_not",
+    "Tests/python/test_crash_loop.py::test_damage_found_after_a_crash_stops_the_service_with_a_clear_message",
+]
+
+
+def main():
+    arguments = sys.argv[1:]
+    if_available = "--if-available" in arguments
+    arguments = [a for a in arguments if a != "--if-available"]
+    binary = os.path.abspath(arguments[0] if arguments else os.path.join(ROOT, ".build", "debug", "chatcore"))
+    if postgres_bin() is None:
+        print("test-postgres: PostgreSQL is not installed (make setup installs it)")
+        return 0 if if_available else 1
+    started = time.monotonic()
+    with Cluster() as cluster:
+        environment = dict(os.environ,
+                           CHATCORE_BINARY=os.path.join(HERE, "chatcore-on-postgres"),
+                           CHATCORE_REAL_BINARY=binary,
+                           CHATCORE_TEST_POSTGRES=cluster.socket_directory)
+        steps = [
+            ["swift", "test", "--skip-build", "--filter", "FixtureTests"],
+            [sys.executable, "-m", "pytest", "-q", "Tests/python", "Examples", "clients/python/tests"]
+            + [f"--deselect={path}" if "::" in path else f"--ignore={path}" for path in SQLITE_ONLY],
+        ]
+        failed = []
+        for step in steps:
+            print("test-postgres:", " ".join(step), flush=True)
+            if subprocess.run(step, cwd=ROOT, env=environment).returncode != 0:
+                failed.append(step[0] if step[0] == "swift" else "pytest")
+    print(f"test-postgres: {'failed: ' + ', '.join(failed) if failed else 'passed'} in {time.monotonic() - started:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
