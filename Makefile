@@ -5,13 +5,13 @@ LISTEN  ?= 127.0.0.1:7400
 DATA_DIR ?= $(or $(XDG_DATA_HOME),$(HOME)/.local/share)/chatcore
 RELEASE := .build/release/chatcore
 
-.PHONY: help setup build run test test-swift test-python test-node test-fuzz generate check-generated bench soak fuzz asan tsan clean
+.PHONY: help setup build run test test-swift test-python test-node test-postgres test-postgres-if-available test-fuzz generate check-generated bench soak fuzz asan tsan clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 setup: ## install the system packages and Python test tools (Debian; run as root)
-	@missing=""; for p in libyajl-dev libsqlite3-dev pkg-config strace netcat-openbsd python3-venv; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in libyajl-dev libsqlite3-dev pkg-config strace netcat-openbsd python3-venv postgresql; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	command -v node >/dev/null || missing="$$missing nodejs"; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && apt-get install -y -qq $$missing; fi
 	@$(PYTHON) -c "import jsonschema, referencing, pytest, cryptography" 2>/dev/null || \
@@ -32,7 +32,7 @@ run: build ## set up, build and start the service on $(LISTEN) (any token accept
 	@echo
 	exec $(RELEASE) serve --listen $(LISTEN) --data-dir $(DATA_DIR) --insecure-no-auth
 
-test: setup test-swift test-python test-node test-fuzz ## set up and run every test (a short fuzz run included)
+test: setup test-swift test-python test-node test-postgres-if-available test-fuzz ## set up and run every test (the PostgreSQL store and a short fuzz run included)
 
 test-swift: check-generated
 	$(SWIFT) build --build-tests
@@ -45,6 +45,14 @@ test-python:
 test-node:
 	$(SWIFT) build --product chatcore
 	CHATCORE_BINARY=$(CURDIR)/.build/debug/chatcore node --test Tests/node/ clients/typescript/test/
+
+test-postgres: setup ## every transcript and Python test with the store in PostgreSQL (a cluster made by the test in a temporary directory)
+	$(SWIFT) build --build-tests
+	$(PYTHON) Tests/postgres/run.py $(CURDIR)/.build/debug/chatcore
+
+test-postgres-if-available:
+	$(SWIFT) build --build-tests
+	$(PYTHON) Tests/postgres/run.py --if-available $(CURDIR)/.build/debug/chatcore
 
 generate: ## regenerate Sources/Protocol/Generated and docs/protocol.md from Schemas/
 	$(SWIFT) run chatcore-codegen Schemas Sources/Protocol/Generated --docs docs/protocol.md --python clients/python/chatcore/protocol.py --typescript clients/typescript

@@ -1,5 +1,7 @@
+import Dispatch
 import Foundation
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import PostgresNIO
@@ -142,9 +144,12 @@ public final class PostgresStore: @unchecked Sendable {
             do {
                 return try PostgresConnection.connect(on: group.next(), configuration: location.configuration, id: id, logger: logger).wait()
             } catch {
-                // Refused or unreachable: the server may be restarting. Anything the
-                // server itself said (a wrong password, no such database) will not change.
-                if let error = error as? PSQLError, error.serverInfo != nil { throw error }
+                // Refused or unreachable, or the server is starting or stopping (SQLSTATE
+                // 57P0x, 08xxx): it may be restarting. Anything else the server said (a
+                // wrong password, no such database) will not change by waiting.
+                if let error = error as? PSQLError, let state = error.serverInfo?[.sqlState], !state.hasPrefix("57P"), !state.hasPrefix("08") {
+                    throw error
+                }
                 guard ContinuousClock.now < deadline else { throw error }
                 logger.warning("cannot reach PostgreSQL: trying again", metadata: ["store": "\(location)", "error": "\(PostgresStore.describe(error))"])
                 Thread.sleep(forTimeInterval: 0.2)
@@ -156,7 +161,7 @@ public final class PostgresStore: @unchecked Sendable {
     /// broke is closed, not kept; one in a failed transaction is rolled back first.
     func withConnection<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
         try checkWriterLock()
-        let connection = try lock.withLock { idle.popLast() } ?? connect()
+        let connection = try takeIdle() ?? connect()
         do {
             let result = try body(connection)
             lock.withLock { idle.append(connection) }
@@ -164,7 +169,7 @@ public final class PostgresStore: @unchecked Sendable {
         } catch {
             if connection.isClosed {
                 try? connection.close().wait()
-            } else if (try? connection.query("ROLLBACK", logger: logger).wait()) != nil {
+            } else if (try? wait(for: connection.query("ROLLBACK", logger: logger), on: connection)) != nil {
                 lock.withLock { idle.append(connection) }
             } else {
                 try? connection.close().wait()
@@ -173,10 +178,46 @@ public final class PostgresStore: @unchecked Sendable {
         }
     }
 
+    /// An idle connection that is still open (the server closes them when it restarts).
+    private func takeIdle() -> PostgresConnection? {
+        while let connection = lock.withLock({ idle.popLast() }) {
+            if !connection.isClosed { return connection }
+            try? connection.close().wait()
+        }
+        return nil
+    }
+
+    /// How long one statement may take before its connection is given up.
+    public var statementPatience: Duration = .seconds(60)
+
+    struct StatementTimedOut: Error, CustomStringConvertible {
+        let patience: Duration
+        var description: String { "PostgreSQL did not answer within \(patience) (the connection was closed)" }
+    }
+
+    /// Waits for a statement's result. A statement sent on a connection that died under
+    /// it may never be answered: after `statementPatience` the connection is closed and
+    /// the call fails, instead of the engine waiting for ever.
+    func wait<T: Sendable>(for future: EventLoopFuture<T>, on connection: PostgresConnection) throws -> T {
+        let done = DispatchSemaphore(value: 0)
+        let outcome = NIOLockedValueBox<Result<T, Error>?>(nil)
+        future.whenComplete { result in
+            outcome.withLockedValue { $0 = result }
+            done.signal()
+        }
+        let nanoseconds = statementPatience.components.seconds * 1_000_000_000 + statementPatience.components.attoseconds / 1_000_000_000
+        if done.wait(timeout: .now() + .nanoseconds(Int(nanoseconds))) == .timedOut {
+            let closing: EventLoopFuture<Void> = connection.close()
+            closing.whenComplete { _ in }
+            throw StatementTimedOut(patience: statementPatience)
+        }
+        return try outcome.withLockedValue { $0! }.get()
+    }
+
     /// Becomes the database's only writer, or says who is.
     private func takeWriterLock() throws {
         let connection = try connect()
-        let rows = try connection.query("SELECT pg_try_advisory_lock(\(PostgresStore.writerLockKey))", logger: logger).wait()
+        let rows = try wait(for: connection.query("SELECT pg_try_advisory_lock(\(PostgresStore.writerLockKey))", logger: logger), on: connection)
         guard let row = rows.first, try row.decode(Bool.self) else {
             try? connection.close().wait()
             throw OpenError(description: "another chatcore process is serving the database \(location) (it holds the writer lock); "
@@ -205,7 +246,7 @@ public final class PostgresStore: @unchecked Sendable {
     /// Runs one statement and returns its rows.
     @discardableResult
     func run(_ connection: PostgresConnection, _ sql: String, _ binds: Binds = Binds()) throws -> PostgresQueryResult {
-        try connection.query(PostgresQuery(unsafeSQL: sql, binds: binds.bindings), logger: logger).wait()
+        try wait(for: connection.query(PostgresQuery(unsafeSQL: sql, binds: binds.bindings), logger: logger), on: connection)
     }
 
     /// Bound values of one statement; `add` returns the placeholder that names each.

@@ -49,12 +49,13 @@ def main():
             ["swift", "test", "--skip-build", "--filter", "FixtureTests"],
             [sys.executable, "-m", "pytest", "-q", "Tests/python", "Examples", "clients/python/tests"]
             + [f"--deselect={path}" if "::" in path else f"--ignore={path}" for path in SQLITE_ONLY],
+            [sys.executable, "-m", "pytest", "-q", "Tests/postgres"],
         ]
         failed = []
         for step in steps:
             print("test-postgres:", " ".join(step), flush=True)
             if subprocess.run(step, cwd=ROOT, env=environment).returncode != 0:
-                failed.append(step[0] if step[0] == "swift" else "pytest")
+                failed.append(" ".join(step[-1:]) if step[0] != "swift" else "transcripts")
     print(f"test-postgres: {'failed: ' + ', '.join(failed) if failed else 'passed'} in {time.monotonic() - started:.0f} s")
     return 1 if failed else 0
 

@@ -1,0 +1,158 @@
+"""The PostgreSQL store's own behaviours, against a real cluster each test makes (initdb
+in a temporary directory): how it is named and authenticated, one process per database,
+and PostgreSQL restarted under load. Every transcript and Python test also runs against
+it (Tests/postgres/run.py)."""
+import os
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+from conftest import real_binary
+from postgres_cluster import Cluster, postgres_bin
+from chatcore_harness import Client, auth, body
+
+pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
+
+
+def start(cluster, database, scratch, *arguments, url=None, environment=None):
+    """chatcore on a Unix socket with its store in `database`; returns (process, socket)."""
+    socket_path = os.path.join(scratch, f"{database}-{len(os.listdir(scratch))}.sock")
+    command = [real_binary(), "serve", "--data-dir", os.path.join(scratch, "data-" + socket_path[-8:-5]), "--listen", "unix:" + socket_path,
+               "--insecure-no-auth", "--store", url or cluster.database_url(database), *arguments]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env=dict(os.environ, **(environment or {})))
+    deadline = time.time() + 60
+    while not os.path.exists(socket_path):
+        if process.poll() is not None:
+            return process, None
+        assert time.time() < deadline, "chatcore did not listen"
+        time.sleep(0.05)
+    return process, socket_path
+
+
+def stop(process):
+    process.terminate()
+    return process.wait(timeout=30)
+
+
+@pytest.fixture
+def cluster():
+    with Cluster() as made:
+        yield made
+
+
+@pytest.fixture
+def scratch():
+    with tempfile.TemporaryDirectory() as directory:
+        yield directory
+
+
+def test_a_store_url_with_a_password_is_refused(cluster, scratch):
+    cluster.create_database("a")
+    url = f"postgres://chatcore:secret@/a?host={cluster.socket_directory}"
+    process, socket_path = start(cluster, "a", scratch, url=url)
+    assert socket_path is None and process.wait(timeout=30) == 1
+    assert b"--store must not carry a password" in process.stderr.read()
+
+
+def test_the_password_comes_from_a_file_or_the_environment(cluster, scratch):
+    cluster.create_database("p")
+    cluster.psql("CREATE ROLE node LOGIN PASSWORD 'correct horse'; GRANT ALL ON DATABASE p TO node; ALTER DATABASE p OWNER TO node")
+    hba = os.path.join(cluster.directory, "data", "pg_hba.conf")
+    with open(hba) as f:
+        rules = f.read()
+    with open(hba, "w") as f:
+        f.write("local all node scram-sha-256\n" + rules)
+    cluster.pg_ctl("reload")
+    time.sleep(0.5)
+    url = f"postgres://node@/p?host={cluster.socket_directory}"
+
+    process, socket_path = start(cluster, "p", scratch, url=url)
+    assert socket_path is None and process.wait(timeout=60) == 1, "no password: refused by the server"
+    assert b"cannot open the store" in process.stderr.read()
+
+    password_file = os.path.join(scratch, "password")
+    with open(password_file, "w") as f:
+        f.write("correct horse\n")
+    process, socket_path = start(cluster, "p", scratch, "--store-password-file", password_file, url=url)
+    assert socket_path is not None, process.stderr.read().decode()
+    client = Client(socket_path)
+    auth(client, "alice")
+    client.close()
+    assert stop(process) == 0
+
+    process, socket_path = start(cluster, "p", scratch, url=url, environment={"PGPASSWORD": "correct horse"})
+    assert socket_path is not None, process.stderr.read().decode()
+    assert stop(process) == 0
+
+
+def test_one_process_serves_a_database_and_a_second_one_says_why(cluster, scratch):
+    cluster.create_database("one")
+    first, first_socket = start(cluster, "one", scratch)
+    assert first_socket is not None
+    second, second_socket = start(cluster, "one", scratch)
+    assert second_socket is None and second.wait(timeout=30) == 1
+    assert b"another chatcore process is serving the database" in second.stderr.read()
+    assert stop(first) == 0
+    # Once the first is gone, the database can be served again, with what it had.
+    third, third_socket = start(cluster, "one", scratch)
+    assert third_socket is not None
+    assert stop(third) == 0
+
+
+def test_postgresql_restarted_under_load_loses_and_duplicates_nothing(cluster, scratch):
+    cluster.create_database("restart")
+    process, socket_path = start(cluster, "restart", scratch)
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "load"}})
+    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+
+    sent, failed = {}, []
+    stop_sending = threading.Event()
+
+    def send_all():
+        number = 0
+        while not stop_sending.is_set() and number < 4000:
+            number += 1
+            alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"m{number}", "cookie": f"s{number}"}})
+            for event in alice.answer(f"s{number}", timeout=60):
+                name, value = next(iter(event.items()))
+                if name == "listAdd" and value.get("cookie") == f"s{number}":
+                    sent[f"m{number}"] = value["elements"][0]["messageId"]
+                elif name == "requestFailed":
+                    assert value["error"] == "Internal", value
+                    failed.append(f"m{number}")
+
+    sender = threading.Thread(target=send_all)
+    sender.start()
+    time.sleep(1.0)
+    cluster.pg_ctl("-m", "fast", "-w", "restart")
+    time.sleep(2.0)
+    stop_sending.set()
+    sender.join(timeout=120)
+    assert not sender.is_alive()
+    assert process.poll() is None, "chatcore went on after the restart"
+    # Sends in flight when the server went away are answered Internal ("not confirmed");
+    # the others waited for it to come back.
+    count_after = len(sent)
+    # It serves on: one more send is announced.
+    answer = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
+    assert any(body(e).get("cookie") == "after" and "listAdd" in e for e in answer), answer
+    alice.close()
+    assert stop(process) == 0
+
+    # Everything announced Sent is there, once, with the id it was announced with; ids
+    # are consecutive.
+    rows = cluster.psql(f"SELECT id, content FROM message WHERE chat = {int(chat)} AND tag = 'Text' ORDER BY id", database="restart").split()
+    stored = dict(row.split("|")[::-1] for row in rows)
+    for content, message_id in sent.items():
+        assert stored.get(content) == message_id, (content, message_id)
+    contents = [row.split("|")[1] for row in rows]
+    assert len(contents) == len(set(contents)), "no message stored twice"
+    ids = [int(row.split("|")[0]) for row in rows]
+    assert ids == list(range(ids[0], ids[0] + len(ids))), "ids consecutive"
+    assert count_after > 0
