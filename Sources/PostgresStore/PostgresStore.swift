@@ -88,7 +88,6 @@ public final class PostgresStore: @unchecked Sendable {
 
     public let location: Location
     let logger: Logger
-    private let group: MultiThreadedEventLoopGroup
     private let lock = NSLock()
     private var idle: [PostgresConnection] = []
     private var nextConnectionID = 0
@@ -100,19 +99,35 @@ public final class PostgresStore: @unchecked Sendable {
     /// The advisory lock's key: "chatcore" read as a number.
     static let writerLockKey: Int64 = 0x6368_6174_636f_7265
 
-    public init(location: Location, logger: Logger) throws {
+    /// Opens the store as the database's writer: with the lock `writerLock` holds (taken
+    /// by `WriterLock.wait`), else taking it now or failing (`WriterLockHeld`).
+    public init(location: Location, logger: Logger, writerLock: WriterLock? = nil) throws {
         self.location = location
         self.logger = logger
-        group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         do {
-            try takeWriterLock()
+            if let writerLock {
+                lockHolder = writerLock.connection
+            } else {
+                try takeWriterLock()
+            }
             try withConnection { connection in try PostgresStore.migrate(connection, logger: logger) }
         } catch let error as OpenError {
+            shutDown()
+            throw error
+        } catch let error as WriterLockHeld {
             shutDown()
             throw error
         } catch {
             shutDown()
             throw OpenError(description: "cannot open the store \(location): \(PostgresStore.describe(error))")
+        }
+    }
+
+    /// Another process holds the writer lock of the database.
+    public struct WriterLockHeld: Error, CustomStringConvertible {
+        public let location: Location
+        public var description: String {
+            "another chatcore process is serving the database \(location) (it holds the writer lock)"
         }
     }
 
@@ -129,7 +144,6 @@ public final class PostgresStore: @unchecked Sendable {
             return all
         }
         for connection in connections { try? connection.close().wait() }
-        try? group.syncShutdownGracefully()
     }
 
     // MARK: connections
@@ -139,10 +153,17 @@ public final class PostgresStore: @unchecked Sendable {
             nextConnectionID += 1
             return nextConnectionID
         }
+        return try PostgresStore.connect(location, id: id, patience: patience, logger: logger)
+    }
+
+    /// A new connection, waiting up to `patience` for a server that is not there or is
+    /// starting or stopping.
+    static func connect(_ location: Location, id: Int, patience: Duration, logger: Logger) throws -> PostgresConnection {
         let deadline = ContinuousClock.now + patience
         while true {
             do {
-                return try PostgresConnection.connect(on: group.next(), configuration: location.configuration, id: id, logger: logger).wait()
+                return try PostgresConnection.connect(on: MultiThreadedEventLoopGroup.singleton.next(), configuration: location.configuration, id: id,
+                                                      logger: logger).wait()
             } catch {
                 // Refused or unreachable, or the server is starting or stopping (SQLSTATE
                 // 57P0x, 08xxx): it may be restarting. Anything else the server said (a
@@ -220,8 +241,7 @@ public final class PostgresStore: @unchecked Sendable {
         let rows = try wait(for: connection.query("SELECT pg_try_advisory_lock(\(PostgresStore.writerLockKey))", logger: logger), on: connection)
         guard let row = rows.first, try row.decode(Bool.self) else {
             try? connection.close().wait()
-            throw OpenError(description: "another chatcore process is serving the database \(location) (it holds the writer lock); "
-                            + "one process per database: several nodes on one database are not supported yet")
+            throw WriterLockHeld(location: location)
         }
         lock.withLock { lockHolder = connection }
     }
@@ -236,8 +256,8 @@ public final class PostgresStore: @unchecked Sendable {
         lock.withLock { lockHolder = nil }
         do {
             try takeWriterLock()
-        } catch let error as OpenError {
-            throw StoreFailure(.io, error.description)
+        } catch let error as WriterLockHeld {
+            throw StoreFailure(.io, error.description + ": this process stops; its clients connect to the node serving now")
         }
     }
 
@@ -406,7 +426,51 @@ public final class PostgresStore: @unchecked Sendable {
             "CREATE TABLE counter (name text PRIMARY KEY, value bigint NOT NULL)",
             #"INSERT INTO counter (name, value) VALUES ('changeSeq', 0), ('searchRow', 0)"#,
         ]),
+        ("v2-writer-address", [
+            // Where the node holding the writer lock accepts connections (other nodes
+            // relay theirs there).
+            "CREATE TABLE writer_node (id int PRIMARY KEY CHECK (id = 1), address text NOT NULL, since timestamptz NOT NULL DEFAULT now())",
+        ]),
     ]
+
+    /// Says where this node (the writer) accepts connections, for the other nodes.
+    public func advertise(_ address: String) throws {
+        try withConnection { connection in
+            var binds = Binds()
+            try run(connection, """
+                INSERT INTO writer_node (id, address, since) VALUES (1, \(binds.add(address)), now())
+                ON CONFLICT (id) DO UPDATE SET address = EXCLUDED.address, since = EXCLUDED.since
+                """, binds)
+        }
+    }
+
+    /// The writer lock of a database, taken by a node that waited for it (`wait`), and
+    /// where the writer is meanwhile (`writerAddress`).
+    public final class WriterLock: @unchecked Sendable {
+        let connection: PostgresConnection
+
+        private init(connection: PostgresConnection) {
+            self.connection = connection
+        }
+
+        /// Blocks until this process holds the writer lock (the writer stopped or died:
+        /// PostgreSQL releases a session's lock when its connection ends).
+        public static func wait(location: Location, logger: Logger) throws -> WriterLock {
+            let connection = try PostgresStore.connect(location, id: 1_000_000, patience: .seconds(3600), logger: logger)
+            _ = try connection.query("SELECT pg_advisory_lock(\(PostgresStore.writerLockKey))", logger: logger).wait()
+            return WriterLock(connection: connection)
+        }
+
+        /// Where the writer accepts connections now, as it advertised (nil: none yet, or
+        /// the database cannot be read).
+        public static func writerAddress(location: Location, logger: Logger) -> String? {
+            guard let connection = try? PostgresStore.connect(location, id: 1_000_001, patience: .seconds(5), logger: logger) else { return nil }
+            defer { try? connection.close().wait() }
+            // The table exists once a writer migrated the database.
+            guard let rows = try? connection.query("SELECT address FROM writer_node WHERE id = 1", logger: logger).wait() else { return nil }
+            return try? rows.first?.decode(String.self)
+        }
+    }
 
     static func migrate(_ connection: PostgresConnection, logger: Logger) throws {
         _ = try connection.query("BEGIN", logger: logger).wait()

@@ -12,8 +12,13 @@ enum OpenedStore {
 
     /// Opens what `--store` names (nil: SQLite in `directory`). The PostgreSQL password
     /// comes from `passwordFile`, else from PGPASSWORD: never from the command line.
-    static func open(_ url: String?, passwordFile: String?, directory: URL, logger: Logger) throws -> OpenedStore {
+    static func open(_ url: String?, passwordFile: String?, directory: URL, logger: Logger, writerLock: PostgresStore.WriterLock? = nil) throws -> OpenedStore {
         guard let url else { return .sqlite(try SQLiteStore(directory: directory)) }
+        return .postgres(try PostgresStore(location: try location(url, passwordFile: passwordFile), logger: logger, writerLock: writerLock))
+    }
+
+    /// Where the PostgreSQL store is, and the password to reach it.
+    static func location(_ url: String, passwordFile: String?) throws -> PostgresStore.Location {
         var password = ProcessInfo.processInfo.environment["PGPASSWORD"]
         if let passwordFile {
             do {
@@ -22,8 +27,7 @@ enum OpenedStore {
                 throw PostgresStore.OpenError(description: "cannot read --store-password-file \(passwordFile): \(error.localizedDescription)")
             }
         }
-        let location = try PostgresStore.Location(url: url, password: password)
-        return .postgres(try PostgresStore(location: location, logger: logger))
+        return try PostgresStore.Location(url: url, password: password)
     }
 
     var chatStore: any ChatStore {

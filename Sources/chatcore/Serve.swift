@@ -9,6 +9,7 @@ import Prometheus
 import ServiceMetrics
 import NIOCore
 import NIOPosix
+import PostgresStore
 import SQLiteStore
 import Server
 import Session
@@ -44,6 +45,9 @@ struct Serve: AsyncParsableCommand {
 
     @Option(name: .long, help: ArgumentHelp("Keep everything in this PostgreSQL database instead of SQLite in --data-dir: postgres://USER@HOST[:PORT]/DATABASE, or postgres://USER@/DATABASE?host=SOCKET_DIR. No password here: --store-password-file or PGPASSWORD.", valueName: "url"))
     var store: String?
+
+    @Option(name: .long, help: ArgumentHelp("With --store postgres: the address other nodes relay their connections to while this node is the writer (HOST:PORT or unix:PATH). Default: the first --listen as bound (127.0.0.1 for 0.0.0.0).", valueName: "address"))
+    var advertise: String?
 
     @Option(name: .long, help: ArgumentHelp("A file holding the PostgreSQL password of --store (trailing whitespace removed).", valueName: "file"))
     var storePasswordFile: String?
@@ -161,7 +165,19 @@ struct Serve: AsyncParsableCommand {
         let store: OpenedStore
         let opening = ContinuousClock.now
         do {
-            store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger)
+            do {
+                store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger)
+            } catch let held as PostgresStore.WriterLockHeld {
+                // Another node is the writer: relay to it until it goes, then be it.
+                guard !listen.isEmpty, user == nil else {
+                    logger.critical("\(held); a node that is not the writer relays socket connections to it: give --listen (standard input cannot be relayed)")
+                    throw ExitCode(1)
+                }
+                let lock = try await follow(held.location, logger: logger)
+                store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, writerLock: lock)
+            }
+        } catch let exit as ExitCode {
+            throw exit
         } catch {
             logger.critical("cannot open the store", metadata: ["error": "\(error)"])
             throw ExitCode(1)
@@ -241,6 +257,11 @@ struct Serve: AsyncParsableCommand {
                     let channel = try await sockets.bind(address)
                     let bound = channel.localAddress.map { "\($0)" } ?? text
                     logger.info("listening", metadata: ["address": "\(address)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
+                    if case .postgres(let database) = store, text == listen[0] {
+                        let advertised = advertise ?? Serve.reachable(address, port: channel.localAddress?.port)
+                        try database.advertise(advertised)
+                        logger.info("this node is the writer: other nodes relay their connections to it", metadata: ["advertised": "\(advertised)"])
+                    }
                 } catch {
                     logger.critical("cannot listen", metadata: ["address": "\(address)", "error": "\(error)"])
                     throw ExitCode(1)
@@ -290,6 +311,53 @@ struct Serve: AsyncParsableCommand {
         while true { try await Task.sleep(for: .seconds(3600)) }
     }
 
+    /// Where other nodes reach a bound address: its real port, and loopback for a
+    /// wildcard host.
+    static func reachable(_ address: ListenAddress, port: Int?) -> String {
+        switch address {
+        case .unix: return address.description
+        case .tcp(let host, let requested):
+            let reachableHost = host == "0.0.0.0" ? "127.0.0.1" : host == "::" ? "::1" : host
+            return ListenAddress.tcp(host: reachableHost, port: port ?? requested).description
+        }
+    }
+
+    /// While another node holds the store's writer lock, relays every connection to it
+    /// (FollowerProxy); returns once this node holds the lock (the writer stopped or
+    /// died), with the relayed connections closed and the addresses free again.
+    private func follow(_ location: PostgresStore.Location, logger: Logger) async throws -> PostgresStore.WriterLock {
+        let loops = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
+        let proxy = FollowerProxy(group: loops, writer: {
+            PostgresStore.WriterLock.writerAddress(location: location, logger: logger).flatMap(ListenAddress.init)
+        }, logger: logger)
+        for text in listen {
+            let channel = try await proxy.bind(ListenAddress(text)!)
+            logger.info("listening (relaying to the writer node)", metadata: ["address": "\(text)", "port": "\(channel.localAddress?.port ?? 0)"])
+        }
+        // Until this node serves by itself, a signal just stops it.
+        Serve.signalSources.onTermination { number in
+            logger.info("stopping (relaying node)", metadata: ["signal": "\(number)"])
+            proxy.stop()
+            Glibc.exit(0)
+        }
+        logger.info("another node is the writer of the store: relaying connections to it until it stops", metadata: ["store": "\(location)"])
+        let lock = try await withCheckedThrowingContinuation { (taken: CheckedContinuation<PostgresStore.WriterLock, Error>) in
+            let thread = Thread {
+                do {
+                    taken.resume(returning: try PostgresStore.WriterLock.wait(location: location, logger: logger))
+                } catch {
+                    taken.resume(throwing: error)
+                }
+            }
+            thread.name = "chatcore-writer-lock"
+            thread.start()
+        }
+        proxy.stop()
+        try await loops.shutdownGracefully()
+        logger.info("this node holds the writer lock now: serving by itself (relayed clients connect again)")
+        return lock
+    }
+
     static func defaultDataDirectory() -> String {
         let environment = ProcessInfo.processInfo.environment
         if let xdg = environment["XDG_DATA_HOME"], !xdg.isEmpty { return xdg + "/chatcore" }
@@ -311,15 +379,9 @@ struct Serve: AsyncParsableCommand {
     /// SIGINT and SIGTERM: stop reading at once, answer everything accepted (requests not
     /// yet started are refused as "shutting down"), write it out, then exit 0.
     private func installTerminationHandlers(shutdown: Shutdown, logger: Logger) {
-        for number in [SIGINT, SIGTERM] {
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler {
-                logger.info("stopping", metadata: ["signal": "\(number)"])
-                shutdown.run(exitCode: 0)
-            }
-            source.resume()
-            Serve.signalSources.withLock { $0.append(source) }
+        Serve.signalSources.onTermination { number in
+            logger.info("stopping", metadata: ["signal": "\(number)"])
+            shutdown.run(exitCode: 0)
         }
     }
 
@@ -344,15 +406,41 @@ struct Serve: AsyncParsableCommand {
     static let signalSources = SignalSources()
 }
 
-/// Keeps the signal sources alive for the life of the process.
+/// Keeps the signal sources alive for the life of the process. SIGINT and SIGTERM have
+/// one source each, made once (libdispatch on Linux does not deliver a signal again to a
+/// source made after one for it was cancelled); what they do is set by each phase.
 final class SignalSources: @unchecked Sendable {
     private let lock = NSLock()
     private var sources: [DispatchSourceSignal] = []
+    private var termination: (@Sendable (Int32) -> Void)?
+    private var terminationInstalled = false
 
     func withLock(_ body: (inout [DispatchSourceSignal]) -> Void) {
         lock.lock()
         body(&sources)
         lock.unlock()
+    }
+
+    /// From now on SIGINT and SIGTERM call `action`.
+    func onTermination(_ action: @escaping @Sendable (Int32) -> Void) {
+        lock.lock()
+        termination = action
+        let install = !terminationInstalled
+        terminationInstalled = true
+        lock.unlock()
+        guard install else { return }
+        for number in [SIGINT, SIGTERM] {
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { [self] in
+                lock.lock()
+                let action = termination
+                lock.unlock()
+                action?(number)
+            }
+            source.resume()
+            withLock { $0.append(source) }
+        }
     }
 }
 

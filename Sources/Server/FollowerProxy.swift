@@ -1,0 +1,181 @@
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOPosix
+
+/// What a node that does not hold the store's writer lock serves: every connection it
+/// accepts is relayed, byte for byte, to the node that does (the writer), so that one
+/// engine decides for every session of the deployment. Clients cannot tell the difference
+/// (authentication, answers and events are the writer's). When the writer goes away this
+/// node takes the lock, `stop()` closes what it relayed (clients connect again and catch
+/// up with the change feed), and the node serves by itself.
+public final class FollowerProxy: @unchecked Sendable {
+    private let group: MultiThreadedEventLoopGroup
+    /// Where the writer accepts connections now (nil: no node is serving yet). Called
+    /// off the event loops: it may ask the database.
+    private let writer: @Sendable () -> ListenAddress?
+    private let logger: Logger
+    private let lock = NIOLock()
+    private var listeners: [Channel] = []
+    private var connections: [ObjectIdentifier: Channel] = [:]
+
+    public init(group: MultiThreadedEventLoopGroup, writer: @escaping @Sendable () -> ListenAddress?, logger: Logger) {
+        self.group = group
+        self.writer = writer
+        self.logger = logger
+    }
+
+    /// Starts accepting at `address`; returns the bound channel.
+    public func bind(_ address: ListenAddress) async throws -> Channel {
+        let bootstrap = ServerBootstrap(group: group)
+            .serverChannelOption(.backlog, value: 256)
+            .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            // Nothing is read from a client before its relay to the writer is up.
+            .childChannelOption(.autoRead, value: false)
+            .childChannelOption(.allowRemoteHalfClosure, value: true)
+            .childChannelInitializer { [self] channel in
+                track(channel)
+                DispatchQueue.global().async { self.relay(channel) }
+                return channel.eventLoop.makeSucceededVoidFuture()
+            }
+        let channel: Channel
+        switch address {
+        case .tcp(let host, let port):
+            channel = try await bootstrap.bind(host: host, port: port).get()
+        case .unix(let path):
+            channel = try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
+        }
+        lock.withLock { listeners.append(channel) }
+        return channel
+    }
+
+    /// Stops accepting and closes every relayed connection (and its relay), and waits
+    /// until the listeners are closed (their addresses can be bound again).
+    public func stop() {
+        let (listening, open) = lock.withLock { (listeners, Array(connections.values)) }
+        for channel in open { channel.close(promise: nil) }
+        for listener in listening { try? listener.close().wait() }
+    }
+
+    private func track(_ channel: Channel) {
+        let key = ObjectIdentifier(channel)
+        lock.withLock { connections[key] = channel }
+        channel.closeFuture.whenComplete { _ in
+            self.lock.withLock { _ = self.connections.removeValue(forKey: key) }
+        }
+    }
+
+    /// Connects `client` to the writer and relays both ways; closes `client` when no
+    /// writer can be reached.
+    private func relay(_ client: Channel) {
+        guard let address = writer() else {
+            logger.warning("no node serves the store yet: closing a connection")
+            client.close(promise: nil)
+            return
+        }
+        let bootstrap = ClientBootstrap(group: client.eventLoop)
+            .channelOption(.allowRemoteHalfClosure, value: true)
+            .connectTimeout(.seconds(5))
+        let connecting: EventLoopFuture<Channel>
+        switch address {
+        case .tcp(let host, let port): connecting = bootstrap.connect(host: host, port: port)
+        case .unix(let path): connecting = bootstrap.connect(unixDomainSocketPath: path)
+        }
+        let logger = self.logger
+        connecting.whenComplete { result in
+            switch result {
+            case .failure(let error):
+                logger.warning("cannot reach the writer node: closing a connection", metadata: ["writer": "\(address)", "error": "\(error)"])
+                client.close(promise: nil)
+            case .success(let upstream):
+                self.track(upstream)
+                let toWriter = Relay(partner: upstream)
+                let toClient = Relay(partner: client)
+                do {
+                    try client.pipeline.syncOperations.addHandler(toWriter)
+                } catch {
+                    client.close(promise: nil)
+                    upstream.close(promise: nil)
+                    return
+                }
+                upstream.pipeline.addHandler(toClient).whenComplete { added in
+                    guard case .success = added else {
+                        client.close(promise: nil)
+                        upstream.close(promise: nil)
+                        return
+                    }
+                    client.setOption(.autoRead, value: true).whenComplete { _ in }
+                }
+            }
+        }
+    }
+}
+
+/// Passes what one channel reads to its partner; reading pauses while the partner cannot
+/// take more (its write buffer is above its high water mark); a half-close and a close
+/// pass through.
+private final class Relay: ChannelDuplexHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundIn = ByteBuffer
+
+    let partner: Channel
+    /// This handler's own channel, to resume reading when the partner drained.
+    private var own: Channel?
+
+    init(partner: Channel) {
+        self.partner = partner
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        own = context.channel
+        // When the partner can take more again, this side reads again.
+        let ownChannel = context.channel
+        partner.pipeline.addHandler(WritabilityWatcher(resume: ownChannel)).whenComplete { _ in }
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        partner.write(unwrapInboundIn(data), promise: nil)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        partner.flush()
+        if !partner.isWritable {
+            context.channel.setOption(.autoRead, value: false).whenComplete { _ in }
+        }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case ChannelEvent.inputClosed = event {
+            partner.close(mode: .output, promise: nil)
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        partner.close(promise: nil)
+        context.fireChannelInactive()
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        context.close(promise: nil)
+    }
+}
+
+/// Resumes reading on `resume` when the channel it watches becomes writable again.
+private final class WritabilityWatcher: ChannelInboundHandler, @unchecked Sendable {
+    typealias InboundIn = ByteBuffer
+
+    let resume: Channel
+
+    init(resume: Channel) {
+        self.resume = resume
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable {
+            resume.setOption(.autoRead, value: true).whenComplete { _ in }
+        }
+        context.fireChannelWritabilityChanged()
+    }
+}

@@ -1,0 +1,241 @@
+"""Several chatcore nodes on one PostgreSQL database, against a real cluster (initdb in a
+temporary directory) and real processes on Unix sockets.
+
+One node at a time holds the database's writer lock and runs the engine; the others relay
+the connections they accept to it, byte for byte, and take over when it goes (SIGKILL
+included: PostgreSQL releases a dead session's lock)."""
+import os
+import re
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+from conftest import real_binary
+from postgres_cluster import Cluster, postgres_bin
+from chatcore_harness import Client, auth, body
+
+pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
+
+
+class Node:
+    def __init__(self, url, scratch, name):
+        self.socket = os.path.join(scratch, name + ".sock")
+        self.log = open(os.path.join(scratch, name + ".log"), "w+")
+        self.process = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, name), "--listen", "unix:" + self.socket,
+                                         "--insecure-no-auth", "--store", url],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
+        deadline = time.time() + 60
+        while not os.path.exists(self.socket):
+            assert self.process.poll() is None, self.logged()
+            assert time.time() < deadline, "the node did not listen"
+            time.sleep(0.05)
+
+    def logged(self):
+        self.log.seek(0)
+        return self.log.read()
+
+    def wait_until_logged(self, text, timeout=30):
+        deadline = time.time() + timeout
+        while text not in self.logged():
+            assert time.time() < deadline, f"not logged: {text}\n{self.logged()}"
+            time.sleep(0.05)
+
+    def stop(self):
+        self.process.terminate()
+        return self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def cluster():
+    with Cluster() as made:
+        yield made
+
+
+@pytest.fixture
+def scratch():
+    with tempfile.TemporaryDirectory() as directory:
+        yield directory
+
+
+def two_nodes(cluster, scratch, database):
+    cluster.create_database(database)
+    url = cluster.database_url(database)
+    writer = Node(url, scratch, database + "-a")
+    writer.wait_until_logged("this node is the writer")
+    relay = Node(url, scratch, database + "-b")
+    relay.wait_until_logged("relaying connections to it")
+    return writer, relay
+
+
+# Random per store (regIds, endpoint ids) or per second (timestamps): left out when the
+# two runs are compared.
+VARYING = re.compile(r'"(timestamp|lastActivity|regId|localRegId|endpointId)":("[^"]*"|\d+)')
+VARYING_GLOBALS = re.compile(r'"name":"(localRegId|endpointId)","value":"[^"]*"')
+
+
+def conversation(alice_socket, bob_socket):
+    """A scripted conversation; returns what each user's session received, in order."""
+    alice, bob = Client(alice_socket), Client(bob_socket)
+    auth(alice, "alice")
+    auth(bob, "bob")
+    step = [0]
+
+    def settle(first):
+        # The acting session first: its answer follows what it sent (a request without
+        # a cookie included), so the other session's sync comes after its effects.
+        for client in (first, bob if first is alice else alice):
+            step[0] += 1
+            client.request({"identitiesGet": {"cookie": f"sync{step[0]}", "appUserIds": ["alice"]}})
+
+    def act(client, request):
+        if "cookie" in body(request):
+            client.request(request)
+        else:
+            client.send(request)  # answered only by events (or a failure)
+        settle(client)
+
+    act(alice, {"chatStart": {"cookie": "start", "invitees": [{"userId": "bob"}], "subject": "plans"}})
+    act(bob, {"requestListAll": {"type": "chat", "cookie": "chats"}})
+    act(alice, {"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "lunch?", "cookie": "m1"}})
+    act(bob, {"chatTyping": {"chatId": "1"}})
+    act(bob, {"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "yes", "cookie": "m2", "ref": [{"tag": "Quote", "messageId": "2"}]}})
+    act(bob, {"chatMessageRead": {"chatId": "1", "messageId": "2"}})
+    act(alice, {"chatMessageRead": {"chatId": "1", "messageId": "3"}})
+    act(alice, {"chatEventSend": {"chatId": "1", "type": "poke", "data": {"n": 1}}})
+    act(bob, {"chatMessageRecall": {"chatId": "1", "messageId": "3", "cookie": "recall"}})
+    act(alice, {"requestListMatching": {"type": "chatMessage", "cookie": "all", "criteria": {"chatId": "1"},
+                                        "window": {"messageId": 1, "before": 0, "after": 50}}})
+    act(bob, {"chatLeave": {"chatIds": ["1"]}})
+    events = {}
+    for name, client in (("alice", alice), ("bob", bob)):
+        client.close()
+        events[name] = [VARYING_GLOBALS.sub(r'"name":"\1","value":"*"', VARYING.sub(r'"\1":"*"', line)) for line in map(_line, client.all)]
+    return events
+
+
+def _line(event):
+    import json
+    return json.dumps(event, sort_keys=True, separators=(",", ":"))
+
+
+def test_users_on_two_nodes_see_what_they_would_see_on_one(cluster, scratch):
+    cluster.create_database("single")
+    single = Node(cluster.database_url("single"), scratch, "single")
+    on_one = conversation(single.socket, single.socket)
+    assert single.stop() == 0
+
+    writer, relay = two_nodes(cluster, scratch, "pair")
+    on_two = conversation(writer.socket, relay.socket)
+    assert on_two["alice"] == on_one["alice"]
+    assert on_two["bob"] == on_one["bob"]
+    # And the other way round: alice on the relaying node.
+    assert relay.stop() == 0
+    assert writer.stop() == 0
+    assert len(on_one["bob"]) > 20, "the conversation reached bob"
+
+
+def test_concurrent_sends_through_both_nodes_take_ids_one_to_n(cluster, scratch):
+    writer, relay = two_nodes(cluster, scratch, "ids")
+    alice, bob = Client(writer.socket), Client(relay.socket)
+    auth(alice, "alice")
+    auth(bob, "bob")
+    started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "race"}})
+    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    bob.request({"identitiesGet": {"cookie": "joined", "appUserIds": ["bob"]}})
+    per_sender = 500
+    announced = {}
+
+    def send(client, name):
+        client.send(*[{"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"{name}{n}", "cookie": f"{name}{n}"}}
+                      for n in range(per_sender)])
+        for n in range(per_sender):
+            for event in client.answer(f"{name}{n}", timeout=120):
+                if "listAdd" in event and body(event).get("cookie") == f"{name}{n}":
+                    announced[f"{name}{n}"] = int(body(event)["elements"][0]["messageId"])
+
+    threads = [threading.Thread(target=send, args=(alice, "a")), threading.Thread(target=send, args=(bob, "b"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    assert len(announced) == 2 * per_sender
+    ids = sorted(announced.values())
+    # Message 1 is bob's Join; the sends take 2..N+1, each once.
+    assert ids == list(range(2, 2 + 2 * per_sender))
+    rows = cluster.psql(f"SELECT id FROM message WHERE chat = {int(chat)} ORDER BY id", database="ids").split()
+    assert [int(r) for r in rows] == list(range(1, 2 + 2 * per_sender))
+    alice.close()
+    bob.close()
+    assert relay.stop() == 0
+    assert writer.stop() == 0
+
+
+def test_sigkill_of_the_writer_under_load_loses_nothing_announced(cluster, scratch):
+    writer, relay = two_nodes(cluster, scratch, "kill")
+    alice, bob = Client(writer.socket), Client(relay.socket)
+    auth(alice, "alice")
+    auth(bob, "bob")
+    started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "load"}})
+    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    announced = {}
+    lock = threading.Lock()
+
+    def send(client, name):
+        n = 0
+        try:
+            while True:
+                client.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"{name}{n}", "cookie": f"{name}{n}"}})
+                for event in client.answer(f"{name}{n}", timeout=10):
+                    if "listAdd" in event and body(event).get("cookie") == f"{name}{n}":
+                        with lock:
+                            announced[f"{name}{n}"] = body(event)["elements"][0]["messageId"]
+                n += 1
+        except Exception:
+            return  # the connection went with the node
+
+    threads = [threading.Thread(target=send, args=(alice, "a")), threading.Thread(target=send, args=(bob, "b"))]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)
+    writer.process.kill()
+    writer.process.wait()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(announced) > 50
+    # The relaying node takes over; clients connect to it again and catch up.
+    relay.wait_until_logged("this node holds the writer lock now")
+    relay.wait_until_logged("this node is the writer")
+    deadline = time.time() + 30
+    while True:
+        try:
+            carol = Client(relay.socket)
+            auth(carol, "alice")
+            break
+        except Exception:
+            assert time.time() < deadline
+            time.sleep(0.2)
+    stored = {}
+    anchor = 1
+    while True:
+        listed = carol.request({"requestListMatching": {"type": "chatMessage", "cookie": f"page{anchor}", "criteria": {"chatId": chat},
+                                                        "window": {"messageId": anchor, "before": 0, "after": 999}}})
+        elements = [element for event in listed if "listChunk" in event for element in body(event)["elements"]]
+        for element in elements:
+            if element.get("content") is not None:
+                stored[element["content"]] = element["messageId"]
+        if len(elements) < 1000:
+            break
+        anchor += 1000
+    for content, message_id in announced.items():
+        assert stored.get(content) == message_id, (content, message_id)
+    ids = sorted(int(e) for e in stored.values())
+    assert ids == list(range(ids[0], ids[0] + len(ids))), "no gap"
+    assert len(set(stored.values())) == len(stored), "no id twice"
+    # The new writer goes on taking sends.
+    answer = carol.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
+    assert any("listAdd" in e and body(e).get("cookie") == "after" for e in answer)
+    carol.close()
+    assert relay.stop() == 0
