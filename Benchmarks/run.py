@@ -11,7 +11,10 @@ Python+SQLite reference peer.
 Store (Benchmarks/store.py): stores of 1M and 10M messages built by store_gen.py: start-up,
 memory, reads under load, sends while reading.
 
-    python3 Benchmarks/run.py [codec] [engine] [store]     (all when none is named)
+Nodes (Benchmarks/nodes.py): 1, 2 and 4 nodes on one PostgreSQL beside SQLite: durable
+sends/s, request → Sent and cross-node delivery latency.
+
+    python3 Benchmarks/run.py [codec] [engine] [store] [nodes]     (all when none is named)
 """
 import json
 import pathlib
@@ -82,7 +85,7 @@ def codec_rows(corpus):
 
 
 def main():
-    wanted = set(sys.argv[1:]) or {"codec", "engine", "store"}
+    wanted = set(sys.argv[1:]) or {"codec", "engine", "store", "nodes"}
     if "codec" in wanted:
         codec_table()
     if "engine" in wanted:
@@ -92,12 +95,22 @@ def main():
         print(f"\n{'benchmark':<48} {'measure':<32} {'result':>20}")
         for group, name, value in rows:
             print(f"{group:<48} {name:<32} {value:>20}")
+    if "nodes" in wanted:
+        nodes_table()
     if "store" in wanted:
         sys.path.insert(0, str(ROOT / "Benchmarks"))
         import store
         print(f"\n{'benchmark':<34} {'measure':<40} {'result':>22}   in-memory engine / notes")
         for group, name, value, note in store.rows():
             print(f"{group:<34} {name:<40} {value:>22}   {note}")
+
+
+def nodes_table():
+    sys.path.insert(0, str(ROOT / "Benchmarks"))
+    import nodes
+    print(f"\n{'store, nodes':<22} {'durable sends/s (60,000)':>26} {'request → Sent p50/p99':>24} {'cross-node delivery p50/p99':>28}")
+    for name, rate, sent, delivered in nodes.rows():
+        print(f"{name:<22} {rate:>26,.0f} {sent[0]:>11.2f} / {sent[1]:.2f} ms {delivered[0]:>14.2f} / {delivered[1]:.2f} ms")
 
 
 def codec_table():

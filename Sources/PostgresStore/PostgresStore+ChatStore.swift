@@ -1,3 +1,4 @@
+import NIOCore
 import PostgresNIO
 import Store
 
@@ -256,9 +257,15 @@ extension PostgresStore: ChatStore {
         guard !batch.isEmpty else { return }
         do {
             try withConnection { connection in
-                try run(connection, "BEGIN")
-                try write(batch, connection)
-                try run(connection, "COMMIT")
+                // Every statement is handed to the connection at once and the answers
+                // are awaited after COMMIT: one wake-up of this thread per batch, not per
+                // statement. Each answer is checked — after a failed statement PostgreSQL
+                // answers COMMIT with ROLLBACK, not with an error.
+                let pipeline = Pipeline(connection: connection, store: self)
+                pipeline.run("BEGIN")
+                write(batch, pipeline)
+                pipeline.run("COMMIT")
+                try pipeline.finish()
             }
         } catch let failure as StoreFailure {
             throw failure
@@ -283,7 +290,7 @@ extension PostgresStore: ChatStore {
 
     /// Inserts `rows` (each with a value per column), as many per statement as
     /// PostgreSQL's 65,535 parameters allow; `conflict` is what follows ON CONFLICT.
-    private func insert(_ connection: PostgresConnection, into table: String, columns: [String], rows: [[Value]], conflict: String? = nil) throws {
+    private func insert(_ pipeline: Pipeline, into table: String, columns: [String], rows: [[Value]], conflict: String? = nil) {
         guard !rows.isEmpty else { return }
         let perStatement = max(1, 60_000 / columns.count)
         var start = 0
@@ -304,7 +311,7 @@ extension PostgresStore: ChatStore {
             }
             var sql = "INSERT INTO \(table) (\(columns.joined(separator: ", "))) VALUES " + tuples.joined(separator: ", ")
             if let conflict { sql += " ON CONFLICT \(conflict)" }
-            try run(connection, sql, binds)
+            pipeline.run(sql, binds)
             start += perStatement
         }
     }
@@ -315,7 +322,7 @@ extension PostgresStore: ChatStore {
     }
 
     /// Writes the named columns of one row found by its key.
-    private func update(_ connection: PostgresConnection, _ table: String, key: [(String, Int64)], set values: [(String, Value)]) throws {
+    private func update(_ pipeline: Pipeline, _ table: String, key: [(String, Int64)], set values: [(String, Value)]) {
         guard !values.isEmpty else { return }
         var binds = Binds()
         let assignments = values.map { column, value -> String in
@@ -326,7 +333,7 @@ extension PostgresStore: ChatStore {
             }
         }
         let conditions = key.map { "\($0.0) = \(binds.add($0.1))" }
-        try run(connection, "UPDATE \(table) SET " + assignments.joined(separator: ", ") + " WHERE " + conditions.joined(separator: " AND "), binds)
+        pipeline.run("UPDATE \(table) SET " + assignments.joined(separator: ", ") + " WHERE " + conditions.joined(separator: " AND "), binds)
     }
 
     private static let userColumns = [#""number""#, #""userId""#, #""regId""#]
@@ -338,22 +345,22 @@ extension PostgresStore: ChatStore {
     private static let refCountColumns = ["chat", "target", "tag", "count", "newest"]
     private static let rangeChangeColumns = ["chat", #""lastSeq""#, #""firstSeq""#, #""firstId""#, #""lastId""#]
 
-    private func write(_ batch: StoreBatch, _ connection: PostgresConnection) throws {
+    private func write(_ batch: StoreBatch, _ pipeline: Pipeline) {
         typealias S = PostgresStore
-        try insert(connection, into: #""user""#, columns: S.userColumns, rows: batch.newUsers.map { [.int($0.number), .text($0.userId), .int($0.regId)] })
-        try insert(connection, into: "endpoint", columns: S.endpointColumns, rows: batch.endpoints.map {
+        insert(pipeline, into: #""user""#, columns: S.userColumns, rows: batch.newUsers.map { [.int($0.number), .text($0.userId), .int($0.regId)] })
+        insert(pipeline, into: "endpoint", columns: S.endpointColumns, rows: batch.endpoints.map {
             [.int($0.id), .int($0.user), .text($0.description), .text($0.nickname), .bool($0.isLegacyDelegate), .int($0.ordinal)]
         }, conflict: S.replacing(key: ["id"], columns: S.endpointColumns))
         if !batch.removedEndpoints.isEmpty {
             var binds = Binds()
-            try run(connection, "DELETE FROM endpoint WHERE id = ANY(\(binds.add(batch.removedEndpoints)))", binds)
+            pipeline.run("DELETE FROM endpoint WHERE id = ANY(\(binds.add(batch.removedEndpoints)))", binds)
         }
-        try insert(connection, into: "chat", columns: S.chatColumns, rows: batch.newChats.map {
+        insert(pipeline, into: "chat", columns: S.chatColumns, rows: batch.newChats.map {
             [.int($0.number), .text($0.subject), .bool($0.isOneToOne), .text($0.invitePolicy), .bool($0.isDefunct), .text($0.data), .int($0.lastMessage), .int($0.lastActivity)]
         })
         for update in batch.chatUpdates {
             let row = update.row
-            try self.update(connection, "chat", key: [(#""number""#, row.number)], set: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
+            self.update(pipeline, "chat", key: [(#""number""#, row.number)], set: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
                 switch column {
                 case .subject: (column.rawValue, .text(row.subject))
                 case .isDefunct: (column.rawValue, .bool(row.isDefunct))
@@ -363,11 +370,11 @@ extension PostgresStore: ChatStore {
                 }
             })
         }
-        try insert(connection, into: "member", columns: S.memberColumns, rows: batch.members.map(S.values),
+        insert(pipeline, into: "member", columns: S.memberColumns, rows: batch.members.map(S.values),
                    conflict: S.replacing(key: ["chat", #""user""#], columns: S.memberColumns))
         for update in batch.memberUpdates {
             let row = update.row
-            try self.update(connection, "member", key: [("chat", row.chat), (#""user""#, row.user)], set: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
+            self.update(pipeline, "member", key: [("chat", row.chat), (#""user""#, row.user)], set: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
                 switch column {
                 case .isActive: (column.rawValue, .bool(row.isActive))
                 case .isAdmin: (column.rawValue, .bool(row.isAdmin))
@@ -382,13 +389,13 @@ extension PostgresStore: ChatStore {
                 }
             })
         }
-        try insert(connection, into: "message", columns: S.messageColumns, rows: batch.newMessages.map(S.values))
-        try insert(connection, into: "message_ref", columns: ["chat", "source", "tag", "target"], rows: batch.newMessages.flatMap { message in
+        insert(pipeline, into: "message", columns: S.messageColumns, rows: batch.newMessages.map(S.values))
+        insert(pipeline, into: "message_ref", columns: ["chat", "source", "tag", "target"], rows: batch.newMessages.flatMap { message in
             message.refs.map { [.int(message.chat), .int(message.id), .text($0.tag), .int($0.target)] }
         }, conflict: "DO NOTHING")
         for update in batch.messageUpdates {
             let row = update.row
-            try self.update(connection, "message", key: [("chat", row.chat), ("id", row.id)], set: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
+            self.update(pipeline, "message", key: [("chat", row.chat), ("id", row.id)], set: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
                 switch column {
                 case .content: (column.rawValue, .text(row.content))
                 case .data: (column.rawValue, .text(row.data))
@@ -406,47 +413,47 @@ extension PostgresStore: ChatStore {
         }
         if !batch.droppedReferences.isEmpty {
             var binds = Binds()
-            try run(connection, """
+            pipeline.run("""
                 DELETE FROM message_ref r USING unnest(\(binds.add(batch.droppedReferences.map(\.chat)))::bigint[], \(binds.add(batch.droppedReferences.map(\.id)))::bigint[])
                 AS d(chat, source) WHERE r.chat = d.chat AND r.source = d.source
                 """, binds)
         }
         if !batch.touches.isEmpty {
             var binds = Binds()
-            try run(connection, """
+            pipeline.run("""
                 UPDATE message m SET "changeSeq" = t.seq
                 FROM unnest(\(binds.add(batch.touches.map(\.chat)))::bigint[], \(binds.add(batch.touches.map(\.id)))::bigint[], \(binds.add(batch.touches.map(\.seq)))::bigint[])
                 AS t(chat, id, seq) WHERE m.chat = t.chat AND m.id = t.id
                 """, binds)
         }
-        try insert(connection, into: "range_change", columns: S.rangeChangeColumns, rows: batch.rangeChanges.map {
+        insert(pipeline, into: "range_change", columns: S.rangeChangeColumns, rows: batch.rangeChanges.map {
             [.int($0.chat), .int($0.lastSeq), .int($0.firstSeq), .int($0.firstId), .int($0.lastId)]
         }, conflict: S.replacing(key: ["chat", #""lastSeq""#], columns: S.rangeChangeColumns))
         let kept = batch.refCounts.filter { $0.count > 0 }
-        try insert(connection, into: "ref_count", columns: S.refCountColumns, rows: kept.map {
+        insert(pipeline, into: "ref_count", columns: S.refCountColumns, rows: kept.map {
             [.int($0.chat), .int($0.target), .text($0.tag), .int($0.count), .int($0.newest)]
         }, conflict: S.replacing(key: ["chat", "target", "tag"], columns: S.refCountColumns))
         let gone = batch.refCounts.filter { $0.count <= 0 }
         if !gone.isEmpty {
             var binds = Binds()
-            try run(connection, """
+            pipeline.run("""
                 DELETE FROM ref_count c USING unnest(\(binds.add(gone.map(\.chat)))::bigint[], \(binds.add(gone.map(\.target)))::bigint[], \(binds.add(gone.map(\.tag)))::text[])
                 AS g(chat, target, tag) WHERE c.chat = g.chat AND c.target = g.target AND c.tag = g.tag
                 """, binds)
         }
-        try insert(connection, into: "message_user", columns: S.messageUserColumns, rows: batch.privateStates.map {
+        insert(pipeline, into: "message_user", columns: S.messageUserColumns, rows: batch.privateStates.map {
             [.int($0.chat), .int($0.id), .int($0.user), .text($0.localData), .bool($0.isDeleted), .bool($0.thumbDetached), .bool($0.fileDownloaded)]
         }, conflict: S.replacing(key: ["chat", "id", #""user""#], columns: S.messageUserColumns))
         let blobs = batch.blobUses.filter { $0.value != 0 }.sorted { $0.key < $1.key }
         if !blobs.isEmpty {
-            try insert(connection, into: "blob", columns: ["hash", "uses"], rows: blobs.map { [.text($0.key), .int($0.value)] },
+            insert(pipeline, into: "blob", columns: ["hash", "uses"], rows: blobs.map { [.text($0.key), .int($0.value)] },
                        conflict: "(hash) DO UPDATE SET uses = blob.uses + EXCLUDED.uses")
             var binds = Binds()
-            try run(connection, "DELETE FROM blob WHERE hash = ANY(\(binds.add(blobs.map(\.key)))) AND uses <= 0", binds)
+            pipeline.run("DELETE FROM blob WHERE hash = ANY(\(binds.add(blobs.map(\.key)))) AND uses <= 0", binds)
         }
         if let counters = batch.counters {
             var binds = Binds()
-            try run(connection, """
+            pipeline.run("""
                 UPDATE counter SET value = CASE name WHEN 'changeSeq' THEN \(binds.add(counters.changeSeq)) ELSE \(binds.add(counters.searchRow)) END
                 WHERE name IN ('changeSeq', 'searchRow')
                 """, binds)
@@ -462,5 +469,34 @@ extension PostgresStore: ChatStore {
         [.int(message.chat), .int(message.id), .int(message.sender), .text(message.tag), .text(message.content), .text(message.data), .int(message.timestamp),
          .bool(message.isControl), .bool(message.neverCountsUnread), .bool(message.isRecalled), .int(message.changeSeq), .int(message.searchRow),
          .text(message.thumbName), .text(message.thumbBlob), .text(message.fileName), .text(message.fileBlob), .int(message.fileSize), .text(message.attachment)]
+    }
+}
+
+/// The statements of one commit, handed to the connection as they are made; `finish`
+/// waits for every answer in order and throws the first failure.
+final class Pipeline {
+    let connection: PostgresConnection
+    let store: PostgresStore
+    private var sent: [EventLoopFuture<PostgresQueryResult>] = []
+
+    init(connection: PostgresConnection, store: PostgresStore) {
+        self.connection = connection
+        self.store = store
+    }
+
+    func run(_ sql: String, _ binds: PostgresStore.Binds = PostgresStore.Binds()) {
+        sent.append(connection.query(PostgresQuery(unsafeSQL: sql, binds: binds.bindings), logger: store.logger))
+    }
+
+    func finish() throws {
+        var failure: Error?
+        for answer in sent {
+            do {
+                _ = try store.wait(for: answer, on: connection)
+            } catch {
+                if failure == nil { failure = error }
+            }
+        }
+        if let failure { throw failure }
     }
 }

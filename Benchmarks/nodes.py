@@ -1,0 +1,181 @@
+"""Several nodes on one PostgreSQL (`python3 Benchmarks/run.py nodes`): durable sends/s
+and request → Sent p99 with 1, 2 and 4 chatcore nodes on one PostgreSQL cluster (made
+here with initdb: fsync and synchronous_commit on, so that Sent means on disk), beside the
+SQLite single node; and cross-node delivery latency (sent on the first node, received on
+the last).
+
+Senders are spread over the nodes round robin; a node that is not the writer relays its
+connections to the writer (README "Several nodes on PostgreSQL"), so this measures what the
+relay hop costs and shows that sends do not scale with nodes: one engine decides.
+"""
+import json
+import os
+import pathlib
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CHATCORE = ROOT / ".build" / "release" / "chatcore"
+sys.path.insert(0, str(ROOT / "Tests" / "postgres"))
+from postgres_cluster import Cluster, postgres_bin  # noqa: E402
+
+QUIET = ["--log-level", "warning"]
+
+
+def start_node(scratch, name, store=None):
+    path = os.path.join(scratch, name + ".sock")
+    command = [str(CHATCORE), "serve", "--data-dir", os.path.join(scratch, name), "--listen", "unix:" + path, "--insecure-no-auth"] + QUIET
+    if store:
+        command += ["--store", store]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    for _ in range(600):
+        if os.path.exists(path):
+            probe = socket.socket(socket.AF_UNIX)
+            try:
+                probe.connect(path)
+                probe.close()
+                return process, path
+            except OSError:
+                pass
+        time.sleep(0.05)
+    raise RuntimeError("a node did not listen")
+
+
+class Session:
+    def __init__(self, path, user):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(path)
+        self.reader = self.sock.makefile("rb")
+        self.send({"authToken": {"userId": user, "authToken": "-"}})
+        self.until(lambda e: "listChange" in e and e["listChange"]["type"] == "global")
+
+    def send(self, *messages):
+        self.sock.sendall(b"".join(json.dumps(m, separators=(",", ":")).encode() + b"\n" for m in messages))
+
+    def until(self, done):
+        for line in self.reader:
+            event = json.loads(line)
+            if done(event):
+                return event
+        raise RuntimeError("connection closed")
+
+    def start_chat(self, other):
+        self.send({"chatStart": {"cookie": "start", "invitees": [{"userId": other}], "isOneToOne": True}})
+        event = self.until(lambda e: "listAdd" in e and e["listAdd"].get("cookie") == "start")
+        return event["listAdd"]["elements"][0]["chatId"]
+
+    def close(self):
+        self.reader.close()
+        self.sock.close()
+
+
+def sends(paths, senders=40, each=1500):
+    sessions = []
+    for n in range(senders):
+        session = Session(paths[n % len(paths)], f"sender{n}")
+        sessions.append((session, session.start_chat(f"peer{n}")))
+    counts = [0] * senders
+
+    def drain(index, session):
+        for line in session.reader:
+            if line.startswith(b'{"listAdd":{"type":"chatMessage"'):
+                counts[index] += 1
+                if counts[index] == each:
+                    return
+
+    readers = [threading.Thread(target=drain, args=(i, s)) for i, (s, _) in enumerate(sessions)]
+    for reader in readers:
+        reader.start()
+    started = time.perf_counter()
+    writers = [threading.Thread(target=s.send, args=tuple({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"m{k}", "cookie": f"c{k}"}}
+                                                           for k in range(each))) for s, chat in sessions]
+    for writer in writers:
+        writer.start()
+    for reader in readers:
+        reader.join()
+    seconds = time.perf_counter() - started
+    for session, _ in sessions:
+        session.close()
+    return senders * each / seconds
+
+
+def latencies(first, last, count=400):
+    """Request → Sent for alice (on the last node), and alice's send → bob's listAdd with
+    bob on the first node."""
+    alice = Session(last, "alice")
+    bob = Session(first, "bob")
+    chat = alice.start_chat("bob")
+    bob.until(lambda e: "listAdd" in e and e["listAdd"]["type"] == "chat")
+    sent, delivered = [], []
+    received = {}
+
+    def watch():
+        for line in bob.reader:
+            if line.startswith(b'{"listAdd":{"type":"chatMessage"'):
+                content = json.loads(line)["listAdd"]["elements"][0].get("content", "")
+                received[content] = time.perf_counter()
+                if content == f"l{count - 1}":
+                    return
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    for k in range(count):
+        began = time.perf_counter()
+        alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"l{k}", "cookie": f"l{k}"}})
+        alice.until(lambda e: "listAdd" in e and e["listAdd"].get("cookie") == f"l{k}")
+        sent.append(time.perf_counter() - began)
+        while f"l{k}" not in received:
+            time.sleep(0.0001)
+        delivered.append(received[f"l{k}"] - began)
+    watcher.join()
+    alice.close()
+    bob.close()
+
+    def p(values, q):
+        return sorted(values)[int(len(values) * q) - 1] * 1000
+    return (statistics.median(sent) * 1000, p(sent, 0.99)), (statistics.median(delivered) * 1000, p(delivered, 0.99))
+
+
+def measure(paths):
+    rate = sends(paths)
+    sent, delivered = latencies(paths[0], paths[-1])
+    return rate, sent, delivered
+
+
+def rows():
+    table = []
+    with tempfile.TemporaryDirectory() as scratch:
+        process, path = start_node(scratch, "sqlite")
+        rate, sent, delivered = measure([path])
+        process.terminate()
+        process.wait()
+        table.append(("SQLite, 1 node", rate, sent, delivered))
+    if postgres_bin() is None:
+        return table
+    for nodes in (1, 2, 4):
+        with Cluster(settings=("shared_buffers=256MB",)) as cluster, tempfile.TemporaryDirectory() as scratch:
+            database = cluster.create_database(f"bench{nodes}")
+            url = cluster.database_url(database)
+            processes, paths = [], []
+            for n in range(nodes):
+                process, path = start_node(scratch, f"node{n}", url)
+                processes.append(process)
+                paths.append(path)
+                time.sleep(0.3)  # the first is the writer
+            rate, sent, delivered = measure(paths)
+            for process in reversed(processes):
+                process.terminate()
+                process.wait()
+            table.append((f"PostgreSQL, {nodes} node{'s' if nodes > 1 else ''}", rate, sent, delivered))
+    return table
+
+
+if __name__ == "__main__":
+    print(f"{'store, nodes':<22} {'durable sends/s (60,000)':>26} {'request → Sent p50/p99':>24} {'cross-node delivery p50/p99':>28}")
+    for name, rate, sent, delivered in rows():
+        print(f"{name:<22} {rate:>26,.0f} {sent[0]:>11.2f} / {sent[1]:.2f} ms {delivered[0]:>14.2f} / {delivered[1]:.2f} ms")
