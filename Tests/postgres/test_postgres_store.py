@@ -160,3 +160,38 @@ def test_postgresql_restarted_under_load_loses_and_duplicates_nothing(cluster, s
     ids = [int(row.split("|")[0]) for row in rows]
     assert ids == list(range(ids[0], ids[0] + len(ids))), "ids consecutive"
     assert count_after > 0
+
+
+def test_a_statement_failing_inside_a_commit_applies_nothing_of_it(cluster, scratch):
+    # A trigger makes PostgreSQL refuse one message in the middle of a batch's statements
+    # (which are all sent before any answer is read): the whole batch is answered
+    # Internal, nothing of it is stored, and the service goes on.
+    cluster.create_database("fault")
+    process, socket_path = start(cluster, "fault", scratch)
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "faults"}})
+    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    cluster.psql("""
+        CREATE FUNCTION refuse_boom() RETURNS trigger AS $$
+        BEGIN IF NEW.content = 'boom' THEN RAISE EXCEPTION 'refused on purpose'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql;
+        CREATE TRIGGER refuse_boom BEFORE INSERT ON message FOR EACH ROW EXECUTE FUNCTION refuse_boom();
+        """, database="fault")
+    alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "before", "cookie": "b1"}},
+               {"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "boom", "cookie": "b2"}},
+               {"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "beside", "cookie": "b3"}})
+    outcomes = {}
+    for cookie in ("b1", "b2", "b3"):
+        for event in alice.answer(cookie):
+            name, value = next(iter(event.items()))
+            if value.get("cookie") == cookie:
+                outcomes[cookie] = name if name != "requestFailed" else value["error"]
+    assert outcomes["b2"] == "Internal"
+    stored = set(cluster.psql(f"SELECT content FROM message WHERE chat = {int(chat)} AND tag = 'Text'", database="fault").split())
+    assert "boom" not in stored
+    for cookie, content in (("b1", "before"), ("b3", "beside")):
+        assert (outcomes[cookie] == "listAdd") == (content in stored), (cookie, outcomes, stored)
+    answer = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
+    assert any("listAdd" in e and body(e).get("cookie") == "after" for e in answer)
+    alice.close()
+    assert stop(process) == 0
