@@ -86,13 +86,15 @@ asan: setup ## the Swift tests (transcripts against an ASan-built chatcore) unde
 
 TSAN_REPORTS := $(CURDIR)/.build-tsan/reports
 
-tsan: setup ## every Swift test, transcript and Python test against a ThreadSanitizer-built chatcore; fails on any report
+tsan: setup ## every Swift test, transcript and Python test (PostgreSQL nodes included) against a ThreadSanitizer-built chatcore; fails on any report
 	rm -rf $(TSAN_REPORTS) && mkdir -p $(TSAN_REPORTS)
 	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build-tsan
 	TSAN_OPTIONS="log_path=$(TSAN_REPORTS)/report suppressions=$(CURDIR)/Tests/tsan.supp" \
 	  $(SWIFT) test --sanitize=thread --scratch-path .build-tsan
 	TSAN_OPTIONS="log_path=$(TSAN_REPORTS)/report suppressions=$(CURDIR)/Tests/tsan.supp" \
 	  CHATCORE_BINARY=$(CURDIR)/.build-tsan/debug/chatcore CHATCORE_SANITIZED=1 $(PYTHON) -m pytest -q Tests/python Examples clients/python/tests
+	TSAN_OPTIONS="log_path=$(TSAN_REPORTS)/report suppressions=$(CURDIR)/Tests/tsan.supp" \
+	  CHATCORE_REAL_BINARY=$(CURDIR)/.build-tsan/debug/chatcore CHATCORE_SANITIZED=1 $(PYTHON) -m pytest -q Tests/postgres
 	@if ls $(TSAN_REPORTS) | grep -q .; then echo "ThreadSanitizer reported (see $(TSAN_REPORTS)):"; head -60 $(TSAN_REPORTS)/*; exit 1; fi
 	@echo "ThreadSanitizer: no reports"
 

@@ -39,13 +39,7 @@ public final class FollowerProxy: @unchecked Sendable {
                 DispatchQueue.global().async { self.relay(channel) }
                 return channel.eventLoop.makeSucceededVoidFuture()
             }
-        let channel: Channel
-        switch address {
-        case .tcp(let host, let port):
-            channel = try await bootstrap.bind(host: host, port: port).get()
-        case .unix(let path):
-            channel = try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
-        }
+        let channel = try await bootstrap.bind(listening: address)
         lock.withLock { listeners.append(channel) }
         return channel
     }

@@ -138,13 +138,7 @@ public final class SocketServer: Sendable {
                     try channel.pipeline.syncOperations.addHandler(handler)
                 }
             }
-        let channel: Channel
-        switch address {
-        case .tcp(let host, let port):
-            channel = try await bootstrap.bind(host: host, port: port).get()
-        case .unix(let path):
-            channel = try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
-        }
+        let channel = try await bootstrap.bind(listening: address)
         lock.withLock { listeners.append(channel) }
         return channel
     }
@@ -407,5 +401,16 @@ final class SocketOutput: SessionOutput, @unchecked Sendable {
     func resumeInput() {
         let resume = self.resume
         channel.eventLoop.execute { resume.value.engineCaughtUp() }
+    }
+}
+
+extension ServerBootstrap {
+    /// Binds a TCP host and port, or a Unix socket path (a socket file left there is
+    /// replaced).
+    func bind(listening address: ListenAddress) async throws -> Channel {
+        switch address {
+        case .tcp(let host, let port): try await bind(host: host, port: port).get()
+        case .unix(let path): try await bind(unixDomainSocketPath: path, cleanupExistingSocketFile: true).get()
+        }
     }
 }

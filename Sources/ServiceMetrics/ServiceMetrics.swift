@@ -42,8 +42,9 @@ public enum ServiceMetrics {
     /// sends is "unknown" (a label per made-up name would let anyone grow the metrics).
     private static let known: Set<String> = Set(Request.wireMessages.fields.map(\.name))
     private static let lock = NSLock()
-    nonisolated(unsafe) private static var requests: [String: Counter] = [:]
-    nonisolated(unsafe) private static var failures: [String: Counter] = [:]
+    /// The labelled counters made so far, by label and dimension values; read and written
+    /// under `lock` only.
+    nonisolated(unsafe) private static var counters: [String: Counter] = [:]
 
     static func labelValue(_ request: String?) -> String {
         guard let request, known.contains(request) else { return "unknown" }
@@ -55,28 +56,31 @@ public enum ServiceMetrics {
     public static func register() {
         _ = (sessions, sessionsOpened, batchSize, commitDuration, commitFailures, outputBytes, storeBytes)
         for name in known.union(["unknown"]) {
-            _ = counter(in: &requests, key: name, label: requestLabel, dimensions: [("request", name)])
+            _ = counter(requestLabel, dimensions: [("request", name)])
         }
     }
 
     /// A line was read as a request (decoded or not).
     public static func received(_ request: String?) {
         let name = labelValue(request)
-        counter(in: &requests, key: name, label: requestLabel, dimensions: [("request", name)]).increment()
+        counter(requestLabel, dimensions: [("request", name)]).increment()
     }
 
     /// A request was answered `requestFailed` with `error`.
     public static func failed(_ request: String?, error: String) {
         let name = labelValue(request)
-        counter(in: &failures, key: name + "\u{0}" + error, label: failureLabel, dimensions: [("request", name), ("error", error)]).increment()
+        counter(failureLabel, dimensions: [("request", name), ("error", error)]).increment()
     }
 
-    /// The counter kept under `key`, made on first use.
-    private static func counter(in table: inout [String: Counter], key: String, label: String, dimensions: [(String, String)]) -> Counter {
-        lock.withLock {
-            if let counter = table[key] { return counter }
+    /// The counter of `label` with these dimensions, made on first use. The table is
+    /// touched only under the lock (an `inout` argument would be an access to it that
+    /// starts before the lock is taken: a race ThreadSanitizer reports).
+    private static func counter(_ label: String, dimensions: [(String, String)]) -> Counter {
+        let key = ([label] + dimensions.map(\.1)).joined(separator: "\u{0}")
+        return lock.withLock {
+            if let counter = counters[key] { return counter }
             let counter = Counter(label: label, dimensions: dimensions)
-            table[key] = counter
+            counters[key] = counter
             return counter
         }
     }

@@ -1,6 +1,9 @@
 import os
 import pathlib
 import sys
+import tempfile
+
+import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -18,3 +21,17 @@ def real_binary():
 
 # Tests/python's helpers start "the binary" through this name.
 chatcore_binary = real_binary
+
+
+@pytest.fixture
+def cluster():
+    """A PostgreSQL cluster of the test's own (initdb in a temporary directory)."""
+    from postgres_cluster import Cluster
+    with Cluster() as made:
+        yield made
+
+
+@pytest.fixture
+def scratch():
+    with tempfile.TemporaryDirectory() as directory:
+        yield directory

@@ -7,14 +7,13 @@ included: PostgreSQL releases a dead session's lock)."""
 import os
 import re
 import subprocess
-import tempfile
 import threading
 import time
 
 import pytest
 
 from conftest import real_binary
-from postgres_cluster import Cluster, postgres_bin
+from postgres_cluster import postgres_bin
 from chatcore_harness import Client, auth, body
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
@@ -46,18 +45,6 @@ class Node:
     def stop(self):
         self.process.terminate()
         return self.process.wait(timeout=30)
-
-
-@pytest.fixture
-def cluster():
-    with Cluster() as made:
-        yield made
-
-
-@pytest.fixture
-def scratch():
-    with tempfile.TemporaryDirectory() as directory:
-        yield directory
 
 
 def two_nodes(cluster, scratch, database):

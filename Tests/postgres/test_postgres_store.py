@@ -4,14 +4,13 @@ and PostgreSQL restarted under load. Every transcript and Python test also runs 
 it (Tests/postgres/run.py)."""
 import os
 import subprocess
-import tempfile
 import threading
 import time
 
 import pytest
 
 from conftest import real_binary
-from postgres_cluster import Cluster, postgres_bin
+from postgres_cluster import postgres_bin
 from chatcore_harness import Client, auth, body
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
@@ -36,18 +35,6 @@ def start(cluster, database, scratch, *arguments, url=None, environment=None):
 def stop(process):
     process.terminate()
     return process.wait(timeout=30)
-
-
-@pytest.fixture
-def cluster():
-    with Cluster() as made:
-        yield made
-
-
-@pytest.fixture
-def scratch():
-    with tempfile.TemporaryDirectory() as directory:
-        yield directory
 
 
 def test_a_store_url_with_a_password_is_refused(cluster, scratch):
