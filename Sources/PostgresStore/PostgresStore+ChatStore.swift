@@ -12,17 +12,15 @@ extension PostgresStore: ChatStore {
     public func loadDirectory() throws -> StoreDirectory {
         try withConnection { connection in
             var directory = StoreDirectory()
-            directory.users = try run(connection, #"SELECT "number", "userId", "regId" FROM "user" ORDER BY "number""#).map {
+            directory.users = try run(connection, "SELECT \(Columns.user) FROM \"user\" ORDER BY \"number\"").map {
                 let (number, userId, regId) = try $0.decode((Int64, String, Int64).self)
                 return UserRecord(number: number, userId: userId, regId: regId)
             }
-            directory.endpoints = try run(connection, #"SELECT id, "user", description, nickname, "isLegacyDelegate", ordinal FROM endpoint ORDER BY ordinal"#).map {
+            directory.endpoints = try run(connection, "SELECT \(Columns.endpoint) FROM endpoint ORDER BY ordinal").map {
                 let (id, user, description, nickname, isLegacyDelegate, ordinal) = try $0.decode((Int64, Int64, String, String, Bool, Int64).self)
                 return EndpointRow(id: id, user: user, description: description, nickname: nickname, isLegacyDelegate: isLegacyDelegate, ordinal: ordinal)
             }
-            directory.chats = try run(connection, """
-                SELECT "number", subject, "isOneToOne", "invitePolicy", "isDefunct", data, "lastMessage", "lastActivity" FROM chat ORDER BY "number"
-                """).map {
+            directory.chats = try run(connection, "SELECT \(Columns.chat) FROM chat ORDER BY \"number\"").map {
                 let (number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage, lastActivity) =
                     try $0.decode((Int64, String, Bool, String, Bool, String?, Int64, Int64).self)
                 return ChatRow(number: number, subject: subject, isOneToOne: isOneToOne, invitePolicy: invitePolicy, isDefunct: isDefunct, data: data,
@@ -41,6 +39,10 @@ extension PostgresStore: ChatStore {
 
     /// Column lists, in the order the readers below decode them.
     enum Columns {
+        static let user = #""number", "userId", "regId""#
+        static let endpoint = #"id, "user", description, nickname, "isLegacyDelegate", ordinal"#
+        static let chat = #""number", subject, "isOneToOne", "invitePolicy", "isDefunct", data, "lastMessage", "lastActivity""#
+        static let refCount = "chat, target, tag, count, newest"
         static let member = #"chat, "user", "isActive", "isAdmin", "joinedAt", "leftAt", "isHidden", "localData", "privateData", "deliveredUpTo", "readUpTo", "numUnread""#
         static let message = #"chat, id, sender, tag, content, data, "timestamp", "isControl", "neverCountsUnread", "isRecalled", "changeSeq", "searchRow", "#
             + #""thumbName", "thumbBlob", "fileName", "fileBlob", "fileSize", attachment"#
@@ -105,7 +107,7 @@ extension PostgresStore: ChatStore {
             let (source, tag, target) = try row.decode((Int64, String, Int64).self)
             if let position = index[source] { messages[position].refs.append(RefRow(tag: tag, target: target)) }
         }
-        for row in try read({ "SELECT chat, target, tag, count, newest FROM ref_count WHERE \($0) ORDER BY target, tag" }, column: "target") {
+        for row in try read({ "SELECT \(Columns.refCount) FROM ref_count WHERE \($0) ORDER BY target, tag" }, column: "target") {
             let (chat, target, tag, count, newest) = try row.decode((Int64, Int64, String, Int64, Int64).self)
             if let position = index[target] { messages[position].refCounts.append(RefCountRow(chat: chat, target: target, tag: tag, count: count, newest: newest)) }
         }
@@ -281,7 +283,7 @@ extension PostgresStore: ChatStore {
         }
     }
 
-    /// A value of a row written by `insert`.
+    /// A value of a row written by `insert` or `update`.
     enum Value {
         case int(Int64?)
         case text(String?)
@@ -300,14 +302,7 @@ extension PostgresStore: ChatStore {
             var tuples: [String] = []
             tuples.reserveCapacity(chunk.count)
             for row in chunk {
-                let placeholders = row.map { value -> String in
-                    switch value {
-                    case .int(let number): binds.add(number)
-                    case .text(let text): binds.add(text)
-                    case .bool(let flag): binds.add(flag)
-                    }
-                }
-                tuples.append("(" + placeholders.joined(separator: ", ") + ")")
+                tuples.append("(" + row.map { binds.add($0) }.joined(separator: ", ") + ")")
             }
             var sql = "INSERT INTO \(table) (\(columns.joined(separator: ", "))) VALUES " + tuples.joined(separator: ", ")
             if let conflict { sql += " ON CONFLICT \(conflict)" }
@@ -325,24 +320,18 @@ extension PostgresStore: ChatStore {
     private func update(_ pipeline: Pipeline, _ table: String, key: [(String, Int64)], set values: [(String, Value)]) {
         guard !values.isEmpty else { return }
         var binds = Binds()
-        let assignments = values.map { column, value -> String in
-            switch value {
-            case .int(let number): "\"\(column)\" = \(binds.add(number))"
-            case .text(let text): "\"\(column)\" = \(binds.add(text))"
-            case .bool(let flag): "\"\(column)\" = \(binds.add(flag))"
-            }
-        }
+        let assignments = values.map { column, value in "\"\(column)\" = \(binds.add(value))" }
         let conditions = key.map { "\($0.0) = \(binds.add($0.1))" }
         pipeline.run("UPDATE \(table) SET " + assignments.joined(separator: ", ") + " WHERE " + conditions.joined(separator: " AND "), binds)
     }
 
-    private static let userColumns = [#""number""#, #""userId""#, #""regId""#]
-    private static let endpointColumns = ["id", #""user""#, "description", "nickname", #""isLegacyDelegate""#, "ordinal"]
-    private static let chatColumns = [#""number""#, "subject", #""isOneToOne""#, #""invitePolicy""#, #""isDefunct""#, "data", #""lastMessage""#, #""lastActivity""#]
+    private static let userColumns = Columns.user.components(separatedBy: ", ")
+    private static let endpointColumns = Columns.endpoint.components(separatedBy: ", ")
+    private static let chatColumns = Columns.chat.components(separatedBy: ", ")
     private static let memberColumns = Columns.member.components(separatedBy: ", ")
     private static let messageColumns = Columns.message.components(separatedBy: ", ")
     private static let messageUserColumns = Columns.messageUser.components(separatedBy: ", ")
-    private static let refCountColumns = ["chat", "target", "tag", "count", "newest"]
+    private static let refCountColumns = Columns.refCount.components(separatedBy: ", ")
     private static let rangeChangeColumns = ["chat", #""lastSeq""#, #""firstSeq""#, #""firstId""#, #""lastId""#]
 
     private func write(_ batch: StoreBatch, _ pipeline: Pipeline) {
@@ -469,6 +458,16 @@ extension PostgresStore: ChatStore {
         [.int(message.chat), .int(message.id), .int(message.sender), .text(message.tag), .text(message.content), .text(message.data), .int(message.timestamp),
          .bool(message.isControl), .bool(message.neverCountsUnread), .bool(message.isRecalled), .int(message.changeSeq), .int(message.searchRow),
          .text(message.thumbName), .text(message.thumbBlob), .text(message.fileName), .text(message.fileBlob), .int(message.fileSize), .text(message.attachment)]
+    }
+}
+
+extension PostgresStore.Binds {
+    mutating func add(_ value: PostgresStore.Value) -> String {
+        switch value {
+        case .int(let number): add(number)
+        case .text(let text): add(text)
+        case .bool(let flag): add(flag)
+        }
     }
 }
 

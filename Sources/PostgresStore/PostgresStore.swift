@@ -110,7 +110,7 @@ public final class PostgresStore: @unchecked Sendable {
             } else {
                 try takeWriterLock()
             }
-            try withConnection { connection in try PostgresStore.migrate(connection, logger: logger) }
+            try withConnection { connection in try migrate(connection) }
         } catch let error as OpenError {
             shutDown()
             throw error
@@ -238,7 +238,7 @@ public final class PostgresStore: @unchecked Sendable {
     /// Becomes the database's only writer, or says who is.
     private func takeWriterLock() throws {
         let connection = try connect()
-        let rows = try wait(for: connection.query("SELECT pg_try_advisory_lock(\(PostgresStore.writerLockKey))", logger: logger), on: connection)
+        let rows = try run(connection, "SELECT pg_try_advisory_lock(\(PostgresStore.writerLockKey))")
         guard let row = rows.first, try row.decode(Bool.self) else {
             try? connection.close().wait()
             throw WriterLockHeld(location: location)
@@ -472,22 +472,17 @@ public final class PostgresStore: @unchecked Sendable {
         }
     }
 
-    static func migrate(_ connection: PostgresConnection, logger: Logger) throws {
-        _ = try connection.query("BEGIN", logger: logger).wait()
-        _ = try connection.query("SELECT pg_advisory_xact_lock(\(writerLockKey + 1))", logger: logger).wait()
-        _ = try connection.query("CREATE TABLE IF NOT EXISTS chatcore_migration (name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
-                                 logger: logger).wait()
-        let applied = Set(try connection.query("SELECT name FROM chatcore_migration", logger: logger).wait().map { try $0.decode(String.self) })
-        for migration in migrations where !applied.contains(migration.name) {
+    func migrate(_ connection: PostgresConnection) throws {
+        try run(connection, "BEGIN")
+        try run(connection, "SELECT pg_advisory_xact_lock(\(PostgresStore.writerLockKey + 1))")
+        try run(connection, "CREATE TABLE IF NOT EXISTS chatcore_migration (name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+        let applied = Set(try run(connection, "SELECT name FROM chatcore_migration").map { try $0.decode(String.self) })
+        for migration in PostgresStore.migrations where !applied.contains(migration.name) {
             logger.info("applying a store migration", metadata: ["migration": "\(migration.name)"])
-            for statement in migration.sql {
-                _ = try connection.query(PostgresQuery(unsafeSQL: statement), logger: logger).wait()
-            }
+            for statement in migration.sql { try run(connection, statement) }
             var binds = Binds()
-            let name = binds.add(migration.name)
-            _ = try connection.query(PostgresQuery(unsafeSQL: "INSERT INTO chatcore_migration (name) VALUES (\(name))", binds: binds.bindings),
-                                     logger: logger).wait()
+            try run(connection, "INSERT INTO chatcore_migration (name) VALUES (\(binds.add(migration.name)))", binds)
         }
-        _ = try connection.query("COMMIT", logger: logger).wait()
+        try run(connection, "COMMIT")
     }
 }
