@@ -126,6 +126,9 @@ struct Serve: AsyncParsableCommand {
 
     func run() async throws {
         signal(SIGPIPE, SIG_IGN)
+        // From now on SIGINT/SIGTERM never kill the process half started: a signal that
+        // comes before the service can stop cleanly waits for it (then it stops at once).
+        Serve.signalSources.holdTermination()
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = logLevel
@@ -408,11 +411,13 @@ struct Serve: AsyncParsableCommand {
 
 /// Keeps the signal sources alive for the life of the process. SIGINT and SIGTERM have
 /// one source each, made once (libdispatch on Linux does not deliver a signal again to a
-/// source made after one for it was cancelled); what they do is set by each phase.
+/// source made after one for it was cancelled); what they do is set by each phase, and a
+/// signal that comes while nothing is set is kept for the first action set.
 final class SignalSources: @unchecked Sendable {
     private let lock = NSLock()
     private var sources: [DispatchSourceSignal] = []
     private var termination: (@Sendable (Int32) -> Void)?
+    private var pendingTermination: Int32?
     private var terminationInstalled = false
 
     func withLock(_ body: (inout [DispatchSourceSignal]) -> Void) {
@@ -421,10 +426,10 @@ final class SignalSources: @unchecked Sendable {
         lock.unlock()
     }
 
-    /// From now on SIGINT and SIGTERM call `action`.
-    func onTermination(_ action: @escaping @Sendable (Int32) -> Void) {
+    /// Catches SIGINT and SIGTERM from now on, keeping one that comes before an action is
+    /// set (`onTermination`).
+    func holdTermination() {
         lock.lock()
-        termination = action
         let install = !terminationInstalled
         terminationInstalled = true
         lock.unlock()
@@ -435,12 +440,24 @@ final class SignalSources: @unchecked Sendable {
             source.setEventHandler { [self] in
                 lock.lock()
                 let action = termination
+                if action == nil { pendingTermination = number }
                 lock.unlock()
                 action?(number)
             }
             source.resume()
             withLock { $0.append(source) }
         }
+    }
+
+    /// From now on SIGINT and SIGTERM call `action`; one that came before is acted on now.
+    func onTermination(_ action: @escaping @Sendable (Int32) -> Void) {
+        holdTermination()
+        lock.lock()
+        termination = action
+        let pending = pendingTermination
+        pendingTermination = nil
+        lock.unlock()
+        if let pending { action(pending) }
     }
 }
 

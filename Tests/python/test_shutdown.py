@@ -171,3 +171,20 @@ def store_contents(data):
         since = changes["token"]
         if not changes["hasMore"]:
             return contents
+
+
+def test_sigterm_while_starting_stops_cleanly():
+    # A SIGTERM sent as soon as the store is open (before the sockets are bound and the
+    # service's own stop is ready) is kept and acted on once it is: exit 0, not killed.
+    for attempt in range(5):
+        with tempfile.TemporaryDirectory() as data_dir:
+            path = os.path.join(data_dir, "s.sock")
+            process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", os.path.join(data_dir, "d"), "--listen", "unix:" + path,
+                                        "--insecure-no-auth", "--log-level", "info"],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for text in process.stderr:
+                if b"store ready" in text:
+                    process.send_signal(signal.SIGTERM)
+                    break
+            process.stderr.close()
+            assert process.wait(timeout=30) == 0, f"attempt {attempt}: killed by the signal instead of stopping"
