@@ -46,8 +46,12 @@ public final class FollowerProxy: @unchecked Sendable {
 
     /// Stops accepting and closes every relayed connection (and its relay), and waits
     /// until the listeners are closed (their addresses can be bound again).
+    /// Closes the listeners and every relayed connection (once; later calls do nothing).
     public func stop() {
-        let (listening, open) = lock.withLock { (listeners, Array(connections.values)) }
+        let (listening, open) = lock.withLock { () -> ([Channel], [Channel]) in
+            defer { listeners = []; connections = [:] }
+            return (listeners, Array(connections.values))
+        }
         for channel in open { channel.close(promise: nil) }
         for listener in listening { try? listener.close().wait() }
     }

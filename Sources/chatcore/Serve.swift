@@ -337,11 +337,14 @@ struct Serve: AsyncParsableCommand {
             let channel = try await proxy.bind(ListenAddress(text)!)
             logger.info("listening (relaying to the writer node)", metadata: ["address": "\(text)", "port": "\(channel.localAddress?.port ?? 0)"])
         }
-        // Until this node serves by itself, a signal just stops it.
+        // Until this node serves by itself, a signal just stops it: it holds nothing that
+        // must be written. `_exit`, not `exit`: the writer-lock thread may be taking over
+        // meanwhile, and `exit` can wait for ever on what that thread holds.
         Serve.signalSources.onTermination { number in
             logger.info("stopping (relaying node)", metadata: ["signal": "\(number)"])
             proxy.stop()
-            Glibc.exit(0)
+            fflush(nil)
+            Glibc._exit(0)
         }
         logger.info("another node is the writer of the store: relaying connections to it until it stops", metadata: ["store": "\(location)"])
         let lock = try await withCheckedThrowingContinuation { (taken: CheckedContinuation<PostgresStore.WriterLock, Error>) in
@@ -355,6 +358,8 @@ struct Serve: AsyncParsableCommand {
             thread.name = "chatcore-writer-lock"
             thread.start()
         }
+        // A signal from now on waits for the writer's stop (it is kept until that is set).
+        Serve.signalSources.holdNextTermination()
         proxy.stop()
         try await loops.shutdownGracefully()
         logger.info("this node holds the writer lock now: serving by itself (relayed clients connect again)")
@@ -447,6 +452,14 @@ final class SignalSources: @unchecked Sendable {
             source.resume()
             withLock { $0.append(source) }
         }
+    }
+
+    /// SIGINT and SIGTERM from now on are kept for the next `onTermination` (between one
+    /// phase's stop and the next's).
+    func holdNextTermination() {
+        lock.lock()
+        termination = nil
+        lock.unlock()
     }
 
     /// From now on SIGINT and SIGTERM call `action`; one that came before is acted on now.

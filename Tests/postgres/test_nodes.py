@@ -226,3 +226,22 @@ def test_sigkill_of_the_writer_under_load_loses_nothing_announced(cluster, scrat
     assert any("listAdd" in e and body(e).get("cookie") == "after" for e in answer)
     carol.close()
     assert relay.stop() == 0
+
+
+def test_a_relaying_node_stopped_while_it_takes_over_stops_cleanly(cluster, scratch):
+    """SIGTERM to the relaying node just after the writer stopped (it is taking the lock,
+    opening the store, starting to serve): it stops, exit 0, within the stop's deadline.
+    It used to go on serving with its stop stuck for ever half-way."""
+    for attempt, delay in enumerate((0, 0, 0.02, 0.1, 0.3, 0.6)):
+        writer, relay = two_nodes(cluster, scratch, f"takeover{attempt}")
+        assert writer.stop() == 0
+        time.sleep(delay)
+        relay.process.terminate()
+        try:
+            code = relay.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            relay.process.kill()
+            relay.process.wait()
+            pytest.fail(f"the relaying node did not stop (SIGTERM {delay} s after the writer stopped)\n{relay.logged()}")
+        assert code == 0, relay.logged()
+        assert "Cannot schedule tasks" not in relay.logged()
