@@ -284,7 +284,7 @@ public final class PostgresStore: @unchecked Sendable {
         mutating func add(_ value: [Int64]) -> String { bindings.append(value); return next() }
         mutating func add(_ value: [String]) -> String { bindings.append(value); return next() }
 
-        private mutating func next() -> String {
+        mutating func next() -> String {
             count += 1
             return "$\(count)"
         }
