@@ -4,6 +4,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import NIOSSL
 import PostgresNIO
 import Store
 
@@ -34,14 +35,35 @@ public final class PostgresStore: @unchecked Sendable {
             case unix(path: String)
         }
 
+        /// Whether and how TLS protects a TCP connection (libpq's `sslmode`; a Unix
+        /// socket never uses TLS).
+        public enum TLSMode: String, Sendable, CaseIterable {
+            /// Never.
+            case disable
+            /// When the server offers it, without checking its certificate (libpq's default).
+            case prefer
+            /// Always; the certificate is not checked unless `sslrootcert` is given, then
+            /// as for verify-ca (libpq does the same).
+            case require
+            /// Always, with a certificate signed by `sslrootcert` (or the system's roots).
+            case verifyCA = "verify-ca"
+            /// As verify-ca, and the certificate names the host connected to.
+            case verifyFull = "verify-full"
+        }
+
         public var address: Address
         public var user: String
         public var database: String
         public var password: String?
+        public var tlsMode: TLSMode
+        /// The certificates (PEM) a server's certificate must chain to (`sslrootcert`).
+        public var rootCertificates: String?
+        let tls: PostgresConnection.Configuration.TLS
 
-        /// `postgres://USER@HOST[:PORT]/DATABASE`, or `postgres://USER@/DATABASE?host=/run/postgresql`
-        /// (a Unix socket in that directory, libpq's spelling). A password in the URL is
-        /// refused: command lines are visible to every user of the machine.
+        /// `postgres://USER@HOST[:PORT]/DATABASE[?sslmode=MODE&sslrootcert=FILE]`, or
+        /// `postgres://USER@/DATABASE?host=/run/postgresql` (a Unix socket in that
+        /// directory), in libpq's spelling. A password in the URL is refused: command lines
+        /// are visible to every user of the machine.
         public init(url text: String, password: String?) throws {
             guard let url = URLComponents(string: text), let scheme = url.scheme, scheme == "postgres" || scheme == "postgresql" else {
                 throw OpenError(description: "--store must be a postgres:// URL (postgres://USER@HOST[:PORT]/DATABASE), not \(text)")
@@ -64,11 +86,48 @@ public final class PostgresStore: @unchecked Sendable {
             user = url.user ?? ProcessInfo.processInfo.environment["USER"] ?? "postgres"
             self.database = database
             self.password = password
+            let query = url.queryItems ?? []
+            if let unknown = query.first(where: { !["host", "sslmode", "sslrootcert"].contains($0.name) }) {
+                throw OpenError(description: "--store: unknown parameter \(unknown.name) (known: host, sslmode, sslrootcert)")
+            }
+            let mode = query.first { $0.name == "sslmode" }?.value ?? TLSMode.prefer.rawValue
+            guard let tlsMode = TLSMode(rawValue: mode) else {
+                throw OpenError(description: "--store: sslmode must be one of \(TLSMode.allCases.map(\.rawValue).joined(separator: ", ")), not \(mode)")
+            }
+            self.tlsMode = tlsMode
+            rootCertificates = query.first { $0.name == "sslrootcert" }?.value
+            tls = try Location.tls(tlsMode, rootCertificates: rootCertificates)
+        }
+
+        /// What postgres-nio is told: TLS is offered (prefer) or demanded (the others),
+        /// with the certificate checks the mode asks for.
+        private static func tls(_ mode: TLSMode, rootCertificates: String?) throws -> PostgresConnection.Configuration.TLS {
+            guard mode != .disable else { return .disable }
+            var configuration = TLSConfiguration.makeClientConfiguration()
+            switch mode {
+            case .disable, .prefer: configuration.certificateVerification = .none
+            case .require: configuration.certificateVerification = rootCertificates == nil ? .none : .noHostnameVerification
+            case .verifyCA: configuration.certificateVerification = .noHostnameVerification
+            case .verifyFull: configuration.certificateVerification = .fullVerification
+            }
+            if let rootCertificates {
+                guard FileManager.default.isReadableFile(atPath: rootCertificates) else {
+                    throw OpenError(description: "--store: sslrootcert \(rootCertificates) cannot be read")
+                }
+                configuration.trustRoots = .file(rootCertificates)
+            }
+            let context: NIOSSLContext
+            do {
+                context = try NIOSSLContext(configuration: configuration)
+            } catch {
+                throw OpenError(description: "--store: cannot set up TLS (sslmode=\(mode.rawValue)): \(error)")
+            }
+            return mode == .prefer ? .prefer(context) : .require(context)
         }
 
         public var description: String {
             switch address {
-            case .tcp(let host, let port): "postgres://\(user)@\(host):\(port)/\(database)"
+            case .tcp(let host, let port): "postgres://\(user)@\(host):\(port)/\(database) (sslmode \(tlsMode.rawValue))"
             case .unix(let path): "postgres://\(user)@/\(database) (socket \(path))"
             }
         }
@@ -77,7 +136,7 @@ public final class PostgresStore: @unchecked Sendable {
             var configuration: PostgresConnection.Configuration
             switch address {
             case .tcp(let host, let port):
-                configuration = .init(host: host, port: port, username: user, password: password, database: database, tls: .disable)
+                configuration = .init(host: host, port: port, username: user, password: password, database: database, tls: tls)
             case .unix(let path):
                 configuration = .init(unixSocketPath: path, username: user, password: password, database: database)
             }
@@ -169,6 +228,11 @@ public final class PostgresStore: @unchecked Sendable {
                 // 57P0x, 08xxx): it may be restarting. Anything else the server said (a
                 // wrong password, no such database) will not change by waiting.
                 if let error = error as? PSQLError, let state = error.serverInfo?[.sqlState], !state.hasPrefix("57P"), !state.hasPrefix("08") {
+                    throw error
+                }
+                // Nor will a server without TLS, or a certificate that does not check out.
+                if let error = error as? PSQLError, error.code == .sslUnsupported || error.underlying is NIOSSLError || error.underlying is NIOSSLExtraError
+                    || error.underlying is BoringSSLError {
                     throw error
                 }
                 guard ContinuousClock.now < deadline else { throw error }
@@ -295,6 +359,12 @@ public final class PostgresStore: @unchecked Sendable {
         guard let error = error as? PSQLError else { return "\(error)" }
         if let info = error.serverInfo {
             return "\(info[.message] ?? "error") (SQLSTATE \(info[.sqlState] ?? "?"))"
+        }
+        if error.code == .sslUnsupported {
+            return "the server does not offer TLS, which sslmode asks for"
+        }
+        if let underlying = error.underlying {
+            return "\(error.code): \(underlying)"
         }
         return "\(error.code)"
     }

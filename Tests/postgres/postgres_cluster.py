@@ -1,5 +1,6 @@
 """A throwaway PostgreSQL cluster for tests: made with initdb in a temporary directory,
-serving a Unix socket there only (no TCP), stopped and removed at the end.
+serving a Unix socket there only (with `tcp=True` also loopback TCP on a free port),
+stopped and removed at the end.
 
     with Cluster() as cluster:
         url = cluster.database_url(cluster.create_database("t1"))
@@ -11,6 +12,7 @@ import glob
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import tempfile
 
@@ -27,11 +29,15 @@ def postgres_bin():
 class Cluster:
     USER = "chatcore"
 
-    def __init__(self, settings=("fsync=off",)):
+    def __init__(self, settings=("fsync=off",), tcp=False, hba=()):
+        """`hba`: pg_hba.conf lines put before initdb's (the first that matches decides)."""
         self.bin = postgres_bin()
         if self.bin is None:
             raise RuntimeError("PostgreSQL is not installed (Debian: apt-get install postgresql)")
         self.settings = settings
+        self.tcp = tcp
+        self.hba = hba
+        self.port = 5432
         self.directory = None
 
     def _as_owner(self, command):
@@ -56,7 +62,20 @@ class Cluster:
         subprocess.run(self._as_owner([os.path.join(self.bin, "initdb"), "-D", data, "-U", self.USER, "--auth=trust",
                                        "-E", "UTF8", "--locale=C", "--no-sync"]),
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        options = f"-k {self.directory} -c listen_addresses='' -c max_connections=400 " + " ".join(f"-c {s}" for s in self.settings)
+        if self.hba:
+            path = os.path.join(data, "pg_hba.conf")
+            with open(path) as f:
+                rules = f.read()
+            with open(path, "w") as f:
+                f.write("".join(line + "\n" for line in self.hba) + rules)
+        listen = "''"
+        if self.tcp:
+            listen = "127.0.0.1"
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                self.port = probe.getsockname()[1]
+        options = (f"-k {self.directory} -c listen_addresses={listen} -c port={self.port} -c max_connections=400 "
+                   + " ".join(f"-c {s}" for s in self.settings))
         subprocess.run(self._as_owner([os.path.join(self.bin, "pg_ctl"), "-D", data, "-o", options,
                                        "-l", os.path.join(self.directory, "log"), "-w", "start"]),
                        check=True, stdout=subprocess.DEVNULL)
@@ -71,7 +90,7 @@ class Cluster:
                        check=True, stdout=subprocess.DEVNULL)
 
     def psql(self, sql, database="postgres"):
-        result = subprocess.run(["psql", "-h", self.directory, "-U", self.USER, "-d", database, "-qAt", "-v", "ON_ERROR_STOP=1", "-c", sql],
+        result = subprocess.run(["psql", "-h", self.directory, "-p", str(self.port), "-U", self.USER, "-d", database, "-qAt", "-v", "ON_ERROR_STOP=1", "-c", sql],
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"psql: {result.stderr.strip()}")
@@ -83,7 +102,12 @@ class Cluster:
         return name
 
     def database_url(self, name):
+        assert self.port == 5432, "a TCP cluster's socket is on another port: use tcp_url"
         return f"postgres://{self.USER}@/{name}?host={self.directory}"
+
+    def tcp_url(self, name, host="127.0.0.1", **query):
+        """The database over loopback TCP (`tcp=True`); `query`: sslmode, sslrootcert."""
+        return f"postgres://{self.USER}@{host}:{self.port}/{name}" + ("?" + "&".join(f"{k}={v}" for k, v in query.items()) if query else "")
 
     def stop(self):
         if self.directory is None:
