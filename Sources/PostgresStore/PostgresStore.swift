@@ -280,9 +280,15 @@ public final class PostgresStore: @unchecked Sendable {
         var description: String { "PostgreSQL did not answer within \(patience) (the connection was closed)" }
     }
 
+    struct ClosedUnanswered: Error, CustomStringConvertible {
+        var description: String { "the connection to PostgreSQL closed before the statement was answered" }
+    }
+
     /// Waits for a statement's result. A statement sent on a connection that died under
-    /// it may never be answered: after `statementPatience` the connection is closed and
-    /// the call fails, instead of the engine waiting for ever.
+    /// it may never be answered (postgres-nio leaves it waiting): the wait looks at the
+    /// connection every 100 ms and ends a second after it closed, and after
+    /// `statementPatience` in any case, closing the connection — instead of the engine
+    /// waiting for ever, or for the whole patience after a server restart.
     func wait<T: Sendable>(for future: EventLoopFuture<T>, on connection: PostgresConnection) throws -> T {
         let done = DispatchSemaphore(value: 0)
         let outcome = NIOLockedValueBox<Result<T, Error>?>(nil)
@@ -290,11 +296,20 @@ public final class PostgresStore: @unchecked Sendable {
             outcome.withLockedValue { $0 = result }
             done.signal()
         }
-        let nanoseconds = statementPatience.components.seconds * 1_000_000_000 + statementPatience.components.attoseconds / 1_000_000_000
-        if done.wait(timeout: .now() + .nanoseconds(Int(nanoseconds))) == .timedOut {
-            let closing: EventLoopFuture<Void> = connection.close()
-            closing.whenComplete { _ in }
-            throw StatementTimedOut(patience: statementPatience)
+        let deadline = ContinuousClock.now + statementPatience
+        var closedSince: ContinuousClock.Instant?
+        while done.wait(timeout: .now() + .milliseconds(100)) == .timedOut {
+            let now = ContinuousClock.now
+            if connection.isClosed {
+                // An answer that came just before the close is being handed over.
+                if closedSince == nil { closedSince = now }
+                if now - closedSince! >= .seconds(1) { throw ClosedUnanswered() }
+            }
+            if now >= deadline {
+                let closing: EventLoopFuture<Void> = connection.close()
+                closing.whenComplete { _ in }
+                throw StatementTimedOut(patience: statementPatience)
+            }
         }
         return try outcome.withLockedValue { $0! }.get()
     }
