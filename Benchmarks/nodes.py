@@ -6,7 +6,8 @@ the last).
 
 Senders are spread over the nodes round robin; a node that is not the writer relays its
 connections to the writer (README "Several nodes on PostgreSQL"), so this measures what the
-relay hop costs and shows that sends do not scale with nodes: one engine decides.
+relay hop costs and shows that sends do not scale with nodes: one engine decides. The last
+column is how many cores the nodes and PostgreSQL used during the sends (from /proc).
 """
 import json
 import os
@@ -74,7 +75,39 @@ class Session:
         self.sock.close()
 
 
-def sends(paths, senders=40, each=1500):
+def cpu_seconds(pids):
+    """CPU time (user + system) the processes `pids` used so far."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cluster_pids(cluster):
+    """The postmaster of `cluster` and its children (backends, WAL writer, ...)."""
+    if cluster is None:
+        return []
+    with open(os.path.join(cluster.directory, "data", "postmaster.pid")) as f:
+        postmaster = int(f.readline())
+    pids = [postmaster]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == postmaster:
+                        pids.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return pids
+
+
+def sends(paths, senders=40, each=1500, usage=None):
+    """Durable sends/s; with `usage` (node pids, cluster) also the cores each side used."""
     sessions = []
     for n in range(senders):
         session = Session(paths[n % len(paths)], f"sender{n}")
@@ -94,11 +127,15 @@ def sends(paths, senders=40, each=1500):
     started = time.perf_counter()
     writers = [threading.Thread(target=s.send, args=tuple({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"m{k}", "cookie": f"c{k}"}}
                                                            for k in range(each))) for s, chat in sessions]
+    measured = usage and (usage[0], cluster_pids(usage[1]))
+    before = measured and (cpu_seconds(measured[0]), cpu_seconds(measured[1]))
     for writer in writers:
         writer.start()
     for reader in readers:
         reader.join()
     seconds = time.perf_counter() - started
+    if measured:
+        usage[2:] = [(cpu_seconds(measured[0]) - before[0]) / seconds, (cpu_seconds(measured[1]) - before[1]) / seconds]
     for session, _ in sessions:
         session.close()
     return senders * each / seconds
@@ -141,20 +178,21 @@ def latencies(first, last, count=400):
     return (statistics.median(sent) * 1000, p(sent, 0.99)), (statistics.median(delivered) * 1000, p(delivered, 0.99))
 
 
-def measure(paths):
-    rate = sends(paths)
+def measure(paths, processes, cluster=None):
+    usage = [[p.pid for p in processes], cluster]
+    rate = sends(paths, usage=usage)
     sent, delivered = latencies(paths[0], paths[-1])
-    return rate, sent, delivered
+    return rate, sent, delivered, usage[2], usage[3] if cluster else None
 
 
 def rows():
     table = []
     with tempfile.TemporaryDirectory() as scratch:
         process, path = start_node(scratch, "sqlite")
-        rate, sent, delivered = measure([path])
+        row = measure([path], [process])
         process.terminate()
         process.wait()
-        table.append(("SQLite, 1 node", rate, sent, delivered))
+        table.append(("SQLite, 1 node",) + row)
     if postgres_bin() is None:
         return table
     for nodes in (1, 2, 4):
@@ -167,15 +205,25 @@ def rows():
                 processes.append(process)
                 paths.append(path)
                 time.sleep(0.3)  # the first is the writer
-            rate, sent, delivered = measure(paths)
+            row = measure(paths, processes, cluster)
             for process in reversed(processes):
                 process.terminate()
                 process.wait()
-            table.append((f"PostgreSQL, {nodes} node{'s' if nodes > 1 else ''}", rate, sent, delivered))
+            table.append((f"PostgreSQL, {nodes} node{'s' if nodes > 1 else ''}",) + row)
     return table
 
 
+HEADER = (f"{'store, nodes':<22} {'durable sends/s (60,000)':>26} {'request → Sent p50/p99':>24} {'cross-node delivery p50/p99':>28}"
+          f" {'cores: nodes / PostgreSQL':>26}")
+
+
+def line(name, rate, sent, delivered, node_cores, database_cores):
+    database = "-" if database_cores is None else f"{database_cores:.2f}"
+    return (f"{name:<22} {rate:>26,.0f} {sent[0]:>11.2f} / {sent[1]:.2f} ms {delivered[0]:>14.2f} / {delivered[1]:.2f} ms"
+            f" {node_cores:>19.2f} / {database}")
+
+
 if __name__ == "__main__":
-    print(f"{'store, nodes':<22} {'durable sends/s (60,000)':>26} {'request → Sent p50/p99':>24} {'cross-node delivery p50/p99':>28}")
-    for name, rate, sent, delivered in rows():
-        print(f"{name:<22} {rate:>26,.0f} {sent[0]:>11.2f} / {sent[1]:.2f} ms {delivered[0]:>14.2f} / {delivered[1]:.2f} ms")
+    print(HEADER)
+    for row in rows():
+        print(line(*row))

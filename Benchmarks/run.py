@@ -108,9 +108,9 @@ def main():
 def nodes_table():
     sys.path.insert(0, str(ROOT / "Benchmarks"))
     import nodes
-    print(f"\n{'store, nodes':<22} {'durable sends/s (60,000)':>26} {'request → Sent p50/p99':>24} {'cross-node delivery p50/p99':>28}")
-    for name, rate, sent, delivered in nodes.rows():
-        print(f"{name:<22} {rate:>26,.0f} {sent[0]:>11.2f} / {sent[1]:.2f} ms {delivered[0]:>14.2f} / {delivered[1]:.2f} ms")
+    print("\n" + nodes.HEADER)
+    for row in nodes.rows():
+        print(nodes.line(*row))
 
 
 def codec_table():

@@ -1,7 +1,9 @@
 import os
 import pathlib
+import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -21,6 +23,27 @@ def real_binary():
 
 # Tests/python's helpers start "the binary" through this name.
 chatcore_binary = real_binary
+
+
+def start(cluster, database, scratch, *arguments, url=None, environment=None):
+    """chatcore on a Unix socket with its store in `database`; returns (process, socket)."""
+    socket_path = os.path.join(scratch, f"{database}-{len(os.listdir(scratch))}.sock")
+    command = [real_binary(), "serve", "--data-dir", os.path.join(scratch, "data-" + socket_path[-8:-5]), "--listen", "unix:" + socket_path,
+               "--insecure-no-auth", "--store", url or cluster.database_url(database), *arguments]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env=dict(os.environ, **(environment or {})))
+    deadline = time.time() + 60
+    while not os.path.exists(socket_path):
+        if process.poll() is not None:
+            return process, None
+        assert time.time() < deadline, "chatcore did not listen"
+        time.sleep(0.05)
+    return process, socket_path
+
+
+def stop(process):
+    process.terminate()
+    return process.wait(timeout=30)
 
 
 @pytest.fixture

@@ -6,13 +6,12 @@ import datetime
 import os
 import pwd
 import shutil
-import subprocess
 import tempfile
 import time
 
 import pytest
 
-from conftest import real_binary
+from conftest import start
 from postgres_cluster import Cluster, postgres_bin
 from chatcore_harness import Client, auth
 
@@ -81,17 +80,7 @@ def tls_cluster():
 
 def serve(url, scratch):
     """chatcore on a Unix socket with `url` as its store: (process, socket or None)."""
-    socket_path = os.path.join(scratch, f"node{len(os.listdir(scratch))}.sock")
-    process = subprocess.Popen([real_binary(), "serve", "--data-dir", socket_path + ".data", "--listen", "unix:" + socket_path,
-                                "--insecure-no-auth", "--store", url],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 60
-    while not os.path.exists(socket_path):
-        if process.poll() is not None:
-            return process, None
-        assert time.time() < deadline, "chatcore did not listen"
-        time.sleep(0.05)
-    return process, socket_path
+    return start(None, "tls", scratch, url=url)
 
 
 def refused(url, scratch):
