@@ -152,6 +152,10 @@ public final class PostgresStore: @unchecked Sendable {
     private var nextConnectionID = 0
     /// Holds the advisory lock that makes this process the database's only writer.
     private var lockHolder: PostgresConnection?
+    /// Set by `shutDown`: a closed lock connection is then not replaced.
+    private var isShutDown = false
+    /// One check of the writer lock at a time (the engine's and the watcher's).
+    private let relocking = NSLock()
     /// How long a call waits for the server to come back before it fails.
     public var patience: Duration = .seconds(15)
 
@@ -166,6 +170,7 @@ public final class PostgresStore: @unchecked Sendable {
         do {
             if let writerLock {
                 lockHolder = writerLock.connection
+                watchWriterLock(writerLock.connection)
             } else {
                 try takeWriterLock()
             }
@@ -197,6 +202,7 @@ public final class PostgresStore: @unchecked Sendable {
     /// Closes every connection (the advisory lock goes with its connection).
     public func shutDown() {
         let connections = lock.withLock { () -> [PostgresConnection] in
+            isShutDown = true
             let all = idle + (lockHolder.map { [$0] } ?? [])
             idle = []
             lockHolder = nil
@@ -323,11 +329,31 @@ public final class PostgresStore: @unchecked Sendable {
             throw WriterLockHeld(location: location)
         }
         lock.withLock { lockHolder = connection }
+        watchWriterLock(connection)
+    }
+
+    /// When the connection holding the writer lock closes (PostgreSQL restarted), the lock
+    /// is taken again at once, not at the next commit: relaying nodes waiting for it give
+    /// the writer a moment (`WriterLock.wait`), so an idle writer stays the writer.
+    private func watchWriterLock(_ connection: PostgresConnection) {
+        connection.closeFuture.whenComplete { [weak self] _ in
+            guard let store = self else { return }
+            DispatchQueue.global().async {
+                guard !store.lock.withLock({ store.isShutDown }) else { return }
+                do {
+                    try store.checkWriterLock()
+                } catch {
+                    store.logger.error("the writer lock could not be taken again", metadata: ["error": "\(error)"])
+                }
+            }
+        }
     }
 
     /// After the server restarted, the lock went with the old connection: take it again
     /// before writing (and stop if another process took it meanwhile).
     private func checkWriterLock() throws {
+        relocking.lock()
+        defer { relocking.unlock() }
         let holder = lock.withLock { lockHolder }
         guard holder == nil || holder!.isClosed else { return }
         logger.warning("the connection holding the writer lock was lost: taking it again", metadata: ["store": "\(location)"])
@@ -540,10 +566,28 @@ public final class PostgresStore: @unchecked Sendable {
 
         /// Blocks until this process holds the writer lock (the writer stopped or died:
         /// PostgreSQL releases a session's lock when its connection ends).
+        /// A connection lost while waiting (PostgreSQL restarted) is made again and the
+        /// wait goes on: a relaying node outlives a restart of the database.
         public static func wait(location: Location, logger: Logger) throws -> WriterLock {
-            let connection = try PostgresStore.connect(location, id: 1_000_000, patience: .seconds(3600), logger: logger)
-            _ = try connection.query("SELECT pg_advisory_lock(\(PostgresStore.writerLockKey))", logger: logger).wait()
-            return WriterLock(connection: connection)
+            var lost = false
+            while true {
+                let connection = try PostgresStore.connect(location, id: 1_000_000, patience: .seconds(3600), logger: logger)
+                if lost {
+                    // The server restarted: the writer takes its lock again at once;
+                    // asking now could take it from a writer that is alive.
+                    Thread.sleep(forTimeInterval: 2)
+                }
+                do {
+                    _ = try connection.query("SELECT pg_advisory_lock(\(PostgresStore.writerLockKey))", logger: logger).wait()
+                    return WriterLock(connection: connection)
+                } catch {
+                    try? connection.close().wait()
+                    lost = true
+                    logger.warning("lost the connection waiting for the writer lock: waiting again",
+                                   metadata: ["store": "\(location)", "error": "\(PostgresStore.describe(error))"])
+                    Thread.sleep(forTimeInterval: 0.2)
+                }
+            }
         }
 
         /// Where the writer accepts connections now, as it advertised (nil: none yet, or

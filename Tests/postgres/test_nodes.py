@@ -245,3 +245,30 @@ def test_a_relaying_node_stopped_while_it_takes_over_stops_cleanly(cluster, scra
             pytest.fail(f"the relaying node did not stop (SIGTERM {delay} s after the writer stopped)\n{relay.logged()}")
         assert code == 0, relay.logged()
         assert "Cannot schedule tasks" not in relay.logged()
+
+
+def test_both_nodes_outlive_a_restart_of_postgresql_and_the_writer_stays_the_writer(cluster, scratch):
+    """PostgreSQL restarted with two idle nodes: the writer takes its lock again at once,
+    the relaying node waits on (it used to die: its wait for the lock failed with the
+    connection), and a conversation across the nodes goes on."""
+    writer, relay = two_nodes(cluster, scratch, "restart")
+    cluster.pg_ctl("-m", "fast", "-w", "restart")
+    writer.wait_until_logged("taking it again")
+    relay.wait_until_logged("waiting for the writer lock: waiting again")
+    time.sleep(3)  # past the relaying node's pause after losing its connection
+    assert writer.process.poll() is None, writer.logged()
+    assert relay.process.poll() is None, relay.logged()
+    assert "holds the writer lock now" not in relay.logged()
+    alice, bob = Client(relay.socket), Client(writer.socket)
+    auth(alice, "alice")
+    auth(bob, "bob")
+    started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "after"}})
+    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    sent = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "still here", "cookie": "m"}})
+    assert any("listAdd" in e and body(e).get("cookie") == "m" for e in sent), sent
+    got = bob.request({"identitiesGet": {"cookie": "sync", "appUserIds": ["bob"]}})
+    assert any("listAdd" in e and body(e)["type"] == "chatMessage" and body(e)["elements"][0].get("content") == "still here" for e in got), got
+    alice.close()
+    bob.close()
+    assert relay.stop() == 0
+    assert writer.stop() == 0
