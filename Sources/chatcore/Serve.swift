@@ -126,9 +126,6 @@ struct Serve: AsyncParsableCommand {
 
     func run() async throws {
         signal(SIGPIPE, SIG_IGN)
-        // From now on SIGINT/SIGTERM never kill the process half started: a signal that
-        // comes before the service can stop cleanly waits for it (then it stops at once).
-        Serve.signalSources.holdTermination()
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = logLevel
@@ -164,6 +161,11 @@ struct Serve: AsyncParsableCommand {
             authenticator = try await Authenticator(mode: insecureNoAuth ? .insecure : .unconfigured)
         }
 
+        // From the store's opening on, SIGINT/SIGTERM never kill the process half started:
+        // a signal that comes before the service can stop cleanly waits for it (then it
+        // stops at once). Made here, not first thing: with the signal sources made before
+        // the authenticator's set-up, ASan builds stalled 30 s at times in transcripts.
+        Serve.signalSources.holdTermination()
         let directory = URL(fileURLWithPath: dataDir ?? Serve.defaultDataDirectory(), isDirectory: true)
         let store: OpenedStore
         let opening = ContinuousClock.now
