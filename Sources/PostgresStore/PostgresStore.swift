@@ -230,22 +230,23 @@ public final class PostgresStore: @unchecked Sendable {
                 return try PostgresConnection.connect(on: MultiThreadedEventLoopGroup.singleton.next(), configuration: location.configuration, id: id,
                                                       logger: logger).wait()
             } catch {
-                // Refused or unreachable, or the server is starting or stopping (SQLSTATE
-                // 57P0x, 08xxx): it may be restarting. Anything else the server said (a
-                // wrong password, no such database) will not change by waiting.
-                if let error = error as? PSQLError, let state = error.serverInfo?[.sqlState], !state.hasPrefix("57P"), !state.hasPrefix("08") {
-                    throw error
-                }
-                // Nor will a server without TLS, or a certificate that does not check out.
-                if let error = error as? PSQLError, error.code == .sslUnsupported || error.underlying is NIOSSLError || error.underlying is NIOSSLExtraError
-                    || error.underlying is BoringSSLError {
-                    throw error
-                }
+                if let error = error as? PSQLError, !PostgresStore.mayPassByWaiting(error) { throw error }
                 guard ContinuousClock.now < deadline else { throw error }
                 logger.warning("cannot reach PostgreSQL: trying again", metadata: ["store": "\(location)", "error": "\(PostgresStore.describe(error))"])
                 Thread.sleep(forTimeInterval: 0.2)
             }
         }
+    }
+
+    /// Whether a failed connection attempt may succeed later: refused or unreachable, or
+    /// the server is starting or stopping (SQLSTATE 57P0x, 08xxx) — it may be restarting.
+    /// Anything else the server said (a wrong password, no such database), a server
+    /// without TLS, or a certificate that does not check out, will not change by waiting.
+    static func mayPassByWaiting(_ error: PSQLError) -> Bool {
+        if let state = error.serverInfo?[.sqlState], !state.hasPrefix("57P"), !state.hasPrefix("08") { return false }
+        if error.code == .sslUnsupported { return false }
+        let underlying = error.underlying
+        return !(underlying is NIOSSLError || underlying is NIOSSLExtraError || underlying is BoringSSLError)
     }
 
     /// Runs `body` on a connection of the pool (made when none is idle). A connection that

@@ -45,8 +45,8 @@ public final class FollowerProxy: @unchecked Sendable {
     }
 
     /// Stops accepting and closes every relayed connection (and its relay), and waits
-    /// until the listeners are closed (their addresses can be bound again).
-    /// Closes the listeners and every relayed connection (once; later calls do nothing).
+    /// until the listeners are closed (their addresses can be bound again). Once: later
+    /// calls do nothing.
     public func stop() {
         let (listening, open) = lock.withLock { () -> ([Channel], [Channel]) in
             defer { listeners = []; connections = [:] }
