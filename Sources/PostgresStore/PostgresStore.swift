@@ -96,7 +96,12 @@ public final class PostgresStore: @unchecked Sendable {
             }
             self.tlsMode = tlsMode
             rootCertificates = query.first { $0.name == "sslrootcert" }?.value
-            tls = try Location.tls(tlsMode, rootCertificates: rootCertificates)
+            // A Unix socket never uses TLS (as with libpq): no context is made for it.
+            if case .tcp = address {
+                tls = try Location.tls(tlsMode, rootCertificates: rootCertificates)
+            } else {
+                tls = .disable
+            }
         }
 
         /// What postgres-nio is told: TLS is offered (prefer) or demanded (the others),
