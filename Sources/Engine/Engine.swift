@@ -185,9 +185,11 @@ public final class Engine: @unchecked Sendable {
     private func storeIsBroken(_ error: Error) {
         guard brokenStore == nil else { return }
         brokenStore = error
-        let reason = (error as? StoreFailure)?.kind == .io
-            ? "the store hit \(error); restart chatcore: SQLite recovers the store when it opens it"
-            : "the store failed and could not be read back: \(error)"
+        let reason = switch (error as? StoreFailure)?.kind {
+        case .io?: "the store hit \(error); restart chatcore: SQLite recovers the store when it opens it"
+        case .superseded?: "\(error)"
+        default: "the store failed and could not be read back: \(error)"
+        }
         fatalLock.withLock { fatalStoreError = reason }
         onFatalStoreError?(reason)
     }
@@ -520,12 +522,14 @@ public final class Engine: @unchecked Sendable {
                 session.setup = before
                 if let user = session.user, session.isOpen { sessionsByUser[user, default: []].append(session) }
             }
-            if let failure = error as? StoreFailure, failure.kind == .io {
+            if let failure = error as? StoreFailure, failure.stopsTheService {
                 // SQLite keeps the connection in an error state after an I/O error, and
                 // the kernel may have dropped what it did not sync: only opening the store
-                // again (a restart, which recovers the WAL) is sound. Refuse everything
-                // from now on and let the process answer what it has and stop.
-                logger.critical("the store hit an I/O error: stopping", metadata: ["error": "\(failure)"])
+                // again (a restart, which recovers the WAL) is sound. Another writer
+                // (superseded) may have changed what memory holds. Refuse everything from
+                // now on and let the process answer what it has and stop.
+                logger.critical(failure.kind == .io ? "the store hit an I/O error: stopping" : "another process writes the store: stopping",
+                                metadata: ["error": "\(failure)"])
                 storeIsBroken(failure)
                 return
             }

@@ -265,6 +265,8 @@ extension PostgresStore: ChatStore {
                 // answers COMMIT with ROLLBACK, not with an error.
                 let pipeline = Pipeline(connection: connection, store: self)
                 pipeline.run("BEGIN")
+                var binds = Binds()
+                pipeline.run(fence(&binds), binds)
                 write(batch, pipeline)
                 pipeline.run("COMMIT")
                 try pipeline.finish()
@@ -276,6 +278,9 @@ extension PostgresStore: ChatStore {
             // memory is freed, like SQLite's full disk.
             if let state = error.serverInfo?[.sqlState], state.hasPrefix("53") {
                 throw StoreFailure(.full, "PostgreSQL is out of resources: \(PostgresStore.describe(error))")
+            }
+            if error.serverInfo?[.sqlState] == PostgresStore.supersededState {
+                throw StoreFailure(.superseded, supersededReason)
             }
             throw StoreFailure(.other, "PostgreSQL: \(PostgresStore.describe(error))")
         } catch {

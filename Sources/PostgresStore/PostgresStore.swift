@@ -19,6 +19,16 @@ import Store
 /// engine keeps users, chats and memberships in memory and allocates ids from it, so a
 /// second writer would hand out the same ids. A session-level advisory lock, held on a
 /// connection of its own for as long as the process runs, says so to a second process.
+///
+/// The lock alone does not fence a writer that lost it: its connection can close (the
+/// server restarted, a backend was terminated, the network dropped it) while a commit of
+/// the writer is under way on another connection, and the node that takes the lock next
+/// could read the store before that commit lands, then hand out the same ids or write
+/// over it from memory that is behind. So each writer also takes the next *writer epoch*
+/// (a row it increments) once it holds the lock, and every commit checks, under a share
+/// lock on that row, that the epoch is still its own (`chatcore_fence`): the next
+/// writer's increment waits for a commit in flight, and a commit after it fails. A writer
+/// that finds another epoch stops (`StoreFailure.superseded`).
 public final class PostgresStore: @unchecked Sendable {
     public struct OpenError: Error, CustomStringConvertible {
         public let description: String
@@ -159,6 +169,17 @@ public final class PostgresStore: @unchecked Sendable {
     private var lockHolder: PostgresConnection?
     /// Set by `shutDown`: a closed lock connection is then not replaced.
     private var isShutDown = false
+    /// The writer epoch this process took when it became the writer; every commit checks
+    /// that it is still the database's (under `lock`).
+    private var epoch: Int64 = 0
+    /// Called (on another thread) when another process became the database's
+    /// writer while this one was serving: its memory may be behind the store, so it
+    /// must stop. Without it, the next commit fails and stops the service.
+    public var onSuperseded: (@Sendable (String) -> Void)? {
+        get { lock.withLock { superseded } }
+        set { lock.withLock { superseded = newValue } }
+    }
+    private var superseded: (@Sendable (String) -> Void)?
     /// One check of the writer lock at a time (the engine's and the watcher's).
     private let relocking = NSLock()
     /// How long a call waits for the server to come back before it fails.
@@ -179,7 +200,11 @@ public final class PostgresStore: @unchecked Sendable {
             } else {
                 try takeWriterLock()
             }
-            try withConnection { connection in try migrate(connection) }
+            try withConnection { connection in
+                try migrate(connection)
+                let taken = try takeEpoch(connection)
+                lock.withLock { epoch = taken }
+            }
         } catch let error as OpenError {
             shutDown()
             throw error
@@ -326,7 +351,8 @@ public final class PostgresStore: @unchecked Sendable {
         return try outcome.withLockedValue { $0! }.get()
     }
 
-    /// Becomes the database's only writer, or says who is.
+    /// Becomes the database's only writer, or says who is. Taken again (an epoch is
+    /// held), the lock is this process's only if no other writer took an epoch meanwhile.
     private func takeWriterLock() throws {
         let connection = try connect()
         let rows = try run(connection, "SELECT pg_try_advisory_lock(\(PostgresStore.writerLockKey))")
@@ -334,8 +360,49 @@ public final class PostgresStore: @unchecked Sendable {
             try? connection.close().wait()
             throw WriterLockHeld(location: location)
         }
+        let held = lock.withLock { epoch }
+        if held != 0 {
+            let current: Int64?
+            do {
+                current = try run(connection, "SELECT epoch FROM writer_epoch WHERE id = 1").first?.decode(Int64.self)
+            } catch {
+                try? connection.close().wait()
+                throw error
+            }
+            guard current == held else {
+                try? connection.close().wait()
+                throw StoreFailure(.superseded, supersededReason)
+            }
+        }
         lock.withLock { lockHolder = connection }
         watchWriterLock(connection)
+    }
+
+    /// Takes the next writer epoch (holding the writer lock). The increment waits for a
+    /// commit of the previous writer that is in flight (it holds a share lock on the
+    /// row), so what this process reads next includes it, and every later commit of the
+    /// previous writer fails its fence.
+    private func takeEpoch(_ connection: PostgresConnection) throws -> Int64 {
+        let rows = try run(connection, "UPDATE writer_epoch SET epoch = epoch + 1, since = now() WHERE id = 1 RETURNING epoch")
+        guard let taken = try rows.first?.decode(Int64.self) else {
+            throw OpenError(description: "the store \(location) has no writer_epoch row: it was changed by hand")
+        }
+        logger.debug("took the writer epoch", metadata: ["epoch": "\(taken)"])
+        return taken
+    }
+
+    /// The statement that opens every commit: it fails (SQLSTATE `CCW01`) unless this
+    /// process's epoch is still the database's, and holds the row so the next writer's
+    /// increment waits for the commit.
+    func fence(_ binds: inout Binds) -> String {
+        "SELECT chatcore_fence(\(binds.add(lock.withLock { epoch })))"
+    }
+
+    /// The SQLSTATE of a failed fence.
+    static let supersededState = "CCW01"
+
+    var supersededReason: String {
+        "another chatcore process became the writer of \(location): this one stops (what it holds in memory may be behind the store); its clients connect to the node serving now"
     }
 
     /// When the connection holding the writer lock closes (PostgreSQL restarted), the lock
@@ -348,6 +415,9 @@ public final class PostgresStore: @unchecked Sendable {
                 guard !store.lock.withLock({ store.isShutDown }) else { return }
                 do {
                     try store.checkWriterLock()
+                } catch let failure as StoreFailure where failure.kind == .superseded {
+                    store.logger.error("the writer lock could not be taken again", metadata: ["error": "\(failure)"])
+                    store.onSuperseded?(failure.description)
                 } catch {
                     store.logger.error("the writer lock could not be taken again", metadata: ["error": "\(error)"])
                 }
@@ -367,8 +437,8 @@ public final class PostgresStore: @unchecked Sendable {
         lock.withLock { lockHolder = nil }
         do {
             try takeWriterLock()
-        } catch let error as WriterLockHeld {
-            throw StoreFailure(.io, error.description + ": this process stops; its clients connect to the node serving now")
+        } catch is WriterLockHeld {
+            throw StoreFailure(.superseded, supersededReason)
         }
     }
 
@@ -547,6 +617,24 @@ public final class PostgresStore: @unchecked Sendable {
             // Where the node holding the writer lock accepts connections (other nodes
             // relay theirs there).
             "CREATE TABLE writer_node (id int PRIMARY KEY CHECK (id = 1), address text NOT NULL, since timestamptz NOT NULL DEFAULT now())",
+        ]),
+        ("v3-writer-epoch", [
+            // Each writer takes the next epoch; its commits check it (see the type's doc).
+            "CREATE TABLE writer_epoch (id int PRIMARY KEY CHECK (id = 1), epoch bigint NOT NULL, since timestamptz NOT NULL DEFAULT now())",
+            "INSERT INTO writer_epoch (id, epoch) VALUES (1, 0)",
+            // FOR SHARE, not FOR KEY SHARE: the increment (an UPDATE of a non-key column)
+            // must wait for the commits holding it.
+            """
+            CREATE FUNCTION chatcore_fence(expected bigint) RETURNS void LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM 1 FROM writer_epoch WHERE id = 1 AND epoch = expected FOR SHARE;
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION 'another chatcore process became the writer (epoch % is not the current one)', expected
+                        USING ERRCODE = 'CCW01';
+                END IF;
+            END
+            $$
+            """,
         ]),
     ]
 

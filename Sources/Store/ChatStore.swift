@@ -99,6 +99,10 @@ public struct StoreFailure: Error, CustomStringConvertible, Sendable {
         /// the store is opened again (SQLite recovers its WAL then), and the open store
         /// may refuse every later commit. The service must stop.
         case io
+        /// Another process became the store's writer (a node that took over): nothing of
+        /// the commit was applied, and what this process holds in memory may be behind
+        /// the store. The service must stop.
+        case superseded
         /// Anything else: nothing of the commit was applied.
         case other
     }
@@ -110,6 +114,9 @@ public struct StoreFailure: Error, CustomStringConvertible, Sendable {
         self.kind = kind
         self.description = description
     }
+
+    /// Whether the service must stop rather than go on with this store.
+    public var stopsTheService: Bool { kind == .io || kind == .superseded }
 }
 
 /// The text index behind `search` (§9). It is derived from the messages: it

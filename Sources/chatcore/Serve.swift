@@ -289,6 +289,14 @@ struct Serve: AsyncParsableCommand {
             logger.critical("stopping: \(reason)")
             shutdown.run(exitCode: 1)
         }
+        if case .postgres(let database) = store {
+            // Another node took the writer lock (this one's lock connection was lost):
+            // stop now, not at the next commit, so no client reads what may be behind.
+            database.onSuperseded = { reason in
+                logger.critical("stopping: \(reason)")
+                shutdown.run(exitCode: 1)
+            }
+        }
         installTerminationHandlers(shutdown: shutdown, logger: logger)
         installReloadHandler(authenticator: authenticator, logger: logger)
 

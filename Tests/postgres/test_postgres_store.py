@@ -161,3 +161,33 @@ def test_a_statement_failing_inside_a_commit_applies_nothing_of_it(cluster, scra
     assert any("listAdd" in e and body(e).get("cookie") == "after" for e in answer)
     alice.close()
     assert stop(process) == 0
+
+
+def test_a_store_of_the_previous_release_is_migrated_and_each_writer_takes_the_next_epoch(cluster, scratch):
+    cluster.create_database("epoch")
+    process, socket_path = start(cluster, "epoch", scratch)
+    client = Client(socket_path)
+    auth(client, "alice")
+    started = client.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "kept"}})
+    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    client.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "one", "cookie": "one"}})
+    client.close()
+    assert stop(process) == 0
+    assert cluster.psql("SELECT epoch FROM writer_epoch", database="epoch").strip() == "1"
+    # What the release before the writer epoch left: its two migrations only.
+    cluster.psql("DROP FUNCTION chatcore_fence(bigint); DROP TABLE writer_epoch; DELETE FROM chatcore_migration WHERE name = 'v3-writer-epoch'",
+                 database="epoch")
+    for expected in ("1", "2"):
+        process, socket_path = start(cluster, "epoch", scratch)
+        assert socket_path is not None, process.stderr.read().decode()
+        client = Client(socket_path)
+        auth(client, "alice")
+        sent = client.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "again", "cookie": "again"}})
+        assert any("listAdd" in e and body(e).get("cookie") == "again" for e in sent), sent
+        client.close()
+        assert stop(process) == 0
+        assert cluster.psql("SELECT epoch FROM writer_epoch", database="epoch").strip() == expected
+    assert cluster.psql("SELECT name FROM chatcore_migration ORDER BY name", database="epoch").split() == [
+        "v1-chatcore", "v2-writer-address", "v3-writer-epoch"]
+    contents = cluster.psql(f"SELECT content FROM message WHERE chat = {int(chat)} AND tag = 'Text' ORDER BY id", database="epoch").split("\n")
+    assert [c for c in contents if c] == ["one", "again", "again"]
