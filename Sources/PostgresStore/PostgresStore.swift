@@ -156,6 +156,9 @@ public final class PostgresStore: @unchecked Sendable {
                 configuration = .init(unixSocketPath: path, username: user, password: password, database: database)
             }
             configuration.options.connectTimeout = .seconds(5)
+            // Every connection of this process is named after it: a node taking over
+            // from a writer that stopped answering ends exactly that writer's sessions.
+            configuration.options.additionalStartupParameters = [("application_name", PostgresStore.nodeName)]
             return configuration
         }
     }
@@ -185,6 +188,13 @@ public final class PostgresStore: @unchecked Sendable {
     /// How long a call waits for the server to come back before it fails.
     public var patience: Duration = .seconds(15)
 
+    /// This process among the database's sessions (`application_name`): unique per
+    /// process, short enough that PostgreSQL keeps it whole (63 bytes).
+    public static let nodeName = "chatcore-\(ProcessInfo.processInfo.processIdentifier)-\(String(UInt64.random(in: 0...UInt64.max), radix: 16))"
+
+    /// How often the writer says it is alive (`writer_beat`).
+    static let beatSeconds = 1.0
+
     /// The advisory lock's key: "chatcore" read as a number.
     static let writerLockKey: Int64 = 0x6368_6174_636f_7265
 
@@ -196,6 +206,7 @@ public final class PostgresStore: @unchecked Sendable {
         do {
             if let writerLock {
                 lockHolder = writerLock.connection
+                _ = try? run(writerLock.connection, "SET synchronous_commit = off")
                 watchWriterLock(writerLock.connection)
             } else {
                 try takeWriterLock()
@@ -205,6 +216,7 @@ public final class PostgresStore: @unchecked Sendable {
                 let taken = try takeEpoch(connection)
                 lock.withLock { epoch = taken }
             }
+            startBeating()
         } catch let error as OpenError {
             shutDown()
             throw error
@@ -327,13 +339,17 @@ public final class PostgresStore: @unchecked Sendable {
     /// `statementPatience` in any case, closing the connection — instead of the engine
     /// waiting for ever, or for the whole patience after a server restart.
     func wait<T: Sendable>(for future: EventLoopFuture<T>, on connection: PostgresConnection) throws -> T {
+        try PostgresStore.wait(for: future, on: connection, patience: statementPatience)
+    }
+
+    static func wait<T: Sendable>(for future: EventLoopFuture<T>, on connection: PostgresConnection, patience: Duration) throws -> T {
         let done = DispatchSemaphore(value: 0)
         let outcome = NIOLockedValueBox<Result<T, Error>?>(nil)
         future.whenComplete { result in
             outcome.withLockedValue { $0 = result }
             done.signal()
         }
-        let deadline = ContinuousClock.now + statementPatience
+        let deadline = ContinuousClock.now + patience
         var closedSince: ContinuousClock.Instant?
         while done.wait(timeout: .now() + .milliseconds(100)) == .timedOut {
             let now = ContinuousClock.now
@@ -345,7 +361,7 @@ public final class PostgresStore: @unchecked Sendable {
             if now >= deadline {
                 let closing: EventLoopFuture<Void> = connection.close()
                 closing.whenComplete { _ in }
-                throw StatementTimedOut(patience: statementPatience)
+                throw StatementTimedOut(patience: patience)
             }
         }
         return try outcome.withLockedValue { $0! }.get()
@@ -373,9 +389,39 @@ public final class PostgresStore: @unchecked Sendable {
                 try? connection.close().wait()
                 throw StoreFailure(.superseded, supersededReason)
             }
+            // Beat at once: after a long restart of the server the last beat is old, and
+            // a waiting node would take this writer for a silent one.
+            var binds = Binds()
+            _ = try? run(connection, "UPDATE writer_beat SET beat = now() WHERE id = 1 AND epoch = \(binds.add(held))", binds)
         }
+        // Its beats need not wait for the disk.
+        _ = try? run(connection, "SET synchronous_commit = off")
         lock.withLock { lockHolder = connection }
         watchWriterLock(connection)
+    }
+
+    /// Says that this writer is alive every `beatSeconds` (`writer_beat`, on the lock's
+    /// connection, not waiting for the disk), until the store is shut down. A writer that
+    /// stops answering (its machine gone, the process stopped, the network cut) stops
+    /// beating, and a waiting node ends its sessions and takes over (`WriterLock.wait`);
+    /// the epoch fences it if it wakes.
+    private func startBeating() {
+        let thread = Thread { [weak self] in
+            while let store = self, !store.lock.withLock({ store.isShutDown }) {
+                if let connection = store.lock.withLock({ store.lockHolder }), !connection.isClosed {
+                    var binds = Binds()
+                    let sql = "UPDATE writer_beat SET beat = now() WHERE id = 1 AND epoch = \(binds.add(store.lock.withLock { store.epoch }))"
+                    do {
+                        try store.run(connection, sql, binds)
+                    } catch {
+                        store.logger.debug("a writer beat failed", metadata: ["error": "\(PostgresStore.describe(error))"])
+                    }
+                }
+                Thread.sleep(forTimeInterval: PostgresStore.beatSeconds)
+            }
+        }
+        thread.name = "chatcore-writer-beat"
+        thread.start()
     }
 
     /// Takes the next writer epoch (holding the writer lock). The increment waits for a
@@ -387,6 +433,9 @@ public final class PostgresStore: @unchecked Sendable {
         guard let taken = try rows.first?.decode(Int64.self) else {
             throw OpenError(description: "the store \(location) has no writer_epoch row: it was changed by hand")
         }
+        var binds = Binds()
+        try run(connection, "INSERT INTO writer_beat (id, node, epoch, beat) VALUES (1, \(binds.add(PostgresStore.nodeName)), \(binds.add(taken)), now()) "
+                + "ON CONFLICT (id) DO UPDATE SET node = EXCLUDED.node, epoch = EXCLUDED.epoch, beat = EXCLUDED.beat", binds)
         logger.debug("took the writer epoch", metadata: ["epoch": "\(taken)"])
         return taken
     }
@@ -462,6 +511,7 @@ public final class PostgresStore: @unchecked Sendable {
         mutating func add(_ value: String) -> String { bindings.append(value); return next() }
         mutating func add(_ value: String?) -> String { bindings.append(value); return next() }
         mutating func add(_ value: Bool) -> String { bindings.append(value); return next() }
+        mutating func add(_ value: Double) -> String { bindings.append(value); return next() }
         mutating func add(_ value: [Int64]) -> String { bindings.append(value); return next() }
         mutating func add(_ value: [String]) -> String { bindings.append(value); return next() }
 
@@ -635,6 +685,8 @@ public final class PostgresStore: @unchecked Sendable {
             END
             $$
             """,
+            // The writer's heartbeat (a row of its own: beats must not wait for commits).
+            "CREATE TABLE writer_beat (id int PRIMARY KEY CHECK (id = 1), node text NOT NULL, epoch bigint NOT NULL, beat timestamptz NOT NULL)",
         ]),
     ]
 
@@ -658,11 +710,15 @@ public final class PostgresStore: @unchecked Sendable {
             self.connection = connection
         }
 
-        /// Blocks until this process holds the writer lock (the writer stopped or died:
-        /// PostgreSQL releases a session's lock when its connection ends).
+        /// Blocks until this process holds the writer lock: the writer stopped or died
+        /// (PostgreSQL releases a session's lock when its connection ends), or it has not
+        /// said it is alive (`writer_beat`) for `takeoverAfter` seconds — its machine is
+        /// gone, the process stopped, the network cut it off — and this node ends the
+        /// writer's sessions (by its `application_name`), which releases the lock and
+        /// rolls back what it had in flight. The epoch fences that writer if it wakes.
         /// A connection lost while waiting (PostgreSQL restarted) is made again and the
         /// wait goes on: a relaying node outlives a restart of the database.
-        public static func wait(location: Location, logger: Logger) throws -> WriterLock {
+        public static func wait(location: Location, logger: Logger, takeoverAfter: Double = 10) throws -> WriterLock {
             var lost = false
             while true {
                 let connection = try PostgresStore.connect(location, id: 1_000_000, patience: .seconds(3600), logger: logger)
@@ -672,8 +728,12 @@ public final class PostgresStore: @unchecked Sendable {
                     Thread.sleep(forTimeInterval: 2)
                 }
                 do {
-                    _ = try connection.query("SELECT pg_advisory_lock(\(PostgresStore.writerLockKey))", logger: logger).wait()
-                    return WriterLock(connection: connection)
+                    while true {
+                        let taken = try ask(connection, PostgresQuery(unsafeSQL: "SELECT pg_try_advisory_lock(\(PostgresStore.writerLockKey))"), logger: logger)
+                        if try taken.first?.decode(Bool.self) == true { return WriterLock(connection: connection) }
+                        try endSilentWriter(connection, after: takeoverAfter, logger: logger)
+                        Thread.sleep(forTimeInterval: 0.2)
+                    }
                 } catch {
                     try? connection.close().wait()
                     lost = true
@@ -681,6 +741,35 @@ public final class PostgresStore: @unchecked Sendable {
                                    metadata: ["store": "\(location)", "error": "\(PostgresStore.describe(error))"])
                     Thread.sleep(forTimeInterval: 0.2)
                 }
+            }
+        }
+
+        /// One statement of the waiting connection, which fails (instead of waiting for
+        /// ever) when the connection closes under it (PostgreSQL restarted).
+        private static func ask(_ connection: PostgresConnection, _ query: PostgresQuery, logger: Logger) throws -> PostgresQueryResult {
+            try PostgresStore.wait(for: connection.query(query, logger: logger), on: connection, patience: .seconds(60))
+        }
+
+        /// Ends the sessions of a writer whose last beat is more than `seconds` old (by
+        /// the server's clock, the same for every node). Nothing when the database has no
+        /// beat yet (a new store, or one of an older release being migrated).
+        private static func endSilentWriter(_ connection: PostgresConnection, after seconds: Double, logger: Logger) throws {
+            var binds = Binds()
+            let query = PostgresQuery(unsafeSQL: """
+                SELECT node, extract(epoch FROM now() - beat)::float8 FROM writer_beat
+                WHERE id = 1 AND now() - beat > make_interval(secs => \(binds.add(seconds)))
+                """, binds: binds.bindings)
+            guard let rows = try? ask(connection, query, logger: logger), let row = rows.first else { return }
+            let (node, silent) = try row.decode((String, Double).self)
+            var named = Binds()
+            let ended = try ask(connection, PostgresQuery(unsafeSQL: """
+                SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+                WHERE application_name = \(named.add(node)) AND pid <> pg_backend_pid()
+                """, binds: named.bindings), logger: logger)
+            let count = try ended.first?.decode(Int64.self) ?? 0
+            if count > 0 {
+                logger.warning("the writer has not said it is alive: ending its sessions to take over",
+                               metadata: ["writer": "\(node)", "silentSeconds": "\(Int(silent))", "sessionsEnded": "\(count)"])
             }
         }
 

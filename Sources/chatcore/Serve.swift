@@ -52,6 +52,9 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("A file holding the PostgreSQL password of --store (trailing whitespace removed).", valueName: "file"))
     var storePasswordFile: String?
 
+    @Option(name: .long, help: ArgumentHelp("With --store postgres, on a node waiting to be the writer: take over from a writer that has not said it is alive (it does every second) for this long, ending its database sessions. At least 3.", valueName: "seconds"))
+    var writerTimeout: Double = 10
+
     @Option(name: .long, help: ArgumentHelp("A file whose bytes (trailing whitespace removed) are the HMAC key for authToken JWTs.", valueName: "file"))
     var authSecretFile: String?
 
@@ -102,6 +105,7 @@ struct Serve: AsyncParsableCommand {
         guard maxEndpoints > 0 else { throw ValidationError("--max-endpoints must be positive") }
         guard cacheMb >= 0 else { throw ValidationError("--cache-mb must not be negative") }
         guard idleTimeout >= 0 else { throw ValidationError("--idle-timeout must not be negative") }
+        guard writerTimeout >= 3 else { throw ValidationError("--writer-timeout must be at least 3 seconds (the writer beats every second)") }
         guard outputHighWater > 0, maxOutputBytes >= outputHighWater else {
             throw ValidationError("--max-output-bytes must be at least --output-high-water, which must be positive")
         }
@@ -360,7 +364,7 @@ struct Serve: AsyncParsableCommand {
         let lock = try await withCheckedThrowingContinuation { (taken: CheckedContinuation<PostgresStore.WriterLock, Error>) in
             let thread = Thread {
                 do {
-                    taken.resume(returning: try PostgresStore.WriterLock.wait(location: location, logger: logger))
+                    taken.resume(returning: try PostgresStore.WriterLock.wait(location: location, logger: logger, takeoverAfter: writerTimeout))
                 } catch {
                     taken.resume(throwing: error)
                 }

@@ -6,6 +6,7 @@ the connections they accept to it, byte for byte, and take over when it goes (SI
 included: PostgreSQL releases a dead session's lock)."""
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -20,11 +21,11 @@ pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is no
 
 
 class Node:
-    def __init__(self, url, scratch, name):
+    def __init__(self, url, scratch, name, *arguments):
         self.socket = os.path.join(scratch, name + ".sock")
         self.log = open(os.path.join(scratch, name + ".log"), "w+")
         self.process = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, name), "--listen", "unix:" + self.socket,
-                                         "--insecure-no-auth", "--store", url],
+                                         "--insecure-no-auth", "--store", url, *arguments],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.time() + 60
         while not os.path.exists(self.socket):
@@ -47,12 +48,12 @@ class Node:
         return self.process.wait(timeout=30)
 
 
-def two_nodes(cluster, scratch, database):
+def two_nodes(cluster, scratch, database, *arguments):
     cluster.create_database(database)
     url = cluster.database_url(database)
-    writer = Node(url, scratch, database + "-a")
+    writer = Node(url, scratch, database + "-a", *arguments)
     writer.wait_until_logged("this node is the writer")
-    relay = Node(url, scratch, database + "-b")
+    relay = Node(url, scratch, database + "-b", *arguments)
     relay.wait_until_logged("relaying connections to it")
     return writer, relay
 
@@ -283,18 +284,20 @@ def test_both_nodes_outlive_a_restart_of_postgresql_and_the_writer_stays_the_wri
     assert writer.stop() == 0
 
 
-# The writer lock's key (PostgresStore.writerLockKey) as pg_locks shows an advisory lock
-# on a bigint: its low 32 bits in objid.
-WRITER_LOCK_OBJID = 0x636F7265
+# The writer lock's key (PostgresStore.writerLockKey), and how pg_locks shows an
+# advisory lock on a bigint: its low 32 bits in objid.
+WRITER_LOCK_KEY = 0x6368_6174_636F_7265
+WRITER_LOCK_OBJID = WRITER_LOCK_KEY & 0xFFFFFFFF
 
 
 def test_the_next_writer_sees_a_commit_that_was_in_flight_when_the_writer_lost_its_lock(cluster, scratch):
-    """The writer's lock connection is terminated while one of its commits waits (on a
-    table lock the test holds). The relaying node takes the lock; it must not read the
-    store before that commit lands. It used to: it served from memory that lacked the
-    message, and its first send into the chat took the same id (refused Internal,
-    a duplicate key), while the old writer, idle, went on serving. Now the next writer's
-    epoch waits for the commit in flight, and the old writer stops at once."""
+    """The writer loses its lock while one of its commits waits (on a table lock the test
+    holds), and another session gets the lock first (the test's, standing in for a node
+    that won the race), then lets the relaying node have it. The relaying node must not
+    read the store before that commit lands. It used to: it served from memory that
+    lacked the message, its first send into the chat took the same id (refused
+    Internal, a duplicate key), and the old writer, idle, went on serving. Now the next
+    writer's epoch waits for the commit in flight, and the old writer stops at once."""
     writer, relay = two_nodes(cluster, scratch, "fence")
     alice = Client(writer.socket)
     auth(alice, "alice")
@@ -302,9 +305,8 @@ def test_the_next_writer_sees_a_commit_that_was_in_flight_when_the_writer_lost_i
     chat = started[0]["listAdd"]["elements"][0]["chatId"]
     alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "before", "cookie": "before"}})
 
-    def locks(condition):
-        return int(cluster.psql("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
-                                f"WHERE c.relname = 'message' AND {condition}", database="fence"))
+    def count(sql):
+        return int(cluster.psql(sql, database="fence"))
 
     def wait_for(check, what):
         deadline = time.time() + 20
@@ -312,18 +314,31 @@ def test_the_next_writer_sees_a_commit_that_was_in_flight_when_the_writer_lost_i
             assert time.time() < deadline, what
             time.sleep(0.05)
 
+    message_locks = "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'message' AND "
+    writer_lock = f"SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory' AND l.objid = {WRITER_LOCK_OBJID} AND "
     holder = subprocess.Popen(["psql", "-h", cluster.socket_directory, "-p", str(cluster.port), "-U", cluster.USER, "-d", "fence",
                                "-qAt", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    try:
-        holder.stdin.write("BEGIN; LOCK TABLE message IN SHARE MODE;\n")
+
+    def holder_runs(sql):
+        holder.stdin.write(sql + "\n")
         holder.stdin.flush()
-        wait_for(lambda: locks("l.mode = 'ShareLock' AND l.granted") == 1, "the test holds the message table")
+
+    try:
+        holder_runs("BEGIN; LOCK TABLE message IN SHARE MODE;")
+        wait_for(lambda: count(message_locks + "l.mode = 'ShareLock' AND l.granted") == 1, "the test holds the message table")
         alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "in flight", "cookie": "flight"}})
-        wait_for(lambda: locks("NOT l.granted") == 1, "the writer's commit waits for the table")
+        wait_for(lambda: count(message_locks + "NOT l.granted") == 1, "the writer's commit waits for the table")
+        # Queued for the writer lock before the writer loses it: granted when it does.
+        holder_runs(f"SELECT pg_advisory_lock({WRITER_LOCK_KEY});")
+        wait_for(lambda: count(writer_lock + "NOT l.granted AND a.application_name = 'psql'") == 1, "the test waits for the writer lock")
         cluster.psql(f"SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = {WRITER_LOCK_OBJID}")
+        wait_for(lambda: count(writer_lock + "l.granted AND a.application_name = 'psql'") == 1, "the test holds the writer lock")
+        # The old writer cannot take its lock back: it stops (once its commit is done).
+        writer.wait_until_logged("another chatcore process became the writer")
+        holder_runs(f"SELECT pg_advisory_unlock({WRITER_LOCK_KEY});")
         relay.wait_until_logged("this node holds the writer lock now")
         time.sleep(1)  # time for a relaying node that does not wait to read the store
-        holder.stdin.write("COMMIT;\n")
+        holder_runs("COMMIT;")
         holder.stdin.close()
         assert holder.wait(timeout=10) == 0
     finally:
@@ -332,9 +347,7 @@ def test_the_next_writer_sees_a_commit_that_was_in_flight_when_the_writer_lost_i
     sent = [e for e in flight if "listAdd" in e and body(e).get("cookie") == "flight"]
     assert sent, flight
     in_flight_id = int(body(sent[0])["elements"][0]["messageId"])
-    # The old writer stops by itself: another process is the writer.
     assert writer.process.wait(timeout=20) == 1, writer.logged()
-    assert "another chatcore process became the writer" in writer.logged()
     relay.wait_until_logged("this node is the writer")
     carol = Client(relay.socket)
     auth(carol, "alice")
@@ -344,5 +357,69 @@ def test_the_next_writer_sees_a_commit_that_was_in_flight_when_the_writer_lost_i
     assert int(body(added[0])["elements"][0]["messageId"]) == in_flight_id + 1
     rows = cluster.psql(f"SELECT id, content FROM message WHERE chat = {int(chat)} AND tag = 'Text' ORDER BY id", database="fence").split("\n")
     assert [r for r in rows if r] == [f"{in_flight_id - 1}|before", f"{in_flight_id}|in flight", f"{in_flight_id + 1}|after"]
+    carol.close()
+    assert relay.stop() == 0
+
+
+def test_a_writer_that_stops_answering_is_replaced_and_stops_when_it_wakes(cluster, scratch):
+    """SIGSTOP stands for a writer whose machine went silent (power lost, network cut):
+    PostgreSQL would keep its lock until TCP gives up (hours, by default), so the relaying
+    node used to wait for ever. Now the writer beats every second; after --writer-timeout
+    without a beat the waiting node ends the writer's database sessions and takes over.
+    Nothing announced Sent is lost, and the old writer, woken, stops: the epoch fences it."""
+    writer, relay = two_nodes(cluster, scratch, "silent", "--writer-timeout", "3")
+    alice, bob = Client(writer.socket), Client(relay.socket)
+    auth(alice, "alice")
+    auth(bob, "bob")
+    started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "silent"}})
+    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    announced = {}
+    lock = threading.Lock()
+
+    def send(client, name):
+        n = 0
+        try:
+            while True:
+                client.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"{name}{n}", "cookie": f"{name}{n}"}})
+                for event in client.answer(f"{name}{n}", timeout=8):
+                    if "listAdd" in event and body(event).get("cookie") == f"{name}{n}":
+                        with lock:
+                            announced[f"{name}{n}"] = body(event)["elements"][0]["messageId"]
+                n += 1
+        except Exception:
+            return  # the writer stopped answering, or the relayed connection was closed
+
+    threads = [threading.Thread(target=send, args=(alice, "a")), threading.Thread(target=send, args=(bob, "b"))]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.5)
+    os.kill(writer.process.pid, signal.SIGSTOP)
+    stopped_at = time.time()
+    try:
+        relay.wait_until_logged("ending its sessions to take over", timeout=20)
+        relay.wait_until_logged("this node is the writer", timeout=30)
+        took_over = time.time() - stopped_at
+    finally:
+        os.kill(writer.process.pid, signal.SIGCONT)
+    assert 2 <= took_over < 15, took_over  # 3 s after the last beat, which came up to 1 s before
+    # Woken, the old writer finds another writer and stops.
+    assert writer.process.wait(timeout=30) == 1, writer.logged()
+    assert "another chatcore process became the writer" in writer.logged()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(announced) > 20
+    carol = Client(relay.socket)
+    auth(carol, "alice")
+    listed = carol.request({"requestListMatching": {"type": "chatMessage", "cookie": "all", "criteria": {"chatId": chat},
+                                                    "window": {"messageId": 1, "before": 0, "after": 999}}})
+    stored = {e["content"]: e["messageId"] for event in listed if "listChunk" in event for e in body(event)["elements"] if e.get("content")}
+    assert len(stored) < 999
+    for content, message_id in announced.items():
+        assert stored.get(content) == message_id, (content, message_id)
+    ids = sorted(int(e) for e in stored.values())
+    assert ids == list(range(ids[0], ids[0] + len(ids))), "no gap"
+    answer = carol.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
+    added = [e for e in answer if "listAdd" in e and body(e).get("cookie") == "after"]
+    assert added and int(body(added[0])["elements"][0]["messageId"]) == ids[-1] + 1, answer
     carol.close()
     assert relay.stop() == 0

@@ -175,7 +175,7 @@ def test_a_store_of_the_previous_release_is_migrated_and_each_writer_takes_the_n
     assert stop(process) == 0
     assert cluster.psql("SELECT epoch FROM writer_epoch", database="epoch").strip() == "1"
     # What the release before the writer epoch left: its two migrations only.
-    cluster.psql("DROP FUNCTION chatcore_fence(bigint); DROP TABLE writer_epoch; DELETE FROM chatcore_migration WHERE name = 'v3-writer-epoch'",
+    cluster.psql("DROP FUNCTION chatcore_fence(bigint); DROP TABLE writer_epoch, writer_beat; DELETE FROM chatcore_migration WHERE name = 'v3-writer-epoch'",
                  database="epoch")
     for expected in ("1", "2"):
         process, socket_path = start(cluster, "epoch", scratch)
