@@ -104,6 +104,32 @@ def conversation(alice_socket, bob_socket):
     return events
 
 
+def send_until_gone(chat, clients, answer_timeout):
+    """Each client (by name) sends into `chat`, one message at a time, until its
+    connection goes or its answer does not come; returns the sending threads (started)
+    and what was announced Sent, content → messageId, filled as they go."""
+    announced = {}
+    lock = threading.Lock()
+
+    def send(client, name):
+        n = 0
+        try:
+            while True:
+                client.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"{name}{n}", "cookie": f"{name}{n}"}})
+                for event in client.answer(f"{name}{n}", timeout=answer_timeout):
+                    if "listAdd" in event and body(event).get("cookie") == f"{name}{n}":
+                        with lock:
+                            announced[f"{name}{n}"] = body(event)["elements"][0]["messageId"]
+                n += 1
+        except Exception:
+            return  # the node went, stopped answering, or closed the relayed connection
+
+    threads = [threading.Thread(target=send, args=(client, name)) for name, client in clients.items()]
+    for thread in threads:
+        thread.start()
+    return threads, announced
+
+
 def _line(event):
     import json
     return json.dumps(_without_changed_activity(event), sort_keys=True, separators=(",", ":"))
@@ -177,25 +203,7 @@ def test_sigkill_of_the_writer_under_load_loses_nothing_announced(cluster, scrat
     auth(bob, "bob")
     started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "load"}})
     chat = started[0]["listAdd"]["elements"][0]["chatId"]
-    announced = {}
-    lock = threading.Lock()
-
-    def send(client, name):
-        n = 0
-        try:
-            while True:
-                client.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"{name}{n}", "cookie": f"{name}{n}"}})
-                for event in client.answer(f"{name}{n}", timeout=10):
-                    if "listAdd" in event and body(event).get("cookie") == f"{name}{n}":
-                        with lock:
-                            announced[f"{name}{n}"] = body(event)["elements"][0]["messageId"]
-                n += 1
-        except Exception:
-            return  # the connection went with the node
-
-    threads = [threading.Thread(target=send, args=(alice, "a")), threading.Thread(target=send, args=(bob, "b"))]
-    for thread in threads:
-        thread.start()
+    threads, announced = send_until_gone(chat, {"a": alice, "b": bob}, answer_timeout=10)
     time.sleep(1.5)
     writer.process.kill()
     writer.process.wait()
@@ -373,25 +381,7 @@ def test_a_writer_that_stops_answering_is_replaced_and_stops_when_it_wakes(clust
     auth(bob, "bob")
     started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "silent"}})
     chat = started[0]["listAdd"]["elements"][0]["chatId"]
-    announced = {}
-    lock = threading.Lock()
-
-    def send(client, name):
-        n = 0
-        try:
-            while True:
-                client.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"{name}{n}", "cookie": f"{name}{n}"}})
-                for event in client.answer(f"{name}{n}", timeout=8):
-                    if "listAdd" in event and body(event).get("cookie") == f"{name}{n}":
-                        with lock:
-                            announced[f"{name}{n}"] = body(event)["elements"][0]["messageId"]
-                n += 1
-        except Exception:
-            return  # the writer stopped answering, or the relayed connection was closed
-
-    threads = [threading.Thread(target=send, args=(alice, "a")), threading.Thread(target=send, args=(bob, "b"))]
-    for thread in threads:
-        thread.start()
+    threads, announced = send_until_gone(chat, {"a": alice, "b": bob}, answer_timeout=8)
     time.sleep(1.5)
     os.kill(writer.process.pid, signal.SIGSTOP)
     stopped_at = time.time()
