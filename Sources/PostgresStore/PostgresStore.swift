@@ -205,9 +205,7 @@ public final class PostgresStore: @unchecked Sendable {
         self.logger = logger
         do {
             if let writerLock {
-                lockHolder = writerLock.connection
-                _ = try? run(writerLock.connection, "SET synchronous_commit = off")
-                watchWriterLock(writerLock.connection)
+                hold(writerLock.connection)
             } else {
                 try takeWriterLock()
             }
@@ -391,13 +389,23 @@ public final class PostgresStore: @unchecked Sendable {
             }
             // Beat at once: after a long restart of the server the last beat is old, and
             // a waiting node would take this writer for a silent one.
-            var binds = Binds()
-            _ = try? run(connection, "UPDATE writer_beat SET beat = now() WHERE id = 1 AND epoch = \(binds.add(held))", binds)
+            try? beat(on: connection)
         }
-        // Its beats need not wait for the disk.
+        hold(connection)
+    }
+
+    /// Keeps `connection`, which holds the writer lock, and watches it. Its beats need
+    /// not wait for the disk.
+    private func hold(_ connection: PostgresConnection) {
         _ = try? run(connection, "SET synchronous_commit = off")
         lock.withLock { lockHolder = connection }
         watchWriterLock(connection)
+    }
+
+    /// Says that this writer is alive now (`writer_beat`), if its epoch is still the one.
+    private func beat(on connection: PostgresConnection) throws {
+        var binds = Binds()
+        try run(connection, "UPDATE writer_beat SET beat = now() WHERE id = 1 AND epoch = \(binds.add(lock.withLock { epoch }))", binds)
     }
 
     /// Says that this writer is alive every `beatSeconds` (`writer_beat`, on the lock's
@@ -409,10 +417,8 @@ public final class PostgresStore: @unchecked Sendable {
         let thread = Thread { [weak self] in
             while let store = self, !store.lock.withLock({ store.isShutDown }) {
                 if let connection = store.lock.withLock({ store.lockHolder }), !connection.isClosed {
-                    var binds = Binds()
-                    let sql = "UPDATE writer_beat SET beat = now() WHERE id = 1 AND epoch = \(binds.add(store.lock.withLock { store.epoch }))"
                     do {
-                        try store.run(connection, sql, binds)
+                        try store.beat(on: connection)
                     } catch {
                         store.logger.debug("a writer beat failed", metadata: ["error": "\(PostgresStore.describe(error))"])
                     }
@@ -464,11 +470,9 @@ public final class PostgresStore: @unchecked Sendable {
                 guard !store.lock.withLock({ store.isShutDown }) else { return }
                 do {
                     try store.checkWriterLock()
-                } catch let failure as StoreFailure where failure.kind == .superseded {
-                    store.logger.error("the writer lock could not be taken again", metadata: ["error": "\(failure)"])
-                    store.onSuperseded?(failure.description)
                 } catch {
                     store.logger.error("the writer lock could not be taken again", metadata: ["error": "\(error)"])
+                    if let failure = error as? StoreFailure, failure.kind == .superseded { store.onSuperseded?(failure.description) }
                 }
             }
         }

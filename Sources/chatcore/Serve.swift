@@ -289,17 +289,15 @@ struct Serve: AsyncParsableCommand {
             logger.critical("the store is damaged (quick_check: \(damage)); restore it from a backup or move it away")
             shutdown.run(exitCode: 1)
         }
-        engine.onFatalStoreError = { reason in
+        let stopForStore: @Sendable (String) -> Void = { reason in
             logger.critical("stopping: \(reason)")
             shutdown.run(exitCode: 1)
         }
+        engine.onFatalStoreError = stopForStore
         if case .postgres(let database) = store {
             // Another node took the writer lock (this one's lock connection was lost):
             // stop now, not at the next commit, so no client reads what may be behind.
-            database.onSuperseded = { reason in
-                logger.critical("stopping: \(reason)")
-                shutdown.run(exitCode: 1)
-            }
+            database.onSuperseded = stopForStore
         }
         installTerminationHandlers(shutdown: shutdown, logger: logger)
         installReloadHandler(authenticator: authenticator, logger: logger)
