@@ -41,6 +41,12 @@ def start(cluster, database, scratch, *arguments, url=None, environment=None):
     return process, socket_path
 
 
+def chat_with_bob(client, subject):
+    """The client's user starts a chat with bob; returns its chatId."""
+    started = client.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": subject}})
+    return started[0]["listAdd"]["elements"][0]["chatId"]
+
+
 def stop(process):
     process.terminate()
     return process.wait(timeout=30)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import real_binary
+from conftest import chat_with_bob, real_binary
 from postgres_cluster import postgres_bin
 from chatcore_harness import Client, auth, body
 
@@ -104,6 +104,38 @@ def conversation(alice_socket, bob_socket):
     return events
 
 
+def alice_and_bob_in_a_chat(writer, relay, subject):
+    """alice on the writer starts a chat with bob on the relaying node; returns both
+    clients and the chat's id."""
+    alice, bob = Client(writer.socket), Client(relay.socket)
+    auth(alice, "alice")
+    auth(bob, "bob")
+    return alice, bob, chat_with_bob(alice, subject)
+
+
+def assert_kept(client, chat, announced):
+    """Every message announced Sent (content → messageId) is in `chat` under that id, the
+    chat's messages take consecutive ids, none twice; returns their ids, ascending."""
+    stored = {}
+    anchor = 1
+    while True:
+        listed = client.request({"requestListMatching": {"type": "chatMessage", "cookie": f"page{anchor}", "criteria": {"chatId": chat},
+                                                         "window": {"messageId": anchor, "before": 0, "after": 999}}})
+        elements = [element for event in listed if "listChunk" in event for element in body(event)["elements"]]
+        for element in elements:
+            if element.get("content") is not None:
+                stored[element["content"]] = element["messageId"]
+        if len(elements) < 1000:
+            break
+        anchor += 1000
+    for content, message_id in announced.items():
+        assert stored.get(content) == message_id, (content, message_id)
+    ids = sorted(int(e) for e in stored.values())
+    assert ids == list(range(ids[0], ids[0] + len(ids))), "no gap"
+    assert len(set(stored.values())) == len(stored), "no id twice"
+    return ids
+
+
 def send_until_gone(chat, clients, answer_timeout):
     """Each client (by name) sends into `chat`, one message at a time, until its
     connection goes or its answer does not come; returns the sending threads (started)
@@ -165,8 +197,7 @@ def test_concurrent_sends_through_both_nodes_take_ids_one_to_n(cluster, scratch)
     alice, bob = Client(writer.socket), Client(relay.socket)
     auth(alice, "alice")
     auth(bob, "bob")
-    started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "race"}})
-    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    chat = chat_with_bob(alice, "race")
     bob.request({"identitiesGet": {"cookie": "joined", "appUserIds": ["bob"]}})
     per_sender = 500
     announced = {}
@@ -198,11 +229,7 @@ def test_concurrent_sends_through_both_nodes_take_ids_one_to_n(cluster, scratch)
 
 def test_sigkill_of_the_writer_under_load_loses_nothing_announced(cluster, scratch):
     writer, relay = two_nodes(cluster, scratch, "kill")
-    alice, bob = Client(writer.socket), Client(relay.socket)
-    auth(alice, "alice")
-    auth(bob, "bob")
-    started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "load"}})
-    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    alice, bob, chat = alice_and_bob_in_a_chat(writer, relay, "load")
     threads, announced = send_until_gone(chat, {"a": alice, "b": bob}, answer_timeout=10)
     time.sleep(1.5)
     writer.process.kill()
@@ -222,23 +249,7 @@ def test_sigkill_of_the_writer_under_load_loses_nothing_announced(cluster, scrat
         except Exception:
             assert time.time() < deadline
             time.sleep(0.2)
-    stored = {}
-    anchor = 1
-    while True:
-        listed = carol.request({"requestListMatching": {"type": "chatMessage", "cookie": f"page{anchor}", "criteria": {"chatId": chat},
-                                                        "window": {"messageId": anchor, "before": 0, "after": 999}}})
-        elements = [element for event in listed if "listChunk" in event for element in body(event)["elements"]]
-        for element in elements:
-            if element.get("content") is not None:
-                stored[element["content"]] = element["messageId"]
-        if len(elements) < 1000:
-            break
-        anchor += 1000
-    for content, message_id in announced.items():
-        assert stored.get(content) == message_id, (content, message_id)
-    ids = sorted(int(e) for e in stored.values())
-    assert ids == list(range(ids[0], ids[0] + len(ids))), "no gap"
-    assert len(set(stored.values())) == len(stored), "no id twice"
+    assert_kept(carol, chat, announced)
     # The new writer goes on taking sends.
     answer = carol.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
     assert any("listAdd" in e and body(e).get("cookie") == "after" for e in answer)
@@ -280,8 +291,7 @@ def test_both_nodes_outlive_a_restart_of_postgresql_and_the_writer_stays_the_wri
     alice, bob = Client(relay.socket), Client(writer.socket)
     auth(alice, "alice")
     auth(bob, "bob")
-    started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "after"}})
-    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    chat = chat_with_bob(alice, "after")
     sent = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "still here", "cookie": "m"}})
     assert any("listAdd" in e and body(e).get("cookie") == "m" for e in sent), sent
     got = bob.request({"identitiesGet": {"cookie": "sync", "appUserIds": ["bob"]}})
@@ -309,8 +319,7 @@ def test_the_next_writer_sees_a_commit_that_was_in_flight_when_the_writer_lost_i
     writer, relay = two_nodes(cluster, scratch, "fence")
     alice = Client(writer.socket)
     auth(alice, "alice")
-    started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "fence"}})
-    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    chat = chat_with_bob(alice, "fence")
     alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "before", "cookie": "before"}})
 
     def count(sql):
@@ -376,11 +385,7 @@ def test_a_writer_that_stops_answering_is_replaced_and_stops_when_it_wakes(clust
     without a beat the waiting node ends the writer's database sessions and takes over.
     Nothing announced Sent is lost, and the old writer, woken, stops: the epoch fences it."""
     writer, relay = two_nodes(cluster, scratch, "silent", "--writer-timeout", "3")
-    alice, bob = Client(writer.socket), Client(relay.socket)
-    auth(alice, "alice")
-    auth(bob, "bob")
-    started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "silent"}})
-    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    alice, bob, chat = alice_and_bob_in_a_chat(writer, relay, "silent")
     threads, announced = send_until_gone(chat, {"a": alice, "b": bob}, answer_timeout=8)
     time.sleep(1.5)
     os.kill(writer.process.pid, signal.SIGSTOP)
@@ -400,14 +405,7 @@ def test_a_writer_that_stops_answering_is_replaced_and_stops_when_it_wakes(clust
     assert len(announced) > 20
     carol = Client(relay.socket)
     auth(carol, "alice")
-    listed = carol.request({"requestListMatching": {"type": "chatMessage", "cookie": "all", "criteria": {"chatId": chat},
-                                                    "window": {"messageId": 1, "before": 0, "after": 999}}})
-    stored = {e["content"]: e["messageId"] for event in listed if "listChunk" in event for e in body(event)["elements"] if e.get("content")}
-    assert len(stored) < 999
-    for content, message_id in announced.items():
-        assert stored.get(content) == message_id, (content, message_id)
-    ids = sorted(int(e) for e in stored.values())
-    assert ids == list(range(ids[0], ids[0] + len(ids))), "no gap"
+    ids = assert_kept(carol, chat, announced)
     answer = carol.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
     added = [e for e in answer if "listAdd" in e and body(e).get("cookie") == "after"]
     assert added and int(body(added[0])["elements"][0]["messageId"]) == ids[-1] + 1, answer

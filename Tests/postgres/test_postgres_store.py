@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import real_binary, start, stop
+from conftest import chat_with_bob, real_binary, start, stop
 from postgres_cluster import postgres_bin
 from chatcore_harness import Client, auth, body
 
@@ -78,8 +78,7 @@ def test_postgresql_restarted_under_load_loses_and_duplicates_nothing(cluster, s
     process, socket_path = start(cluster, "restart", scratch)
     alice = Client(socket_path)
     auth(alice, "alice")
-    started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "load"}})
-    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    chat = chat_with_bob(alice, "load")
 
     sent, failed = {}, []
     stop_sending = threading.Event()
@@ -136,8 +135,7 @@ def test_a_statement_failing_inside_a_commit_applies_nothing_of_it(cluster, scra
     process, socket_path = start(cluster, "fault", scratch)
     alice = Client(socket_path)
     auth(alice, "alice")
-    started = alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "faults"}})
-    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    chat = chat_with_bob(alice, "faults")
     cluster.psql("""
         CREATE FUNCTION refuse_boom() RETURNS trigger AS $$
         BEGIN IF NEW.content = 'boom' THEN RAISE EXCEPTION 'refused on purpose'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql;
@@ -168,8 +166,7 @@ def test_a_store_of_the_previous_release_is_migrated_and_each_writer_takes_the_n
     process, socket_path = start(cluster, "epoch", scratch)
     client = Client(socket_path)
     auth(client, "alice")
-    started = client.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "kept"}})
-    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    chat = chat_with_bob(client, "kept")
     client.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "one", "cookie": "one"}})
     client.close()
     assert stop(process) == 0
