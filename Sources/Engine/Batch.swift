@@ -34,9 +34,12 @@ final class Batch {
     var searchRemovals: [Int64] = []
     /// The messages changed records are kept in until they are committed.
     let cache: MessageCache
+    /// This batch's place in the engine's sequence of batches (its pins in the cache).
+    let number: Int
 
-    init(cache: MessageCache) {
+    init(cache: MessageCache, number: Int) {
         self.cache = cache
+        self.number = number
     }
 
     /// What a work item is, for answering it when its commit fails.
@@ -144,6 +147,10 @@ final class Batch {
         afterCommit.append((current, action))
     }
 
+    /// Whether something waits for this batch's commit (it is then committed while the
+    /// engine waits, before anything later is decided).
+    var hasActionsAfterCommit: Bool { !afterCommit.isEmpty }
+
     /// `action` runs if the current item's changes are not committed.
     func ifNotCommitted(_ action: @escaping () -> Void) {
         afterFailure.append(action)
@@ -164,13 +171,13 @@ final class Batch {
     func changed(_ message: MessageRecord) {
         dirtyMessages[RowKey(chat: message.chat, item: message.id)] = message
         uncommittedChats.insert(message.chat)
-        cache.pin(message)
+        cache.pin(message, batch: number)
     }
 
     func changedPrivately(_ message: MessageRecord, for user: Int64) {
         dirtyPrivate[PrivateKey(chat: message.chat, message: message.id, user: user)] = (message, user)
         uncommittedChats.insert(message.chat)
-        cache.pin(message)
+        cache.pin(message, batch: number)
     }
 
     /// `target.refBy[tag]` changed.
@@ -283,7 +290,7 @@ final class Batch {
         dirtyEndpoints = [:]
         removedEndpoints = []
         uncommittedChats = []
-        cache.unpinAll()
+        cache.unpin(through: number)
         committedItems = max(committedItems, current)
         let actions = afterCommit
         afterCommit = []
@@ -311,6 +318,11 @@ final class Batch {
     func pendingOutput(for session: EngineSession) -> Int {
         let output = self.output(of: session)
         return output.writer.count + output.backlog
+    }
+
+    /// The output this batch built for `session` so far (none when it has none).
+    func builtOutput(for session: EngineSession) -> Int {
+        outputs[ObjectIdentifier(session)]?.writer.count ?? 0
     }
 
     private func append(_ entry: Entry, to session: EngineSession) {

@@ -87,9 +87,11 @@ extension Engine {
         }
     }
 
-    /// Commits what this batch changed so far when it changed `chat` (before a query the
-    /// store answers from its indexes).
+    /// Makes the store hold `chat` as memory has it (before a query the store answers
+    /// from its indexes): waits for the batch being committed when it changed the chat,
+    /// and commits what this batch changed so far when it did.
     func commitIfChanged(_ chat: ChatRecord, batch: Batch) throws {
+        if committing(chat.number) { try settleBeforeReading() }
         if batch.hasUncommittedChanges(in: chat.number) { try commitSoFar(batch) }
     }
 }

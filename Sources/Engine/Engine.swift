@@ -11,8 +11,10 @@ import Synchronization
 /// Sessions submit work from any thread; a single engine thread takes everything waiting
 /// as one batch, decides each item in arrival order against the in-memory state, commits
 /// the batch's writes to the store in one transaction (group commit), and only then
-/// delivers the events of the batch, rendered per viewer, in commit order. A request
-/// that fails changes nothing: handlers check everything before they change anything.
+/// delivers the events of the batch, rendered per viewer, in commit order. The commit
+/// runs on a thread of its own while the engine decides the next batch (see `end`). A
+/// request that fails changes nothing: handlers check everything before they change
+/// anything.
 public final class Engine: @unchecked Sendable {
     enum Work {
         case request(Request, line: Int, session: EngineSession)
@@ -30,6 +32,8 @@ public final class Engine: @unchecked Sendable {
         case searchFound(Search, line: Int, chatIds: [String], user: Int64, hits: Result<[SearchHit], ProtocolError>, session: EngineSession)
         /// Finish what came before, then end the engine thread.
         case stop
+        /// The committer finished the batch handed to it.
+        case committed
 
         /// The session whose input this is (kept in order behind its parked work).
         var session: EngineSession? {
@@ -80,6 +84,15 @@ public final class Engine: @unchecked Sendable {
     let attachmentJobs = Atomic<Int>(0)
     private let outsideWork = Atomic<Int>(0)
     private var thread: Thread?
+    /// Where batches are committed while the engine decides the next one.
+    private let committer = DispatchQueue(label: "chatcore-commit", qos: .userInitiated)
+    /// The batch being committed there, if any (engine thread).
+    private var inFlight: Commit?
+    /// A commit that failed while the batch after it was being decided: that batch was
+    /// decided on memory holding the failed changes, so it fails with it at its end.
+    private var failedCommit: (commit: Commit, error: Error)?
+    /// The number of the batch being decided (its pins in the cache).
+    private var batchNumber = 0
 
     /// How many endpoints one user may have at once: registered ones and sessions that
     /// have not registered (docs/protocol.md §3, `--max-endpoints`).
@@ -298,6 +311,11 @@ public final class Engine: @unchecked Sendable {
         inbox.put(work)
     }
 
+    /// Hands several items over at once: they are taken into one batch (tests).
+    func put(together work: [Work]) {
+        inbox.put(contentsOf: work)
+    }
+
     /// The session's next work waits (in order) until `outsideAnswered`: its current
     /// request is being answered off the engine thread.
     func awaitOutside(_ session: EngineSession) {
@@ -357,35 +375,123 @@ public final class Engine: @unchecked Sendable {
         while !stopping {
             // While sessions wait for their clients to read, look again every 20 ms.
             let work = inbox.take(limit: Engine.batchLimit, waitingAtMost: parked.isEmpty ? nil : 0.02)
-            let batch = Batch(cache: cache)
+            batchNumber += 1
+            let batch = Batch(cache: cache, number: batchNumber)
             var barriers: [@Sendable () -> Void] = []
             for item in unparkedWork() { take(item, batch: batch) }
             var answeredOutside = false
-            ServiceMetrics.batchSize.record(work.count)
+            var taken = 0
             for item in work {
                 switch item {
                 case .barrier(let body):
                     barriers.append(body)
                 case .stop:
                     stopping = true
+                case .committed:
+                    continue
                 case .searchFound:
                     answeredOutside = true
                     take(item, batch: batch)
                 default:
                     take(item, batch: batch)
                 }
+                taken += 1
             }
+            if taken > 0 { ServiceMetrics.batchSize.record(taken) }
             // The sessions whose answers came back go on at once, not at the next look.
             if answeredOutside {
                 for item in unparkedWork() { take(item, batch: batch) }
             }
-            commit(batch)
-            batch.deliver()
+            end(batch, barriers: barriers, committingLater: !stopping)
             cache.trim()
-            for body in barriers { body() }
         }
         // The thread object holds this engine through its closure: let go of it.
         thread = nil
+    }
+
+    /// A batch handed to the committer: its rows, and what follows once they are durable.
+    private final class Commit: @unchecked Sendable {
+        let batch: Batch
+        let rows: StoreBatch
+        let counters: StoreCounters
+        let barriers: [@Sendable () -> Void]
+        /// Signalled by the committer once `error` and `took` are set.
+        let done = DispatchSemaphore(value: 0)
+        var error: Error?
+        var took: Duration = .zero
+
+        init(batch: Batch, counters: StoreCounters, barriers: [@Sendable () -> Void]) {
+            self.batch = batch
+            self.rows = batch.store
+            self.counters = counters
+            self.barriers = barriers
+        }
+    }
+
+    /// Ends a decided batch: once the batch before it is durable and delivered (`settle`),
+    /// its rows go to the committer and the engine goes on deciding the next batch while
+    /// they are written; its events are delivered when the commit is done, before
+    /// anything decided later. The next batch is decided on memory that already holds
+    /// this one's changes (its changed messages stay pinned in the cache, and a query of
+    /// the store waits for the commit: `commitIfChanged`), so when this commit fails the
+    /// next batch fails with it. A batch that something waits for (removing files,
+    /// starting attachment copies), and the last one, are committed while the engine waits.
+    private func end(_ batch: Batch, barriers: [@Sendable () -> Void], committingLater: Bool) {
+        settle()
+        if let failed = failedCommit {
+            failedCommit = nil
+            fail([batch, failed.commit.batch], with: failed.error)
+            failed.commit.batch.deliver()
+            for body in failed.commit.barriers { body() }
+            batch.deliver()
+            for body in barriers { body() }
+            return
+        }
+        guard committingLater && !batch.hasActionsAfterCommit else {
+            commit(batch)
+            batch.deliver()
+            for body in barriers { body() }
+            return
+        }
+        let counters = collect(batch)
+        guard !batch.store.isEmpty else {
+            batch.committed()
+            batch.deliver()
+            for body in barriers { body() }
+            return
+        }
+        let commit = Commit(batch: batch, counters: counters, barriers: barriers)
+        inFlight = commit
+        let store = self.store
+        committer.async { [self] in
+            let started = ContinuousClock.now
+            do {
+                try store.commit(commit.rows)
+            } catch {
+                commit.error = error
+            }
+            commit.took = ContinuousClock.now - started
+            commit.done.signal()
+            // Wakes the engine when it waits for work: the events are due.
+            put(.committed)
+        }
+    }
+
+    /// Waits for the batch being committed, then delivers its events; when its commit
+    /// failed, the failure is kept for the end of the batch being decided (`end`).
+    private func settle() {
+        guard let commit = inFlight else { return }
+        inFlight = nil
+        commit.done.wait()
+        if let error = commit.error {
+            ServiceMetrics.commitFailures.increment()
+            failedCommit = (commit, error)
+            return
+        }
+        ServiceMetrics.committed(in: commit.took)
+        wrote(commit.batch, counters: commit.counters)
+        commit.batch.deliver()
+        for body in commit.barriers { body() }
     }
 
     /// Decides one work item into the batch, or parks it behind the session's earlier
@@ -399,7 +505,7 @@ public final class Engine: @unchecked Sendable {
                 return
             }
             if case .request = item, !isShuttingDown,
-               batch.pendingOutput(for: session) > outputMark {
+               batch.pendingOutput(for: session) + (inFlight?.batch.builtOutput(for: session) ?? 0) > outputMark {
                 parked[key] = (session, [item])
                 parkedOrder.append(key)
                 parkedCount.add(1, ordering: .relaxed)
@@ -448,7 +554,7 @@ public final class Engine: @unchecked Sendable {
             awaitingOutside.remove(ObjectIdentifier(session))
             guard session.isOpen else { return }
             searchFound(request, line: line, chatIds: chatIds, user: user, hits: hits, session: session, batch: batch)
-        case .barrier, .stop:
+        case .barrier, .stop, .committed:
             break
         }
     }
@@ -477,8 +583,7 @@ public final class Engine: @unchecked Sendable {
     /// commit (removing files, starting attachment copies). On a throw nothing was
     /// written and the batch keeps its rows.
     private func writeChanges(_ batch: Batch) throws {
-        let counters = StoreCounters(changeSeq: changeSeq, searchRow: lastSearchRow)
-        batch.collectRows(counters: counters == storedCounters ? nil : counters)
+        let counters = collect(batch)
         if !batch.store.isEmpty {
             let started = ContinuousClock.now
             do {
@@ -488,20 +593,50 @@ public final class Engine: @unchecked Sendable {
                 throw error
             }
             ServiceMetrics.committed(in: ContinuousClock.now - started)
-            storedCounters = counters
-            searchIndex?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
+            wrote(batch, counters: counters)
+        } else {
+            batch.committed()
         }
+    }
+
+    /// Turns what the batch changed into its store rows; returns the counters they hold.
+    private func collect(_ batch: Batch) -> StoreCounters {
+        let counters = StoreCounters(changeSeq: changeSeq, searchRow: lastSearchRow)
+        batch.collectRows(counters: counters == storedCounters ? nil : counters)
+        return counters
+    }
+
+    /// The batch's rows are durable: the index gets their text, and what waited is done.
+    private func wrote(_ batch: Batch, counters: StoreCounters) {
+        storedCounters = counters
+        searchIndex?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
         batch.committed()
     }
 
-    /// Commits what the batch changed so far (before reading from the store). If that
-    /// fails, the batch keeps its rows: its final commit fails again and answers all.
+    /// Commits what the batch changed so far (before reading from the store), after the
+    /// batch before it. If that fails, the batch keeps its rows: its final commit fails
+    /// again and answers all.
     func commitSoFar(_ batch: Batch) throws {
+        try settleBeforeReading()
         do {
             try writeChanges(batch)
         } catch {
             throw ProtocolError(.internal, Engine.storeFailure(error))
         }
+    }
+
+    /// Waits until the store has the batch before this one (before reading what it
+    /// changed); throws when its commit failed (this batch then fails whole at its end).
+    func settleBeforeReading() throws {
+        settle()
+        if let failedCommit {
+            throw ProtocolError(.internal, Engine.storeFailure(failedCommit.error))
+        }
+    }
+
+    /// Whether the batch being committed changed `chat` (the store may not have it yet).
+    func committing(_ chat: Int64) -> Bool {
+        inFlight?.batch.hasUncommittedChanges(in: chat) ?? false
     }
 
     static func storeFailure(_ error: Error) -> String {
@@ -512,36 +647,43 @@ public final class Engine: @unchecked Sendable {
         do {
             try writeChanges(batch)
         } catch {
-            // Nothing since the last commit of the batch is durable: none of its events
-            // may be seen, every request it held gets one Internal answer, sessions it
-            // authenticated are unauthenticated again, and memory is rebuilt from the
-            // store, so no number handed out by it is remembered.
-            logger.error("commit failed: the requests of the batch are answered with Internal", metadata: ["error": "\(error)"])
+            fail([batch], with: error)
+        }
+    }
+
+    /// The commit of `batches` (the latest first) failed. Nothing since their last
+    /// commit is durable: none of their events may be seen, every request they held gets
+    /// one Internal answer, sessions they authenticated are unauthenticated again (the
+    /// latest change undone first), and memory is rebuilt from the store, so no number
+    /// handed out by them is remembered.
+    private func fail(_ batches: [Batch], with error: Error) {
+        logger.error("commit failed: the requests of the batch are answered with Internal", metadata: ["error": "\(error)"])
+        for batch in batches {
             for (session, before) in batch.failAll(reason: Engine.storeFailure(error)) {
                 unregister(session)
                 session.setup = before
                 if let user = session.user, session.isOpen { sessionsByUser[user, default: []].append(session) }
             }
-            if let failure = error as? StoreFailure, failure.stopsTheService {
-                // SQLite keeps the connection in an error state after an I/O error, and
-                // the kernel may have dropped what it did not sync: only opening the store
-                // again (a restart, which recovers the WAL) is sound. Another writer
-                // (superseded) may have changed what memory holds. Refuse everything from
-                // now on and let the process answer what it has and stop.
-                logger.critical(failure.kind == .io ? "the store hit an I/O error: stopping" : "another process writes the store: stopping",
-                                metadata: ["error": "\(failure)"])
-                storeIsBroken(failure)
-                return
-            }
-            do {
-                try reload()
-            } catch {
-                // Memory and store may now disagree: serving on could announce what is
-                // not durable. Every answer decided so far is delivered by the caller's
-                // shutdown path; the process must not go on.
-                logger.critical("cannot reload the store after a failed commit: stopping", metadata: ["error": "\(error)"])
-                storeIsBroken(error)
-            }
+        }
+        if let failure = error as? StoreFailure, failure.stopsTheService {
+            // SQLite keeps the connection in an error state after an I/O error, and
+            // the kernel may have dropped what it did not sync: only opening the store
+            // again (a restart, which recovers the WAL) is sound. Another writer
+            // (superseded) may have changed what memory holds. Refuse everything from
+            // now on and let the process answer what it has and stop.
+            logger.critical(failure.kind == .io ? "the store hit an I/O error: stopping" : "another process writes the store: stopping",
+                            metadata: ["error": "\(failure)"])
+            storeIsBroken(failure)
+            return
+        }
+        do {
+            try reload()
+        } catch {
+            // Memory and store may now disagree: serving on could announce what is
+            // not durable. Every answer decided so far is delivered by the caller's
+            // shutdown path; the process must not go on.
+            logger.critical("cannot reload the store after a failed commit: stopping", metadata: ["error": "\(error)"])
+            storeIsBroken(error)
         }
     }
 

@@ -7,8 +7,13 @@ final class Inbox<Item>: @unchecked Sendable {
     private var items: [Item] = []
 
     func put(_ item: Item) {
+        put(contentsOf: CollectionOfOne(item))
+    }
+
+    /// Several items at once: `take` gets all or none of them.
+    func put(contentsOf newItems: some Collection<Item>) {
         condition.lock()
-        items.append(item)
+        items.append(contentsOf: newItems)
         condition.signal()
         condition.unlock()
     }

@@ -33,8 +33,9 @@ final class MessageCache {
     private var newest: Node?
     private var oldest: Node?
     private(set) var bytes = 0
-    /// Records with changes not committed yet: never evicted.
-    private var pinned: Set<Key> = []
+    /// Records with changes not committed yet, with the latest batch that changed each:
+    /// never evicted.
+    private var pinned: [Key: Int] = [:]
 
     init(budget: Int) {
         self.budget = budget
@@ -61,23 +62,27 @@ final class MessageCache {
         linkAsNewest(node)
     }
 
-    /// The record has changes the store does not have yet: kept until `unpinAll`.
-    func pin(_ record: MessageRecord) {
+    /// The record has changes the store does not have yet, made by batch `batch`: kept
+    /// until `unpin(through:)` that batch.
+    func pin(_ record: MessageRecord, batch: Int) {
         let key = Key(chat: record.chat, id: record.id)
         if nodes[key]?.record !== record { put(record) }
-        pinned.insert(key)
+        pinned[key] = batch
     }
 
-    /// Everything was committed (or memory was rebuilt): nothing is pinned. The records
+    /// Batches up to `batch` were committed: what only they changed is no longer pinned
+    /// (a later batch being decided while they committed keeps its own). The records
     /// that were (they changed) are measured again.
-    func unpinAll() {
-        for key in pinned {
-            guard let node = nodes[key] else { continue }
-            let size = node.record.footprint
-            bytes += size - node.size
-            node.size = size
+    func unpin(through batch: Int) {
+        pinned = pinned.filter { key, pinnedBy in
+            guard pinnedBy <= batch else { return true }
+            if let node = nodes[key] {
+                let size = node.record.footprint
+                bytes += size - node.size
+                node.size = size
+            }
+            return false
         }
-        pinned.removeAll(keepingCapacity: true)
     }
 
     /// Evicts the least recently used records until the budget holds (pinned ones stay).
@@ -85,7 +90,7 @@ final class MessageCache {
         var node = oldest
         while bytes > budget, let current = node {
             node = current.newer
-            guard !pinned.contains(current.key) else { continue }
+            guard pinned[current.key] == nil else { continue }
             unlink(current)
             nodes[current.key] = nil
             bytes -= current.size

@@ -58,17 +58,25 @@ final class EngineHarness {
 
     /// Submits without waiting (several requests then go into one batch).
     func submit(_ name: String, _ json: String) {
+        engine.put(work(name, json))
+    }
+
+    /// Submits requests (session name, line) that the engine takes into one batch.
+    func submitTogether(_ requests: [(String, String)]) {
+        engine.put(together: requests.map { work($0.0, $0.1) })
+    }
+
+    private func work(_ name: String, _ json: String) -> Engine.Work {
         let handle = sessions[name]!.handle
         line += 1
-        let number = line
         let bytes = Array(json.utf8)
-        bytes.withUnsafeBytes { raw in
+        return bytes.withUnsafeBytes { raw in
             let decoded = decoder.decode(raw, as: Request.self)
             switch decoded.result {
             case .success(let request):
-                engine.submit(request, line: number, from: handle)
+                return .request(request, line: line, session: handle)
             case .failure(let failure):
-                engine.passthrough([ProtocolError(failure).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number)], to: handle)
+                return .passthrough([ProtocolError(failure).requestFailed(request: decoded.request, cookie: decoded.cookie, line: line)], session: handle)
             }
         }
     }
@@ -140,6 +148,12 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     /// While failing, this many more commits still succeed first.
     let successesFirst = Atomic<Int>(0)
     let failedCommits = Atomic<Int>(0)
+    /// When set, the next commit fails (and this is cleared).
+    let failOnce = Atomic<Bool>(false)
+    /// While set, a commit first tells `held` and waits for `release` (a commit in flight).
+    let holding = Atomic<Bool>(false)
+    let held = DispatchSemaphore(value: 0)
+    let release = DispatchSemaphore(value: 0)
 
     init(_ inner: ChatStore) { self.inner = inner }
 
@@ -166,6 +180,14 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     func searchEntries(after row: Int64, limit: Int) throws -> [SearchEntry] { try inner.searchEntries(after: row, limit: limit) }
 
     func commit(_ batch: StoreBatch) throws {
+        if holding.load(ordering: .relaxed) {
+            held.signal()
+            release.wait()
+        }
+        if failOnce.exchange(false, ordering: .relaxed) {
+            failedCommits.add(1, ordering: .relaxed)
+            throw InjectedFailure()
+        }
         if failing.load(ordering: .relaxed) && successesFirst.subtract(1, ordering: .relaxed).newValue < 0 {
             failedCommits.add(1, ordering: .relaxed)
             throw InjectedFailure()

@@ -68,6 +68,43 @@ final class FailedCommitTests: XCTestCase {
         XCTAssertFalse(listed.joined().contains(#""content":"lost""#))
     }
 
+    /// The engine decides the next batch while one is being committed: when that commit
+    /// fails, the next batch, decided on memory that held the failed changes, fails too,
+    /// although its own commit would have succeeded.
+    func testABatchDecidedWhileTheOneBeforeFailedToCommitFailsWithIt() throws {
+        let (h, store) = try harness()
+        h.connect("a", as: "alice")
+        h.connect("b", as: "bob")
+        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
+        _ = h.events("b")
+        store.holding.store(true, ordering: .relaxed)
+        h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)
+        store.held.wait()
+        // Only the commit in flight fails: the next one would go through.
+        store.failOnce.store(true, ordering: .relaxed)
+        store.holding.store(false, ordering: .relaxed)
+        h.submitTogether([
+            ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c2"}}"#),
+            ("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"third","cookie":"c3"}}"#),
+        ])
+        // The engine decides both on top of the first, then waits for its commit.
+        Thread.sleep(forTimeInterval: 0.3)
+        store.release.signal()
+        let alice = h.objects("a")
+        let bob = h.objects("b")
+        XCTAssertEqual(store.failedCommits.load(ordering: .relaxed), 1)
+        XCTAssertEqual(alice.compactMap { ($0["requestFailed"] as? [String: Any])?["cookie"] as? String }, ["c1", "c2"], "\(alice)")
+        XCTAssertEqual(bob.compactMap { ($0["requestFailed"] as? [String: Any])?["cookie"] as? String }, ["c3"], "\(bob)")
+        XCTAssertEqual(alice.count + bob.count, 3, "events of batches that were not committed were seen: \(alice) \(bob)")
+        // Nothing of either is remembered: the next message takes the id the first had
+        // (the chat's Join is 1).
+        let again = h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"again"}}"#)
+        XCTAssertTrue(again.first?.contains(#""messageId":"2""#) ?? false, "\(again)")
+        let listed = h.send("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":10}}}"#).joined()
+        XCTAssertTrue(listed.contains(#""content":"again""#), listed)
+        for lost in ["first", "second", "third"] { XCTAssertFalse(listed.contains(#""content":"\#(lost)""#), listed) }
+    }
+
     func testASessionAuthenticatedByAFailedBatchIsNotAuthenticated() throws {
         let (h, store) = try harness()
         h.connect("a", as: "alice")

@@ -1,3 +1,5 @@
+import GRDB
+import SQLiteStore
 import XCTest
 @testable import Engine
 
@@ -36,5 +38,78 @@ final class MessageCacheTests: XCTestCase {
             released = kept.get(chat: 1, id: 7)
         }
         XCTAssertNil(released, "a cache that goes frees its records (without recursing once per record)")
+    }
+
+    /// A record stays while the batch that changed it last is not committed: a batch
+    /// committed before it does not let it go.
+    func testARecordIsPinnedUntilTheBatchThatChangedItLastIsCommitted() {
+        let cache = MessageCache(budget: 0)
+        let first = record(1)
+        let second = record(2)
+        cache.pin(first, batch: 1)
+        cache.pin(second, batch: 1)
+        cache.pin(second, batch: 2)
+        cache.unpin(through: 1)
+        cache.trim()
+        XCTAssertNil(cache.get(chat: 1, id: 1))
+        XCTAssertTrue(cache.get(chat: 1, id: 2) === second)
+        cache.unpin(through: 2)
+        cache.trim()
+        XCTAssertEqual(cache.count, 0)
+    }
+
+    /// With no cache at all, the batch decided while the one before it is committed reads
+    /// that batch's messages from memory (the store does not have them yet), and a query
+    /// the store answers waits for the commit.
+    func testTheNextBatchSeesWhatIsBeingCommitted() throws {
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
+        let h = try EngineHarness(store: store, cacheBytes: 0)
+        h.connect("a", as: "alice")
+        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
+        store.holding.store(true, ordering: .relaxed)
+        h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)
+        store.held.wait()
+        store.holding.store(false, ordering: .relaxed)
+        h.submitTogether([
+            ("a", #"{"requestListElements":{"type":"chatMessage","elements":[{"chatId":"1","messageId":"2"}],"cookie":"read"}}"#),
+            ("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"query","criteria":{"chatId":"1","tag":"Text"},"window":{"messageId":1,"before":0,"after":10}}}"#),
+        ])
+        Thread.sleep(forTimeInterval: 0.3)
+        store.release.signal()
+        let events = h.events("a")
+        let read = events.filter { $0.contains(#""cookie":"read""#) }.joined()
+        XCTAssertTrue(read.contains(#""content":"first""#), "\(events)")
+        let query = events.filter { $0.contains(#""cookie":"query""#) }.joined()
+        XCTAssertTrue(query.contains(#""content":"first""#), "\(events)")
+        XCTAssertFalse(events.contains { $0.contains("requestFailed") }, "\(events)")
+    }
+
+    /// A message the next batch changed stays in memory when the batch before it is
+    /// committed in its midst (a query waits for that commit): the store does not have the
+    /// change yet, so a later request of the batch must still read it from memory.
+    func testAChangeOfTheNextBatchOutlivesTheCommitOfTheOneBefore() throws {
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
+        let h = try EngineHarness(store: store, cacheBytes: 0)
+        h.connect("a", as: "alice")
+        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"one"}}"#)
+        h.send("a", #"{"chatStart":{"cookie":"t","invitees":[{"userId":"carol"}],"subject":"two"}}"#)
+        store.holding.store(true, ordering: .relaxed)
+        h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)
+        h.submit("a", #"{"chatMessageSend":{"chatId":"2","tag":"Text","content":"other","cookie":"c2"}}"#)
+        store.held.wait()
+        store.holding.store(false, ordering: .relaxed)
+        h.submitTogether([
+            ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c3"}}"#),
+            ("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"query","criteria":{"chatId":"2","tag":"Text"},"window":{"messageId":1,"before":0,"after":10}}}"#),
+            ("a", #"{"requestListElements":{"type":"chatMessage","elements":[{"chatId":"1","messageId":"3"}],"cookie":"read"}}"#),
+        ])
+        // The engine decides them, then waits for the commit before them (it asks nothing
+        // else of the store first).
+        Thread.sleep(forTimeInterval: 0.3)
+        store.release.signal()
+        let events = h.events("a")
+        XCTAssertTrue(events.filter { $0.contains(#""cookie":"query""#) }.joined().contains(#""content":"other""#), "\(events)")
+        XCTAssertTrue(events.filter { $0.contains(#""cookie":"read""#) }.joined().contains(#""content":"second""#), "\(events)")
+        XCTAssertFalse(events.contains { $0.contains("requestFailed") }, "\(events)")
     }
 }
