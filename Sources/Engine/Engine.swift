@@ -88,6 +88,9 @@ public final class Engine: @unchecked Sendable {
     private let committer = DispatchQueue(label: "chatcore-commit", qos: .userInitiated)
     /// The batch being committed there, if any (engine thread).
     private var inFlight: Commit?
+    /// The batch handed to the committer before the one being decided: its output counts
+    /// toward a session's pending output while this one is decided (delivered or not).
+    private var handedOver: Batch?
     /// A commit that failed while the batch after it was being decided: that batch was
     /// decided on memory holding the failed changes, so it fails with it at its end.
     private var failedCommit: (commit: Commit, error: Error)?
@@ -417,6 +420,8 @@ public final class Engine: @unchecked Sendable {
         let barriers: [@Sendable () -> Void]
         /// Signalled by the committer once `error` and `took` are set.
         let done = DispatchSemaphore(value: 0)
+        /// Set with `done` (looked at between work items, without waiting).
+        let finished = Atomic<Bool>(false)
         var error: Error?
         var took: Duration = .zero
 
@@ -438,6 +443,7 @@ public final class Engine: @unchecked Sendable {
     /// starting attachment copies), and the last one, are committed while the engine waits.
     private func end(_ batch: Batch, barriers: [@Sendable () -> Void], committingLater: Bool) {
         settle()
+        handedOver = nil
         if let failed = failedCommit {
             failedCommit = nil
             fail([batch, failed.commit.batch], with: failed.error)
@@ -462,6 +468,7 @@ public final class Engine: @unchecked Sendable {
         }
         let commit = Commit(batch: batch, counters: counters, barriers: barriers)
         inFlight = commit
+        handedOver = batch
         let store = self.store
         committer.async { [self] in
             let started = ContinuousClock.now
@@ -471,6 +478,7 @@ public final class Engine: @unchecked Sendable {
                 commit.error = error
             }
             commit.took = ContinuousClock.now - started
+            commit.finished.store(true, ordering: .releasing)
             commit.done.signal()
             // Wakes the engine when it waits for work: the events are due.
             put(.committed)
@@ -505,13 +513,16 @@ public final class Engine: @unchecked Sendable {
                 return
             }
             if case .request = item, !isShuttingDown,
-               batch.pendingOutput(for: session) + (inFlight?.batch.builtOutput(for: session) ?? 0) > outputMark {
+               batch.pendingOutput(for: session) + (handedOver?.builtOutput(for: session) ?? 0) > outputMark {
                 parked[key] = (session, [item])
                 parkedOrder.append(key)
                 parkedCount.add(1, ordering: .relaxed)
                 return
             }
         }
+        // A commit that finished is delivered at once, not after everything this batch
+        // takes (under a flood that would hold each batch's events for the next's decisions).
+        if let commit = inFlight, commit.finished.load(ordering: .acquiring) { settle() }
         // Between work items the cache gives back what it holds beyond its budget (never
         // what this batch changed): a request sees one record per message while it runs.
         cache.trim()
