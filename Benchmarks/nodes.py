@@ -7,11 +7,14 @@ the last).
 Senders are spread over the nodes round robin; a node that is not the writer relays its
 connections to the writer (README "Several nodes on PostgreSQL"), so this measures what the
 relay hop costs and shows that sends do not scale with nodes: one engine decides. The last
-column is how many cores the nodes and PostgreSQL used during the sends (from /proc).
+column is how many cores the nodes, PostgreSQL and this benchmark's own clients used
+during the sends (from /proc and getrusage): when they add up to the machine's cores, the
+machine is the limit.
 """
 import json
 import os
 import pathlib
+import resource
 import socket
 import statistics
 import subprocess
@@ -106,8 +109,15 @@ def cluster_pids(cluster):
     return pids
 
 
+def client_seconds():
+    """CPU time (user + system) this process (the clients) used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def sends(paths, senders=40, each=1500, usage=None):
-    """Durable sends/s; with `usage` (node pids, cluster) also the cores each side used."""
+    """Durable sends/s; with `usage` (node pids, cluster) also the cores each side used:
+    nodes, PostgreSQL, clients."""
     sessions = []
     for n in range(senders):
         session = Session(paths[n % len(paths)], f"sender{n}")
@@ -128,14 +138,15 @@ def sends(paths, senders=40, each=1500, usage=None):
     writers = [threading.Thread(target=s.send, args=tuple({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"m{k}", "cookie": f"c{k}"}}
                                                            for k in range(each))) for s, chat in sessions]
     measured = usage and (usage[0], cluster_pids(usage[1]))
-    before = measured and (cpu_seconds(measured[0]), cpu_seconds(measured[1]))
+    before = measured and (cpu_seconds(measured[0]), cpu_seconds(measured[1]), client_seconds())
     for writer in writers:
         writer.start()
     for reader in readers:
         reader.join()
     seconds = time.perf_counter() - started
     if measured:
-        usage[2:] = [(cpu_seconds(measured[0]) - before[0]) / seconds, (cpu_seconds(measured[1]) - before[1]) / seconds]
+        usage[2:] = [(cpu_seconds(measured[0]) - before[0]) / seconds, (cpu_seconds(measured[1]) - before[1]) / seconds,
+                     (client_seconds() - before[2]) / seconds]
     for session, _ in sessions:
         session.close()
     return senders * each / seconds
@@ -182,7 +193,7 @@ def measure(paths, processes, cluster=None):
     usage = [[p.pid for p in processes], cluster]
     rate = sends(paths, usage=usage)
     sent, delivered = latencies(paths[0], paths[-1])
-    return rate, sent, delivered, usage[2], usage[3] if cluster else None
+    return rate, sent, delivered, usage[2], usage[3] if cluster else None, usage[4]
 
 
 def rows():
@@ -214,13 +225,13 @@ def rows():
 
 
 HEADER = (f"{'store, nodes':<22} {'durable sends/s (60,000)':>26} {'request → Sent p50/p99':>24} {'cross-node delivery p50/p99':>28}"
-          f" {'cores: nodes / PostgreSQL':>26}")
+          f" {'cores: nodes / PostgreSQL / clients':>36}")
 
 
-def line(name, rate, sent, delivered, node_cores, database_cores):
+def line(name, rate, sent, delivered, node_cores, database_cores, client_cores):
     database = "-" if database_cores is None else f"{database_cores:.2f}"
     return (f"{name:<22} {rate:>26,.0f} {sent[0]:>11.2f} / {sent[1]:.2f} ms {delivered[0]:>14.2f} / {delivered[1]:.2f} ms"
-            f" {node_cores:>19.2f} / {database}")
+            f" {node_cores:>19.2f} / {database:>4} / {client_cores:.2f}")
 
 
 if __name__ == "__main__":
