@@ -13,12 +13,18 @@ final class FailedCommitTests: XCTestCase {
         return (try EngineHarness(store: store), store)
     }
 
-    func testEveryRequestOfAFailedBatchIsAnsweredOnceAndNothingIsSeen() throws {
+    /// Alice ("a") and Bob ("b") in chat 1, which Alice started; Bob's events so far taken.
+    private func aliceAndBobInAChat() throws -> (EngineHarness, FailingStore) {
         let (h, store) = try harness()
         h.connect("a", as: "alice")
         h.connect("b", as: "bob")
         h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
         _ = h.events("b")
+        return (h, store)
+    }
+
+    func testEveryRequestOfAFailedBatchIsAnsweredOnceAndNothingIsSeen() throws {
+        let (h, store) = try aliceAndBobInAChat()
         store.failing.store(true, ordering: .relaxed)
         h.engine.barrier {}  // the batch below is taken whole after this
         for n in 1...5 { h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"m\#(n)","cookie":"c\#(n)"}}"#) }
@@ -72,11 +78,7 @@ final class FailedCommitTests: XCTestCase {
     /// fails, the next batch, decided on memory that held the failed changes, fails too,
     /// although its own commit would have succeeded.
     func testABatchDecidedWhileTheOneBeforeFailedToCommitFailsWithIt() throws {
-        let (h, store) = try harness()
-        h.connect("a", as: "alice")
-        h.connect("b", as: "bob")
-        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
-        _ = h.events("b")
+        let (h, store) = try aliceAndBobInAChat()
         store.holding.store(true, ordering: .relaxed)
         h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)
         store.held.wait()
