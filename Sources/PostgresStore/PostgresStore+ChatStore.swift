@@ -261,8 +261,11 @@ extension PostgresStore: ChatStore {
             try withConnection { connection in
                 // Every statement is handed to the connection at once and the answers
                 // are awaited after COMMIT: one wake-up of this thread per batch, not per
-                // statement. Each answer is checked — after a failed statement PostgreSQL
-                // answers COMMIT with ROLLBACK, not with an error.
+                // statement. postgres-nio still sends each statement only once the one
+                // before it is answered, so a commit costs a round trip per statement
+                // (README, "Several nodes on PostgreSQL" benchmark). Each answer is
+                // checked: after a failed statement PostgreSQL answers COMMIT with
+                // ROLLBACK, not with an error.
                 let pipeline = Pipeline(connection: connection, store: self)
                 pipeline.run("BEGIN")
                 var binds = Binds()
