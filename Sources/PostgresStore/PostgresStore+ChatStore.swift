@@ -259,20 +259,30 @@ extension PostgresStore: ChatStore {
         guard !batch.isEmpty else { return }
         do {
             try withConnection { connection in
-                // Every statement is handed to the connection at once and the answers
-                // are awaited after COMMIT: one wake-up of this thread per batch, not per
-                // statement. postgres-nio still sends each statement only once the one
-                // before it is answered, so a commit costs a round trip per statement
-                // (README, "Several nodes on PostgreSQL" benchmark). Each answer is
-                // checked: after a failed statement PostgreSQL answers COMMIT with
-                // ROLLBACK, not with an error.
-                let pipeline = Pipeline(connection: connection, store: self)
-                pipeline.run("BEGIN")
-                var binds = Binds()
-                pipeline.run(fence(&binds), binds)
-                write(batch, pipeline)
-                pipeline.run("COMMIT")
-                try pipeline.finish()
+                // postgres-nio sends a statement only once the one before it is
+                // answered, so each statement of a commit costs a round trip. A batch is
+                // therefore written as one statement: its writes are data-modifying WITH
+                // clauses of the fence's SELECT, one implicit transaction, durable when
+                // answered. Those clauses cannot see one another's rows, which is right
+                // while each writes rows no other touches; a batch with stored contents
+                // (the blob counts are deleted once they reach zero) or removed endpoints
+                // (an endpoint may be written and removed) is written statement by
+                // statement in BEGIN ... COMMIT. There every statement is handed over at
+                // once and each answer checked: after a failed statement PostgreSQL
+                // answers COMMIT with ROLLBACK, not with an error.
+                if batch.blobUses.isEmpty && batch.removedEndpoints.isEmpty {
+                    let pipeline = Pipeline(connection: connection, store: self, together: true)
+                    write(batch, pipeline)
+                    try pipeline.finish { binds in fence(&binds) }
+                } else {
+                    let pipeline = Pipeline(connection: connection, store: self, together: false)
+                    pipeline.run("BEGIN")
+                    var binds = pipeline.binds()
+                    pipeline.run(fence(&binds), binds)
+                    write(batch, pipeline)
+                    pipeline.run("COMMIT")
+                    try pipeline.finish()
+                }
             }
         } catch let failure as StoreFailure {
             throw failure
@@ -305,7 +315,7 @@ extension PostgresStore: ChatStore {
     /// third of PostgreSQL's time); `conflict` is what follows ON CONFLICT.
     private func insert(_ pipeline: Pipeline, into table: String, columns: [String], rows: [[Value]], conflict: String? = nil) {
         guard let first = rows.first else { return }
-        var binds = Binds()
+        var binds = pipeline.binds()
         let arrays = first.indices.map { column in binds.add(column: rows.map { $0[column] }) }
         var sql = "INSERT INTO \(table) (\(columns.joined(separator: ", "))) SELECT * FROM unnest(\(arrays.joined(separator: ", ")))"
         if let conflict { sql += " ON CONFLICT \(conflict)" }
@@ -336,7 +346,7 @@ extension PostgresStore: ChatStore {
         }
         for columns in order {
             let group = groups[columns]!
-            var binds = Binds()
+            var binds = pipeline.binds()
             var arrays: [String] = []
             var names: [String] = []
             for position in keyColumns.indices {
@@ -370,7 +380,7 @@ extension PostgresStore: ChatStore {
             [.int($0.id), .int($0.user), .text($0.description), .text($0.nickname), .bool($0.isLegacyDelegate), .int($0.ordinal)]
         }, conflict: S.replacing(key: ["id"], columns: S.endpointColumns))
         if !batch.removedEndpoints.isEmpty {
-            var binds = Binds()
+            var binds = pipeline.binds()
             pipeline.run("DELETE FROM endpoint WHERE id = ANY(\(binds.add(batch.removedEndpoints)))", binds)
         }
         insert(pipeline, into: "chat", columns: S.chatColumns, rows: batch.newChats.map {
@@ -430,14 +440,14 @@ extension PostgresStore: ChatStore {
             })
         })
         if !batch.droppedReferences.isEmpty {
-            var binds = Binds()
+            var binds = pipeline.binds()
             pipeline.run("""
                 DELETE FROM message_ref r USING unnest(\(binds.add(batch.droppedReferences.map(\.chat)))::bigint[], \(binds.add(batch.droppedReferences.map(\.id)))::bigint[])
                 AS d(chat, source) WHERE r.chat = d.chat AND r.source = d.source
                 """, binds)
         }
         if !batch.touches.isEmpty {
-            var binds = Binds()
+            var binds = pipeline.binds()
             pipeline.run("""
                 UPDATE message m SET "changeSeq" = t.seq
                 FROM unnest(\(binds.add(batch.touches.map(\.chat)))::bigint[], \(binds.add(batch.touches.map(\.id)))::bigint[], \(binds.add(batch.touches.map(\.seq)))::bigint[])
@@ -453,7 +463,7 @@ extension PostgresStore: ChatStore {
         }, conflict: S.replacing(key: ["chat", "target", "tag"], columns: S.refCountColumns))
         let gone = batch.refCounts.filter { $0.count <= 0 }
         if !gone.isEmpty {
-            var binds = Binds()
+            var binds = pipeline.binds()
             pipeline.run("""
                 DELETE FROM ref_count c USING unnest(\(binds.add(gone.map(\.chat)))::bigint[], \(binds.add(gone.map(\.target)))::bigint[], \(binds.add(gone.map(\.tag)))::text[])
                 AS g(chat, target, tag) WHERE c.chat = g.chat AND c.target = g.target AND c.tag = g.tag
@@ -466,11 +476,11 @@ extension PostgresStore: ChatStore {
         if !blobs.isEmpty {
             insert(pipeline, into: "blob", columns: ["hash", "uses"], rows: blobs.map { [.text($0.key), .int($0.value)] },
                        conflict: "(hash) DO UPDATE SET uses = blob.uses + EXCLUDED.uses")
-            var binds = Binds()
+            var binds = pipeline.binds()
             pipeline.run("DELETE FROM blob WHERE hash = ANY(\(binds.add(blobs.map(\.key)))) AND uses <= 0", binds)
         }
         if let counters = batch.counters {
-            var binds = Binds()
+            var binds = pipeline.binds()
             pipeline.run("""
                 UPDATE counter SET value = CASE name WHEN 'changeSeq' THEN \(binds.add(counters.changeSeq)) ELSE \(binds.add(counters.searchRow)) END
                 WHERE name IN ('changeSeq', 'searchRow')
@@ -550,20 +560,47 @@ struct NullableArray<Element: PostgresArrayEncodable & PostgresNonThrowingEncoda
     }
 }
 
-/// The statements of one commit, handed to the connection as they are made; `finish`
-/// waits for every answer in order and throws the first failure.
+/// The statements of one commit. Apart, each is handed to the connection as it is made,
+/// and `finish()` waits for every answer in order and throws the first failure.
+/// `together`, they are kept as the WITH clauses of one statement that `finish(main:)`
+/// sends: their parameters are numbered across all of them (take each statement's
+/// `binds()` from here and hand them back with `run`).
 final class Pipeline {
     let connection: PostgresConnection
     let store: PostgresStore
+    let together: Bool
     private var sent: [EventLoopFuture<PostgresQueryResult>] = []
+    private var shared = PostgresStore.Binds()
+    private var clauses: [String] = []
 
-    init(connection: PostgresConnection, store: PostgresStore) {
+    init(connection: PostgresConnection, store: PostgresStore, together: Bool) {
         self.connection = connection
         self.store = store
+        self.together = together
     }
 
-    func run(_ sql: String, _ binds: PostgresStore.Binds = PostgresStore.Binds()) {
-        sent.append(connection.query(PostgresQuery(unsafeSQL: sql, binds: binds.bindings), logger: store.logger))
+    /// Where the next statement's parameters go.
+    func binds() -> PostgresStore.Binds {
+        together ? shared : PostgresStore.Binds()
+    }
+
+    func run(_ sql: String, _ binds: PostgresStore.Binds? = nil) {
+        if together {
+            if let binds { shared = binds }
+            clauses.append(sql)
+        } else {
+            sent.append(connection.query(PostgresQuery(unsafeSQL: sql, binds: binds?.bindings ?? PostgresBindings()), logger: store.logger))
+        }
+    }
+
+    /// Sends the statements kept together as the WITH clauses of `main` (made with the
+    /// same parameters) and waits for its answer.
+    func finish(main: (inout PostgresStore.Binds) -> String) throws {
+        precondition(together)
+        var binds = shared
+        let query = main(&binds)
+        let sql = clauses.isEmpty ? query : "WITH " + clauses.enumerated().map { "w\($0) AS (\($1))" }.joined(separator: ", ") + " " + query
+        _ = try store.wait(for: connection.query(PostgresQuery(unsafeSQL: sql, binds: binds.bindings), logger: store.logger), on: connection)
     }
 
     func finish() throws {
