@@ -26,9 +26,10 @@ import Store
 /// could read the store before that commit lands, then hand out the same ids or write
 /// over it from memory that is behind. So each writer also takes the next *writer epoch*
 /// (a row it increments) once it holds the lock, and every commit checks, under a share
-/// lock on that row, that the epoch is still its own (`chatcore_fence`): the next
-/// writer's increment waits for a commit in flight, and a commit after it fails. A writer
-/// that finds another epoch stops (`StoreFailure.superseded`).
+/// lock on that row held until it ends, that the epoch is still its own
+/// (`chatcore_fence`): the next writer's increment waits for a commit that holds the row,
+/// and a commit that reaches the row after the increment fails whole. A writer that finds
+/// another epoch stops (`StoreFailure.superseded`).
 public final class PostgresStore: @unchecked Sendable {
     public struct OpenError: Error, CustomStringConvertible {
         public let description: String
@@ -431,9 +432,9 @@ public final class PostgresStore: @unchecked Sendable {
     }
 
     /// Takes the next writer epoch (holding the writer lock). The increment waits for a
-    /// commit of the previous writer that is in flight (it holds a share lock on the
-    /// row), so what this process reads next includes it, and every later commit of the
-    /// previous writer fails its fence.
+    /// commit of the previous writer that holds a share lock on the row, so what this
+    /// process reads next includes it, and every commit of the previous writer that
+    /// reaches the row later fails its fence.
     private func takeEpoch(_ connection: PostgresConnection) throws -> Int64 {
         let rows = try run(connection, "UPDATE writer_epoch SET epoch = epoch + 1, since = now() WHERE id = 1 RETURNING epoch")
         guard let taken = try rows.first?.decode(Int64.self) else {
