@@ -447,23 +447,19 @@ public final class Engine: @unchecked Sendable {
         if let failed = failedCommit {
             failedCommit = nil
             fail([batch, failed.commit.batch], with: failed.error)
-            failed.commit.batch.deliver()
-            for body in failed.commit.barriers { body() }
-            batch.deliver()
-            for body in barriers { body() }
+            deliver(failed.commit.batch, then: failed.commit.barriers)
+            deliver(batch, then: barriers)
             return
         }
         guard committingLater && !batch.hasActionsAfterCommit else {
             commit(batch)
-            batch.deliver()
-            for body in barriers { body() }
+            deliver(batch, then: barriers)
             return
         }
         let counters = collect(batch)
         guard !batch.store.isEmpty else {
             batch.committed()
-            batch.deliver()
-            for body in barriers { body() }
+            deliver(batch, then: barriers)
             return
         }
         let commit = Commit(batch: batch, counters: counters, barriers: barriers)
@@ -498,8 +494,14 @@ public final class Engine: @unchecked Sendable {
         }
         ServiceMetrics.committed(in: commit.took)
         wrote(commit.batch, counters: commit.counters)
-        commit.batch.deliver()
-        for body in commit.barriers { body() }
+        deliver(commit.batch, then: commit.barriers)
+    }
+
+    /// Hands the batch's events to its sessions, then runs what waited for them (`drain`'s
+    /// barriers).
+    private func deliver(_ batch: Batch, then barriers: [@Sendable () -> Void]) {
+        batch.deliver()
+        for body in barriers { body() }
     }
 
     /// Decides one work item into the batch, or parks it behind the session's earlier
