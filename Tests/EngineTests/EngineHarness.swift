@@ -66,6 +66,22 @@ final class EngineHarness {
         engine.put(together: requests.map { work($0.0, $0.1) })
     }
 
+    /// Submits `first` as one batch and holds its commit in flight (in `store`); runs
+    /// `whileHeld`, submits `next` as the following batch, and lets the commit go on once
+    /// the engine has decided `next` on top of `first` (it then waits for that commit,
+    /// asking nothing else of the store first).
+    func decideWhileCommitting(_ first: [(String, String)], in store: FailingStore, whileHeld: () -> Void = {},
+                               then next: [(String, String)]) {
+        store.holding.store(true, ordering: .relaxed)
+        submitTogether(first)
+        store.held.wait()
+        store.holding.store(false, ordering: .relaxed)
+        whileHeld()
+        submitTogether(next)
+        Thread.sleep(forTimeInterval: 0.3)
+        store.release.signal()
+    }
+
     private func work(_ name: String, _ json: String) -> Engine.Work {
         let handle = sessions[name]!.handle
         line += 1

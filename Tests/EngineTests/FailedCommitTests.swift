@@ -79,19 +79,13 @@ final class FailedCommitTests: XCTestCase {
     /// although its own commit would have succeeded.
     func testABatchDecidedWhileTheOneBeforeFailedToCommitFailsWithIt() throws {
         let (h, store) = try aliceAndBobInAChat()
-        store.holding.store(true, ordering: .relaxed)
-        h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)
-        store.held.wait()
-        // Only the commit in flight fails: the next one would go through.
-        store.failOnce.store(true, ordering: .relaxed)
-        store.holding.store(false, ordering: .relaxed)
-        h.submitTogether([
-            ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c2"}}"#),
-            ("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"third","cookie":"c3"}}"#),
-        ])
-        // The engine decides both on top of the first, then waits for its commit.
-        Thread.sleep(forTimeInterval: 0.3)
-        store.release.signal()
+        h.decideWhileCommitting([("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)], in: store,
+                                // Only the commit in flight fails: the next one would go through.
+                                whileHeld: { store.failOnce.store(true, ordering: .relaxed) },
+                                then: [
+                                    ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c2"}}"#),
+                                    ("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"third","cookie":"c3"}}"#),
+                                ])
         let alice = h.objects("a")
         let bob = h.objects("b")
         XCTAssertEqual(store.failedCommits.load(ordering: .relaxed), 1)

@@ -66,16 +66,10 @@ final class MessageCacheTests: XCTestCase {
         let h = try EngineHarness(store: store, cacheBytes: 0)
         h.connect("a", as: "alice")
         h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
-        store.holding.store(true, ordering: .relaxed)
-        h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)
-        store.held.wait()
-        store.holding.store(false, ordering: .relaxed)
-        h.submitTogether([
+        h.decideWhileCommitting([("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)], in: store, then: [
             ("a", #"{"requestListElements":{"type":"chatMessage","elements":[{"chatId":"1","messageId":"2"}],"cookie":"read"}}"#),
             ("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"query","criteria":{"chatId":"1","tag":"Text"},"window":{"messageId":1,"before":0,"after":10}}}"#),
         ])
-        Thread.sleep(forTimeInterval: 0.3)
-        store.release.signal()
         let events = h.events("a")
         let read = events.filter { $0.contains(#""cookie":"read""#) }.joined()
         XCTAssertTrue(read.contains(#""content":"first""#), "\(events)")
@@ -93,20 +87,14 @@ final class MessageCacheTests: XCTestCase {
         h.connect("a", as: "alice")
         h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"one"}}"#)
         h.send("a", #"{"chatStart":{"cookie":"t","invitees":[{"userId":"carol"}],"subject":"two"}}"#)
-        store.holding.store(true, ordering: .relaxed)
-        h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)
-        h.submit("a", #"{"chatMessageSend":{"chatId":"2","tag":"Text","content":"other","cookie":"c2"}}"#)
-        store.held.wait()
-        store.holding.store(false, ordering: .relaxed)
-        h.submitTogether([
+        h.decideWhileCommitting([
+            ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#),
+            ("a", #"{"chatMessageSend":{"chatId":"2","tag":"Text","content":"other","cookie":"c2"}}"#),
+        ], in: store, then: [
             ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c3"}}"#),
             ("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"query","criteria":{"chatId":"2","tag":"Text"},"window":{"messageId":1,"before":0,"after":10}}}"#),
             ("a", #"{"requestListElements":{"type":"chatMessage","elements":[{"chatId":"1","messageId":"3"}],"cookie":"read"}}"#),
         ])
-        // The engine decides them, then waits for the commit before them (it asks nothing
-        // else of the store first).
-        Thread.sleep(forTimeInterval: 0.3)
-        store.release.signal()
         let events = h.events("a")
         XCTAssertTrue(events.filter { $0.contains(#""cookie":"query""#) }.joined().contains(#""content":"other""#), "\(events)")
         XCTAssertTrue(events.filter { $0.contains(#""cookie":"read""#) }.joined().contains(#""content":"second""#), "\(events)")
