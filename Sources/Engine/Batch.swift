@@ -203,8 +203,11 @@ final class Batch {
         blobDeltas[blob, default: 0] += delta
     }
 
+    /// An endpoint is written whole or removed, never both: the store may write the two
+    /// at once.
     func changed(_ endpoint: EndpointRecord) {
         dirtyEndpoints[endpoint.id] = endpoint
+        removedEndpoints.remove(endpoint.id)
     }
 
     func removed(_ endpoint: EndpointRecord) {

@@ -260,29 +260,15 @@ extension PostgresStore: ChatStore {
         do {
             try withConnection { connection in
                 // postgres-nio sends a statement only once the one before it is
-                // answered, so each statement of a commit costs a round trip. A batch is
-                // therefore written as one statement: its writes are data-modifying WITH
+                // answered, so each statement of a commit would cost a round trip. A batch
+                // is therefore written as one statement: its writes are data-modifying WITH
                 // clauses of the fence's SELECT, one implicit transaction, durable when
-                // answered. Those clauses cannot see one another's rows, which is right
-                // while each writes rows no other touches; a batch with stored contents
-                // (the blob counts are deleted once they reach zero) or removed endpoints
-                // (an endpoint may be written and removed) is written statement by
-                // statement in BEGIN ... COMMIT. There every statement is handed over at
-                // once and each answer checked: after a failed statement PostgreSQL
-                // answers COMMIT with ROLLBACK, not with an error.
-                if batch.blobUses.isEmpty && batch.removedEndpoints.isEmpty {
-                    let pipeline = Pipeline(connection: connection, store: self, together: true)
-                    write(batch, pipeline)
-                    try pipeline.finish { binds in fence(&binds) }
-                } else {
-                    let pipeline = Pipeline(connection: connection, store: self, together: false)
-                    pipeline.run("BEGIN")
-                    var binds = pipeline.binds()
-                    pipeline.run(fence(&binds), binds)
-                    write(batch, pipeline)
-                    pipeline.run("COMMIT")
-                    try pipeline.finish()
-                }
+                // answered. Those clauses all see the store as it was before the
+                // statement, not one another's rows, so each writes rows no other clause
+                // touches (`write`).
+                let statement = OneStatement(connection: connection, store: self)
+                write(batch, statement)
+                try statement.send { binds in fence(&binds) }
             }
         } catch let failure as StoreFailure {
             throw failure
@@ -308,18 +294,18 @@ extension PostgresStore: ChatStore {
         case bool(Bool)
     }
 
-    /// Inserts `rows` (each with a value per column) in one statement whose text does not
+    /// Inserts `rows` (each with a value per column) in one clause whose text does not
     /// depend on how many rows there are: each column is bound as one array and `unnest`
     /// turns the arrays back into rows, so PostgreSQL parses and plans a short statement
     /// (with one tuple of parameters per row, parsing and planning the statement took a
     /// third of PostgreSQL's time); `conflict` is what follows ON CONFLICT.
-    private func insert(_ pipeline: Pipeline, into table: String, columns: [String], rows: [[Value]], conflict: String? = nil) {
+    private func insert(_ statement: OneStatement, into table: String, columns: [String], rows: [[Value]], conflict: String? = nil) {
         guard let first = rows.first else { return }
-        var binds = pipeline.binds()
+        var binds = statement.binds()
         let arrays = first.indices.map { column in binds.add(column: rows.map { $0[column] }) }
         var sql = "INSERT INTO \(table) (\(columns.joined(separator: ", "))) SELECT * FROM unnest(\(arrays.joined(separator: ", ")))"
         if let conflict { sql += " ON CONFLICT \(conflict)" }
-        pipeline.run(sql, binds)
+        statement.add(sql, binds)
     }
 
     /// `ON CONFLICT (key) DO UPDATE` setting every other column to the new row's.
@@ -333,10 +319,10 @@ extension PostgresStore: ChatStore {
         var values: [(column: String, value: Value)]
     }
 
-    /// Writes the named columns of rows found by their keys: one statement per set of
+    /// Writes the named columns of rows found by their keys: one clause per set of
     /// columns written, the keys and values bound as arrays (like `insert`). A batch
     /// changes each row at most once.
-    private func update(_ pipeline: Pipeline, _ table: String, keyColumns: [String], _ rows: [RowUpdate]) {
+    private func update(_ statement: OneStatement, _ table: String, keyColumns: [String], _ rows: [RowUpdate]) {
         var groups: [[String]: [RowUpdate]] = [:]
         var order: [[String]] = []
         for row in rows where !row.values.isEmpty {
@@ -346,7 +332,7 @@ extension PostgresStore: ChatStore {
         }
         for columns in order {
             let group = groups[columns]!
-            var binds = pipeline.binds()
+            var binds = statement.binds()
             var arrays: [String] = []
             var names: [String] = []
             for position in keyColumns.indices {
@@ -359,7 +345,7 @@ extension PostgresStore: ChatStore {
             }
             let assignments = columns.enumerated().map { "\"\($1)\" = u.v\($0)" }
             let conditions = keyColumns.enumerated().map { "t.\($1) = u.k\($0)" }
-            pipeline.run("UPDATE \(table) AS t SET \(assignments.joined(separator: ", ")) FROM unnest(\(arrays.joined(separator: ", "))) "
+            statement.add("UPDATE \(table) AS t SET \(assignments.joined(separator: ", ")) FROM unnest(\(arrays.joined(separator: ", "))) "
                          + "AS u(\(names.joined(separator: ", "))) WHERE \(conditions.joined(separator: " AND "))", binds)
         }
     }
@@ -373,20 +359,26 @@ extension PostgresStore: ChatStore {
     private static let refCountColumns = Columns.refCount.components(separatedBy: ", ")
     private static let rangeChangeColumns = ["chat", #""lastSeq""#, #""firstSeq""#, #""firstId""#, #""lastId""#]
 
-    private func write(_ batch: StoreBatch, _ pipeline: Pipeline) {
+    /// The batch's writes, as clauses of `statement`. No two of them touch the same row:
+    /// a chat, member or message is new (inserted) or stored (updated), touches leave out
+    /// the messages the batch changed, a new message's references are inserted and only a
+    /// stored one's dropped, reference counts are kept or deleted by key, blob counts are
+    /// deleted or added to by what they were before, and an endpoint is written or removed.
+    private func write(_ batch: StoreBatch, _ statement: OneStatement) {
         typealias S = PostgresStore
-        insert(pipeline, into: #""user""#, columns: S.userColumns, rows: batch.newUsers.map { [.int($0.number), .text($0.userId), .int($0.regId)] })
-        insert(pipeline, into: "endpoint", columns: S.endpointColumns, rows: batch.endpoints.map {
+        insert(statement, into: #""user""#, columns: S.userColumns, rows: batch.newUsers.map { [.int($0.number), .text($0.userId), .int($0.regId)] })
+        insert(statement, into: "endpoint", columns: S.endpointColumns, rows: batch.endpoints.map {
             [.int($0.id), .int($0.user), .text($0.description), .text($0.nickname), .bool($0.isLegacyDelegate), .int($0.ordinal)]
         }, conflict: S.replacing(key: ["id"], columns: S.endpointColumns))
+        // Written and removed endpoints are never the same ones (`StoreBatch`).
         if !batch.removedEndpoints.isEmpty {
-            var binds = pipeline.binds()
-            pipeline.run("DELETE FROM endpoint WHERE id = ANY(\(binds.add(batch.removedEndpoints)))", binds)
+            var binds = statement.binds()
+            statement.add("DELETE FROM endpoint WHERE id = ANY(\(binds.add(batch.removedEndpoints)))", binds)
         }
-        insert(pipeline, into: "chat", columns: S.chatColumns, rows: batch.newChats.map {
+        insert(statement, into: "chat", columns: S.chatColumns, rows: batch.newChats.map {
             [.int($0.number), .text($0.subject), .bool($0.isOneToOne), .text($0.invitePolicy), .bool($0.isDefunct), .text($0.data), .int($0.lastMessage), .int($0.lastActivity)]
         })
-        update(pipeline, "chat", keyColumns: [#""number""#], batch.chatUpdates.map { update in
+        update(statement, "chat", keyColumns: [#""number""#], batch.chatUpdates.map { update in
             let row = update.row
             return RowUpdate(key: [row.number], values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
                 switch column {
@@ -398,9 +390,9 @@ extension PostgresStore: ChatStore {
                 }
             })
         })
-        insert(pipeline, into: "member", columns: S.memberColumns, rows: batch.members.map(S.values),
+        insert(statement, into: "member", columns: S.memberColumns, rows: batch.members.map(S.values),
                    conflict: S.replacing(key: ["chat", #""user""#], columns: S.memberColumns))
-        update(pipeline, "member", keyColumns: ["chat", #""user""#], batch.memberUpdates.map { update in
+        update(statement, "member", keyColumns: ["chat", #""user""#], batch.memberUpdates.map { update in
             let row = update.row
             return RowUpdate(key: [row.chat, row.user], values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
                 switch column {
@@ -417,11 +409,11 @@ extension PostgresStore: ChatStore {
                 }
             })
         })
-        insert(pipeline, into: "message", columns: S.messageColumns, rows: batch.newMessages.map(S.values))
-        insert(pipeline, into: "message_ref", columns: ["chat", "source", "tag", "target"], rows: batch.newMessages.flatMap { message in
+        insert(statement, into: "message", columns: S.messageColumns, rows: batch.newMessages.map(S.values))
+        insert(statement, into: "message_ref", columns: ["chat", "source", "tag", "target"], rows: batch.newMessages.flatMap { message in
             message.refs.map { [.int(message.chat), .int(message.id), .text($0.tag), .int($0.target)] }
         }, conflict: "DO NOTHING")
-        update(pipeline, "message", keyColumns: ["chat", "id"], batch.messageUpdates.map { update in
+        update(statement, "message", keyColumns: ["chat", "id"], batch.messageUpdates.map { update in
             let row = update.row
             return RowUpdate(key: [row.chat, row.id], values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
                 switch column {
@@ -440,48 +432,54 @@ extension PostgresStore: ChatStore {
             })
         })
         if !batch.droppedReferences.isEmpty {
-            var binds = pipeline.binds()
-            pipeline.run("""
+            var binds = statement.binds()
+            statement.add("""
                 DELETE FROM message_ref r USING unnest(\(binds.add(batch.droppedReferences.map(\.chat)))::bigint[], \(binds.add(batch.droppedReferences.map(\.id)))::bigint[])
                 AS d(chat, source) WHERE r.chat = d.chat AND r.source = d.source
                 """, binds)
         }
         if !batch.touches.isEmpty {
-            var binds = pipeline.binds()
-            pipeline.run("""
+            var binds = statement.binds()
+            statement.add("""
                 UPDATE message m SET "changeSeq" = t.seq
                 FROM unnest(\(binds.add(batch.touches.map(\.chat)))::bigint[], \(binds.add(batch.touches.map(\.id)))::bigint[], \(binds.add(batch.touches.map(\.seq)))::bigint[])
                 AS t(chat, id, seq) WHERE m.chat = t.chat AND m.id = t.id
                 """, binds)
         }
-        insert(pipeline, into: "range_change", columns: S.rangeChangeColumns, rows: batch.rangeChanges.map {
+        insert(statement, into: "range_change", columns: S.rangeChangeColumns, rows: batch.rangeChanges.map {
             [.int($0.chat), .int($0.lastSeq), .int($0.firstSeq), .int($0.firstId), .int($0.lastId)]
         }, conflict: S.replacing(key: ["chat", #""lastSeq""#], columns: S.rangeChangeColumns))
         let kept = batch.refCounts.filter { $0.count > 0 }
-        insert(pipeline, into: "ref_count", columns: S.refCountColumns, rows: kept.map {
+        insert(statement, into: "ref_count", columns: S.refCountColumns, rows: kept.map {
             [.int($0.chat), .int($0.target), .text($0.tag), .int($0.count), .int($0.newest)]
         }, conflict: S.replacing(key: ["chat", "target", "tag"], columns: S.refCountColumns))
         let gone = batch.refCounts.filter { $0.count <= 0 }
         if !gone.isEmpty {
-            var binds = pipeline.binds()
-            pipeline.run("""
+            var binds = statement.binds()
+            statement.add("""
                 DELETE FROM ref_count c USING unnest(\(binds.add(gone.map(\.chat)))::bigint[], \(binds.add(gone.map(\.target)))::bigint[], \(binds.add(gone.map(\.tag)))::text[])
                 AS g(chat, target, tag) WHERE c.chat = g.chat AND c.target = g.target AND c.tag = g.tag
                 """, binds)
         }
-        insert(pipeline, into: "message_user", columns: S.messageUserColumns, rows: batch.privateStates.map {
+        insert(statement, into: "message_user", columns: S.messageUserColumns, rows: batch.privateStates.map {
             [.int($0.chat), .int($0.id), .int($0.user), .text($0.localData), .bool($0.isDeleted), .bool($0.thumbDetached), .bool($0.fileDownloaded)]
         }, conflict: S.replacing(key: ["chat", "id", #""user""#], columns: S.messageUserColumns))
         let blobs = batch.blobUses.filter { $0.value != 0 }.sorted { $0.key < $1.key }
         if !blobs.isEmpty {
-            insert(pipeline, into: "blob", columns: ["hash", "uses"], rows: blobs.map { [.text($0.key), .int($0.value)] },
-                       conflict: "(hash) DO UPDATE SET uses = blob.uses + EXCLUDED.uses")
-            var binds = pipeline.binds()
-            pipeline.run("DELETE FROM blob WHERE hash = ANY(\(binds.add(blobs.map(\.key)))) AND uses <= 0", binds)
+            // A count that reaches zero is deleted, the others are added to (or made): two
+            // clauses that decide on the count before the statement, so that they never
+            // touch the same row.
+            var binds = statement.binds()
+            let uses = "unnest(\(binds.add(blobs.map(\.key)))::text[], \(binds.add(blobs.map(\.value)))::bigint[]) AS u(hash, delta)"
+            statement.add("DELETE FROM blob b USING \(uses) WHERE b.hash = u.hash AND b.uses + u.delta <= 0", binds)
+            statement.add("""
+                INSERT INTO blob (hash, uses) SELECT u.hash, u.delta FROM \(uses) LEFT JOIN blob b ON b.hash = u.hash
+                WHERE coalesce(b.uses, 0) + u.delta > 0 ON CONFLICT (hash) DO UPDATE SET uses = blob.uses + EXCLUDED.uses
+                """, binds)
         }
         if let counters = batch.counters {
-            var binds = pipeline.binds()
-            pipeline.run("""
+            var binds = statement.binds()
+            statement.add("""
                 UPDATE counter SET value = CASE name WHEN 'changeSeq' THEN \(binds.add(counters.changeSeq)) ELSE \(binds.add(counters.searchRow)) END
                 WHERE name IN ('changeSeq', 'searchRow')
                 """, binds)
@@ -560,58 +558,36 @@ struct NullableArray<Element: PostgresArrayEncodable & PostgresNonThrowingEncoda
     }
 }
 
-/// The statements of one commit. Apart, each is handed to the connection as it is made,
-/// and `finish()` waits for every answer in order and throws the first failure.
-/// `together`, they are kept as the WITH clauses of one statement that `finish(main:)`
-/// sends: their parameters are numbered across all of them (take each statement's
-/// `binds()` from here and hand them back with `run`).
-final class Pipeline {
+/// The writes of one commit, kept as the WITH clauses of one statement that `send(main:)`
+/// sends: their parameters are numbered across all of them (take each clause's `binds()`
+/// from here and hand them back with `add`).
+final class OneStatement {
     let connection: PostgresConnection
     let store: PostgresStore
-    let together: Bool
-    private var sent: [EventLoopFuture<PostgresQueryResult>] = []
     private var shared = PostgresStore.Binds()
     private var clauses: [String] = []
 
-    init(connection: PostgresConnection, store: PostgresStore, together: Bool) {
+    init(connection: PostgresConnection, store: PostgresStore) {
         self.connection = connection
         self.store = store
-        self.together = together
     }
 
-    /// Where the next statement's parameters go.
+    /// Where the next clause's parameters go.
     func binds() -> PostgresStore.Binds {
-        together ? shared : PostgresStore.Binds()
+        shared
     }
 
-    func run(_ sql: String, _ binds: PostgresStore.Binds? = nil) {
-        if together {
-            if let binds { shared = binds }
-            clauses.append(sql)
-        } else {
-            sent.append(connection.query(PostgresQuery(unsafeSQL: sql, binds: binds?.bindings ?? PostgresBindings()), logger: store.logger))
-        }
+    func add(_ sql: String, _ binds: PostgresStore.Binds? = nil) {
+        if let binds { shared = binds }
+        clauses.append(sql)
     }
 
-    /// Sends the statements kept together as the WITH clauses of `main` (made with the
-    /// same parameters) and waits for its answer.
-    func finish(main: (inout PostgresStore.Binds) -> String) throws {
-        precondition(together)
+    /// Sends the clauses as the WITH clauses of `main` (made with the same parameters) and
+    /// waits for its answer.
+    func send(main: (inout PostgresStore.Binds) -> String) throws {
         var binds = shared
         let query = main(&binds)
         let sql = clauses.isEmpty ? query : "WITH " + clauses.enumerated().map { "w\($0) AS (\($1))" }.joined(separator: ", ") + " " + query
         _ = try store.wait(for: connection.query(PostgresQuery(unsafeSQL: sql, binds: binds.bindings), logger: store.logger), on: connection)
-    }
-
-    func finish() throws {
-        var failure: Error?
-        for answer in sent {
-            do {
-                _ = try store.wait(for: answer, on: connection)
-            } catch {
-                if failure == nil { failure = error }
-            }
-        }
-        if let failure { throw failure }
     }
 }

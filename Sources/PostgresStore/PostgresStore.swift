@@ -447,9 +447,10 @@ public final class PostgresStore: @unchecked Sendable {
         return taken
     }
 
-    /// The statement that opens every commit: it fails (SQLSTATE `CCW01`) unless this
-    /// process's epoch is still the database's, and holds the row so the next writer's
-    /// increment waits for the commit.
+    /// The SELECT of every commit (the commit's writes are its WITH clauses): it fails
+    /// (SQLSTATE `CCW01`), and the commit with it, unless this process's epoch is still
+    /// the database's, and holds the row so the next writer's increment waits for the
+    /// commit.
     func fence(_ binds: inout Binds) -> String {
         "SELECT chatcore_fence(\(binds.add(lock.withLock { epoch })))"
     }

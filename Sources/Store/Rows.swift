@@ -326,7 +326,8 @@ public struct Update<Row: Sendable, Column: Hashable & Sendable>: Sendable {
 /// The writes of one group commit: new rows whole, changed rows by their changed columns.
 public struct StoreBatch: Sendable {
     public var newUsers: [UserRecord] = []
-    /// Endpoints registered or renamed (written whole), and endpoints deregistered.
+    /// Endpoints registered or renamed (written whole), and endpoints deregistered (none
+    /// of them written).
     public var endpoints: [EndpointRow] = []
     public var removedEndpoints: [Int64] = []
     public var newChats: [ChatRow] = []

@@ -62,4 +62,21 @@ final class EndpointTests: XCTestCase {
         XCTAssertEqual(listed.first?["description"] as? String, "", "an endpoint the store did not take is shown as registered")
         XCTAssertEqual(listed.first?["isCurrent"] as? Bool, true)
     }
+
+    /// A batch writes an endpoint whole or removes it, never both: the PostgreSQL store
+    /// writes a batch as one statement, whose clauses must not touch the same row.
+    func testABatchWritesAnEndpointOrRemovesItNeverBoth() {
+        func endpoint(_ id: Int64) -> EndpointRecord {
+            EndpointRecord(id: id, user: 1, description: "d\(id)", nickname: "", isLegacyDelegate: false, ordinal: id)
+        }
+        let batch = Batch(cache: MessageCache(budget: 0), number: 1)
+        batch.changed(endpoint(1))
+        batch.removed(endpoint(1))
+        batch.removed(endpoint(2))
+        batch.changed(endpoint(2))
+        batch.removed(endpoint(3))
+        batch.collectRows(counters: nil)
+        XCTAssertEqual(batch.store.endpoints.map(\.id), [2], "the last word on 2 is a registration")
+        XCTAssertEqual(batch.store.removedEndpoints.sorted(), [1, 3])
+    }
 }
