@@ -6,6 +6,13 @@ import Glibc
 
 /// Reads lines from a file descriptor on a thread of its own, so a test can wait for the
 /// next line with a deadline.
+///
+/// The stream owns its descriptor: the reading thread closes it when reading ends, and
+/// nothing else may. Transcripts run in parallel in one process, so a number closed
+/// under a reading thread is soon another transcript's socket or pipe, and the thread
+/// would read (and lose) that transcript's lines: under ASan about one `make asan` in
+/// three failed with "no line came within 30 s" while the server had written the line.
+/// Give it a `dup` of a descriptor used for anything else.
 final class LineStream: @unchecked Sendable {
     private let condition = NSCondition()
     private var lines: [String] = []
@@ -37,6 +44,7 @@ final class LineStream: @unchecked Sendable {
             condition.broadcast()
             condition.unlock()
         }
+        Glibc.close(descriptor)
         condition.lock()
         if !partial.isEmpty { lines.append(String(decoding: partial, as: UTF8.self)) }
         closed = true
@@ -96,7 +104,7 @@ final class SocketConnection {
             throw FixtureError("connect to 127.0.0.1:\(tcpPort) failed: errno \(errno)")
         }
         descriptor = fd
-        stream = LineStream(descriptor: fd)
+        stream = LineStream(descriptor: dup(fd))
     }
 
     init(unixPath: String) throws {
@@ -117,7 +125,7 @@ final class SocketConnection {
             throw FixtureError("connect to \(unixPath) failed: errno \(errno)")
         }
         descriptor = fd
-        stream = LineStream(descriptor: fd)
+        stream = LineStream(descriptor: dup(fd))
     }
 
     func send(_ bytes: [UInt8]) throws {
@@ -128,7 +136,9 @@ final class SocketConnection {
         shutdown(descriptor, Int32(SHUT_WR))
     }
 
+    /// Closes the connection: the stream reads to its end, then closes its own copy.
     func close() {
+        shutdown(descriptor, Int32(SHUT_RDWR))
         Glibc.close(descriptor)
     }
 }

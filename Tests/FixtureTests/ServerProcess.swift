@@ -30,8 +30,9 @@ final class ServerProcess {
         process.standardOutput = output
         process.standardError = errors
         try process.run()
-        stdout = LineStream(descriptor: output.fileHandleForReading.fileDescriptor)
-        stderr = LineStream(descriptor: errors.fileHandleForReading.fileDescriptor)
+        // Copies: the pipes close their own descriptors when this object goes.
+        stdout = LineStream(descriptor: dup(output.fileHandleForReading.fileDescriptor))
+        stderr = LineStream(descriptor: dup(errors.fileHandleForReading.fileDescriptor))
         var listening = 0
         var seen: [String] = []
         while listening < waitForListeners {
