@@ -226,6 +226,7 @@ public final class Engine: @unchecked Sendable {
         let logger = self.logger
         searchRefill.enter()
         let thread = Thread { [searchRefill] in
+            Thread.current.name = "search-refill"
             var after = indexed
             do {
                 while after < upTo {
@@ -243,7 +244,6 @@ public final class Engine: @unchecked Sendable {
             }
             searchRefill.leave()
         }
-        thread.name = "chatcore-search-refill"
         thread.start()
     }
 
@@ -252,8 +252,10 @@ public final class Engine: @unchecked Sendable {
     }
 
     public func start() {
-        let thread = Thread { [self] in run() }
-        thread.name = "chatcore-engine"
+        let thread = Thread { [self] in
+            Thread.current.name = "engine"
+            run()
+        }
         thread.stackSize = 8 << 20
         self.thread = thread
         thread.start()

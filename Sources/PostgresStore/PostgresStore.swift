@@ -416,6 +416,7 @@ public final class PostgresStore: @unchecked Sendable {
     /// the epoch fences it if it wakes.
     private func startBeating() {
         let thread = Thread { [weak self] in
+            Thread.current.name = "writer-beat"
             while let store = self, !store.lock.withLock({ store.isShutDown }) {
                 if let connection = store.lock.withLock({ store.lockHolder }), !connection.isClosed {
                     do {
@@ -427,7 +428,6 @@ public final class PostgresStore: @unchecked Sendable {
                 Thread.sleep(forTimeInterval: PostgresStore.beatSeconds)
             }
         }
-        thread.name = "chatcore-writer-beat"
         thread.start()
     }
 

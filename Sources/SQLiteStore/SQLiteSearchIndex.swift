@@ -44,8 +44,10 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
     public init(directory: URL) throws {
         let path = directory.appendingPathComponent("search.sqlite").path
         queue = try SQLiteSearchIndex.open(path: path)
-        let thread = Thread { [self] in writeLoop() }
-        thread.name = "chatcore-search-index"
+        let thread = Thread { [self] in
+            Thread.current.name = "search-index"
+            writeLoop()
+        }
         thread.start()
     }
 

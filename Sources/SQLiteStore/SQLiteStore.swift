@@ -177,6 +177,7 @@ public final class SQLiteStore: @unchecked Sendable {
     public func checkInBackground(report: @escaping @Sendable (String?) -> Void) {
         let pool = self.pool
         let thread = Thread {
+            Thread.current.name = "store-check"
             setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, 19)
             do {
                 let check = try pool.read { db in try String.fetchAll(db, sql: "PRAGMA quick_check") }
@@ -185,7 +186,6 @@ public final class SQLiteStore: @unchecked Sendable {
                 report("\(error)")
             }
         }
-        thread.name = "chatcore-store-check"
         thread.start()
     }
 

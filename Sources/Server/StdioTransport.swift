@@ -119,8 +119,10 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
     init(descriptor: Int32, logger: Logger) {
         self.descriptor = descriptor
         self.logger = logger
-        let thread = Thread { [self] in writeLoop() }
-        thread.name = "chatcore-stdout"
+        let thread = Thread { [self] in
+            Thread.current.name = "stdout"
+            writeLoop()
+        }
         thread.start()
     }
 

@@ -305,10 +305,10 @@ struct Serve: AsyncParsableCommand {
         if let stdio {
             await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
                 let thread = Thread {
+                    Thread.current.name = "stdin"
                     stdio.run()
                     done.resume()
                 }
-                thread.name = "chatcore-stdin"
                 thread.start()
             }
             if server == nil {
@@ -361,13 +361,13 @@ struct Serve: AsyncParsableCommand {
         logger.info("another node is the writer of the store: relaying connections to it until it stops", metadata: ["store": "\(location)"])
         let lock = try await withCheckedThrowingContinuation { (taken: CheckedContinuation<PostgresStore.WriterLock, Error>) in
             let thread = Thread {
+                Thread.current.name = "writer-lock"
                 do {
                     taken.resume(returning: try PostgresStore.WriterLock.wait(location: location, logger: logger, takeoverAfter: writerTimeout))
                 } catch {
                     taken.resume(throwing: error)
                 }
             }
-            thread.name = "chatcore-writer-lock"
             thread.start()
         }
         // A signal from now on waits for the writer's stop (it is kept until that is set).
