@@ -253,6 +253,8 @@ public final class Engine: @unchecked Sendable {
 
     public func start() {
         let thread = Thread { [self] in
+            // Every thread names itself: Foundation on Linux does not apply a name set
+            // before `start()`, and the kernel keeps 15 characters.
             Thread.current.name = "engine"
             run()
         }
