@@ -577,8 +577,8 @@ final class OneStatement {
         shared
     }
 
-    func add(_ sql: String, _ binds: PostgresStore.Binds? = nil) {
-        if let binds { shared = binds }
+    func add(_ sql: String, _ binds: PostgresStore.Binds) {
+        shared = binds
         clauses.append(sql)
     }
 
