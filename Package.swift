@@ -85,7 +85,7 @@ let package = Package(
         .target(
             name: "Server",
             dependencies: [
-                "Session", "Wire", "ServiceMetrics",
+                "Session", "Protocol", "Wire", "ServiceMetrics",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

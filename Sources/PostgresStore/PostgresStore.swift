@@ -694,15 +694,23 @@ public final class PostgresStore: @unchecked Sendable {
             // The writer's heartbeat (a row of its own: beats must not wait for commits).
             "CREATE TABLE writer_beat (id int PRIMARY KEY CHECK (id = 1), node text NOT NULL, epoch bigint NOT NULL, beat timestamptz NOT NULL)",
         ]),
+        ("v4-node-credential", [
+            // What a node relaying its standard input/output session to the writer shows
+            // it (made by each writer when it advertises; see `advertise`).
+            "ALTER TABLE writer_node ADD COLUMN credential text NOT NULL DEFAULT ''",
+        ]),
     ]
 
-    /// Says where this node (the writer) accepts connections, for the other nodes.
-    public func advertise(_ address: String) throws {
+    /// Says where this node (the writer) accepts connections, for the other nodes, and
+    /// the credential with which a node relaying a trusted standard input/output session
+    /// starts it there (a new one for each writer: anyone who can read the database can
+    /// read it, and could read every message anyway).
+    public func advertise(_ address: String, credential: String) throws {
         try withConnection { connection in
             var binds = Binds()
             try run(connection, """
-                INSERT INTO writer_node (id, address, since) VALUES (1, \(binds.add(address)), now())
-                ON CONFLICT (id) DO UPDATE SET address = EXCLUDED.address, since = EXCLUDED.since
+                INSERT INTO writer_node (id, address, credential, since) VALUES (1, \(binds.add(address)), \(binds.add(credential)), now())
+                ON CONFLICT (id) DO UPDATE SET address = EXCLUDED.address, credential = EXCLUDED.credential, since = EXCLUDED.since
                 """, binds)
         }
     }
@@ -784,9 +792,21 @@ public final class PostgresStore: @unchecked Sendable {
         public static func writerAddress(location: Location, logger: Logger) -> String? {
             guard let connection = try? PostgresStore.connect(location, id: 1_000_001, patience: .seconds(5), logger: logger) else { return nil }
             defer { try? connection.close().wait() }
-            // The table exists once a writer migrated the database.
+            // The table exists once a writer migrated the database (the credential's
+            // column only once one of this release did: not asked for here).
             guard let rows = try? connection.query("SELECT address FROM writer_node WHERE id = 1", logger: logger).wait() else { return nil }
             return try? rows.first?.decode(String.self)
+        }
+
+        /// Where the writer accepts connections now and its credential for relayed
+        /// standard input/output sessions, as it advertised (nil: none yet, or the
+        /// database cannot be read).
+        public static func writer(location: Location, logger: Logger) -> (address: String, credential: String)? {
+            guard let connection = try? PostgresStore.connect(location, id: 1_000_001, patience: .seconds(5), logger: logger) else { return nil }
+            defer { try? connection.close().wait() }
+            // The table exists once a writer migrated the database.
+            guard let rows = try? connection.query("SELECT address, credential FROM writer_node WHERE id = 1", logger: logger).wait() else { return nil }
+            return try? rows.first?.decode((String, String).self)
         }
     }
 

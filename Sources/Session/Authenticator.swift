@@ -108,6 +108,28 @@ public final class Authenticator: Sendable {
         return bytes
     }
 
+    /// The credential of the nodes of this deployment, when this node is the writer of a
+    /// shared store (nil otherwise): a node relaying its standard input/output session to
+    /// this one sends it as its first line's token, for the user that session was started
+    /// as (`Session`). Under `lock`.
+    nonisolated(unsafe) private var nodeCredential: [UInt8]?
+
+    /// From now on, a session's first line may be an `authToken` carrying `credential`
+    /// (see `nodeCredential`).
+    public func acceptNodeCredential(_ credential: String) {
+        lock.withLock { nodeCredential = Array(credential.utf8) }
+    }
+
+    /// True when `token` is the nodes' credential (compared in constant time).
+    public func isNodeCredential(_ token: String) -> Bool {
+        guard let credential = lock.withLock({ nodeCredential }) else { return false }
+        let given = Array(token.utf8)
+        guard given.count == credential.count else { return false }
+        var difference: UInt8 = 0
+        for (a, b) in zip(given, credential) { difference |= a ^ b }
+        return difference == 0
+    }
+
     /// What can be decided without checking a signature.
     public func check() -> Check {
         switch mode {

@@ -51,6 +51,9 @@ public final class Session: EventSink, @unchecked Sendable {
     private var pending = JSONWriter(capacity: 4096)
     /// Reused for every line (transport thread only).
     private let decoder = LineDecoder()
+    /// Lines of the transport that are not the client's: 1 once a relaying node's
+    /// credential came first (transport thread only).
+    private var lineOffset = 0
 
     public init(engine: Engine, authenticator: Authenticator, transport: Transport, output: SessionOutput, limits: Limits = Limits(), trustedUser: String? = nil) {
         self.engine = engine
@@ -79,18 +82,27 @@ public final class Session: EventSink, @unchecked Sendable {
         case .tooLarge(let number):
             ServiceMetrics.received(nil)
             respond(ProtocolError(.tooLarge, "the line is longer than the limit of \(limits.maxLineBytes) bytes (--max-line-bytes)")
-                .requestFailed(request: nil, cookie: nil, line: number))
+                .requestFailed(request: nil, cookie: nil, line: number - lineOffset))
         }
     }
 
-    public func receive(line: UnsafeRawBufferPointer, number: Int) {
+    public func receive(line: UnsafeRawBufferPointer, number framed: Int) {
         // Shutting down: lines read from now on are not accepted (and not answered).
         guard !engine.isShuttingDown else { return }
+        let number = framed - lineOffset
         let decoded = decoder.decode(line, as: Request.self)
         ServiceMetrics.received(decoded.request)
         switch decoded.result {
         case .failure(let failure):
             respond(RealProtocol.failure(failure, request: decoded.request, line: line).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number))
+        case .success(.authToken(let request)) where number == 1 && transport != .stdio && authenticator.isNodeCredential(request.authToken):
+            // Another node of a shared store relays its standard input/output session
+            // here, started as `userId`: from now on this is that session, as if it were
+            // this node's own (no `global` answer to this line, and the client's lines
+            // are numbered from the next one).
+            lineOffset = 1
+            inFlight.add(1, ordering: .relaxed)
+            engine.authenticate(userId: request.userId, cookie: nil, line: 0, announce: false, session: handle)
         case .success(.authToken(let request)):
             handOver()
             inFlight.add(1, ordering: .relaxed)

@@ -46,7 +46,7 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Keep everything in this PostgreSQL database instead of SQLite in --data-dir: postgres://USER@HOST[:PORT]/DATABASE[?sslmode=MODE&sslrootcert=CA_FILE] (libpq's modes; default prefer), or postgres://USER@/DATABASE?host=SOCKET_DIR. No password here: --store-password-file or PGPASSWORD.", valueName: "url"))
     var store: String?
 
-    @Option(name: .long, help: ArgumentHelp("With --store postgres: the address other nodes relay their connections to while this node is the writer (HOST:PORT or unix:PATH). Default: the first --listen as bound (127.0.0.1 for 0.0.0.0).", valueName: "address"))
+    @Option(name: .long, help: ArgumentHelp("With --store postgres: the address other nodes relay their connections to while this node is the writer (HOST:PORT or unix:PATH). Default: the first --listen as bound (127.0.0.1 for 0.0.0.0). Without --listen the node listens on 127.0.0.1 on a free port for the sessions of other nodes on this machine, and advertises that.", valueName: "address"))
     var advertise: String?
 
     @Option(name: .long, help: ArgumentHelp("A file holding the PostgreSQL password of --store (trailing whitespace removed).", valueName: "file"))
@@ -177,9 +177,13 @@ struct Serve: AsyncParsableCommand {
             do {
                 store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger)
             } catch let held as PostgresStore.WriterLockHeld {
-                // Another node is the writer: relay to it until it goes, then be it.
-                guard !listen.isEmpty, user == nil else {
-                    logger.critical("\(held); a node that is not the writer relays socket connections to it: give --listen (standard input cannot be relayed)")
+                // Another node is the writer. Without --listen this node's one session is
+                // standard input/output: relayed to the writer, and this process ends
+                // with it. With --listen: relay every connection to the writer until it
+                // goes, then be it.
+                if listen.isEmpty { throw ExitCode(relayStandardIO(held.location, logger: logger)) }
+                guard user == nil else {
+                    logger.critical("\(held); a node that is not the writer relays either its standard input/output (without --listen) or its socket connections (with --listen, without --user), not both")
                     throw ExitCode(1)
                 }
                 let lock = try await follow(held.location, logger: logger)
@@ -252,23 +256,32 @@ struct Serve: AsyncParsableCommand {
                 throw ExitCode(1)
             }
         }
-        if !listen.isEmpty {
-            let loops = group ?? MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
+        // Other nodes of a shared store relay their sessions to the writer: one that has
+        // nothing to listen on listens on loopback for them (nodes on this machine), and
+        // ends, as a node of standard input/output does, at the end of its input.
+        var listening = listen
+        if case .postgres = store, listen.isEmpty { listening = ["127.0.0.1:0"] }
+        let relayedOnly = listen.isEmpty && !listening.isEmpty
+        if !listening.isEmpty {
+            let loops = group ?? MultiThreadedEventLoopGroup(numberOfThreads: listen.isEmpty ? 1 : System.coreCount)
             group = loops
             let sockets = SocketServer(group: loops, engine: engine, authenticator: authenticator,
                                       limits: .init(session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
                                                     maxSessions: maxSessions, idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil),
                                       logger: logger)
             server = sockets
-            for text in listen {
+            for text in listening {
                 let address = ListenAddress(text)!
                 do {
                     let channel = try await sockets.bind(address)
                     let bound = channel.localAddress.map { "\($0)" } ?? text
-                    logger.info("listening", metadata: ["address": "\(address)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
-                    if case .postgres(let database) = store, text == listen[0] {
-                        let advertised = advertise ?? Serve.reachable(address, port: channel.localAddress?.port)
-                        try database.advertise(advertised)
+                    logger.info(relayedOnly ? "listening for sessions relayed by other nodes" : "listening",
+                                metadata: ["address": "\(address)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
+                    if case .postgres(let database) = store, text == listening[0] {
+                        let advertised = (relayedOnly ? nil : advertise) ?? Serve.reachable(address, port: channel.localAddress?.port)
+                        let credential = Serve.nodeCredential()
+                        authenticator.acceptNodeCredential(credential)
+                        try database.advertise(advertised, credential: credential)
                         logger.info("this node is the writer: other nodes relay their connections to it", metadata: ["advertised": "\(advertised)"])
                     }
                 } catch {
@@ -311,6 +324,12 @@ struct Serve: AsyncParsableCommand {
                 }
                 thread.start()
             }
+            if relayedOnly {
+                // Sessions relayed here go to the node that takes over.
+                logger.info("end of standard input: stopping (sessions relayed here end, and another node takes over)")
+                shutdown.run(exitCode: engine.storeFailure == nil ? 0 : 1)
+                while true { try await Task.sleep(for: .seconds(3600)) }
+            }
             if server == nil {
                 if let failure = engine.storeFailure {
                     logger.critical("stopped: \(failure)")
@@ -324,6 +343,59 @@ struct Serve: AsyncParsableCommand {
         }
         // Serve sockets until a signal ends the process.
         while true { try await Task.sleep(for: .seconds(3600)) }
+    }
+
+    /// A new writer's credential for the sessions other nodes relay to it started
+    /// trusted: 32 random bytes, in hex.
+    static func nodeCredential() -> String {
+        var generator = SystemRandomNumberGenerator()
+        return (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
+    }
+
+    /// This node's standard input/output session, relayed to the writer of the shared
+    /// store (which may still be starting: its address is awaited up to 30 s). Returns the
+    /// exit code: 0 once the input ended and the writer answered all of it, 1 when the
+    /// writer went first (the session is over: its client starts chatcore again, which
+    /// then serves by itself or relays to the next writer).
+    private func relayStandardIO(_ location: PostgresStore.Location, logger: Logger) -> Int32 {
+        let deadline = ContinuousClock.now + .seconds(30)
+        var relay: StdioRelay?
+        var problem = "no writer has said where it accepts connections"
+        while relay == nil {
+            if let writer = PostgresStore.WriterLock.writer(location: location, logger: logger) {
+                if let address = ListenAddress(writer.address) {
+                    let first = user.map { StdioRelay.trustedStart(user: $0, credential: writer.credential) } ?? []
+                    do {
+                        relay = try StdioRelay(to: address, first: first, logger: logger)
+                        logger.info("another node is the writer of the store: relaying standard input/output to it", metadata: ["writer": "\(address)"])
+                    } catch {
+                        problem = "\(error)"
+                    }
+                } else {
+                    problem = "the writer advertised an address that is not one: \(writer.address)"
+                }
+            }
+            if relay == nil {
+                guard ContinuousClock.now < deadline else {
+                    logger.critical("another node is the writer of the store, and it cannot be reached: \(problem)", metadata: ["store": "\(location)"])
+                    return 1
+                }
+                Thread.sleep(forTimeInterval: 0.2)
+            }
+        }
+        guard let relay else { return 1 }
+        Serve.signalSources.onTermination { number in
+            logger.info("stopping: the writer answers what it was sent", metadata: ["signal": "\(number)"])
+            relay.endInput()
+            DispatchQueue.global().asyncAfter(deadline: .now() + Shutdown.flushSeconds) { _exit(0) }
+        }
+        switch relay.run() {
+        case .answered, .outputClosed:
+            return 0
+        case .writerGone:
+            logger.critical("the writer node closed the relayed session (it stopped or died): start chatcore again to serve it or relay to the next writer")
+            return 1
+        }
     }
 
     /// Where other nodes reach a bound address: its real port, and loopback for a

@@ -6,7 +6,7 @@ export type CookieOptional<T> = T extends { cookie: string } ? Omit<T, "cookie">
 
 export type AttachmentPolicy = "Copy" | "Move" | "Delete";
 
-/** Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId). */
+/** Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId). On a node of a shared PostgreSQL store, the first line of a connection may instead carry the nodes' credential (written by the writer node into the database): that is how a node relays a standard input/output session started as userId (--user) to the writer, which then serves it as its own trusted session (no answer to this line, and the client's lines are numbered from the next). */
 export interface AuthToken {
   /** The application's id of a user. */
   userId: string;
@@ -1284,7 +1284,7 @@ export interface Window {
   reverse?: boolean;
 }
 
-/** Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId). */
+/** Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId). On a node of a shared PostgreSQL store, the first line of a connection may instead carry the nodes' credential (written by the writer node into the database): that is how a node relays a standard input/output session started as userId (--user) to the writer, which then serves it as its own trusted session (no answer to this line, and the client's lines are numbered from the next). */
 export function authToken(fields: CookieOptional<AuthToken>): { authToken: AuthToken };
 
 /** Looks up users by userId or regId; unknown ones are left out. */

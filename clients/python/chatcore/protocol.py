@@ -17,7 +17,7 @@ AuthToken = TypedDict("AuthToken", {
     "authToken": "str",
     "cookie": "NotRequired[str]",
 })
-"""Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId)."""
+"""Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId). On a node of a shared PostgreSQL store, the first line of a connection may instead carry the nodes' credential (written by the writer node into the database): that is how a node relays a standard input/output session started as userId (--user) to the writer, which then serves it as its own trusted session (no answer to this line, and the client's lines are numbered from the next)."""
 
 Chat = TypedDict("Chat", {
     "chatId": "str",
@@ -928,7 +928,7 @@ Window = TypedDict("Window", {
 # Request builders: each returns the line's object, {name: {fields}}; None leaves a field out.
 
 def auth_token(*, userId: str, authToken: str, cookie: str | None = None) -> dict[str, Any]:
-    """Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId)."""
+    """Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId). On a node of a shared PostgreSQL store, the first line of a connection may instead carry the nodes' credential (written by the writer node into the database): that is how a node relays a standard input/output session started as userId (--user) to the writer, which then serves it as its own trusted session (no answer to this line, and the client's lines are numbered from the next)."""
     return _message("authToken", {"userId": userId, "authToken": authToken, "cookie": cookie})
 
 

@@ -3,7 +3,7 @@
 
 import Wire
 
-/// Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId).
+/// Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId). On a node of a shared PostgreSQL store, the first line of a connection may instead carry the nodes' credential (written by the writer node into the database): that is how a node relays a standard input/output session started as userId (--user) to the writer, which then serves it as its own trusted session (no answer to this line, and the client's lines are numbered from the next).
 public struct AuthToken: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The member name of this message on the wire.
     public static let name = "authToken"
