@@ -5,6 +5,7 @@ One node at a time holds the database's writer lock and runs the engine; the oth
 the connections they accept to it, byte for byte, and take over when it goes (SIGKILL
 included: PostgreSQL releases a dead session's lock)."""
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -21,12 +22,14 @@ pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is no
 
 
 class Node:
-    def __init__(self, url, scratch, name, *arguments):
+    def __init__(self, url, scratch, name, *arguments, stdio=False):
+        """`stdio`: its standard input and output are pipes (a session with --user)."""
         self.socket = os.path.join(scratch, name + ".sock")
         self.log = open(os.path.join(scratch, name + ".log"), "w+")
+        pipe = subprocess.PIPE if stdio else subprocess.DEVNULL
         self.process = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, name), "--listen", "unix:" + self.socket,
                                          "--insecure-no-auth", "--store", url, *arguments],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
+                                        stdin=pipe, stdout=pipe, stderr=self.log)
         deadline = time.time() + 60
         while not os.path.exists(self.socket):
             assert self.process.poll() is None, self.logged()
@@ -64,9 +67,48 @@ VARYING = re.compile(r'"(timestamp|lastActivity|regId|localRegId|endpointId)":("
 VARYING_GLOBALS = re.compile(r'"name":"(localRegId|endpointId)","value":"[^"]*"')
 
 
+class StdioClient(Client):
+    """The standard input/output session of a `chatcore serve` process (its arguments),
+    with `Client`'s interface; `close` ends its input."""
+
+    def __init__(self, url, scratch, name, *arguments):
+        self.log = open(os.path.join(scratch, name + ".log"), "w+")
+        self.process = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, name), "--insecure-no-auth",
+                                         "--store", url, *arguments],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+        self.sock = _Pipes(self.process)
+        self.events = queue.Queue()
+        self.all = []
+        self.closed = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def logged(self):
+        self.log.seek(0)
+        return self.log.read()
+
+
+class _Pipes:
+    """A process's standard input and output as the socket `Client` reads and writes."""
+
+    def __init__(self, process):
+        self.process = process
+
+    def recv(self, size):
+        return os.read(self.process.stdout.fileno(), size)
+
+    def sendall(self, data):
+        self.process.stdin.write(data)
+        self.process.stdin.flush()
+
+    def close(self):
+        self.process.stdin.close()
+
+
 def conversation(alice_socket, bob_socket):
-    """A scripted conversation; returns what each user's session received, in order."""
-    alice, bob = Client(alice_socket), Client(bob_socket)
+    """A scripted conversation; returns what each user's session received, in order.
+    Either side may be a socket's path or a client."""
+    alice = alice_socket if isinstance(alice_socket, Client) else Client(alice_socket)
+    bob = bob_socket if isinstance(bob_socket, Client) else Client(bob_socket)
     auth(alice, "alice")
     auth(bob, "bob")
     step = [0]
@@ -190,6 +232,100 @@ def test_users_on_two_nodes_see_what_they_would_see_on_one(cluster, scratch):
     assert relay.stop() == 0
     assert writer.stop() == 0
     assert len(on_one["bob"]) > 20, "the conversation reached bob"
+
+
+def test_a_standard_input_output_session_relayed_to_the_writer_sees_what_it_would_see_there(cluster, scratch):
+    # Bob's session is the standard input/output of a node started as bob (--user), the
+    # way an application spawns chatcore: on the writer itself, then on a node that is
+    # not the writer (no --listen), which relays it.
+    cluster.create_database("stdio1")
+    url = cluster.database_url("stdio1")
+    single = Node(url, scratch, "stdio1-single", "--user", "bob", stdio=True)
+    # Bob's session is set up first either way (the trusted user is the store's first).
+    bob = _stdio_of(single)
+    bob.request({"identitiesGet": {"cookie": "up", "appUserIds": ["bob"]}})
+    on_one = conversation(single.socket, bob)
+    assert single.stop() == 0
+
+    cluster.create_database("stdio2")
+    url = cluster.database_url("stdio2")
+    writer = Node(url, scratch, "stdio2-writer")
+    writer.wait_until_logged("this node is the writer")
+    bob = StdioClient(url, scratch, "stdio2-bob", "--user", "bob")
+    bob.request({"identitiesGet": {"cookie": "up", "appUserIds": ["bob"]}})
+    on_two = conversation(writer.socket, bob)
+    assert on_two["alice"] == on_one["alice"]
+    assert on_two["bob"] == on_one["bob"]
+    assert "relaying standard input/output to it" in bob.logged()
+    # Its input ended: the writer answered all of it, and the relaying process ends.
+    assert bob.process.wait(timeout=30) == 0
+    assert writer.stop() == 0
+    assert len(on_one["bob"]) > 20, "the conversation reached bob"
+
+
+def _stdio_of(node):
+    """The standard input/output session of a `Node` started with --user (a client)."""
+    client = Client.__new__(StdioClient)
+    client.process = node.process
+    client.sock = _Pipes(node.process)
+    client.events = queue.Queue()
+    client.all = []
+    client.closed = threading.Event()
+    threading.Thread(target=client._read, daemon=True).start()
+    return client
+
+
+def test_nodes_of_standard_input_output_only_serve_one_domain(cluster, scratch):
+    # Two applications each spawn chatcore on the same database, as alice and as bob:
+    # the first is the writer (it listens on loopback for the sessions of other nodes),
+    # the second relays its session to it.
+    cluster.create_database("spawned")
+    url = cluster.database_url("spawned")
+    alice = StdioClient(url, scratch, "spawned-alice", "--user", "alice")
+    alice.request({"identitiesGet": {"cookie": "up", "appUserIds": ["alice"]}})
+    assert "listening for sessions relayed by other nodes" in alice.logged()
+    bob = StdioClient(url, scratch, "spawned-bob", "--user", "bob")
+    bob.request({"identitiesGet": {"cookie": "up", "appUserIds": ["bob"]}})
+    chat = chat_with_bob(alice, "spawned")
+    sent = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "hello", "cookie": "m"}})
+    message_id = next(body(e)["elements"][0]["messageId"] for e in sent if "listAdd" in e and body(e).get("cookie") == "m")
+    deadline = time.time() + 30
+    while not any("listAdd" in e and body(e)["type"] == "chatMessage" and body(e)["elements"][0].get("content") == "hello" for e in bob.all):
+        assert time.time() < deadline, bob.all
+        time.sleep(0.05)
+    # The relayed session's lines are numbered as the client sent them (the relaying
+    # node's own first line is not counted).
+    bob.send({"chatMessageSend": {"chatId": chat}})
+    failed = bob.events
+    while True:
+        event = failed.get(timeout=30)
+        if "requestFailed" in event:
+            break
+    assert body(event)["line"] == 2, event
+    reply = bob.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "hi", "cookie": "r"}})
+    assert any("listAdd" in e and body(e).get("cookie") == "r" and int(body(e)["elements"][0]["messageId"]) == int(message_id) + 1 for e in reply)
+    # A relaying node stopped by SIGTERM ends its session as the end of its input would.
+    carol = StdioClient(url, scratch, "spawned-carol", "--user", "carol")
+    carol.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "not hers", "cookie": "x"}},
+               {"identitiesGet": {"cookie": "up", "appUserIds": ["carol"]}})
+    carol.answer("up")
+    carol.process.send_signal(signal.SIGTERM)
+    assert carol.process.wait(timeout=30) == 0
+    assert carol.closed.wait(timeout=30)
+    # The writer's input ends: it stops, and the session relayed to it is over (its
+    # client starts chatcore again, which then serves by itself).
+    alice.close()
+    assert alice.process.wait(timeout=30) == 0
+    assert bob.process.wait(timeout=30) == 1
+    assert "the writer node closed the relayed session" in bob.logged()
+    again = StdioClient(url, scratch, "spawned-bob-again", "--user", "bob")
+    listed = again.request({"requestListMatching": {"type": "chatMessage", "cookie": "l", "criteria": {"chatId": chat},
+                                                    "window": {"messageId": 1, "before": 0, "after": 10}}})
+    contents = [element.get("content") for event in listed if "listChunk" in event for element in body(event)["elements"]]
+    assert "hello" in contents and "hi" in contents
+    assert "this node is the writer" in again.logged()
+    again.close()
+    assert again.process.wait(timeout=30) == 0
 
 
 def test_concurrent_sends_through_both_nodes_take_ids_one_to_n(cluster, scratch):

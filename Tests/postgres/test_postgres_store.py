@@ -59,18 +59,25 @@ def test_one_process_writes_a_database_and_one_that_cannot_relay_says_why(cluste
     cluster.create_database("one")
     first, first_socket = start(cluster, "one", scratch)
     assert first_socket is not None
-    # Standard input cannot be relayed to the writer (tests/postgres/test_nodes.py has
-    # nodes that relay their sockets).
+    # A node relays either its standard input/output (without --listen: see
+    # Tests/postgres/test_nodes.py) or its socket connections, not both.
     second = subprocess.run([real_binary(), "serve", "--data-dir", os.path.join(scratch, "second"), "--user", "bob",
-                             "--store", cluster.database_url("one")], input=b"", capture_output=True, timeout=60)
+                             "--listen", "unix:" + os.path.join(scratch, "second.sock"), "--insecure-no-auth", "--store", cluster.database_url("one")],
+                            input=b"", capture_output=True, timeout=60)
     assert second.returncode == 1
     assert b"another chatcore process is serving the database" in second.stderr
-    assert b"give --listen" in second.stderr
+    assert b"not both" in second.stderr
+    # Without --listen its session is relayed: an input that is over at once is answered
+    # (nothing) and the process ends.
+    third = subprocess.run([real_binary(), "serve", "--data-dir", os.path.join(scratch, "third"), "--user", "bob",
+                            "--store", cluster.database_url("one")], input=b"", capture_output=True, timeout=60)
+    assert third.returncode == 0, third.stderr
+    assert b"relaying standard input/output to it" in third.stderr
     assert stop(first) == 0
     # Once the first is gone, the database can be served again, with what it had.
-    third, third_socket = start(cluster, "one", scratch)
-    assert third_socket is not None
-    assert stop(third) == 0
+    fourth, fourth_socket = start(cluster, "one", scratch)
+    assert fourth_socket is not None
+    assert stop(fourth) == 0
 
 
 def test_postgresql_restarted_under_load_loses_and_duplicates_nothing(cluster, scratch):
@@ -185,6 +192,6 @@ def test_a_store_of_the_previous_release_is_migrated_and_each_writer_takes_the_n
         assert stop(process) == 0
         assert cluster.psql("SELECT epoch FROM writer_epoch", database="epoch").strip() == expected
     assert cluster.psql("SELECT name FROM chatcore_migration ORDER BY name", database="epoch").split() == [
-        "v1-chatcore", "v2-writer-address", "v3-writer-epoch"]
+        "v1-chatcore", "v2-writer-address", "v3-writer-epoch", "v4-node-credential"]
     contents = cluster.psql(f"SELECT content FROM message WHERE chat = {int(chat)} AND tag = 'Text' ORDER BY id", database="epoch").split("\n")
     assert [c for c in contents if c] == ["one", "again", "again"]
