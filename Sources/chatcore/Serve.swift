@@ -326,6 +326,7 @@ struct Serve: AsyncParsableCommand {
             }
             if relayedOnly {
                 // Sessions relayed here go to the node that takes over.
+                if let failure = engine.storeFailure { logger.critical("stopped: \(failure)") }
                 logger.info("end of standard input: stopping (sessions relayed here end, and another node takes over)")
                 shutdown.run(exitCode: engine.storeFailure == nil ? 0 : 1)
                 while true { try await Task.sleep(for: .seconds(3600)) }
