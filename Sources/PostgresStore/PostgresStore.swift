@@ -790,23 +790,26 @@ public final class PostgresStore: @unchecked Sendable {
         /// Where the writer accepts connections now, as it advertised (nil: none yet, or
         /// the database cannot be read).
         public static func writerAddress(location: Location, logger: Logger) -> String? {
-            guard let connection = try? PostgresStore.connect(location, id: 1_000_001, patience: .seconds(5), logger: logger) else { return nil }
-            defer { try? connection.close().wait() }
-            // The table exists once a writer migrated the database (the credential's
-            // column only once one of this release did: not asked for here).
-            guard let rows = try? connection.query("SELECT address FROM writer_node WHERE id = 1", logger: logger).wait() else { return nil }
-            return try? rows.first?.decode(String.self)
+            // The credential's column exists only once a writer of this release migrated
+            // the database: not asked for here.
+            try? advertised("address", location: location, logger: logger)?.decode(String.self)
         }
 
         /// Where the writer accepts connections now and its credential for relayed
         /// standard input/output sessions, as it advertised (nil: none yet, or the
         /// database cannot be read).
         public static func writer(location: Location, logger: Logger) -> (address: String, credential: String)? {
+            try? advertised("address, credential", location: location, logger: logger)?.decode((String, String).self)
+        }
+
+        /// The `columns` of what the writer advertised (`advertise`), read on a connection
+        /// of its own.
+        private static func advertised(_ columns: String, location: Location, logger: Logger) -> PostgresRow? {
             guard let connection = try? PostgresStore.connect(location, id: 1_000_001, patience: .seconds(5), logger: logger) else { return nil }
             defer { try? connection.close().wait() }
             // The table exists once a writer migrated the database.
-            guard let rows = try? connection.query("SELECT address, credential FROM writer_node WHERE id = 1", logger: logger).wait() else { return nil }
-            return try? rows.first?.decode((String, String).self)
+            let query = PostgresQuery(unsafeSQL: "SELECT \(columns) FROM writer_node WHERE id = 1")
+            return (try? connection.query(query, logger: logger).wait())?.first
         }
     }
 

@@ -62,10 +62,14 @@ public final class Session: EventSink, @unchecked Sendable {
         self.output = output
         self.limits = limits
         self.handle = engine.openSession(transport: transport, sink: self)
-        if let trustedUser {
-            inFlight.add(1, ordering: .relaxed)
-            engine.authenticate(userId: trustedUser, cookie: nil, line: 0, announce: false, session: handle)
-        }
+        if let trustedUser { start(trustedAs: trustedUser) }
+    }
+
+    /// The session is `userId`'s without a token: its parent started it so, or the node
+    /// that relays it here did (no `global` answer).
+    private func start(trustedAs userId: String) {
+        inFlight.add(1, ordering: .relaxed)
+        engine.authenticate(userId: userId, cookie: nil, line: 0, announce: false, session: handle)
     }
 
     /// False while the engine has too much of this session's work: stop reading.
@@ -101,8 +105,7 @@ public final class Session: EventSink, @unchecked Sendable {
             // this node's own (no `global` answer to this line, and the client's lines
             // are numbered from the next one).
             lineOffset = 1
-            inFlight.add(1, ordering: .relaxed)
-            engine.authenticate(userId: request.userId, cookie: nil, line: 0, announce: false, session: handle)
+            start(trustedAs: request.userId)
         case .success(.authToken(let request)):
             handOver()
             inFlight.add(1, ordering: .relaxed)
