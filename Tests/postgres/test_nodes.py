@@ -5,7 +5,6 @@ One node at a time holds the database's writer lock and runs the engine; the oth
 the connections they accept to it, byte for byte, and take over when it goes (SIGKILL
 included: PostgreSQL releases a dead session's lock)."""
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -68,19 +67,23 @@ VARYING_GLOBALS = re.compile(r'"name":"(localRegId|endpointId)","value":"[^"]*"'
 
 
 class StdioClient(Client):
-    """The standard input/output session of a `chatcore serve` process (its arguments),
-    with `Client`'s interface; `close` ends its input."""
+    """The standard input/output session of a `chatcore serve` process, with `Client`'s
+    interface; `close` ends its input."""
 
-    def __init__(self, url, scratch, name, *arguments):
-        self.log = open(os.path.join(scratch, name + ".log"), "w+")
-        self.process = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, name), "--insecure-no-auth",
-                                         "--store", url, *arguments],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
-        self.sock = _Pipes(self.process)
-        self.events = queue.Queue()
-        self.all = []
-        self.closed = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+    def __init__(self, process, log=None):
+        self.process = process
+        self.log = log
+        self.sock = _Pipes(process)
+        self._start_reading()
+
+    @classmethod
+    def spawn(cls, url, scratch, name, *arguments):
+        """`chatcore serve` with these arguments on the store at `url`, logging to a file."""
+        log = open(os.path.join(scratch, name + ".log"), "w+")
+        process = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, name), "--insecure-no-auth",
+                                    "--store", url, *arguments],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+        return cls(process, log)
 
     def logged(self):
         self.log.seek(0)
@@ -242,7 +245,7 @@ def test_a_standard_input_output_session_relayed_to_the_writer_sees_what_it_woul
     url = cluster.database_url("stdio1")
     single = Node(url, scratch, "stdio1-single", "--user", "bob", stdio=True)
     # Bob's session is set up first either way (the trusted user is the store's first).
-    bob = _stdio_of(single)
+    bob = StdioClient(single.process)
     bob.request({"identitiesGet": {"cookie": "up", "appUserIds": ["bob"]}})
     on_one = conversation(single.socket, bob)
     assert single.stop() == 0
@@ -251,7 +254,7 @@ def test_a_standard_input_output_session_relayed_to_the_writer_sees_what_it_woul
     url = cluster.database_url("stdio2")
     writer = Node(url, scratch, "stdio2-writer")
     writer.wait_until_logged("this node is the writer")
-    bob = StdioClient(url, scratch, "stdio2-bob", "--user", "bob")
+    bob = StdioClient.spawn(url, scratch, "stdio2-bob", "--user", "bob")
     bob.request({"identitiesGet": {"cookie": "up", "appUserIds": ["bob"]}})
     on_two = conversation(writer.socket, bob)
     assert on_two["alice"] == on_one["alice"]
@@ -263,28 +266,16 @@ def test_a_standard_input_output_session_relayed_to_the_writer_sees_what_it_woul
     assert len(on_one["bob"]) > 20, "the conversation reached bob"
 
 
-def _stdio_of(node):
-    """The standard input/output session of a `Node` started with --user (a client)."""
-    client = Client.__new__(StdioClient)
-    client.process = node.process
-    client.sock = _Pipes(node.process)
-    client.events = queue.Queue()
-    client.all = []
-    client.closed = threading.Event()
-    threading.Thread(target=client._read, daemon=True).start()
-    return client
-
-
 def test_nodes_of_standard_input_output_only_serve_one_domain(cluster, scratch):
     # Two applications each spawn chatcore on the same database, as alice and as bob:
     # the first is the writer (it listens on loopback for the sessions of other nodes),
     # the second relays its session to it.
     cluster.create_database("spawned")
     url = cluster.database_url("spawned")
-    alice = StdioClient(url, scratch, "spawned-alice", "--user", "alice")
+    alice = StdioClient.spawn(url, scratch, "spawned-alice", "--user", "alice")
     alice.request({"identitiesGet": {"cookie": "up", "appUserIds": ["alice"]}})
     assert "listening for sessions relayed by other nodes" in alice.logged()
-    bob = StdioClient(url, scratch, "spawned-bob", "--user", "bob")
+    bob = StdioClient.spawn(url, scratch, "spawned-bob", "--user", "bob")
     bob.request({"identitiesGet": {"cookie": "up", "appUserIds": ["bob"]}})
     chat = chat_with_bob(alice, "spawned")
     sent = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "hello", "cookie": "m"}})
@@ -305,7 +296,7 @@ def test_nodes_of_standard_input_output_only_serve_one_domain(cluster, scratch):
     reply = bob.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "hi", "cookie": "r"}})
     assert any("listAdd" in e and body(e).get("cookie") == "r" and int(body(e)["elements"][0]["messageId"]) == int(message_id) + 1 for e in reply)
     # A relaying node stopped by SIGTERM ends its session as the end of its input would.
-    carol = StdioClient(url, scratch, "spawned-carol", "--user", "carol")
+    carol = StdioClient.spawn(url, scratch, "spawned-carol", "--user", "carol")
     carol.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "not hers", "cookie": "x"}},
                {"identitiesGet": {"cookie": "up", "appUserIds": ["carol"]}})
     carol.answer("up")
@@ -318,7 +309,7 @@ def test_nodes_of_standard_input_output_only_serve_one_domain(cluster, scratch):
     assert alice.process.wait(timeout=30) == 0
     assert bob.process.wait(timeout=30) == 1
     assert "the writer node closed the relayed session" in bob.logged()
-    again = StdioClient(url, scratch, "spawned-bob-again", "--user", "bob")
+    again = StdioClient.spawn(url, scratch, "spawned-bob-again", "--user", "bob")
     listed = again.request({"requestListMatching": {"type": "chatMessage", "cookie": "l", "criteria": {"chatId": chat},
                                                     "window": {"messageId": 1, "before": 0, "after": 10}}})
     contents = [element.get("content") for event in listed if "listChunk" in event for element in body(event)["elements"]]

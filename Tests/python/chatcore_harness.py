@@ -66,6 +66,10 @@ class Client:
     def __init__(self, path):
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.connect(path)
+        self._start_reading()
+
+    def _start_reading(self):
+        """Reads `self.sock` (anything with `recv`) into `events` and `all`."""
         self.events = queue.Queue()
         self.all = []
         self.closed = threading.Event()
