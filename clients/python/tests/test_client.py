@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -18,6 +19,24 @@ from chatcore import BinaryNotFound, ChatcoreError, ChatcoreTimeout, Client, Ser
 
 def run(coroutine):
     return asyncio.run(asyncio.wait_for(coroutine, 60))
+
+
+def stopped(pid, timeout=10):
+    """Returns once every thread of `pid` is stopped: a signal's stop is not immediate,
+    and a thread still running could answer what is sent after the signal."""
+    deadline = time.time() + timeout
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                    states.append(stat.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                pass  # the thread ended
+        if states and all(state == "T" for state in states):
+            return
+        assert time.time() < deadline, f"not stopped: {states}"
+        time.sleep(0.01)
 
 
 def test_every_kind_of_outcome_over_standard_input_output(tmp_path):
@@ -107,6 +126,7 @@ def test_a_refused_token_raises_and_a_silent_service_times_out(tmp_path):
             assert unauthenticated.value.error == "NotAuthenticated"
             # A service that does not answer (stopped) leaves the request without an outcome.
             server.process.send_signal(signal.SIGSTOP)
+            stopped(server.process.pid)
             try:
                 with pytest.raises(ChatcoreTimeout):
                     await client.request({"chatTyping": {"chatId": "1"}}, timeout=0.3)

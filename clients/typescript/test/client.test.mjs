@@ -3,7 +3,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { cpSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { cpSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -97,6 +97,7 @@ test("a refused token rejects, and no outcome in time is a timeout", async () =>
     await assert.rejects(client.request(chatMessageSend({ chatId: "1", tag: "Text", content: "x" })), (error) => error.error === "NotAuthenticated");
     // A service that does not answer (stopped) leaves the request without an outcome.
     server.child.kill("SIGSTOP");
+    await stopped(server.child.pid);
     try {
       await assert.rejects(client.request({ chatTyping: { chatId: "1" } }, { timeout: 300 }), (error) => error instanceof ChatcoreTimeout);
     } finally {
@@ -108,6 +109,26 @@ test("a refused token rejects, and no outcome in time is a timeout", async () =>
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+// Resolves once every thread of `pid` is stopped: a signal's stop is not immediate, and a
+// thread still running could answer what is sent after the signal.
+async function stopped(pid, timeout = 10000) {
+  const deadline = Date.now() + timeout;
+  for (;;) {
+    const states = [];
+    for (const task of readdirSync(`/proc/${pid}/task`)) {
+      try {
+        const stat = readFileSync(`/proc/${pid}/task/${task}/stat`, "utf8");
+        states.push(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0]);
+      } catch {
+        // the thread ended
+      }
+    }
+    if (states.length > 0 && states.every((state) => state === "T")) return;
+    assert.ok(Date.now() < deadline, `not stopped: ${states}`);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}
 
 test("without a binary the error says how to point at one", async () => {
   const saved = { binary: process.env.CHATCORE_BINARY, path: process.env.PATH, cwd: process.cwd() };
