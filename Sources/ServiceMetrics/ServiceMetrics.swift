@@ -41,48 +41,56 @@ public enum ServiceMetrics {
     /// Request names are labels only when the protocol has them: anything else a client
     /// sends is "unknown" (a label per made-up name would let anyone grow the metrics).
     private static let known: Set<String> = Set(Request.wireMessages.fields.map(\.name))
-    private static let lock = NSLock()
-    /// The labelled counters made so far, by label and dimension values; read and written
-    /// under `lock` only.
-    nonisolated(unsafe) private static var counters: [String: Counter] = [:]
+    /// The counters of every request name the protocol has: made once, on first use (after
+    /// the bootstrap), then only read. A line is counted with one lookup and no string
+    /// built: this happens for every line read, bad ones included.
+    private static let byRequest: [String: RequestCounters] = Dictionary(
+        uniqueKeysWithValues: known.map { ($0, RequestCounters(name: $0)) })
+    private static let unknownRequest = RequestCounters(name: "unknown")
 
-    static func labelValue(_ request: String?) -> String {
-        guard let request, known.contains(request) else { return "unknown" }
-        return request
+    /// One request name's counters: lines read, and failures by error (made on first use,
+    /// so that a scrape lists only failures that happened).
+    private final class RequestCounters: @unchecked Sendable {
+        let name: String
+        let received: Counter
+        private let lock = NSLock()
+        /// Under `lock` only.
+        private var failures: [(error: String, counter: Counter)] = []
+
+        init(name: String) {
+            self.name = name
+            received = Counter(label: ServiceMetrics.requestLabel, dimensions: [("request", name)])
+        }
+
+        func failure(_ error: String) -> Counter {
+            lock.withLock {
+                if let known = failures.first(where: { $0.error == error }) { return known.counter }
+                let counter = Counter(label: ServiceMetrics.failureLabel, dimensions: [("request", name), ("error", error)])
+                failures.append((error, counter))
+                return counter
+            }
+        }
+    }
+
+    private static func counters(_ request: String?) -> RequestCounters {
+        request.flatMap { byRequest[$0] } ?? unknownRequest
     }
 
     /// Makes every metric at once (after the bootstrap), so that a scrape shows each one,
     /// at zero until it moves.
     public static func register() {
         _ = (sessions, sessionsOpened, batchSize, commitDuration, commitFailures, outputBytes, storeBytes)
-        for name in known.union(["unknown"]) {
-            _ = counter(requestLabel, dimensions: [("request", name)])
-        }
+        _ = (byRequest, unknownRequest)
     }
 
     /// A line was read as a request (decoded or not).
     public static func received(_ request: String?) {
-        let name = labelValue(request)
-        counter(requestLabel, dimensions: [("request", name)]).increment()
+        counters(request).received.increment()
     }
 
     /// A request was answered `requestFailed` with `error`.
     public static func failed(_ request: String?, error: String) {
-        let name = labelValue(request)
-        counter(failureLabel, dimensions: [("request", name), ("error", error)]).increment()
-    }
-
-    /// The counter of `label` with these dimensions, made on first use. The table is
-    /// touched only under the lock (an `inout` argument would be an access to it that
-    /// starts before the lock is taken: a race ThreadSanitizer reports).
-    private static func counter(_ label: String, dimensions: [(String, String)]) -> Counter {
-        let key = ([label] + dimensions.map(\.1)).joined(separator: "\u{0}")
-        return lock.withLock {
-            if let counter = counters[key] { return counter }
-            let counter = Counter(label: label, dimensions: dimensions)
-            counters[key] = counter
-            return counter
-        }
+        counters(request).failure(error).increment()
     }
 
     /// A batch's commit took `duration`.
