@@ -476,8 +476,20 @@ private struct DecodeState {
 
     /// The dotted path of the member being decoded: `criteria.window.before`, `invitees[2].regId`.
     func path(last: String? = nil, through endIndex: Int? = nil) -> String {
-        var parts = pathPrefix
-        parts.reserveCapacity(64)
+        var parts = ""
+        if var last {
+            last.withUTF8 { appendPath(to: &parts, last: UnsafeRawBufferPointer($0), through: endIndex) }
+        } else {
+            appendPath(to: &parts, last: nil, through: endIndex)
+        }
+        return parts
+    }
+
+    /// Appends the dotted path (see `path`) to `text`, ending with the member named by the
+    /// UTF-8 bytes `last` when given.
+    func appendPath(to text: inout String, last: UnsafeRawBufferPointer?, through endIndex: Int? = nil) {
+        let start = text.utf8.count
+        text += pathPrefix
         let end = endIndex ?? frames.count
         for index in 0..<end {
             let frame = frames[index]
@@ -485,21 +497,20 @@ private struct DecodeState {
             case .object:
                 let pending = frame.pointee.pending
                 guard pending >= 0, let schema = frame.pointee.schemaReference else { continue }
-                if !parts.isEmpty { parts += "." }
-                schema._withUnsafeGuaranteedRef { parts += $0.fields[pending].name }
+                if text.utf8.count > start { text += "." }
+                schema._withUnsafeGuaranteedRef { text += $0.fields[pending].name }
             case .array:
-                parts += "["
-                parts += String(frame.pointee.index)
-                parts += "]"
+                text += "["
+                text += String(frame.pointee.index)
+                text += "]"
             default:
                 continue
             }
         }
         if let last {
-            if !parts.isEmpty { parts += "." }
-            parts += last
+            if text.utf8.count > start { text += "." }
+            text += String(decoding: last, as: UTF8.self)
         }
-        return parts
     }
 
     mutating func failMismatch(_ type: WireType) {
@@ -694,8 +705,11 @@ private struct DecodeState {
                 frames[top].pointee.pending = -1
                 let ignores = frames[top].pointee.schemaReference!._withUnsafeGuaranteedRef { $0.ignoresUnknownFields }
                 if !ignores && failure == nil {
+                    // One string, made once: with an unknown last member, this is what
+                    // a client's mistake costs on every line.
                     var reason = "unknown field '"
-                    reason += path(last: String(decoding: key, as: UTF8.self))
+                    reason.reserveCapacity(reason.utf8.count + pathPrefix.utf8.count + key.count + 32)
+                    appendPath(to: &reason, last: key)
                     reason += "'"
                     fail(reason)
                 }
