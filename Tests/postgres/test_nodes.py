@@ -286,13 +286,8 @@ def test_nodes_of_standard_input_output_only_serve_one_domain(cluster, scratch):
         time.sleep(0.05)
     # The relayed session's lines are numbered as the client sent them (the relaying
     # node's own first line is not counted).
-    bob.send({"chatMessageSend": {"chatId": chat}})
-    failed = bob.events
-    while True:
-        event = failed.get(timeout=30)
-        if "requestFailed" in event:
-            break
-    assert body(event)["line"] == 2, event
+    failed = bob.request({"chatMessageSend": {"chatId": chat, "cookie": "bad"}})[-1]
+    assert "requestFailed" in failed and body(failed)["line"] == 2, failed
     reply = bob.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "hi", "cookie": "r"}})
     assert any("listAdd" in e and body(e).get("cookie") == "r" and int(body(e)["elements"][0]["messageId"]) == int(message_id) + 1 for e in reply)
     # A relaying node stopped by SIGTERM ends its session as the end of its input would.
