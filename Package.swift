@@ -4,6 +4,7 @@ import PackageDescription
 // chatcore: a BBMDS-style chat core speaking newline-delimited JSON.
 // Modules, from the bytes up (imports only point down this list):
 //   CYAJL       – the system YAJL library (libyajl-dev)
+//   CMalloc     – the C library's heap introspection (malloc.h)
 //   Wire        – line framing, YAJL reader, JSON writer, JSONValue, the decoding runtime
 //   Protocol    – the messages, generated from Schemas/ by Codegen
 //   Store       – the storage protocol the engine needs, and its records
@@ -40,6 +41,7 @@ let package = Package(
             pkgConfig: "yajl",
             providers: [.apt(["libyajl-dev"])]
         ),
+        .systemLibrary(name: "CMalloc"),
         .target(name: "Wire", dependencies: ["CYAJL"]),
         .target(name: "Protocol", dependencies: ["Wire"]),
         .target(name: "Store"),
@@ -69,7 +71,7 @@ let package = Package(
         .target(
             name: "Engine",
             dependencies: [
-                "Protocol", "Store", "Attachments", "ServiceMetrics",
+                "Protocol", "Store", "Attachments", "ServiceMetrics", "CMalloc",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -121,7 +123,7 @@ let package = Package(
         .testTarget(
             name: "EngineTests",
             dependencies: [
-                "Engine", "SQLiteStore", "Store", "Protocol", "Wire", "Attachments",
+                "Engine", "SQLiteStore", "Store", "Protocol", "Wire", "Attachments", "CMalloc",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
             ]

@@ -1,3 +1,5 @@
+import CMalloc
+
 /// The messages the engine keeps in memory: the most recently used ones, up to a budget
 /// of bytes (`--cache-mb`), never one with changes the store does not have yet
 /// (engine thread only).
@@ -27,7 +29,8 @@ final class MessageCache {
         }
     }
 
-    /// Bytes the cached records may take (roughly: `MessageRecord.footprint`).
+    /// Bytes the cached records may take with their place in the cache: each counts its
+    /// `MessageRecord.footprint` and `entryBytes`.
     let budget: Int
     private var nodes: [Key: Node] = [:]
     private var newest: Node?
@@ -40,6 +43,11 @@ final class MessageCache {
     init(budget: Int) {
         self.budget = budget
     }
+
+    /// What a record's place in the cache takes: its node, and its key and node in the
+    /// table (whose buckets are between 3/8 and 3/4 full: twice the entry on average).
+    static let entryBytes = Heap.bytes(ofObject: Node(key: Key(chat: 0, id: 0), record: MessageRecord.sample, size: 0))
+        + 2 * (MemoryLayout<Key>.stride + MemoryLayout<Node>.stride)
 
     var count: Int { nodes.count }
 
@@ -56,7 +64,7 @@ final class MessageCache {
             unlink(existing)
             bytes -= existing.size
         }
-        let node = Node(key: key, record: record, size: record.footprint)
+        let node = Node(key: key, record: record, size: record.footprint + MessageCache.entryBytes)
         nodes[key] = node
         bytes += node.size
         linkAsNewest(node)
@@ -77,7 +85,7 @@ final class MessageCache {
         pinned = pinned.filter { key, pinnedBy in
             guard pinnedBy <= batch else { return true }
             if let node = nodes[key] {
-                let size = node.record.footprint
+                let size = node.record.footprint + MessageCache.entryBytes
                 bytes += size - node.size
                 node.size = size
             }
@@ -126,5 +134,45 @@ final class MessageCache {
         if oldest === node { oldest = node.newer }
         node.newer = nil
         node.older = nil
+    }
+}
+
+/// What values take from the heap, as malloc hands it out: the cache counts these, so that
+/// `--cache-mb` is what the records it keeps really take (their texts included).
+enum Heap {
+    /// A block asked for `size` bytes: glibc's malloc adds a word and rounds up to 16
+    /// (32 at least).
+    static func bytes(ofAllocation size: Int) -> Int {
+        max(32, (size + 8 + 15) & ~15)
+    }
+
+    /// A string's text: nothing when it is kept inline (up to 15 bytes of UTF-8), else its
+    /// storage (a 32-byte header, the bytes and a NUL).
+    static func bytes(of string: String?) -> Int {
+        guard let count = string?.utf8.count, count > 15 else { return 0 }
+        return bytes(ofAllocation: 32 + count + 1)
+    }
+
+    /// An array's storage: a 32-byte header, then the elements.
+    static func bytes(ofArray count: Int, stride: Int) -> Int {
+        bytes(ofAllocation: 32 + count * stride)
+    }
+
+    /// A dictionary's storage: a header, a power of two of buckets at most 3/4 full, each
+    /// with room for a key and a value, and a bit per bucket.
+    static func bytes(ofTable count: Int, stride: Int) -> Int {
+        var buckets = 1
+        while buckets * 3 < count * 4 { buckets <<= 1 }
+        return bytes(ofAllocation: 72 + buckets * stride + (buckets + 63) / 64 * 8)
+    }
+
+    /// An object as allocated (its class's instance size, rounded by malloc).
+    static func bytes(ofObject object: AnyObject) -> Int {
+        let address = Unmanaged.passUnretained(object).toOpaque()
+        #if canImport(Darwin)
+        return malloc_size(address)
+        #else
+        return malloc_usable_size(address) + 8
+        #endif
     }
 }

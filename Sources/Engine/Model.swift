@@ -208,9 +208,35 @@ final class MessageRecord {
         sender != user && !neverCountsUnread
     }
 
-    /// Roughly what the record costs in memory (the cache's budget counts it).
+    /// What the record takes from the heap, as allocated: the object (its stored row
+    /// inline), its texts (shared with that row, so counted once), its references (kept
+    /// twice: as records and in the row) and its tables. The cache's budget counts it.
     var footprint: Int {
-        240 + (content?.utf8.count ?? 0) + (data?.byteCount ?? 0) + refs.count * 48 + refBy.count * 64 + privateStates.count * 96
+        var bytes = MessageRecord.objectBytes + Heap.bytes(of: tag) + Heap.bytes(of: content) + Heap.bytes(of: data?.json)
+        if !refs.isEmpty {
+            bytes += 2 * Heap.bytes(ofArray: refs.count, stride: MemoryLayout<MessageRef>.stride)
+            for ref in refs { bytes += 2 * Heap.bytes(of: ref.tag) }
+        }
+        if !refBy.isEmpty {
+            bytes += Heap.bytes(ofTable: refBy.count, stride: MemoryLayout<String>.stride + MemoryLayout<(count: Int64, newest: Int64)>.stride)
+            for tag in refBy.keys { bytes += Heap.bytes(of: tag) }
+        }
+        if !privateStates.isEmpty {
+            bytes += Heap.bytes(ofTable: privateStates.count, stride: MemoryLayout<Int64>.stride + MemoryLayout<PrivateState>.stride)
+            for state in privateStates.values { bytes += Heap.bytes(of: state.localData?.json) }
+        }
+        if let thumb { bytes += Heap.bytes(of: thumb.name) + Heap.bytes(of: thumb.blob) }
+        if let file { bytes += Heap.bytes(of: file.name) + Heap.bytes(of: file.blob) }
+        return bytes
+    }
+
+    /// What the object itself takes, measured once on one (its size is its class's).
+    static let objectBytes = Heap.bytes(ofObject: sample)
+
+    /// An empty record (for measuring).
+    static var sample: MessageRecord {
+        MessageRecord(chat: 0, id: 0, sender: 0, tag: "", content: nil, data: nil, refs: [], timestamp: 0, isControl: false,
+                      neverCountsUnread: false, changeSeq: 0)
     }
 }
 

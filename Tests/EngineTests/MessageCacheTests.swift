@@ -1,7 +1,12 @@
 import GRDB
 import SQLiteStore
+import Store
 import XCTest
 @testable import Engine
+import CMalloc
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// The cache of hot messages lets go of what it no longer holds.
 final class MessageCacheTests: XCTestCase {
@@ -100,4 +105,40 @@ final class MessageCacheTests: XCTestCase {
         XCTAssertTrue(events.filter { $0.contains(#""cookie":"read""#) }.joined().contains(#""content":"second""#), "\(events)")
         XCTAssertFalse(events.contains { $0.contains("requestFailed") }, "\(events)")
     }
+
+    #if os(Linux)
+    /// `--cache-mb` is what the cached records really take from the heap, texts, references
+    /// and private states included, not a fraction of it: messages read as from the store
+    /// (each row with its own texts) fill a cache, and the heap grows by what it counts.
+    func testTheBudgetCountsWhatTheRecordsReallyTakeFromTheHeap() throws {
+        // A sanitizer's allocator (make asan, make tsan) keeps its own heap: the C
+        // library's count does not see it.
+        let sanitized = ["__asan_init", "__tsan_init"].contains { (name: String) in dlsym(nil, name) != nil }
+        try XCTSkipIf(sanitized, "the heap is a sanitizer's")
+        func row(_ id: Int64) -> MessageRow {
+            let words = String(repeating: "word \(id) ", count: Int(id % 40))
+            var row = MessageRow(chat: 1 + id % 7, id: id, sender: 1 + id % 3, tag: id.isMultiple(of: 9) ? "PictureMessage" : "Text",
+                                 content: "message \(id): " + words, data: id.isMultiple(of: 4) ? #"{"kind":"note \#(id)","n":\#(id)}"# : nil,
+                                 refs: id.isMultiple(of: 5) ? [RefRow(tag: "Quote", target: id - 1)] : [], timestamp: 1_700_000_000 + id,
+                                 isControl: false, neverCountsUnread: false, isRecalled: false, changeSeq: id, searchRow: id)
+            if id.isMultiple(of: 6) {
+                row.refCounts = [RefCountRow(chat: row.chat, target: id, tag: "Quote", count: 1, newest: id + 1)]
+                row.privateStates = [MessageUserRow(chat: row.chat, id: id, user: 2, localData: #"{"pinned":true,"note":"for later \#(id)"}"#,
+                                                    isDeleted: false)]
+            }
+            return row
+        }
+        func heap() -> Int {
+            let info = mallinfo2()
+            return Int(info.uordblks + info.hblkhd)
+        }
+        let before = heap()
+        let cache = MessageCache(budget: 1 << 40)
+        for id in Int64(1)...50_000 { cache.put(MessageRecord(row(id), storing: false)) }
+        let taken = heap() - before
+        let ratio = Double(cache.bytes) / Double(taken)
+        XCTAssert((0.85...1.15).contains(ratio), "the cache counts \(cache.bytes) bytes for \(taken) taken from the heap (\(ratio))")
+        withExtendedLifetime(cache) {}
+    }
+    #endif
 }
