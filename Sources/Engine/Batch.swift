@@ -249,11 +249,11 @@ final class Batch {
             if let old = message.stored {
                 let columns = row.columns(changedFrom: old)
                 if !columns.isEmpty { store.messageUpdates.append(Update(row, columns: columns)) }
-                if !old.refs.isEmpty && row.refs.isEmpty { store.droppedReferences.append((message.chat, message.id)) }
+                if old.hasReferences && row.refs.isEmpty { store.droppedReferences.append((message.chat, message.id)) }
             } else {
                 store.newMessages.append(row)
             }
-            written.append { message.stored = row }
+            written.append { message.stored = MessageColumns(row) }
         }
         store.touches = touches.compactMap { key, seq in dirtyMessages[key] == nil ? (key.chat, key.item, seq) : nil }
         store.rangeChanges = rangeChanges

@@ -124,8 +124,8 @@ final class MessageRecord {
     /// How many messages refer to this one, per tag, and the newest of them.
     var refBy: [String: (count: Int64, newest: Int64)] = [:]
     var privateStates: [Int64: PrivateState] = [:]
-    /// The message's own row as the store has it (nil: not stored yet).
-    var stored: MessageRow?
+    /// What the store has in the columns a change may write (nil: not stored yet).
+    var stored: MessageColumns?
 
     init(chat: Int64, id: Int64, sender: Int64, tag: String, content: String?, data: JSONValue?, refs: [MessageRef], timestamp: Int64,
          isControl: Bool, neverCountsUnread: Bool, changeSeq: Int64) {
@@ -175,10 +175,7 @@ final class MessageRecord {
             privateStates[state.user] = PrivateState(localData: state.localData.map { JSONValue(compactJSON: $0) }, isDeleted: state.isDeleted,
                                                      thumbDetached: state.thumbDetached, fileState: state.fileDownloaded ? .done : nil)
         }
-        var own = row
-        own.refCounts = []
-        own.privateStates = []
-        stored = own
+        stored = MessageColumns(row)
     }
 
     /// The message's own row as it now is (references included; counts and private states
@@ -208,14 +205,14 @@ final class MessageRecord {
         sender != user && !neverCountsUnread
     }
 
-    /// What the record takes from the heap, as allocated: the object (its stored row
-    /// inline), its texts (shared with that row, so counted once), its references (kept
-    /// twice: as records and in the row) and its tables. The cache's budget counts it.
+    /// What the record takes from the heap, as allocated: the object (what the store has
+    /// inline), its texts (shared with what the store has, so counted once), its
+    /// references and its tables. The cache's budget counts it.
     var footprint: Int {
         var bytes = MessageRecord.objectBytes + Heap.bytes(of: tag) + Heap.bytes(of: content) + Heap.bytes(of: data?.json)
         if !refs.isEmpty {
-            bytes += 2 * Heap.bytes(ofArray: refs.count, stride: MemoryLayout<MessageRef>.stride)
-            for ref in refs { bytes += 2 * Heap.bytes(of: ref.tag) }
+            bytes += Heap.bytes(ofArray: refs.count, stride: MemoryLayout<MessageRef>.stride)
+            for ref in refs { bytes += Heap.bytes(of: ref.tag) }
         }
         if !refBy.isEmpty {
             bytes += Heap.bytes(ofTable: refBy.count, stride: MemoryLayout<String>.stride + MemoryLayout<(count: Int64, newest: Int64)>.stride)
@@ -227,6 +224,7 @@ final class MessageRecord {
         }
         if let thumb { bytes += Heap.bytes(of: thumb.name) + Heap.bytes(of: thumb.blob) }
         if let file { bytes += Heap.bytes(of: file.name) + Heap.bytes(of: file.blob) }
+        if let attachments = stored?.attachments { bytes += Heap.bytes(ofObject: attachments) }
         return bytes
     }
 

@@ -393,22 +393,72 @@ extension MemberRow {
     }
 }
 
+/// What a message's row holds in the columns a change may write (and whether it has
+/// references): what the engine keeps of a message as the store has it, to write only
+/// what a change changed. Compact, since every cached message carries one: the attachment
+/// columns, nil for most messages, take room only when one is not.
+public struct MessageColumns: Sendable, Equatable {
+    public var content: String?
+    public var data: String?
+    public var isRecalled: Bool
+    public var hasReferences: Bool
+    public var changeSeq: Int64
+    public var searchRow: Int64
+    public var attachments: AttachmentColumns?
+
+    public final class AttachmentColumns: Sendable, Equatable {
+        public let thumbName: String?
+        public let thumbBlob: String?
+        public let fileName: String?
+        public let fileBlob: String?
+        public let fileSize: Int64?
+        public let attachment: String?
+
+        init(_ row: MessageRow) {
+            thumbName = row.thumbName
+            thumbBlob = row.thumbBlob
+            fileName = row.fileName
+            fileBlob = row.fileBlob
+            fileSize = row.fileSize
+            attachment = row.attachment
+        }
+
+        public static func == (a: AttachmentColumns, b: AttachmentColumns) -> Bool {
+            a.thumbName == b.thumbName && a.thumbBlob == b.thumbBlob && a.fileName == b.fileName && a.fileBlob == b.fileBlob
+                && a.fileSize == b.fileSize && a.attachment == b.attachment
+        }
+    }
+
+    public init(_ row: MessageRow) {
+        content = row.content
+        data = row.data
+        isRecalled = row.isRecalled
+        hasReferences = !row.refs.isEmpty
+        changeSeq = row.changeSeq
+        searchRow = row.searchRow
+        let none = row.thumbName == nil && row.thumbBlob == nil && row.fileName == nil && row.fileBlob == nil && row.fileSize == nil
+            && row.attachment == nil
+        attachments = none ? nil : AttachmentColumns(row)
+    }
+}
+
 extension MessageRow {
     /// The message's own columns whose values differ from `old` (references are rows of
     /// their own: they only ever go, with a recall).
-    public func columns(changedFrom old: MessageRow) -> Set<MessageColumn> {
+    public func columns(changedFrom old: MessageColumns) -> Set<MessageColumn> {
         var columns: Set<MessageColumn> = []
         if content != old.content { columns.insert(.content) }
         if data != old.data { columns.insert(.data) }
         if isRecalled != old.isRecalled { columns.insert(.isRecalled) }
         if changeSeq != old.changeSeq { columns.insert(.changeSeq) }
         if searchRow != old.searchRow { columns.insert(.searchRow) }
-        if thumbName != old.thumbName { columns.insert(.thumbName) }
-        if thumbBlob != old.thumbBlob { columns.insert(.thumbBlob) }
-        if fileName != old.fileName { columns.insert(.fileName) }
-        if fileBlob != old.fileBlob { columns.insert(.fileBlob) }
-        if fileSize != old.fileSize { columns.insert(.fileSize) }
-        if attachment != old.attachment { columns.insert(.attachment) }
+        let attachments = old.attachments
+        if thumbName != attachments?.thumbName { columns.insert(.thumbName) }
+        if thumbBlob != attachments?.thumbBlob { columns.insert(.thumbBlob) }
+        if fileName != attachments?.fileName { columns.insert(.fileName) }
+        if fileBlob != attachments?.fileBlob { columns.insert(.fileBlob) }
+        if fileSize != attachments?.fileSize { columns.insert(.fileSize) }
+        if attachment != attachments?.attachment { columns.insert(.attachment) }
         return columns
     }
 }
