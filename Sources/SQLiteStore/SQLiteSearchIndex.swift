@@ -40,9 +40,31 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
     /// Work handed to the writer and not yet committed.
     private var inFlight = 0
     private var failure: Error?
+    /// What the texts handed over and not yet committed take (pending, and taken by the
+    /// writer), with a little for each entry besides its text.
+    private var pendingBytes = 0
+    private var inFlightBytes = 0
+    /// Past this backlog, `add` waits for the writer: sends faster than the index takes
+    /// them (long texts, a slow disk, a sustained load) are slowed to its pace instead
+    /// of piling their texts up in memory without bound.
+    let backlogLimit: Int
+    public static let defaultBacklogLimit = 32 << 20
 
-    public init(directory: URL) throws {
+    /// What handing `entries` over adds to the backlog.
+    static func bytes(of entries: [SearchEntry]) -> Int {
+        entries.reduce(0) { $0 + $1.text.utf8.count + 64 }
+    }
+
+    /// The texts handed over and not yet in the index (tests).
+    var backlogBytes: Int {
+        condition.lock()
+        defer { condition.unlock() }
+        return pendingBytes + inFlightBytes
+    }
+
+    public init(directory: URL, backlogLimit: Int = SQLiteSearchIndex.defaultBacklogLimit) throws {
         let path = directory.appendingPathComponent("search.sqlite").path
+        self.backlogLimit = backlogLimit
         queue = try SQLiteSearchIndex.open(path: path)
         let thread = Thread { [self] in
             Thread.current.name = "search-index"
@@ -91,9 +113,14 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
         try queue.read { db in try Int64.fetchOne(db, sql: "SELECT max(rowid) FROM message_search") ?? 0 }
     }
 
+    /// Hands entries over to the writer; waits first while the backlog is past
+    /// `backlogLimit` (unless the writer failed: then what is handed over is lost anyway,
+    /// and refilled from the store at the next start).
     public func add(_ entries: [SearchEntry], removing rows: [Int64]) {
         guard !entries.isEmpty || !rows.isEmpty else { return }
         condition.lock()
+        while pendingBytes + inFlightBytes > backlogLimit && failure == nil { condition.wait() }
+        pendingBytes += SQLiteSearchIndex.bytes(of: entries)
         pendingAdds.append(contentsOf: entries)
         pendingRemovals.append(contentsOf: rows)
         condition.broadcast()
@@ -356,6 +383,8 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
             let removals = pendingRemovals
             pendingAdds.removeAll(keepingCapacity: true)
             pendingRemovals.removeAll(keepingCapacity: true)
+            inFlightBytes = pendingBytes
+            pendingBytes = 0
             inFlight += 1
             condition.unlock()
             var error: Error?
@@ -391,6 +420,7 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
             }
             condition.lock()
             inFlight -= 1
+            inFlightBytes = 0
             if let error { failure = error }
             condition.broadcast()
             condition.unlock()

@@ -192,4 +192,30 @@ final class SQLiteStoreTests: XCTestCase {
         }
         XCTAssertEqual(plan, ["SEARCH message USING INDEX message_by_search_row (searchRow>?)"])
     }
+
+    /// Texts handed to the search index faster than it takes them wait for it past its
+    /// backlog limit, instead of piling up in memory: the backlog never exceeds the limit
+    /// by more than the batch being handed over, and everything handed over is indexed.
+    func testTheSearchIndexBacklogIsBounded() throws {
+        let limit = 1 << 20
+        let index = try SQLiteSearchIndex(directory: directory, backlogLimit: limit)
+        var row: Int64 = 0
+        var largest = 0
+        var batchBytes = 0
+        for _ in 0..<100 {
+            let entries = (0..<200).map { _ in
+                row += 1
+                return SearchEntry(row: row, chat: 1 + row % 5, id: row, text: "entry \(row) " + String(repeating: "lorem ipsum \(row % 97) ", count: 60))
+            }
+            batchBytes = SQLiteSearchIndex.bytes(of: entries)
+            index.add(entries, removing: [])
+            largest = max(largest, index.backlogBytes)
+        }
+        XCTAssertLessThanOrEqual(largest, limit + batchBytes, "the backlog reached \(largest) bytes (limit \(limit), a batch \(batchBytes))")
+        try index.waitUntilWritten()
+        XCTAssertEqual(index.backlogBytes, 0)
+        XCTAssertEqual(try index.indexedUpTo(), row)
+        let hits = try index.searchMessages(containing: "entry \(row) ", chats: [1 + row % 5], belowRow: nil, limit: 10)
+        XCTAssertEqual(hits.map(\.id), [row])
+    }
 }
