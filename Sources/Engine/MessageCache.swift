@@ -49,6 +49,11 @@ final class MessageCache {
     static let entryBytes = Heap.bytes(ofObject: Node(key: Key(chat: 0, id: 0), record: MessageRecord.sample, size: 0))
         + 2 * (MemoryLayout<Key>.stride + MemoryLayout<Node>.stride)
 
+    /// What a cached record counts against the budget now.
+    private static func size(of record: MessageRecord) -> Int {
+        record.footprint + entryBytes
+    }
+
     var count: Int { nodes.count }
 
     func get(chat: Int64, id: Int64) -> MessageRecord? {
@@ -64,7 +69,7 @@ final class MessageCache {
             unlink(existing)
             bytes -= existing.size
         }
-        let node = Node(key: key, record: record, size: record.footprint + MessageCache.entryBytes)
+        let node = Node(key: key, record: record, size: MessageCache.size(of: record))
         nodes[key] = node
         bytes += node.size
         linkAsNewest(node)
@@ -85,7 +90,7 @@ final class MessageCache {
         pinned = pinned.filter { key, pinnedBy in
             guard pinnedBy <= batch else { return true }
             if let node = nodes[key] {
-                let size = node.record.footprint + MessageCache.entryBytes
+                let size = MessageCache.size(of: node.record)
                 bytes += size - node.size
                 node.size = size
             }

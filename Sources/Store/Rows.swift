@@ -397,7 +397,7 @@ extension MemberRow {
 /// references): what the engine keeps of a message as the store has it, to write only
 /// what a change changed. Compact, since every cached message carries one: the attachment
 /// columns, nil for most messages, take room only when one is not.
-public struct MessageColumns: Sendable, Equatable {
+public struct MessageColumns: Sendable {
     public var content: String?
     public var data: String?
     public var isRecalled: Bool
@@ -406,7 +406,7 @@ public struct MessageColumns: Sendable, Equatable {
     public var searchRow: Int64
     public var attachments: AttachmentColumns?
 
-    public final class AttachmentColumns: Sendable, Equatable {
+    public final class AttachmentColumns: Sendable {
         public let thumbName: String?
         public let thumbBlob: String?
         public let fileName: String?
@@ -421,11 +421,6 @@ public struct MessageColumns: Sendable, Equatable {
             fileBlob = row.fileBlob
             fileSize = row.fileSize
             attachment = row.attachment
-        }
-
-        public static func == (a: AttachmentColumns, b: AttachmentColumns) -> Bool {
-            a.thumbName == b.thumbName && a.thumbBlob == b.thumbBlob && a.fileName == b.fileName && a.fileBlob == b.fileBlob
-                && a.fileSize == b.fileSize && a.attachment == b.attachment
         }
     }
 
