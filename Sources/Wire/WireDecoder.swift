@@ -970,6 +970,12 @@ private struct DecodeState {
             if let start = text.baseAddress, let base, start >= base, start + text.count <= base + count {
                 return .text(text)
             }
+            // Only an escape makes a NUL (a raw one is not JSON). No store keeps it in
+            // text: SQLite reads text up to it, PostgreSQL refuses it (failing the batch).
+            if let start = text.baseAddress, memchr(start, 0, text.count) != nil {
+                fail("'\(path())' must not contain U+0000 (\\u0000)")
+                return nil
+            }
             return .string(String(decoding: text, as: UTF8.self))
         case (.enumeration(let allowed), .string(let text)):
             for candidate in allowed where candidate.utf8.elementsEqual(text) {
