@@ -103,11 +103,13 @@ extension PostgresStore: ChatStore {
         var index: [Int64: Int] = [:]
         index.reserveCapacity(messages.count)
         for (position, message) in messages.enumerated() { index[message.id] = position }
-        for row in try read({ "SELECT source, tag, target FROM message_ref WHERE \($0) ORDER BY source, tag" }, column: "source") {
+        // Tags in bytewise order (COLLATE "C"), as memory and SQLite keep them, whatever
+        // collation the database was made with.
+        for row in try read({ "SELECT source, tag, target FROM message_ref WHERE \($0) ORDER BY source, tag COLLATE \"C\"" }, column: "source") {
             let (source, tag, target) = try row.decode((Int64, String, Int64).self)
             if let position = index[source] { messages[position].refs.append(RefRow(tag: tag, target: target)) }
         }
-        for row in try read({ "SELECT \(Columns.refCount) FROM ref_count WHERE \($0) ORDER BY target, tag" }, column: "target") {
+        for row in try read({ "SELECT \(Columns.refCount) FROM ref_count WHERE \($0) ORDER BY target, tag COLLATE \"C\"" }, column: "target") {
             let (chat, target, tag, count, newest) = try row.decode((Int64, Int64, String, Int64, Int64).self)
             if let position = index[target] { messages[position].refCounts.append(RefCountRow(chat: chat, target: target, tag: tag, count: count, newest: newest)) }
         }

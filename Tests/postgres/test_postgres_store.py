@@ -195,3 +195,24 @@ def test_a_store_of_the_previous_release_is_migrated_and_each_writer_takes_the_n
         "v1-chatcore", "v2-writer-address", "v3-writer-epoch", "v4-node-credential"]
     contents = cluster.psql(f"SELECT content FROM message WHERE chat = {int(chat)} AND tag = 'Text' ORDER BY id", database="epoch").split("\n")
     assert [c for c in contents if c] == ["one", "again", "again"]
+
+
+def test_a_database_whose_collation_is_not_bytewise_gives_the_same_order(cluster, scratch):
+    # A database made with a language's collation (ICU en-US: 'quote' before 'Thread')
+    # must not change what a message looks like once it is read back from the store: its
+    # references are in the order memory keeps them (bytewise, as in SQLite).
+    cluster.psql("CREATE DATABASE \"icu\" TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C'")
+    process, socket_path = start(cluster, "icu", scratch, "--cache-mb", "0")
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    chat = chat_with_bob(alice, "order")
+    alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "first", "cookie": "f"}})
+    refs = [{"tag": tag, "messageId": "2"} for tag in ("Thread", "quote", "Quote")]
+    sent = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "second", "ref": refs, "cookie": "s"}})
+    announced = next(body(e)["elements"][0]["ref"] for e in sent if "listAdd" in e and body(e).get("cookie") == "s")
+    assert [r["tag"] for r in announced] == ["Quote", "Thread", "quote"]
+    window = alice.request({"requestListElements": {"cookie": "w", "type": "chatMessage", "elements": [{"chatId": chat, "messageId": "3"}]}})
+    read_back = next(body(e)["elements"][0]["ref"] for e in window if "listChunk" in e)
+    assert read_back == announced
+    alice.close()
+    assert stop(process) == 0
