@@ -17,7 +17,7 @@ extension Engine {
     func resolve(_ invitees: [Invitee], inviter: Int64) throws(InviteeProblem) -> [InviteeTarget] {
         var targets: [InviteeTarget] = []
         var seenNumbers = Set<Int64>()
-        var seenNewIds = Set<String>()
+        var seenNewIds = Set<ExactText>()
         for (index, invitee) in invitees.enumerated() {
             switch (invitee.regId, invitee.userId) {
             case (let regId?, nil):
@@ -33,7 +33,7 @@ extension Engine {
                     guard seenNumbers.insert(user.number).inserted else { throw .invalidInvitee("'invitees[\(index)]' is given twice") }
                     targets.append(.existing(user.number))
                 } else {
-                    guard seenNewIds.insert(userId).inserted else { throw .invalidInvitee("'invitees[\(index)]' is given twice") }
+                    guard seenNewIds.insert(ExactText(userId)).inserted else { throw .invalidInvitee("'invitees[\(index)]' is given twice") }
                     targets.append(.new(userId))
                 }
             default:

@@ -136,7 +136,8 @@ final class MessageRecord {
         self.content = content
         self.data = data
         // Kept in one order (by tag), as the store gives them back.
-        self.refs = refs.sorted { $0.tag < $1.tag }
+        // Bytewise, as the store returns them (not Swift's `<`, which normalizes first).
+        self.refs = refs.sorted { $0.tag.utf8.lexicographicallyPrecedes($1.tag.utf8) }
         self.timestamp = timestamp
         self.isControl = isControl
         self.neverCountsUnread = neverCountsUnread
@@ -295,5 +296,24 @@ final class ChatRecord {
     func activeMember(_ user: Int64) -> MemberRecord? {
         guard let member = members[user], member.isActive else { return nil }
         return member
+    }
+}
+
+/// A string that equals another only when their UTF-8 bytes do (user ids): Swift's `==`
+/// on strings is canonical equivalence, the store's and identity providers' is not.
+struct ExactText: Hashable {
+    let text: String
+
+    init(_ text: String) {
+        self.text = text
+    }
+
+    static func == (lhs: ExactText, rhs: ExactText) -> Bool {
+        lhs.text.utf8.elementsEqual(rhs.text.utf8)
+    }
+
+    func hash(into hasher: inout Hasher) {
+        var text = text
+        text.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
     }
 }

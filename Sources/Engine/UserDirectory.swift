@@ -3,7 +3,10 @@ import Store
 /// Every user of the store, by each of their ids (engine thread only).
 struct UserDirectory {
     private(set) var byNumber: [Int64: UserRecord] = [:]
-    private var byUserId: [String: Int64] = [:]
+    /// By id byte for byte: Swift's `==` on strings is canonical equivalence ("jos\u{E9}"
+    /// and "jose\u{301}" are equal), while the store and identity providers tell such ids
+    /// apart; one must not be let in as the other.
+    private var byUserId: [ExactText: Int64] = [:]
     private var byRegId: [Int64: Int64] = [:]
     private var lastNumber: Int64 = 0
 
@@ -13,14 +16,14 @@ struct UserDirectory {
 
     private mutating func insert(_ user: UserRecord) {
         byNumber[user.number] = user
-        byUserId[user.userId] = user.number
+        byUserId[ExactText(user.userId)] = user.number
         byRegId[user.regId] = user.number
         lastNumber = max(lastNumber, user.number)
     }
 
     subscript(number: Int64) -> UserRecord? { byNumber[number] }
 
-    func find(userId: String) -> UserRecord? { byUserId[userId].flatMap { byNumber[$0] } }
+    func find(userId: String) -> UserRecord? { byUserId[ExactText(userId)].flatMap { byNumber[$0] } }
     func find(regId: Int64) -> UserRecord? { byRegId[regId].flatMap { byNumber[$0] } }
     func find(uri: String) -> UserRecord? { UserRecord.number(fromURI: uri).flatMap { byNumber[$0] } }
 
@@ -33,3 +36,4 @@ struct UserDirectory {
         return user
     }
 }
+

@@ -170,7 +170,8 @@ public final class Authenticator: Sendable {
         }
         if now >= payload.exp.value { return .tokenExpired }
         if let notBefore = payload.nbf, notBefore.value > now { return .invalidToken }
-        guard payload.sub.value == userId else { return .userIdMismatch }
+        // Byte for byte: Swift's `==` would take "e\u{301}" for "\u{E9}" (another user).
+        guard payload.sub.value.utf8.elementsEqual(userId.utf8) else { return .userIdMismatch }
         return nil
     }
 

@@ -134,6 +134,9 @@ def test_identity_provider_tokens_are_checked_against_the_jwks():
                 ("not yet valid", "ivan", token({"alg": "ES256", "kid": "ec-1"}, claims("ivan", nbf=int(time.time()) + 600), es256(keys.ec)), "InvalidToken"),
                 ("no exp", "judy", token({"alg": "RS256", "kid": "rsa-1"}, {"sub": "judy"}, rs256(keys.rsa)), "InvalidToken"),
                 ("sub is someone else", "mallory", token({"alg": "RS256", "kid": "rsa-1"}, claims("alice"), rs256(keys.rsa)), "UserIdMismatch"),
+                # The same letters spelled otherwise (é as e and a combining accent) are
+                # another user for the identity provider: byte for byte, not canonically.
+                ("sub is a look-alike", "jose\u0301", token({"alg": "RS256", "kid": "rsa-1"}, claims("jos\u00e9"), rs256(keys.rsa)), "UserIdMismatch"),
                 ("alg none", "oscar", token({"alg": "none"}, claims("oscar"), lambda data: b""), "InvalidToken"),
                 ("PS256 is not accepted", "peggy", token({"alg": "PS256", "kid": "rsa-1"}, claims("peggy"), rs256(keys.rsa)), "InvalidToken"),
                 # The RSA public key's bytes as an HMAC secret (the classic confusion).
