@@ -85,7 +85,7 @@ public final class AttachmentStore: @unchecked Sendable {
     /// outside is opened at all.
     public static func open(_ path: String, field: String, allowed: String?) throws(AdmitError) -> Source {
         var candidate = path
-        if let allowed, !path.hasPrefix("/") { candidate = allowed + "/" + path }
+        if let allowed, path.utf8.first != UInt8(ascii: "/") { candidate = allowed + "/" + path }
         guard let resolved = realPath(candidate) else {
             let reason = String(cString: strerror(errno))
             if let allowed, !isInside(lexicallyNormalized(candidate), allowed) {
@@ -121,8 +121,12 @@ public final class AttachmentStore: @unchecked Sendable {
         return String(cString: resolved)
     }
 
+    /// Byte for byte, as the file system names files: Swift's `hasPrefix` compares by
+    /// canonical equivalence, so "cafe\u{301}/" would pass for "caf\u{E9}/", another
+    /// directory.
     static func isInside(_ path: String, _ directory: String) -> Bool {
-        path.hasPrefix(directory.hasSuffix("/") ? directory : directory + "/")
+        let prefix = directory.utf8.last == UInt8(ascii: "/") ? directory : directory + "/"
+        return path.utf8.starts(with: prefix.utf8)
     }
 
     static func lexicallyNormalized(_ path: String) -> String {

@@ -62,4 +62,27 @@ final class AttachmentFileTests: XCTestCase {
         attachments.removeBlob(blob)
         XCTAssertFalse(FileManager.default.fileExists(atPath: attachments.blobPath(blob)))
     }
+
+    /// File names are bytes: a directory spelled like the attachments directory with
+    /// other code points (e and a combining accent for é) is another directory, and a
+    /// file in it is outside.
+    func testALookAlikeDirectoryIsOutsideTheAttachmentsDirectory() throws {
+        let allowed = directory.appendingPathComponent("caf\u{E9}")
+        let lookAlike = directory.appendingPathComponent("cafe\u{301}")
+        for folder in [allowed, lookAlike] {
+            try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        }
+        let secret = lookAlike.appendingPathComponent("secret.txt").path
+        let inside = allowed.appendingPathComponent("inside.txt").path
+        XCTAssertTrue(FileManager.default.createFile(atPath: secret, contents: Data("secret".utf8)))
+        XCTAssertTrue(FileManager.default.createFile(atPath: inside, contents: Data("inside".utf8)))
+        let resolved = try XCTUnwrap(AttachmentStore.realPath(allowed.path))
+        XCTAssertNotEqual(Array(resolved.utf8), Array(try XCTUnwrap(AttachmentStore.realPath(lookAlike.path)).utf8))
+
+        let source = try AttachmentStore.open(inside, field: "file", allowed: resolved)
+        close(source.descriptor)
+        XCTAssertThrowsError(try AttachmentStore.open(secret, field: "file", allowed: resolved)) { error in
+            guard case AttachmentStore.AdmitError.notPermitted = error else { return XCTFail("\(error)") }
+        }
+    }
 }
