@@ -16,7 +16,9 @@ extension Engine {
 
     /// The chat, when `user` takes part in it (otherwise it is not found: docs/protocol.md §2).
     func chat(_ chatId: String, of user: Int64) throws -> (ChatRecord, MemberRecord) {
-        if let number = Int64(chatId), let chat = chats[number], let member = chat.activeMember(user) {
+        // Only the service's own spelling names a chat ("7", never "07" or "+7").
+        if let number = Int64(chatId), chatId.utf8.first != UInt8(ascii: "+"), chatId.utf8.first != UInt8(ascii: "0"),
+           let chat = chats[number], let member = chat.activeMember(user) {
             return (chat, member)
         }
         throw ProtocolError.notFound("chat '\(chatId)' was not found")
