@@ -204,8 +204,10 @@ extension Engine {
             let end: Int64
             switch (window.messageId, window.timestamp) {
             case (let id?, nil):
-                anchor = id
-                end = id + 1
+                // Past the last message, where the next would be (the same matches, and
+                // no overflow at the largest id).
+                anchor = min(id, last + 1)
+                end = anchor + 1
             case (nil, let timestamp?):
                 try commitIfChanged(chat, batch: batch)
                 let at: Int64?
