@@ -2,13 +2,24 @@
 """Seeds the fuzz corpora from the fixtures: every request line of every transcript
 (Tests/Fixtures) becomes an input of the `decoder` target; for the `request` target,
 each transcript's requests of one session become one multi-line input, so the engine is
-fuzzed from realistic conversations."""
+fuzzed from realistic conversations. Requests with their numbers at the ends of their
+schemas (Tests/python/extremes.py) seed both, behind a conversation that makes chat "1"."""
 import collections
 import hashlib
+import json
 import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "Tests" / "python"))
+from extremes import sweep  # noqa: E402
+
+# What the extreme requests expect before them: chat "1" with bob, and a few messages.
+CONVERSATION = [
+    b'{"chatStart":{"cookie":"c","invitees":[{"userId":"bob"}],"subject":"numbers"}}',
+    b'{"chatMessageSend":{"chatId":"1","tag":"Text","content":"one"}}',
+    b'{"chatMessageSend":{"chatId":"1","tag":"Text","content":"two"}}',
+]
 
 
 def main(out):
@@ -32,6 +43,11 @@ def main(out):
     for seed in deep_and_wide():
         for target in ("decoder", "request"):
             (out / target / hashlib.sha1(seed).hexdigest()).write_bytes(seed)
+    for request in sweep():
+        line = json.dumps(request, separators=(",", ":")).encode()
+        (out / "decoder" / hashlib.sha1(line).hexdigest()).write_bytes(line)
+        data = b"\n".join(CONVERSATION + [line])
+        (out / "request" / hashlib.sha1(data).hexdigest()).write_bytes(data)
 
 
 def deep_and_wide():
