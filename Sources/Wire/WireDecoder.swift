@@ -976,6 +976,12 @@ private struct DecodeState {
                 fail("'\(path())' must not contain U+0000 (\\u0000)")
                 return nil
             }
+            // YAJL turns a lone high surrogate into "?" and a lone low one into bytes that
+            // are not UTF-8 (read as U+FFFD): the value would not be what was sent.
+            if let base, let escape = Self.unpairedSurrogate(in: UnsafeRawBufferPointer(start: base + previousEnd, count: consumed - previousEnd)) {
+                fail("'\(path())' has an unpaired surrogate (\\u\(escape)), which is not a character")
+                return nil
+            }
             return .string(String(decoding: text, as: UTF8.self))
         case (.enumeration(let allowed), .string(let text)):
             for candidate in allowed where candidate.utf8.elementsEqual(text) {
@@ -1077,6 +1083,53 @@ private struct DecodeState {
     }
 
     /// `-?[0-9]+` within Int64; nil for fractions, exponents and overflow.
+    /// The first `\\uXXXX` escape in one JSON string token (and what precedes it in `raw`:
+    /// a colon, a comma, white space) that is a surrogate not paired high-then-low, as
+    /// its four hex digits.
+    static func unpairedSurrogate(in raw: UnsafeRawBufferPointer) -> String? {
+        func unit(at index: Int) -> UInt16? {
+            guard index + 6 <= raw.count, raw[index] == UInt8(ascii: "\\"), raw[index + 1] == UInt8(ascii: "u") else { return nil }
+            var value: UInt16 = 0
+            for byte in raw[(index + 2)..<(index + 6)] {
+                guard let digit = hexDigit(byte) else { return nil }
+                value = value << 4 | UInt16(digit)
+            }
+            return value
+        }
+        var index = 0
+        while index < raw.count {
+            guard raw[index] == UInt8(ascii: "\\") else {
+                index += 1
+                continue
+            }
+            guard let value = unit(at: index) else {
+                index += 2
+                continue
+            }
+            switch value {
+            case 0xD800...0xDBFF:
+                guard let next = unit(at: index + 6), (0xDC00...0xDFFF).contains(next) else {
+                    return String(decoding: raw[(index + 2)..<(index + 6)], as: UTF8.self)
+                }
+                index += 12
+            case 0xDC00...0xDFFF:
+                return String(decoding: raw[(index + 2)..<(index + 6)], as: UTF8.self)
+            default:
+                index += 6
+            }
+        }
+        return nil
+    }
+
+    private static func hexDigit(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+
     private func parseInteger(_ text: UnsafeRawBufferPointer) -> Int64? {
         guard !text.isEmpty, text.count <= 20 else { return nil }
         var index = 0

@@ -70,7 +70,13 @@ def main():
                 buffers[name] += data
                 while b"\n" in buffers[name]:
                     line, buffers[name] = buffers[name].split(b"\n", 1)
-                    out.append(f"{name}< " + json.dumps(scrub(json.loads(line)), separators=(",", ":"), ensure_ascii=False))
+                    event = scrub(json.loads(line))
+                    text = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+                    try:
+                        text.encode()
+                    except UnicodeEncodeError:  # a lone surrogate in a free-form value
+                        text = json.dumps(event, separators=(",", ":"))
+                    out.append(f"{name}< " + text)
         return out
 
     print(" ".join(["!server", "--insecure-no-auth", *extra]))
