@@ -1,8 +1,10 @@
-"""Requests whose numbers sit at the ends of what their schemas allow, built from
-Schemas/: for each request (each variant of a union), one with every field given, and
-then, for each integer or id field, the request with that field at 0, the largest id (as
-a string and as a number), past it, -1, or the schema's minimum and maximum, both whole
-and with only what the request requires (and each other member beside the field).
+"""Requests whose numbers and strings sit at the ends of what their schemas allow, built
+from Schemas/: for each request (each variant of a union), one with every field given,
+and then, for each integer or id field, the request with that field at 0, the largest id
+(as a string and as a number), past it, -1, or the schema's minimum and maximum, and for
+each string with a byte limit, at the limit (in two-byte characters), past it and empty;
+both whole and with only what the request requires (and each other member beside the
+field).
 
 Used by test_extreme_numbers.py and as fuzzing seeds (Fuzz/seed.py). The lines expect a
 user with chat "1" (with bob) holding a few messages.
@@ -15,7 +17,8 @@ from schemas import load_all
 LARGEST = 9223372036854775807
 # Request fields that would end the session or its setup, and so the sweep.
 LEFT_OUT = {"authToken", "endpointDeregister", "syncStart", "setupRetry"}
-STRINGS = {"chatId": "1", "userUri": "bbmpim://user/id/2", "senderUri": "bbmpim://user/id/2", "userId": "bob",
+LAST = {"chatLeave", "participantRemove"}
+STRINGS = {"chatId": "1", "chatIds": "1", "appUserIds": "bob", "userUri": "bbmpim://user/id/2", "senderUri": "bbmpim://user/id/2", "userId": "bob",
            "tag": "Text", "notRefTag": "Quote", "since": "1", "text": "hello", "content": "hello"}
 
 
@@ -74,7 +77,10 @@ class Schemas:
         if kind == "boolean":
             return [(False, [], {})]
         if kind == "string":
-            return [(STRINGS.get(name, "x"), [], {})]
+            # Strings too: at their byte limit in two-byte characters, and past it.
+            most = node.get("x-maxBytes")
+            ends = ["\u00e9" * (most // 2), "x" * most + "x", ""] if most else []
+            return [(STRINGS.get(name, "x"), [((), ends)] if ends else [], {})]
         # A free-form value (data, localData) or an object of any members.
         return [({}, [], {})]
 
@@ -123,4 +129,5 @@ def sweep():
                     lines.append({name: with_value(value, path, extreme)})
                     for sibling in [None] + siblings(value, path):
                         lines.append({name: with_value(pruned(value, required, path, sibling), path, extreme)})
-    return lines
+    # Leaving the chat (or removing bob from it) last: what comes after needs both in it.
+    return sorted(lines, key=lambda line: next(iter(line)) in LAST)

@@ -1,4 +1,4 @@
-"""Every number a request may carry, at the ends of what its schema allows (see
+"""Every number and string a request may carry, at the ends of what its schema allows (see
 extremes.py): sent by a user with a chat holding a few messages, each must be answered
 without the service dying, and never with `Internal` (that would be a fault of chatcore,
 not of the request).
@@ -26,6 +26,7 @@ def test_numbers_at_their_ends_are_answered_and_never_kill_the_service():
             for n in range(3):
                 alice.request({"chatMessageSend": {"cookie": f"m{n}", "chatId": "1", "tag": "Text", "content": f"m{n}"}})
             internal = []
+            served = set()
             for number, message in enumerate(lines):
                 name = next(iter(message))
                 if isinstance(message[name], dict):
@@ -38,7 +39,11 @@ def test_numbers_at_their_ends_are_answered_and_never_kill_the_service():
                 except queue.Empty:
                     raise AssertionError(f"no answer to {json.dumps(message)} (chatcore: {process.poll()})") from None
                 internal += [(message, e) for e in events if "requestFailed" in e and e["requestFailed"]["error"] == "Internal"]
+                if not any("requestFailed" in e for e in events):
+                    served.add(name)
             assert internal == []
+            # The sweep reached the engine, not only the decoder.
+            assert {"requestListMatching", "requestListElements", "chatMessageSend", "chatMessageRead", "chatLeave"} <= served, served
             alice.close()
         finally:
             process.terminate()
