@@ -105,7 +105,9 @@ struct Serve: AsyncParsableCommand {
         guard maxEndpoints > 0 else { throw ValidationError("--max-endpoints must be positive") }
         guard cacheMb >= 0 else { throw ValidationError("--cache-mb must not be negative") }
         guard idleTimeout >= 0 else { throw ValidationError("--idle-timeout must not be negative") }
-        guard writerTimeout >= 3 else { throw ValidationError("--writer-timeout must be at least 3 seconds (the writer beats every second)") }
+        guard writerTimeout >= 3, writerTimeout <= 86_400 else {
+            throw ValidationError("--writer-timeout must be 3 to 86400 seconds (the writer beats every second)")
+        }
         guard outputHighWater > 0, maxOutputBytes >= outputHighWater else {
             throw ValidationError("--max-output-bytes must be at least --output-high-water, which must be positive")
         }
