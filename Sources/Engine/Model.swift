@@ -135,8 +135,8 @@ final class MessageRecord {
         self.tag = tag
         self.content = content
         self.data = data
-        // Kept in one order (by tag), as the store gives them back.
-        // Bytewise, as the store returns them (not Swift's `<`, which normalizes first).
+        // Kept in one order, by tag byte for byte, as the store gives them back (not by
+        // Swift's `<`, which compares normalized text).
         self.refs = refs.sorted { $0.tag.utf8.lexicographicallyPrecedes($1.tag.utf8) }
         self.timestamp = timestamp
         self.isControl = isControl

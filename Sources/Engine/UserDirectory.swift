@@ -36,4 +36,3 @@ struct UserDirectory {
         return user
     }
 }
-

@@ -1082,8 +1082,7 @@ private struct DecodeState {
         }
     }
 
-    /// `-?[0-9]+` within Int64; nil for fractions, exponents and overflow.
-    /// The first `\\uXXXX` escape in one JSON string token (and what precedes it in `raw`:
+    /// The first `\uXXXX` escape in one JSON string token (and what precedes it in `raw`:
     /// a colon, a comma, white space) that is a surrogate not paired high-then-low, as
     /// its four hex digits.
     static func unpairedSurrogate(in raw: UnsafeRawBufferPointer) -> String? {
@@ -1130,6 +1129,7 @@ private struct DecodeState {
         }
     }
 
+    /// `-?[0-9]+` within Int64; nil for fractions, exponents and overflow.
     private func parseInteger(_ text: UnsafeRawBufferPointer) -> Int64? {
         guard !text.isEmpty, text.count <= 20 else { return nil }
         var index = 0
