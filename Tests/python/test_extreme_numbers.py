@@ -8,11 +8,15 @@ import os
 import queue
 import tempfile
 
+import pytest
+
 from chatcore_harness import Client, auth, start_socket_server
 from extremes import sweep
 
 
-def test_numbers_at_their_ends_are_answered_and_never_kill_the_service():
+@pytest.mark.parametrize("sender", ["alice", "bob"])
+def test_numbers_at_their_ends_are_answered_and_never_kill_the_service(sender):
+    """Sent by the chat's admin (alice) and by a participant who is not (bob)."""
     lines = sweep()
     assert len(lines) > 100, "the sweep lost its requests"
     assert any("window" in json.dumps(line) for line in lines)
@@ -20,22 +24,26 @@ def test_numbers_at_their_ends_are_answered_and_never_kill_the_service():
         path = os.path.join(directory, "s")
         process = start_socket_server(directory, path)
         try:
-            alice = Client(path)
-            auth(alice, "alice")
-            alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "numbers"}})
+            client = Client(path)
+            auth(client, "alice")
+            client.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "numbers"}})
             for n in range(3):
-                alice.request({"chatMessageSend": {"cookie": f"m{n}", "chatId": "1", "tag": "Text", "content": f"m{n}"}})
+                client.request({"chatMessageSend": {"cookie": f"m{n}", "chatId": "1", "tag": "Text", "content": f"m{n}"}})
+            if sender == "bob":
+                client.close()
+                client = Client(path)
+                auth(client, "bob")
             internal = []
             served = set()
             for number, message in enumerate(lines):
                 name = next(iter(message))
                 if isinstance(message[name], dict):
                     message[name]["cookie"] = f"x{number}"
-                alice.send(message)
+                client.send(message)
                 # The end marker: answered after everything before it.
-                alice.send({"requestListAll": {"type": "global", "cookie": f"end{number}"}})
+                client.send({"requestListAll": {"type": "global", "cookie": f"end{number}"}})
                 try:
-                    events = alice.answer(f"end{number}", timeout=10)
+                    events = client.answer(f"end{number}", timeout=10)
                 except queue.Empty:
                     raise AssertionError(f"no answer to {json.dumps(message)} (chatcore: {process.poll()})") from None
                 internal += [(message, e) for e in events if "requestFailed" in e and e["requestFailed"]["error"] == "Internal"]
@@ -44,7 +52,7 @@ def test_numbers_at_their_ends_are_answered_and_never_kill_the_service():
             assert internal == []
             # The sweep reached the engine, not only the decoder.
             assert {"requestListMatching", "requestListElements", "chatMessageSend", "chatMessageRead", "chatLeave"} <= served, served
-            alice.close()
+            client.close()
         finally:
             process.terminate()
             assert process.wait(timeout=30) == 0
