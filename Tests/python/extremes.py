@@ -1,10 +1,10 @@
-"""Requests whose numbers and strings sit at the ends of what their schemas allow, built
-from Schemas/: for each request (each variant of a union), one with every field given,
-and then, for each integer or id field, the request with that field at 0, the largest id
-(as a string and as a number), past it, -1, or the schema's minimum and maximum, and for
-each string with a byte limit, at the limit (in two-byte characters), past it and empty;
-both whole and with only what the request requires (and each other member beside the
-field).
+"""Requests whose values sit at the ends of what their schemas allow, built from Schemas/:
+for each request (each variant of a union), one with every field given, and then the
+request with one field at an end: an integer or id at 0, -1, the largest id (as a string
+and as a number), past it, or the schema's minimum and maximum; a string with a byte
+limit at the limit (in two-byte characters), past it, or empty; an array empty, at its
+item limit, or past it. Each both whole and with only what the request requires (and each
+other member beside the field).
 
 Used by test_extreme_numbers.py and as fuzzing seeds (Fuzz/seed.py). The lines expect a
 user with chat "1" (with bob) holding a few messages.
@@ -68,8 +68,11 @@ class Schemas:
                 required.update({(key,) + path: keys for path, keys in inner_required.items()})
             return [(value, numbers, required)]
         if kind == "array":
+            # Arrays empty, and as long as they may be and one more.
             item, inner, inner_required = self.instances(node.get("items", {}), base, name)[0]
-            return [([item], [((0,) + path, extremes) for path, extremes in inner],
+            most = node.get("maxItems")
+            ends = [[]] + ([[item] * most, [item] * (most + 1)] if most else [])
+            return [([item], [((), ends)] + [((0,) + path, extremes) for path, extremes in inner],
                      {(0,) + path: keys for path, keys in inner_required.items()})]
         if kind == "integer":
             low, high = node.get("minimum", -LARGEST - 1), node.get("maximum", LARGEST)
