@@ -6,7 +6,7 @@ limit at the limit (in two-byte characters), past it, or empty; an array empty, 
 item limit, or past it. Each both whole and with only what the request requires (and each
 other member beside the field).
 
-Used by test_extreme_numbers.py and as fuzzing seeds (Fuzz/seed.py). The lines expect a
+Used by test_extreme_values.py and as fuzzing seeds (Fuzz/seed.py). The lines expect a
 user with chat "1" (with bob) holding a few messages.
 """
 import json

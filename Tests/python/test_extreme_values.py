@@ -1,4 +1,4 @@
-"""Every number and string a request may carry, at the ends of what its schema allows (see
+"""Every value a request may carry, at the ends of what its schema allows (see
 extremes.py): sent by a user with a chat holding a few messages, each must be answered
 without the service dying, and never with `Internal` (that would be a fault of chatcore,
 not of the request).
@@ -15,7 +15,7 @@ from extremes import sweep
 
 
 @pytest.mark.parametrize("sender", ["alice", "bob"])
-def test_numbers_at_their_ends_are_answered_and_never_kill_the_service(sender):
+def test_values_at_their_ends_are_answered_and_never_kill_the_service(sender):
     """Sent by the chat's admin (alice) and by a participant who is not (bob)."""
     lines = sweep()
     assert len(lines) > 100, "the sweep lost its requests"
