@@ -272,6 +272,17 @@ extension Engine {
         return .value(new)
     }
 
+    /// Strings differ when their bytes do: Swift's `==` is canonical equivalence, under
+    /// which a subject respelled ("caf\u{E9}" to "cafe\u{301}") would not be announced.
+    private func field(_ old: String?, _ new: String?) -> Nullable<String>? {
+        switch (old, new) {
+        case (nil, nil): nil
+        case (let old?, let new?) where old.utf8.elementsEqual(new.utf8): nil
+        case (_, nil): .null
+        case (_, let new?): .value(new)
+        }
+    }
+
     func difference(_ old: ChatMessage, _ new: ChatMessage) -> ChatMessageChange? {
         guard old != new else { return nil }
         return ChatMessageChange(
@@ -284,7 +295,8 @@ extension Engine {
     }
 
     func difference(_ old: Chat, _ new: Chat) -> ChatChange? {
-        guard old != new else { return nil }
+        // The subject is the one text of a chat that changes: compared byte for byte.
+        guard old != new || !old.subject.utf8.elementsEqual(new.subject.utf8) else { return nil }
         return ChatChange(
             chatId: new.chatId, subject: field(old.subject, new.subject), state: field(old.state, new.state), flags: field(old.flags, new.flags),
             lastMessage: field(old.lastMessage, new.lastMessage), numMessages: field(old.numMessages, new.numMessages),

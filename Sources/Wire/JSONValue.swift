@@ -15,6 +15,18 @@ public struct JSONValue: Sendable, Hashable, CustomStringConvertible {
 
     public var description: String { json }
 
+    /// Byte for byte: Swift's `==` on strings is canonical equivalence, under which
+    /// `{"a":"\u{E9}"}` and `{"a":"e\u{301}"}` (as UTF-8, not escapes) would be one value, and a
+    /// change from one to the other would not be announced.
+    public static func == (lhs: JSONValue, rhs: JSONValue) -> Bool {
+        lhs.json.utf8.elementsEqual(rhs.json.utf8)
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        var json = json
+        json.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+    }
+
     public static let null = JSONValue(compactJSON: "null")
     public static let emptyObject = JSONValue(compactJSON: "{}")
 

@@ -288,8 +288,9 @@ final class FixtureRunner {
 
 /// Compares an expected JSON line with an actual one. Objects must have exactly the same
 /// members (order aside), arrays the same elements in order, scalars the same spelling.
-/// In the expected line, the strings "$any", "$int", "$id" and "$capture:NAME" match
-/// any value, any integer, any decimal-string id, and anything (remembering it as NAME).
+/// Strings match when their bytes do. In the expected line, the strings "$any", "$int",
+/// "$id" and "$capture:NAME" match any value, any integer, any decimal-string id, and
+/// anything (remembering it as NAME).
 enum Matcher {
     static func match(_ expected: JSONTree, _ actual: JSONTree, captures: inout [String: String], path: String) -> String? {
         if case .string(let pattern) = expected, pattern.hasPrefix("$") {
@@ -333,6 +334,9 @@ enum Matcher {
                 if let difference = match(pair.0, pair.1, captures: &captures, path: "\(path)[\(index)]") { return difference }
             }
             return nil
+        case let (.string(expectedText), .string(actualText)):
+            // Byte for byte: Swift's `==` would take "e\u{301}" for "\u{E9}".
+            return expectedText.utf8.elementsEqual(actualText.utf8) ? nil : "\(where_(path)) differs"
         default:
             return expected == actual ? nil : "\(where_(path)) differs"
         }
