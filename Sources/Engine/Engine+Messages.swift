@@ -56,8 +56,8 @@ extension Engine {
         if !neverCountsUnread { chat.lastActivity = max(chat.lastActivity, timestamp) }
         for target in targets {
             for ref in refs where ref.messageId == target.id {
-                let counted = target.refBy[ref.tag] ?? (0, 0)
-                target.refBy[ref.tag] = (counted.count + 1, message.id)
+                let counted = target.refBy[ExactText(ref.tag)] ?? (0, 0)
+                target.refBy[ExactText(ref.tag)] = (counted.count + 1, message.id)
                 batch.changedReferences(to: target, tag: ref.tag)
             }
         }
@@ -146,10 +146,10 @@ extension Engine {
             throw ProtocolError(.tooLarge, "'content' and 'data' are \(size) bytes together, over the limit of \(Engine.maxMessageBytes)")
         }
         let refs = request.ref ?? []
-        var tags = Set<String>()
+        var tags = Set<ExactText>()
         var targets: [MessageRecord] = []
         for (index, ref) in refs.enumerated() {
-            guard tags.insert(ref.tag).inserted else {
+            guard tags.insert(ExactText(ref.tag)).inserted else {
                 throw ProtocolError.invalid("'ref[\(index)].tag' \(ref.tag) is given twice: at most one reference per tag")
             }
             guard ref.messageId >= member.joinedAt, let target = try loadMessage(ref.messageId, in: chat) else {
@@ -287,7 +287,7 @@ extension Engine {
         var affected: [RefRow] = []
         for message in recalling {
             willChange(message, in: chat, changes)
-            for ref in message.refs where !affected.contains(RefRow(tag: ref.tag, target: ref.messageId)) {
+            for ref in message.refs where !affected.contains(where: { $0.target == ref.messageId && ExactText($0.tag) == ExactText(ref.tag) }) {
                 affected.append(RefRow(tag: ref.tag, target: ref.messageId))
             }
         }
@@ -301,7 +301,7 @@ extension Engine {
             } catch {
                 throw unreadable(error)
             }
-            target.refBy[ref.tag] = remaining.newest.map { (remaining.count, $0) }
+            target.refBy[ExactText(ref.tag)] = remaining.newest.map { (remaining.count, $0) }
             batch.changedReferences(to: target, tag: ref.tag)
         }
         for message in recalling {

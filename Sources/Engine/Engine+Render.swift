@@ -101,9 +101,9 @@ extension Engine {
         let hidesBody = deleted || message.isRecalled
         var refBy: [RefBy]?
         if !message.refBy.isEmpty {
-            refBy = message.refBy.keys.sorted().compactMap { tag in
+            refBy = message.refBy.keys.sorted { $0.text.utf8.lexicographicallyPrecedes($1.text.utf8) }.compactMap { tag in
                 guard let counted = message.refBy[tag], counted.count > 0 else { return nil }
-                return RefBy(tag: tag, newestRef: counted.newest, count: counted.count)
+                return RefBy(tag: tag.text, newestRef: counted.newest, count: counted.count)
             }
         }
         // Attachments (§7): the sender sees the stored copy; a recipient the

@@ -122,7 +122,8 @@ final class MessageRecord {
     var file: StoredFile?
     var attachment: AttachmentPhase?
     /// How many messages refer to this one, per tag, and the newest of them.
-    var refBy: [String: (count: Int64, newest: Int64)] = [:]
+    /// By tag byte for byte, as the store keeps them (`ExactText`).
+    var refBy: [ExactText: (count: Int64, newest: Int64)] = [:]
     var privateStates: [Int64: PrivateState] = [:]
     /// What the store has in the columns a change may write (nil: not stored yet).
     var stored: MessageColumns?
@@ -171,7 +172,7 @@ final class MessageRecord {
             default: .failed
             }
         }
-        for count in row.refCounts { refBy[count.tag] = (count.count, count.newest) }
+        for count in row.refCounts { refBy[ExactText(count.tag)] = (count.count, count.newest) }
         for state in row.privateStates {
             privateStates[state.user] = PrivateState(localData: state.localData.map { JSONValue(compactJSON: $0) }, isDeleted: state.isDeleted,
                                                      thumbDetached: state.thumbDetached, fileState: state.fileDownloaded ? .done : nil)
@@ -216,8 +217,8 @@ final class MessageRecord {
             for ref in refs { bytes += Heap.bytes(of: ref.tag) }
         }
         if !refBy.isEmpty {
-            bytes += Heap.bytes(ofTable: refBy.count, stride: MemoryLayout<String>.stride + MemoryLayout<(count: Int64, newest: Int64)>.stride)
-            for tag in refBy.keys { bytes += Heap.bytes(of: tag) }
+            bytes += Heap.bytes(ofTable: refBy.count, stride: MemoryLayout<ExactText>.stride + MemoryLayout<(count: Int64, newest: Int64)>.stride)
+            for tag in refBy.keys { bytes += Heap.bytes(of: tag.text) }
         }
         if !privateStates.isEmpty {
             bytes += Heap.bytes(ofTable: privateStates.count, stride: MemoryLayout<Int64>.stride + MemoryLayout<PrivateState>.stride)
@@ -299,8 +300,8 @@ final class ChatRecord {
     }
 }
 
-/// A string that equals another only when their UTF-8 bytes do (user ids): Swift's `==`
-/// on strings is canonical equivalence, the store's and identity providers' is not.
+/// A string that equals another only when their UTF-8 bytes do (user ids, tags): Swift's
+/// `==` on strings is canonical equivalence, the store's and identity providers' is not.
 struct ExactText: Hashable {
     let text: String
 
