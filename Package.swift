@@ -5,6 +5,7 @@ import PackageDescription
 // Modules, from the bytes up (imports only point down this list):
 //   CYAJL       – the system YAJL library (libyajl-dev)
 //   CMalloc     – the C library's heap introspection (malloc.h)
+//   Threads     – chatcore's own threads name themselves (for top -H and /proc)
 //   Wire        – line framing, YAJL reader, JSON writer, JSONValue, the decoding runtime
 //   Protocol    – the messages, generated from Schemas/ by Codegen
 //   Store       – the storage protocol the engine needs, and its records
@@ -45,6 +46,7 @@ let package = Package(
         .target(name: "Wire", dependencies: ["CYAJL"]),
         .target(name: "Protocol", dependencies: ["Wire"]),
         .target(name: "Store"),
+        .target(name: "Threads"),
         .target(
             name: "ServiceMetrics",
             dependencies: ["Protocol", .product(name: "CoreMetrics", package: "swift-metrics"), .product(name: "Metrics", package: "swift-metrics")]
@@ -55,12 +57,12 @@ let package = Package(
         ),
         .target(
             name: "SQLiteStore",
-            dependencies: ["Store", .product(name: "GRDB", package: "GRDB.swift")]
+            dependencies: ["Store", "Threads", .product(name: "GRDB", package: "GRDB.swift")]
         ),
         .target(
             name: "PostgresStore",
             dependencies: [
-                "Store",
+                "Store", "Threads",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -71,7 +73,7 @@ let package = Package(
         .target(
             name: "Engine",
             dependencies: [
-                "Protocol", "Store", "Attachments", "ServiceMetrics", "CMalloc",
+                "Protocol", "Store", "Attachments", "ServiceMetrics", "CMalloc", "Threads",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -87,7 +89,7 @@ let package = Package(
         .target(
             name: "Server",
             dependencies: [
-                "Session", "Protocol", "Wire", "ServiceMetrics",
+                "Session", "Protocol", "Wire", "ServiceMetrics", "Threads",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -98,7 +100,7 @@ let package = Package(
         .executableTarget(
             name: "chatcore",
             dependencies: [
-                "Server", "Session", "Engine", "SQLiteStore", "PostgresStore", "Attachments", "ServiceMetrics",
+                "Server", "Session", "Engine", "SQLiteStore", "PostgresStore", "Attachments", "ServiceMetrics", "Threads",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),

@@ -5,6 +5,7 @@ import Protocol
 import ServiceMetrics
 import Store
 import Synchronization
+import Threads
 
 /// The one place that decides (docs/protocol.md §3–§9).
 ///
@@ -226,7 +227,7 @@ public final class Engine: @unchecked Sendable {
         let logger = self.logger
         searchRefill.enter()
         let thread = Thread { [searchRefill] in
-            Thread.current.name = "search-refill"
+            nameCurrentThread("search-refill")
             var after = indexed
             do {
                 while after < upTo {
@@ -253,9 +254,8 @@ public final class Engine: @unchecked Sendable {
 
     public func start() {
         let thread = Thread { [self] in
-            // Every thread names itself: Foundation on Linux does not apply a name set
-            // before `start()`, and the kernel keeps 15 characters.
-            Thread.current.name = "engine"
+            // Every thread names itself first thing (`nameCurrentThread` says why).
+            nameCurrentThread("engine")
             run()
         }
         thread.stackSize = 8 << 20

@@ -7,6 +7,7 @@ import NIOPosix
 import NIOSSL
 import PostgresNIO
 import Store
+import Threads
 
 /// `ChatStore` on a PostgreSQL database, through postgres-nio.
 ///
@@ -416,7 +417,7 @@ public final class PostgresStore: @unchecked Sendable {
     /// the epoch fences it if it wakes.
     private func startBeating() {
         let thread = Thread { [weak self] in
-            Thread.current.name = "writer-beat"
+            nameCurrentThread("writer-beat")
             while let store = self, !store.lock.withLock({ store.isShutDown }) {
                 if let connection = store.lock.withLock({ store.lockHolder }), !connection.isClosed {
                     do {

@@ -1,6 +1,7 @@
 import Foundation
 import GRDB
 import Store
+import Threads
 
 /// `MessageSearchIndex` in its own SQLite file (`search.sqlite`), written by its own thread
 /// in large transactions.
@@ -67,7 +68,7 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
         self.backlogLimit = backlogLimit
         queue = try SQLiteSearchIndex.open(path: path)
         let thread = Thread { [self] in
-            Thread.current.name = "search-index"
+            nameCurrentThread("search-index")
             writeLoop()
         }
         thread.start()

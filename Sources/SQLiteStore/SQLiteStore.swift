@@ -1,6 +1,7 @@
 import Foundation
 import GRDB
 import Store
+import Threads
 
 #if canImport(Glibc)
 import Glibc
@@ -177,7 +178,7 @@ public final class SQLiteStore: @unchecked Sendable {
     public func checkInBackground(report: @escaping @Sendable (String?) -> Void) {
         let pool = self.pool
         let thread = Thread {
-            Thread.current.name = "store-check"
+            nameCurrentThread("store-check")
             setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, 19)
             do {
                 let check = try pool.read { db in try String.fetchAll(db, sql: "PRAGMA quick_check") }

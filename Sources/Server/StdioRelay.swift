@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import Protocol
+import Threads
 import Wire
 
 #if canImport(Glibc)
@@ -66,7 +67,7 @@ public final class StdioRelay: @unchecked Sendable {
     /// Relays both ways until the writer closes the connection.
     public func run() -> Outcome {
         let upstream = Thread { [self] in
-            Thread.current.name = "stdin"
+            nameCurrentThread("stdin")
             relayInput()
         }
         upstream.start()

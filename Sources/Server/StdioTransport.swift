@@ -2,6 +2,7 @@ import Engine
 import Foundation
 import Logging
 import Session
+import Threads
 import Wire
 
 #if canImport(Glibc)
@@ -120,7 +121,7 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
         self.descriptor = descriptor
         self.logger = logger
         let thread = Thread { [self] in
-            Thread.current.name = "stdout"
+            nameCurrentThread("stdout")
             writeLoop()
         }
         thread.start()

@@ -13,6 +13,7 @@ import PostgresStore
 import SQLiteStore
 import Server
 import Session
+import Threads
 
 #if canImport(Glibc)
 import Glibc
@@ -320,7 +321,7 @@ struct Serve: AsyncParsableCommand {
         if let stdio {
             await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
                 let thread = Thread {
-                    Thread.current.name = "stdin"
+                    nameCurrentThread("stdin")
                     stdio.run()
                     done.resume()
                 }
@@ -436,7 +437,7 @@ struct Serve: AsyncParsableCommand {
         logger.info("another node is the writer of the store: relaying connections to it until it stops", metadata: ["store": "\(location)"])
         let lock = try await withCheckedThrowingContinuation { (taken: CheckedContinuation<PostgresStore.WriterLock, Error>) in
             let thread = Thread {
-                Thread.current.name = "writer-lock"
+                nameCurrentThread("writer-lock")
                 do {
                     taken.resume(returning: try PostgresStore.WriterLock.wait(location: location, logger: logger, takeoverAfter: writerTimeout))
                 } catch {
