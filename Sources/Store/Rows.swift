@@ -362,13 +362,24 @@ public struct StoreBatch: Sendable {
 
 // MARK: what changed
 
+/// Whether a text column changed, byte for byte: Swift's `!=` on strings is canonical
+/// equivalence, under which a value respelled ("caf\u{E9}" to "cafe\u{301}") would not be
+/// written, and would come back as it was after a restart.
+private func differs(_ new: String?, _ old: String?) -> Bool {
+    switch (new, old) {
+    case (nil, nil): false
+    case (let new?, let old?): !new.utf8.elementsEqual(old.utf8)
+    default: true
+    }
+}
+
 extension ChatRow {
     /// The columns whose values differ from `old`.
     public func columns(changedFrom old: ChatRow) -> Set<ChatColumn> {
         var columns: Set<ChatColumn> = []
-        if subject != old.subject { columns.insert(.subject) }
+        if differs(subject, old.subject) { columns.insert(.subject) }
         if isDefunct != old.isDefunct { columns.insert(.isDefunct) }
-        if data != old.data { columns.insert(.data) }
+        if differs(data, old.data) { columns.insert(.data) }
         if lastMessage != old.lastMessage { columns.insert(.lastMessage) }
         if lastActivity != old.lastActivity { columns.insert(.lastActivity) }
         return columns
@@ -384,8 +395,8 @@ extension MemberRow {
         if joinedAt != old.joinedAt { columns.insert(.joinedAt) }
         if leftAt != old.leftAt { columns.insert(.leftAt) }
         if isHidden != old.isHidden { columns.insert(.isHidden) }
-        if localData != old.localData { columns.insert(.localData) }
-        if privateData != old.privateData { columns.insert(.privateData) }
+        if differs(localData, old.localData) { columns.insert(.localData) }
+        if differs(privateData, old.privateData) { columns.insert(.privateData) }
         if deliveredUpTo != old.deliveredUpTo { columns.insert(.deliveredUpTo) }
         if readUpTo != old.readUpTo { columns.insert(.readUpTo) }
         if numUnread != old.numUnread { columns.insert(.numUnread) }
@@ -442,18 +453,18 @@ extension MessageRow {
     /// their own: they only ever go, with a recall).
     public func columns(changedFrom old: MessageColumns) -> Set<MessageColumn> {
         var columns: Set<MessageColumn> = []
-        if content != old.content { columns.insert(.content) }
-        if data != old.data { columns.insert(.data) }
+        if differs(content, old.content) { columns.insert(.content) }
+        if differs(data, old.data) { columns.insert(.data) }
         if isRecalled != old.isRecalled { columns.insert(.isRecalled) }
         if changeSeq != old.changeSeq { columns.insert(.changeSeq) }
         if searchRow != old.searchRow { columns.insert(.searchRow) }
         let attachments = old.attachments
-        if thumbName != attachments?.thumbName { columns.insert(.thumbName) }
-        if thumbBlob != attachments?.thumbBlob { columns.insert(.thumbBlob) }
-        if fileName != attachments?.fileName { columns.insert(.fileName) }
-        if fileBlob != attachments?.fileBlob { columns.insert(.fileBlob) }
+        if differs(thumbName, attachments?.thumbName) { columns.insert(.thumbName) }
+        if differs(thumbBlob, attachments?.thumbBlob) { columns.insert(.thumbBlob) }
+        if differs(fileName, attachments?.fileName) { columns.insert(.fileName) }
+        if differs(fileBlob, attachments?.fileBlob) { columns.insert(.fileBlob) }
         if fileSize != attachments?.fileSize { columns.insert(.fileSize) }
-        if attachment != attachments?.attachment { columns.insert(.attachment) }
+        if differs(attachment, attachments?.attachment) { columns.insert(.attachment) }
         return columns
     }
 }
