@@ -113,18 +113,8 @@ final class Batch {
     struct RefKey: Hashable {
         let chat: Int64
         let target: Int64
-        let tag: String
-
-        // The tag byte for byte, as the store keys it.
-        static func == (lhs: RefKey, rhs: RefKey) -> Bool {
-            lhs.chat == rhs.chat && lhs.target == rhs.target && ExactText(lhs.tag) == ExactText(rhs.tag)
-        }
-
-        func hash(into hasher: inout Hasher) {
-            hasher.combine(chat)
-            hasher.combine(target)
-            hasher.combine(ExactText(tag))
-        }
+        /// Byte for byte, as the store keys it.
+        let tag: ExactText
     }
 
     // MARK: items and their effects
@@ -193,7 +183,7 @@ final class Batch {
 
     /// `target.refBy[tag]` changed.
     func changedReferences(to target: MessageRecord, tag: String) {
-        dirtyRefCounts[RefKey(chat: target.chat, target: target.id, tag: tag)] = target
+        dirtyRefCounts[RefKey(chat: target.chat, target: target.id, tag: ExactText(tag))] = target
         changed(target)
     }
 
@@ -269,8 +259,8 @@ final class Batch {
         store.touches = touches.compactMap { key, seq in dirtyMessages[key] == nil ? (key.chat, key.item, seq) : nil }
         store.rangeChanges = rangeChanges
         store.refCounts = dirtyRefCounts.map { key, target in
-            let count = target.refBy[ExactText(key.tag)]
-            return RefCountRow(chat: key.chat, target: key.target, tag: key.tag, count: count?.count ?? 0, newest: count?.newest ?? 0)
+            let count = target.refBy[key.tag]
+            return RefCountRow(chat: key.chat, target: key.target, tag: key.tag.text, count: count?.count ?? 0, newest: count?.newest ?? 0)
         }
         store.privateStates = dirtyPrivate.values.map { entry in
             let state = entry.message.privateStates[entry.user] ?? PrivateState()
