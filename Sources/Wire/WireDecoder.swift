@@ -1005,8 +1005,17 @@ private struct DecodeState {
                 return nil
             }
             return .integer(number)
-        case (.id64, .number(let text)), (.id64, .string(let text)):
+        case (.id64, .number(let text)):
             guard let number = parseInteger(text), number >= 0 else {
+                failMismatch(type)
+                return nil
+            }
+            return .integer(number)
+        case (.id64, .string(let text)):
+            // Only the service's own spelling: answers name an id as the service writes
+            // it, so "02" or "-0" would come back as an id the client never sent.
+            guard let number = parseInteger(text), number >= 0, text[0] != UInt8(ascii: "-"),
+                  text.count == 1 || text[0] != UInt8(ascii: "0") else {
                 failMismatch(type)
                 return nil
             }

@@ -32,7 +32,7 @@ public indirect enum WireType: Sendable {
         case .enumeration(let values): return "one of " + values.map { "'\($0)'" }.joined(separator: ", ")
         case .constant(let value): return "'\(value)'"
         case .integer: return "an integer"
-        case .id64: return "an id (a decimal string or a non-negative integer)"
+        case .id64: return "an id (a decimal string without leading zeros, or a non-negative integer)"
         case .boolean: return "true or false"
         case .json(let objectOnly): return objectOnly ? "an object" : "a JSON value"
         case .object, .union: return "an object"

@@ -128,7 +128,7 @@ export interface ChatLeave {
 export interface ChatMessage {
   /** A chat, as the service named it. */
   chatId: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
   /** A user as the protocol names them: bbmpim://user/id/<n>. */
   senderUri: string;
@@ -168,7 +168,7 @@ export interface ChatMessage {
 export interface ChatMessageChange {
   /** A chat, as the service named it. */
   chatId: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
   senderUri?: string | null;
   tag?: string | null;
@@ -206,7 +206,7 @@ export interface ChatMessageCriteria {
 export interface ChatMessageDelete {
   /** A chat, as the service named it. */
   chatId: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   id: string | number;
   /** Chosen by the client; echoed on every direct response to the request. */
   cookie?: string;
@@ -216,7 +216,7 @@ export interface ChatMessageDelete {
 export interface ChatMessageDestroy {
   /** A chat, as the service named it. */
   chatId: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId?: string | number;
   /** Chosen by the client; echoed on every direct response to the request. */
   cookie?: string;
@@ -226,7 +226,7 @@ export interface ChatMessageDestroy {
 export interface ChatMessageDetach {
   /** A chat, as the service named it. */
   chatId: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
   /** Remove the thumb. */
   detachThumb?: boolean;
@@ -240,7 +240,7 @@ export interface ChatMessageDetach {
 export interface ChatMessageFileDownload {
   /** A chat, as the service named it. */
   chatId: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
   /** Chosen by the client; echoed on every direct response to the request. */
   cookie?: string;
@@ -250,7 +250,7 @@ export interface ChatMessageFileDownload {
 export interface ChatMessageKey {
   /** A chat, as the service named it. */
   chatId: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
 }
 
@@ -258,7 +258,7 @@ export interface ChatMessageKey {
 export interface ChatMessageRead {
   /** A chat, as the service named it. */
   chatId: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
   /** Chosen by the client; echoed on every direct response to the request. */
   cookie?: string;
@@ -296,7 +296,7 @@ export interface ChatMessageSend {
 export interface ChatMessageSettable {
   /** A chat, as the service named it. */
   chatId: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
   localData?: Record<string, unknown> | null;
 }
@@ -307,7 +307,7 @@ export interface ChatMessageStateEvent {
   cookie?: string;
   /** A chat, as the service named it. */
   chatId: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
   /** Each recipient. */
   states: RecipientState[];
@@ -317,7 +317,7 @@ export interface ChatMessageStateEvent {
 export interface ChatMessageStateGet {
   /** A chat, as the service named it. */
   chatId: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
   /** Chosen by the client; echoed on every direct response to the request. */
   cookie?: string;
@@ -534,7 +534,7 @@ export interface IdentitiesGet {
 export interface Identity {
   /** The application's id of a user. */
   appUserId: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   regId: string | number;
   /** A user as the protocol names them: bbmpim://user/id/<n>. */
   uri: string;
@@ -544,7 +544,7 @@ export type InvitePolicy = "AdminsOnly" | "ParticipantsOnly";
 
 /** A user to invite: by regId or by userId, exactly one of them. */
 export interface Invitee {
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   regId?: string | number;
   /** The application's id of a user. */
   userId?: string;
@@ -908,7 +908,7 @@ export type ListType = "global" | "user" | "chat" | "chatParticipant" | "chatMes
 export interface MessageKey {
   /** A chat, as the service named it. */
   chatId: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
 }
 
@@ -916,7 +916,7 @@ export interface MessageKey {
 export interface MessageRef {
   /** What a message is (Text, Quote, Edit, Thread, or any application tag). */
   tag: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
 }
 
@@ -968,7 +968,7 @@ export interface RecipientState {
 export interface RefBy {
   /** What a message is (Text, Quote, Edit, Thread, or any application tag). */
   tag: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   newestRef: string | number;
   /** How many messages refer to this one with this tag. */
   count: number;
@@ -976,7 +976,7 @@ export interface RefBy {
 
 /** One endpoint. */
 export interface RegisteredEndpoint {
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   endpointId: string | number;
   /** As endpointUpdate named it (empty when it never did). */
   description: string;
@@ -1240,7 +1240,7 @@ export interface TypingKey {
 export interface User {
   /** A user as the protocol names them: bbmpim://user/id/<n>. */
   uri: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   regId: string | number;
   /** The application's id of a user. */
   userId: string;
@@ -1264,7 +1264,7 @@ export interface UserCriteria {
 export interface UserKey {
   /** A user as the protocol names them: bbmpim://user/id/<n>. */
   uri?: string;
-  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer. */
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   regId?: string | number;
 }
 

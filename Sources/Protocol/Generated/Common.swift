@@ -17,7 +17,7 @@ public enum ListType: String, Sendable, Hashable, CaseIterable {
 public struct MessageRef: Sendable, Equatable, WireDecodable, WireEncodable {
     /// What a message is (Text, Quote, Edit, Thread, or any application tag).
     public var tag: String
-    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent).
     public var messageId: Int64
 
     public init(tag: String, messageId: Int64) {
@@ -45,7 +45,7 @@ public struct MessageRef: Sendable, Equatable, WireDecodable, WireEncodable {
 
 /// A user to invite: by regId or by userId, exactly one of them.
 public struct Invitee: Sendable, Equatable, WireDecodable, WireEncodable {
-    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent).
     public var regId: Int64?
     /// The application's id of a user.
     public var userId: String?
@@ -99,7 +99,7 @@ public enum MessageState: String, Sendable, Hashable, CaseIterable {
 public struct RefBy: Sendable, Equatable, WireDecodable, WireEncodable {
     /// What a message is (Text, Quote, Edit, Thread, or any application tag).
     public var tag: String
-    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent).
     public var newestRef: Int64
     /// How many messages refer to this one with this tag.
     public var count: Int64
@@ -135,7 +135,7 @@ public struct RefBy: Sendable, Equatable, WireDecodable, WireEncodable {
 public struct MessageKey: Sendable, Equatable, WireDecodable, WireEncodable {
     /// A chat, as the service named it.
     public var chatId: String
-    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent).
     public var messageId: Int64
 
     public init(chatId: String, messageId: Int64) {

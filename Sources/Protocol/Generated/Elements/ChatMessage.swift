@@ -7,7 +7,7 @@ import Wire
 public struct ChatMessageKey: Sendable, Equatable, WireDecodable, WireEncodable {
     /// A chat, as the service named it.
     public var chatId: String
-    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent).
     public var messageId: Int64
 
     public init(chatId: String, messageId: Int64) {
@@ -49,7 +49,7 @@ public enum RecallState: String, Sendable, Hashable, CaseIterable {
 public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
     /// A chat, as the service named it.
     public var chatId: String
-    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent).
     public var messageId: Int64
     /// A user as the protocol names them: bbmpim://user/id/<n>.
     public var senderUri: String
@@ -175,7 +175,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
 public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodable {
     /// A chat, as the service named it.
     public var chatId: String
-    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent).
     public var messageId: Int64
     public var senderUri: Nullable<String>?
     public var tag: Nullable<String>?

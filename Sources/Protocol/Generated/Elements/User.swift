@@ -7,7 +7,7 @@ import Wire
 public struct UserKey: Sendable, Equatable, WireDecodable, WireEncodable {
     /// A user as the protocol names them: bbmpim://user/id/<n>.
     public var uri: String?
-    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent).
     public var regId: Int64?
 
     public init(uri: String? = nil, regId: Int64? = nil) {
@@ -37,7 +37,7 @@ public struct UserKey: Sendable, Equatable, WireDecodable, WireEncodable {
 public struct User: Sendable, Equatable, WireDecodable, WireEncodable {
     /// A user as the protocol names them: bbmpim://user/id/<n>.
     public var uri: String
-    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent).
     public var regId: Int64
     /// The application's id of a user.
     public var userId: String

@@ -10,7 +10,7 @@ public enum EndpointsResult: String, Sendable, Hashable, CaseIterable {
 
 /// One endpoint.
 public struct RegisteredEndpoint: Sendable, Equatable, WireDecodable, WireEncodable {
-    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent).
     public var endpointId: Int64
     /// As endpointUpdate named it (empty when it never did).
     public var description: String

@@ -7,7 +7,7 @@ import Wire
 public struct Identity: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The application's id of a user.
     public var appUserId: String
-    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent).
     public var regId: Int64
     /// A user as the protocol names them: bbmpim://user/id/<n>.
     public var uri: String

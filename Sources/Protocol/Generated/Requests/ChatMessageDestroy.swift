@@ -10,7 +10,7 @@ public struct ChatMessageDestroy: Sendable, Equatable, WireDecodable, WireEncoda
 
     /// A chat, as the service named it.
     public var chatId: String
-    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string; accepted in requests as a string or a JSON integer.
+    /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent).
     public var messageId: Int64?
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
