@@ -91,11 +91,61 @@ enum YAJL {
         return "\(message) (near byte \(offset + 1))"
     }
 
-    /// What is refused before YAJL sees it: an empty line, and form feed or vertical tab.
+    /// What is refused before YAJL sees it: an empty line, form feed or vertical tab, and
+    /// bytes that are not UTF-8.
     private static func refuseBeforeParsing(_ text: UnsafeRawBufferPointer) -> SyntaxError? {
         if text.isEmpty { return SyntaxError(message: "the line is empty") }
         if let bad = firstNonJSONWhitespace(text) {
             return SyntaxError(message: "invalid character at byte \(bad + 1)")
+        }
+        if let bad = firstInvalidUTF8(text) {
+            return SyntaxError(message: "not UTF-8 at byte \(bad + 1)")
+        }
+        return nil
+    }
+
+    /// Where the first byte sequence that is not UTF-8 (RFC 3629) starts, if any.
+    ///
+    /// YAJL checks only the shape of a sequence (a lead byte and its continuation bytes):
+    /// it lets through overlong forms (`C0 80` for U+0000), encoded surrogates (`ED A0 80`)
+    /// and code points past U+10FFFF, which Swift then turns into U+FFFD. Two different
+    /// user ids would become one, and text would change silently; so they are refused here.
+    static func firstInvalidUTF8(_ text: UnsafeRawBufferPointer) -> Int? {
+        let count = text.count
+        var index = 0
+        while index < count {
+            // ASCII, eight bytes at a time.
+            if index + 8 <= count, text.loadUnaligned(fromByteOffset: index, as: UInt64.self) & 0x8080_8080_8080_8080 == 0 {
+                index += 8
+                continue
+            }
+            let lead = text[index]
+            if lead < 0x80 {
+                index += 1
+                continue
+            }
+            // The continuation bytes after the lead, and the range the first of them must
+            // be in (which rules out overlong forms, surrogates and what is past U+10FFFF).
+            let following: Int
+            var low: UInt8 = 0x80
+            var high: UInt8 = 0xBF
+            switch lead {
+            case 0xC2...0xDF: following = 1
+            case 0xE0: following = 2; low = 0xA0
+            case 0xED: following = 2; high = 0x9F
+            case 0xE1...0xEF: following = 2
+            case 0xF0: following = 3; low = 0x90
+            case 0xF4: following = 3; high = 0x8F
+            case 0xF1...0xF3: following = 3
+            default: return index
+            }
+            guard index + following < count, (low...high).contains(text[index + 1]) else { return index }
+            var next = index + 2
+            while next <= index + following {
+                guard text[next] & 0xC0 == 0x80 else { return index }
+                next += 1
+            }
+            index = next
         }
         return nil
     }

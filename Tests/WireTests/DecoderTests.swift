@@ -100,3 +100,36 @@ private func decode(_ line: String) -> DecodedLine<Request> {
     let decoded = decode(#"{"requestListMatching":{"type":"chatMessage","criteria":{"chatId":"1","bogus":1}}}"#)
     #expect(decoded.result == .failure(WireFailure(.invalidParameter, "unknown field 'criteria.bogus'")))
 }
+
+/// The check before YAJL agrees with Swift's own UTF-8 validation on every sequence of up
+/// to three bytes drawn from the bytes where UTF-8's rules change, and on random ones.
+@Test func theUTF8CheckAgreesWithSwiftsValidation() {
+    let interesting: [UInt8] = [0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1,
+                                0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xF7, 0xF8, 0xFF]
+    func agrees(_ bytes: [UInt8]) -> Bool {
+        let valid = String(validating: bytes, as: UTF8.self) != nil
+        return bytes.withUnsafeBytes { YAJL.firstInvalidUTF8($0) == nil } == valid
+    }
+    var disagreements: [[UInt8]] = []
+    for a in interesting {
+        for b in interesting {
+            for c in interesting {
+                // Each alone, and behind eight ASCII bytes (past the fast path's first step).
+                for bytes in [[a, b, c], [a, b, c, 0x80, 0x80], Array("abcdefgh".utf8) + [a, b, c]] where !agrees(bytes) {
+                    disagreements.append(bytes)
+                }
+            }
+        }
+    }
+    var generator = SystemRandomNumberGenerator()
+    for _ in 0..<20_000 {
+        let bytes = (0..<Int.random(in: 1...24, using: &generator)).map { _ in
+            Bool.random(using: &generator) ? UInt8.random(in: 0x20...0x7E, using: &generator) : UInt8.random(in: 0x80...0xFF, using: &generator)
+        }
+        if !agrees(bytes) { disagreements.append(bytes) }
+    }
+    #expect(Array(disagreements.prefix(5)) == [])
+    // Where it points: the first byte of the first bad sequence.
+    let line = Array("{\"x\":\"ok\u{10FFFF}\u{E9}".utf8) + [0xED, 0xA0, 0x80] + Array("\"}".utf8)
+    #expect(line.withUnsafeBytes { YAJL.firstInvalidUTF8($0) } == line.firstIndex(of: 0xED))
+}
