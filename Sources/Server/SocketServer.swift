@@ -113,6 +113,15 @@ public final class SocketServer: Sendable {
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            // When accepting fails (out of file descriptors), the operator hears why. NIO
+            // retries at once while connections wait (the listener stays readable), taking
+            // a core: `--max-sessions` is fitted to the descriptor limit so that sessions
+            // alone never get there (`Serve.sessionsThatFit`).
+            .serverChannelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(AcceptFailureLog(logger: logger))
+                }
+            }
             .childChannelOption(.autoRead, value: true)
             // A client that shuts down its write side still gets every answer.
             .childChannelOption(.allowRemoteHalfClosure, value: true)
@@ -209,6 +218,33 @@ public final class SocketServer: Sendable {
 }
 
 /// Connects one socket to one `Session`: bytes to lines to requests; events to bytes.
+/// Logs why accepting a connection failed: once, then at most once a minute with how
+/// many more failed (while out of file descriptors, every try fails).
+private final class AcceptFailureLog: ChannelInboundHandler {
+    typealias InboundIn = Channel
+
+    private let logger: Logger
+    private var lastLogged: NIODeadline?
+    private var unlogged = 0
+
+    init(logger: Logger) { self.logger = logger }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        let now = NIODeadline.now()
+        if let lastLogged, now - lastLogged < .minutes(1) {
+            unlogged += 1
+            return
+        }
+        lastLogged = now
+        var metadata: Logger.Metadata = ["error": "\(error)"]
+        if unlogged > 0 { metadata["failedSinceLastLogged"] = "\(unlogged)" }
+        unlogged = 0
+        let hint = (error as? IOError).map { [EMFILE, ENFILE].contains($0.errnoCode) } == true
+            ? "out of file descriptors: raise the limit (ulimit -n) or lower --max-sessions; connections wait until it can" : "connections wait until it can"
+        logger.warning("cannot accept connections: \(hint)", metadata: metadata)
+    }
+}
+
 final class SessionHandler: ChannelDuplexHandler {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer

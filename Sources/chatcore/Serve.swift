@@ -80,7 +80,7 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: "Unread output of a socket session above which it is disconnected.")
     var maxOutputBytes: Int = 64 << 20
 
-    @Option(name: .long, help: "Socket connections open at once; further ones are closed when accepted.")
+    @Option(name: .long, help: "Socket connections open at once; further ones are closed when accepted. Lowered to what the file descriptor limit leaves room for.")
     var maxSessions: Int = 10_000
 
     @Option(name: .long, help: ArgumentHelp("Close a socket connection that sends nothing for this many seconds (0: never).", valueName: "seconds"))
@@ -263,14 +263,18 @@ struct Serve: AsyncParsableCommand {
         // nothing to listen on listens on loopback for them (nodes on this machine), and
         // ends, as a node of standard input/output does, at the end of its input.
         var listening = listen
-        if case .postgres = store, listen.isEmpty { listening = ["127.0.0.1:0"] }
+        var isShared = false
+        if case .postgres = store {
+            isShared = true
+            if listen.isEmpty { listening = ["127.0.0.1:0"] }
+        }
         let relayedOnly = listen.isEmpty && !listening.isEmpty
         if !listening.isEmpty {
             let loops = group ?? MultiThreadedEventLoopGroup(numberOfThreads: listen.isEmpty ? 1 : System.coreCount)
             group = loops
             let sockets = SocketServer(group: loops, engine: engine, authenticator: authenticator,
                                       limits: .init(session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
-                                                    maxSessions: maxSessions, idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil),
+                                                    maxSessions: Serve.sessionsThatFit(maxSessions, relaying: isShared, logger: logger), idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil),
                                       logger: logger)
             server = sockets
             for text in listening {
@@ -470,6 +474,34 @@ struct Serve: AsyncParsableCommand {
             guard attributes?[.type] as? FileAttributeType == .typeRegular else { return total }
             return total + ((attributes?[.size] as? NSNumber)?.int64Value ?? 0)
         }
+    }
+
+    /// Descriptors kept for everything but socket sessions: the store's files and the
+    /// search index's, PostgreSQL connections, attachments being copied, listeners, event
+    /// loops, standard input/output.
+    static let descriptorsKept = 128
+
+    /// The socket sessions the file descriptor limit leaves room for, at most `wanted`.
+    /// The soft limit is raised to the hard one first (Debian's soft limit is 1,024).
+    /// Past the limit, accepting a connection fails while it waits, and NIO retries at
+    /// once for as long as it waits, taking a whole core; below it, a connection past
+    /// `--max-sessions` is accepted and closed at once. A node that relays its sessions to
+    /// the writer of a shared store takes two descriptors for each.
+    static func sessionsThatFit(_ wanted: Int, relaying: Bool, logger: Logger) -> Int {
+        let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+        var limit = rlimit()
+        guard getrlimit(resource, &limit) == 0 else { return wanted }
+        if limit.rlim_cur < limit.rlim_max {
+            var raised = limit
+            raised.rlim_cur = limit.rlim_max
+            if setrlimit(resource, &raised) == 0 { limit = raised }
+        }
+        guard limit.rlim_cur != rlim_t.max else { return wanted }  // RLIM_INFINITY
+        let room = max(1, (Int(clamping: limit.rlim_cur) - descriptorsKept) / (relaying ? 2 : 1))
+        guard wanted > room else { return wanted }
+        logger.warning("the file descriptor limit leaves room for fewer socket sessions than --max-sessions: raise it (ulimit -n)",
+                       metadata: ["maxSessions": "\(wanted)", "servingAtMost": "\(room)", "fileDescriptorLimit": "\(limit.rlim_cur)"])
+        return room
     }
 
     /// SIGINT and SIGTERM: stop reading at once, answer everything accepted (requests not

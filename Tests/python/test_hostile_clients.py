@@ -2,7 +2,9 @@
 time, 1,000 idle connections and clients that hang up in the middle of a line do not
 slow a normal session down much, keep memory bounded, and lose nothing."""
 import json
+import os
 import re
+import resource
 import socket
 import subprocess
 import tempfile
@@ -199,6 +201,67 @@ def test_clients_that_reset_while_answers_are_written_do_not_crash_it():
             check.sendall(b'{"nope":{"cookie":"alive"}}\n')
             assert b"alive" in check.recv(4096)
             check.close()
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_more_connections_than_file_descriptors_are_closed_not_left_spinning():
+    """With 200 file descriptors (soft and hard limit) and the default --max-sessions
+    (10,000), 150 connections used to leave ~80 waiting in the listen queue: every accept
+    failed (EMFILE) and NIO retried at once for as long as they waited, taking a whole core,
+    and said nothing. The service now fits --max-sessions to the limit (and says so): the
+    connections past it are accepted and closed at once, like any past --max-sessions."""
+    def two_hundred_descriptors():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+
+    with tempfile.TemporaryDirectory() as data:
+        process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", data, "--listen", "127.0.0.1:0", "--insecure-no-auth"],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                   preexec_fn=two_hundred_descriptors)
+        log = []
+        port = None
+        for line in process.stderr:
+            log.append(line)
+            match = re.search(r"port=(\d+)", line)
+            if match:
+                port = int(match.group(1))
+                break
+        assert port, "".join(log)
+        threading.Thread(target=lambda: log.extend(process.stderr), daemon=True).start()
+        try:
+            assert any("servingAtMost=72" in line for line in log), "".join(log)
+            first = Normal(port, "alice")
+            sockets = [socket.create_connection(("127.0.0.1", port)) for _ in range(150)]
+            answered, closed = 0, 0
+            for n, sock in enumerate(sockets):
+                sock.settimeout(10)
+                sock.sendall(json.dumps({"authToken": {"userId": f"u{n}", "authToken": "-"}}).encode() + b"\n")
+            for sock in sockets:
+                try:
+                    reply = sock.recv(20)
+                except ConnectionResetError:
+                    reply = b""
+                if reply:
+                    answered += 1
+                else:
+                    closed += 1
+            assert answered == 71 and closed == 79, (answered, closed)
+            # Nothing waits to be accepted: the service is idle.
+            before = cpu_seconds(process.pid)
+            time.sleep(2)
+            assert cpu_seconds(process.pid) - before < 0.5, "the service spins while connections wait"
+            first.send({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "still here"}})
+            first.until(lambda line: b'"cookie":"c"' in line)
+            for sock in sockets:
+                sock.close()
+            time.sleep(0.5)
+            Normal(port, "zed")
         finally:
             process.terminate()
             process.wait(timeout=30)
