@@ -3,12 +3,20 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import Prometheus
+import Synchronization
 
 /// Serves the registry's metrics in Prometheus' text format over HTTP (`GET /metrics`),
 /// for `--metrics ADDR`. Anything else is 404; only GET and HEAD are served.
 public final class MetricsEndpoint: Sendable {
     private let registry: PrometheusCollectorRegistry
     private let beforeScrape: @Sendable () -> Void
+    /// Connections open now.
+    private let open = Atomic<Int>(0)
+
+    /// Connections served at once; more are closed when accepted.
+    static let maxConnections = 16
+    /// A connection with nothing read or written for this long is closed.
+    static let idleTimeout = TimeAmount.seconds(60)
 
     /// `beforeScrape` runs before each answer (to record values measured on demand).
     public init(registry: PrometheusCollectorRegistry, beforeScrape: @escaping @Sendable () -> Void = {}) {
@@ -23,8 +31,17 @@ public final class MetricsEndpoint: Sendable {
         return try await ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 64)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-            .childChannelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
+            .childChannelInitializer { [self] channel in
+                // A scraper needs one connection: a few are served at once, and one that
+                // sends nothing for a minute is closed, so connections to this port cannot
+                // take the descriptors the sessions need.
+                guard self.open.add(1, ordering: .relaxed).newValue <= MetricsEndpoint.maxConnections else {
+                    self.open.subtract(1, ordering: .relaxed)
+                    return channel.close()
+                }
+                channel.closeFuture.whenComplete { _ in self.open.subtract(1, ordering: .relaxed) }
+                return channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(IdleStateHandler(allTimeout: MetricsEndpoint.idleTimeout))
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline()
                     try channel.pipeline.syncOperations.addHandler(ScrapeHandler(registry: registry, beforeScrape: beforeScrape))
                 }
@@ -33,13 +50,22 @@ public final class MetricsEndpoint: Sendable {
     }
 }
 
-private final class ScrapeHandler: ChannelInboundHandler {
+/// Answers one request at a time (NIO's pipelining handler holds the next until this one
+/// is answered), and only while the client takes its answers: a client that sends
+/// requests without reading the answers gets nothing more read or answered until it has
+/// taken what was written (before, 20 s of that held 750 MB).
+private final class ScrapeHandler: ChannelDuplexHandler {
     typealias InboundIn = HTTPServerRequestPart
+    typealias OutboundIn = HTTPServerResponsePart
     typealias OutboundOut = HTTPServerResponsePart
 
     private let registry: PrometheusCollectorRegistry
     private let beforeScrape: @Sendable () -> Void
     private var head: HTTPRequestHead?
+    /// A request complete while the client had not taken the answers before it.
+    private var waiting: HTTPRequestHead?
+    /// A read asked for while answers wait to be taken.
+    private var readHeld = false
 
     init(registry: PrometheusCollectorRegistry, beforeScrape: @escaping @Sendable () -> Void) {
         self.registry = registry
@@ -55,8 +81,42 @@ private final class ScrapeHandler: ChannelInboundHandler {
         case .end:
             guard let head else { return }
             self.head = nil
-            respond(to: head, context: context)
+            if context.channel.isWritable {
+                respond(to: head, context: context)
+            } else {
+                waiting = head
+            }
         }
+    }
+
+    func read(context: ChannelHandlerContext) {
+        if context.channel.isWritable && waiting == nil {
+            context.read()
+        } else {
+            readHeld = true
+        }
+    }
+
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        if context.channel.isWritable {
+            if let head = waiting {
+                waiting = nil
+                respond(to: head, context: context)
+            }
+            if readHeld && context.channel.isWritable && waiting == nil {
+                readHeld = false
+                context.read()
+            }
+        }
+        context.fireChannelWritabilityChanged()
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is IdleStateHandler.IdleStateEvent {
+            context.close(promise: nil)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
     }
 
     private func respond(to head: HTTPRequestHead, context: ChannelHandlerContext) {
