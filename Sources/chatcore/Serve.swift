@@ -104,7 +104,8 @@ struct Serve: AsyncParsableCommand {
         guard maxRequestsInFlight > 0 else { throw ValidationError("--max-requests-in-flight must be positive") }
         guard maxSessions > 0 else { throw ValidationError("--max-sessions must be positive") }
         guard maxEndpoints > 0 else { throw ValidationError("--max-endpoints must be positive") }
-        guard cacheMb >= 0 else { throw ValidationError("--cache-mb must not be negative") }
+        // Past 1 TiB, MiB to bytes would lose high bits (2^44 MiB became 0: no cache).
+        guard cacheMb >= 0, cacheMb <= 1 << 20 else { throw ValidationError("--cache-mb must be 0 to 1048576 (1 TiB)") }
         guard idleTimeout >= 0 else { throw ValidationError("--idle-timeout must not be negative") }
         guard writerTimeout >= 3, writerTimeout <= 86_400 else {
             throw ValidationError("--writer-timeout must be 3 to 86400 seconds (the writer beats every second)")
