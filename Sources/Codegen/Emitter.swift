@@ -238,6 +238,19 @@ struct Emitter {
         }
         line("        writer.endObject()")
         line("    }")
+        line()
+        // Text byte for byte (`sameBytes`, Sources/Protocol/Protocol.swift).
+        line("    public static func == (lhs: Self, rhs: Self) -> Bool {")
+        if stored.isEmpty {
+            line("        true")
+        } else {
+            let comparisons = stored.map { field -> String in
+                let name = Emitter.identifier(field.name)
+                return "sameBytes(lhs.\(name), rhs.\(name))"
+            }
+            line("        " + comparisons.joined(separator: "\n            && "))
+        }
+        line("    }")
         line("}")
     }
 

@@ -295,8 +295,7 @@ extension Engine {
     }
 
     func difference(_ old: Chat, _ new: Chat) -> ChatChange? {
-        // The subject is the one text of a chat that changes: compared byte for byte.
-        guard old != new || !old.subject.utf8.elementsEqual(new.subject.utf8) else { return nil }
+        guard old != new else { return nil }
         return ChatChange(
             chatId: new.chatId, subject: field(old.subject, new.subject), state: field(old.state, new.state), flags: field(old.flags, new.flags),
             lastMessage: field(old.lastMessage, new.lastMessage), numMessages: field(old.numMessages, new.numMessages),

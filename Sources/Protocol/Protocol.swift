@@ -5,3 +5,43 @@
 // types generated from `Schemas/` (see `Generated/`). Modules above this one speak these
 // types and never see JSON; `JSONValue` and `Nullable` are re-exported because the
 // generated types use them.
+
+// Generated types compare text byte for byte (their `==` calls `sameBytes` on each
+// property): Swift's `==` on strings is canonical equivalence, under which "caf\u{E9}"
+// and "cafe\u{301}" are equal, while the wire, both stores and identity providers tell
+// them apart. A value respelled is a change. Everything without text compares with `==`.
+
+@inline(__always)
+func sameBytes<T: Equatable>(_ a: T, _ b: T) -> Bool { a == b }
+
+@inline(__always)
+func sameBytes(_ a: String, _ b: String) -> Bool { a.utf8.elementsEqual(b.utf8) }
+
+@inline(__always)
+func sameBytes(_ a: String?, _ b: String?) -> Bool {
+    switch (a, b) {
+    case (nil, nil): true
+    case (let a?, let b?): sameBytes(a, b)
+    default: false
+    }
+}
+
+func sameBytes(_ a: [String], _ b: [String]) -> Bool {
+    a.count == b.count && zip(a, b).allSatisfy { sameBytes($0, $1) }
+}
+
+func sameBytes(_ a: [String]?, _ b: [String]?) -> Bool {
+    switch (a, b) {
+    case (nil, nil): true
+    case (let a?, let b?): sameBytes(a, b)
+    default: false
+    }
+}
+
+func sameBytes(_ a: Nullable<String>?, _ b: Nullable<String>?) -> Bool {
+    switch (a, b) {
+    case (nil, nil), (.null?, .null?): true
+    case (.value(let a)?, .value(let b)?): sameBytes(a, b)
+    default: false
+    }
+}

@@ -133,3 +133,27 @@ private func decode(_ line: String) -> DecodedLine<Request> {
     let line = Array("{\"x\":\"ok\u{10FFFF}\u{E9}".utf8) + [0xED, 0xA0, 0x80] + Array("\"}".utf8)
     #expect(line.withUnsafeBytes { YAJL.firstInvalidUTF8($0) } == line.firstIndex(of: 0xED))
 }
+
+/// Generated types compare text byte for byte, at every depth and in every shape a field
+/// takes (text, optional text, lists of text, a change's nullable text, nested elements):
+/// two spellings of one word are two values, as they are on the wire and in the stores.
+@Test func generatedTypesCompareTextByteForByte() {
+    let composed = "caf\u{E9}", decomposed = "cafe\u{301}"
+    #expect(composed == decomposed, "Swift's own == is canonical equivalence")
+    func chat(_ subject: String) -> Chat {
+        Chat(chatId: "1", subject: subject, state: .ready, flags: "", lastMessage: 1, numMessages: 1, numUnread: 0, lastActivity: 0,
+             invitePolicy: .participantsOnly)
+    }
+    #expect(chat(composed) != chat(decomposed))
+    #expect(chat(composed) == chat(composed))
+    #expect(ChatChange(chatId: "1", subject: .value(composed)) != ChatChange(chatId: "1", subject: .value(decomposed)))
+    #expect(ChatChange(chatId: "1", subject: .null) == ChatChange(chatId: "1", subject: .null))
+    #expect(IdentitiesGet(cookie: "c", appUserIds: [composed]) != IdentitiesGet(cookie: "c", appUserIds: [decomposed]))
+    #expect(IdentitiesGet(cookie: composed) != IdentitiesGet(cookie: decomposed))
+    func message(_ tag: String) -> ChatMessage {
+        ChatMessage(chatId: "1", messageId: 2, senderUri: "bbmpim://user/id/0", tag: "Text", flags: "", state: .sent, stateIsPartial: false,
+                    ref: [MessageRef(tag: tag, messageId: 1)], timestamp: 0)
+    }
+    #expect(message(composed) != message(decomposed))
+    #expect(message(composed) == message(composed))
+}

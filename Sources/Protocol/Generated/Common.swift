@@ -41,6 +41,11 @@ public struct MessageRef: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.tag, rhs.tag)
+            && sameBytes(lhs.messageId, rhs.messageId)
+    }
 }
 
 /// A user to invite: by regId or by userId, exactly one of them.
@@ -70,6 +75,11 @@ public struct Invitee: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.regId { writer.rawKey("\"regId\":"); writer.id64(value) }
         if let value = self.userId { writer.rawKey("\"userId\":"); writer.string(value) }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.regId, rhs.regId)
+            && sameBytes(lhs.userId, rhs.userId)
     }
 }
 
@@ -129,6 +139,12 @@ public struct RefBy: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"count\":"); writer.integer(self.count)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.tag, rhs.tag)
+            && sameBytes(lhs.newestRef, rhs.newestRef)
+            && sameBytes(lhs.count, rhs.count)
+    }
 }
 
 /// Names one message.
@@ -158,6 +174,11 @@ public struct MessageKey: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.messageId, rhs.messageId)
     }
 }
 

@@ -25,6 +25,10 @@ public struct ChatKey: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+    }
 }
 
 /// Defunct: a one-to-one chat whose other party left.
@@ -121,6 +125,21 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.privateData { writer.rawKey("\"privateData\":"); writer.json(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.subject, rhs.subject)
+            && sameBytes(lhs.state, rhs.state)
+            && sameBytes(lhs.flags, rhs.flags)
+            && sameBytes(lhs.lastMessage, rhs.lastMessage)
+            && sameBytes(lhs.numMessages, rhs.numMessages)
+            && sameBytes(lhs.numUnread, rhs.numUnread)
+            && sameBytes(lhs.lastActivity, rhs.lastActivity)
+            && sameBytes(lhs.invitePolicy, rhs.invitePolicy)
+            && sameBytes(lhs.data, rhs.data)
+            && sameBytes(lhs.localData, rhs.localData)
+            && sameBytes(lhs.privateData, rhs.privateData)
+    }
 }
 
 /// A change to a chat element: its key and every field that changed; a field that went away is null.
@@ -194,5 +213,19 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.data { writer.rawKey("\"data\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
         if let value = self.localData { writer.rawKey("\"localData\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.subject, rhs.subject)
+            && sameBytes(lhs.state, rhs.state)
+            && sameBytes(lhs.flags, rhs.flags)
+            && sameBytes(lhs.lastMessage, rhs.lastMessage)
+            && sameBytes(lhs.numMessages, rhs.numMessages)
+            && sameBytes(lhs.numUnread, rhs.numUnread)
+            && sameBytes(lhs.lastActivity, rhs.lastActivity)
+            && sameBytes(lhs.invitePolicy, rhs.invitePolicy)
+            && sameBytes(lhs.data, rhs.data)
+            && sameBytes(lhs.localData, rhs.localData)
     }
 }

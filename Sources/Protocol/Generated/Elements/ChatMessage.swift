@@ -31,6 +31,11 @@ public struct ChatMessageKey: Sendable, Equatable, WireDecodable, WireEncodable 
         writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.messageId, rhs.messageId)
+    }
 }
 
 /// Where the download of the file is.
@@ -169,6 +174,27 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"timestamp\":"); writer.integer(self.timestamp)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.messageId, rhs.messageId)
+            && sameBytes(lhs.senderUri, rhs.senderUri)
+            && sameBytes(lhs.tag, rhs.tag)
+            && sameBytes(lhs.content, rhs.content)
+            && sameBytes(lhs.data, rhs.data)
+            && sameBytes(lhs.localData, rhs.localData)
+            && sameBytes(lhs.thumb, rhs.thumb)
+            && sameBytes(lhs.file, rhs.file)
+            && sameBytes(lhs.fileSize, rhs.fileSize)
+            && sameBytes(lhs.fileState, rhs.fileState)
+            && sameBytes(lhs.flags, rhs.flags)
+            && sameBytes(lhs.state, rhs.state)
+            && sameBytes(lhs.stateIsPartial, rhs.stateIsPartial)
+            && sameBytes(lhs.recall, rhs.recall)
+            && sameBytes(lhs.ref, rhs.ref)
+            && sameBytes(lhs.refBy, rhs.refBy)
+            && sameBytes(lhs.timestamp, rhs.timestamp)
+    }
 }
 
 /// A change to a chatMessage element: its key and every field that changed; a field that went away is null.
@@ -278,5 +304,26 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         if let value = self.refBy { writer.rawKey("\"refBy\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { element.encode(to: &writer) }; writer.endArray() } }
         if let value = self.timestamp { writer.rawKey("\"timestamp\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.messageId, rhs.messageId)
+            && sameBytes(lhs.senderUri, rhs.senderUri)
+            && sameBytes(lhs.tag, rhs.tag)
+            && sameBytes(lhs.content, rhs.content)
+            && sameBytes(lhs.data, rhs.data)
+            && sameBytes(lhs.localData, rhs.localData)
+            && sameBytes(lhs.thumb, rhs.thumb)
+            && sameBytes(lhs.file, rhs.file)
+            && sameBytes(lhs.fileSize, rhs.fileSize)
+            && sameBytes(lhs.fileState, rhs.fileState)
+            && sameBytes(lhs.flags, rhs.flags)
+            && sameBytes(lhs.state, rhs.state)
+            && sameBytes(lhs.stateIsPartial, rhs.stateIsPartial)
+            && sameBytes(lhs.recall, rhs.recall)
+            && sameBytes(lhs.ref, rhs.ref)
+            && sameBytes(lhs.refBy, rhs.refBy)
+            && sameBytes(lhs.timestamp, rhs.timestamp)
     }
 }

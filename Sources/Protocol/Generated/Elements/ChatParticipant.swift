@@ -31,6 +31,11 @@ public struct ChatParticipantKey: Sendable, Equatable, WireDecodable, WireEncoda
         writer.rawKey("\"userUri\":"); writer.string(self.userUri)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.userUri, rhs.userUri)
+    }
 }
 
 /// Joined.
@@ -78,6 +83,13 @@ public struct ChatParticipant: Sendable, Equatable, WireDecodable, WireEncodable
         writer.rawKey("\"flags\":"); writer.string(self.flags)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.userUri, rhs.userUri)
+            && sameBytes(lhs.state, rhs.state)
+            && sameBytes(lhs.flags, rhs.flags)
+    }
 }
 
 /// A change to a chatParticipant element: its key and every field that changed; a field that went away is null.
@@ -117,5 +129,12 @@ public struct ChatParticipantChange: Sendable, Equatable, WireDecodable, WireEnc
         if let value = self.state { writer.rawKey("\"state\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
         if let value = self.flags { writer.rawKey("\"flags\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.userUri, rhs.userUri)
+            && sameBytes(lhs.state, rhs.state)
+            && sameBytes(lhs.flags, rhs.flags)
     }
 }

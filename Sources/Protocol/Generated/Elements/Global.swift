@@ -25,6 +25,10 @@ public struct GlobalKey: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"name\":"); writer.string(self.name)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.name, rhs.name)
+    }
 }
 
 /// A named global value of the session: authTokenState (Needed, Ok, Rejected), setupState ({state: NotRequested, Full or Success}), and once set up localUri, localRegId and endpointId.
@@ -55,6 +59,11 @@ public struct Global: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"value\":"); writer.json(self.value)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.name, rhs.name)
+            && sameBytes(lhs.value, rhs.value)
+    }
 }
 
 /// A change to a global element: its key and every field that changed; a field that went away is null.
@@ -83,5 +92,10 @@ public struct GlobalChange: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"name\":"); writer.string(self.name)
         if let value = self.value { writer.rawKey("\"value\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.name, rhs.name)
+            && sameBytes(lhs.value, rhs.value)
     }
 }

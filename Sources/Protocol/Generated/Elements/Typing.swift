@@ -31,6 +31,11 @@ public struct TypingKey: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.userUri, rhs.userUri)
+            && sameBytes(lhs.chatId, rhs.chatId)
+    }
 }
 
 /// A participant typing in a chat (removed after 5 s or their next message).
@@ -61,6 +66,11 @@ public struct Typing: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.userUri, rhs.userUri)
+            && sameBytes(lhs.chatId, rhs.chatId)
+    }
 }
 
 /// A change to a typing element: its key and every field that changed; a field that went away is null.
@@ -90,5 +100,10 @@ public struct TypingChange: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"userUri\":"); writer.string(self.userUri)
         writer.rawKey("\"chatId\":"); writer.string(self.chatId)
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.userUri, rhs.userUri)
+            && sameBytes(lhs.chatId, rhs.chatId)
     }
 }

@@ -31,6 +31,11 @@ public struct UserKey: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.regId { writer.rawKey("\"regId\":"); writer.id64(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.uri, rhs.uri)
+            && sameBytes(lhs.regId, rhs.regId)
+    }
 }
 
 /// A user known to the local user.
@@ -67,6 +72,12 @@ public struct User: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"userId\":"); writer.string(self.userId)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.uri, rhs.uri)
+            && sameBytes(lhs.regId, rhs.regId)
+            && sameBytes(lhs.userId, rhs.userId)
+    }
 }
 
 /// A change to a user element: its key and every field that changed; a field that went away is null.
@@ -100,5 +111,11 @@ public struct UserChange: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.regId { writer.rawKey("\"regId\":"); switch value { case .null: writer.null(); case .value(let inner): writer.id64(inner) } }
         if let value = self.userId { writer.rawKey("\"userId\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.uri, rhs.uri)
+            && sameBytes(lhs.regId, rhs.regId)
+            && sameBytes(lhs.userId, rhs.userId)
     }
 }

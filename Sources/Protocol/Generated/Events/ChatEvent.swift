@@ -46,4 +46,11 @@ public struct ChatEvent: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.data { writer.rawKey("\"data\":"); writer.json(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.senderUri, rhs.senderUri)
+            && sameBytes(lhs.tag, rhs.tag)
+            && sameBytes(lhs.data, rhs.data)
+    }
 }

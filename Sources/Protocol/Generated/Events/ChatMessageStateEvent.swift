@@ -31,6 +31,11 @@ public struct RecipientState: Sendable, Equatable, WireDecodable, WireEncodable 
         writer.rawKey("\"state\":"); writer.string(self.state.rawValue)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.userUri, rhs.userUri)
+            && sameBytes(lhs.state, rhs.state)
+    }
 }
 
 /// The per-recipient states of a message.
@@ -75,5 +80,12 @@ public struct ChatMessageStateEvent: Sendable, Equatable, WireDecodable, WireEnc
         writer.rawKey("\"messageId\":"); writer.id64(self.messageId)
         writer.rawKey("\"states\":"); writer.beginArray(); for element in self.states { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.messageId, rhs.messageId)
+            && sameBytes(lhs.states, rhs.states)
     }
 }

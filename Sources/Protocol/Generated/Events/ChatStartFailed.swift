@@ -54,4 +54,11 @@ public struct ChatStartFailed: Sendable, Equatable, WireDecodable, WireEncodable
         if let value = self.detail { writer.rawKey("\"detail\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.reason, rhs.reason)
+            && sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.detail, rhs.detail)
+    }
 }

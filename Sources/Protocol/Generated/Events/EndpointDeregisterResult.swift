@@ -34,4 +34,9 @@ public struct EndpointDeregisterResult: Sendable, Equatable, WireDecodable, Wire
         writer.rawKey("\"result\":"); writer.string(self.result.rawValue)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.result, rhs.result)
+    }
 }

@@ -21,4 +21,8 @@ public struct EndpointDeregistered: Sendable, Equatable, WireDecodable, WireEnco
         writer.beginObject()
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        true
+    }
 }

@@ -48,6 +48,13 @@ public struct RegisteredEndpoint: Sendable, Equatable, WireDecodable, WireEncoda
         writer.rawKey("\"isCurrent\":"); writer.bool(self.isCurrent)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.endpointId, rhs.endpointId)
+            && sameBytes(lhs.description, rhs.description)
+            && sameBytes(lhs.nickname, rhs.nickname)
+            && sameBytes(lhs.isCurrent, rhs.isCurrent)
+    }
 }
 
 /// The answer to endpointsGet.
@@ -92,5 +99,12 @@ public struct Endpoints: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"registeredEndpoints\":"); writer.beginArray(); for element in self.registeredEndpoints { element.encode(to: &writer) }; writer.endArray()
         writer.rawKey("\"maxEndpoints\":"); writer.integer(self.maxEndpoints)
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.result, rhs.result)
+            && sameBytes(lhs.registeredEndpoints, rhs.registeredEndpoints)
+            && sameBytes(lhs.maxEndpoints, rhs.maxEndpoints)
     }
 }

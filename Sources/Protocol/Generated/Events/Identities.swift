@@ -37,6 +37,12 @@ public struct Identity: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"uri\":"); writer.string(self.uri)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.appUserId, rhs.appUserId)
+            && sameBytes(lhs.regId, rhs.regId)
+            && sameBytes(lhs.uri, rhs.uri)
+    }
 }
 
 /// The answer to identitiesGet.
@@ -75,5 +81,11 @@ public struct Identities: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"result\":"); writer.string(self.result)
         writer.rawKey("\"info\":"); writer.beginArray(); for element in self.info { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.result, rhs.result)
+            && sameBytes(lhs.info, rhs.info)
     }
 }

@@ -33,6 +33,11 @@ public struct ListAddGlobal: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.elements, rhs.elements)
+    }
 }
 
 /// New elements, whole. (user)
@@ -64,6 +69,11 @@ public struct ListAddUser: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.elements, rhs.elements)
     }
 }
 
@@ -97,6 +107,11 @@ public struct ListAddChat: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.elements, rhs.elements)
+    }
 }
 
 /// New elements, whole. (chatParticipant)
@@ -128,6 +143,11 @@ public struct ListAddChatParticipant: Sendable, Equatable, WireDecodable, WireEn
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.elements, rhs.elements)
     }
 }
 
@@ -161,6 +181,11 @@ public struct ListAddChatMessage: Sendable, Equatable, WireDecodable, WireEncoda
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.elements, rhs.elements)
+    }
 }
 
 /// New elements, whole. (typing)
@@ -192,6 +217,11 @@ public struct ListAddTyping: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.elements, rhs.elements)
     }
 }
 

@@ -27,6 +27,10 @@ public struct ListChangeGlobal: Sendable, Equatable, WireDecodable, WireEncodabl
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+    }
 }
 
 /// Changed elements: key and every changed field (null: went away). (user)
@@ -52,6 +56,10 @@ public struct ListChangeUser: Sendable, Equatable, WireDecodable, WireEncodable 
         writer.rawKey("\"type\":"); writer.string("user")
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
     }
 }
 
@@ -79,6 +87,10 @@ public struct ListChangeChat: Sendable, Equatable, WireDecodable, WireEncodable 
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+    }
 }
 
 /// Changed elements: key and every changed field (null: went away). (chatParticipant)
@@ -104,6 +116,10 @@ public struct ListChangeChatParticipant: Sendable, Equatable, WireDecodable, Wir
         writer.rawKey("\"type\":"); writer.string("chatParticipant")
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
     }
 }
 
@@ -131,6 +147,10 @@ public struct ListChangeChatMessage: Sendable, Equatable, WireDecodable, WireEnc
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+    }
 }
 
 /// Changed elements: key and every changed field (null: went away). (typing)
@@ -156,6 +176,10 @@ public struct ListChangeTyping: Sendable, Equatable, WireDecodable, WireEncodabl
         writer.rawKey("\"type\":"); writer.string("typing")
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
     }
 }
 

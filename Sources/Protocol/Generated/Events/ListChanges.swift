@@ -48,4 +48,11 @@ public struct ListChanges: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"hasMore\":"); writer.bool(self.hasMore)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.changed, rhs.changed)
+            && sameBytes(lhs.token, rhs.token)
+            && sameBytes(lhs.hasMore, rhs.hasMore)
+    }
 }

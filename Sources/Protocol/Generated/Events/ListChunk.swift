@@ -39,6 +39,12 @@ public struct ListChunkGlobal: Sendable, Equatable, WireDecodable, WireEncodable
         if let value = self.last { writer.rawKey("\"last\":"); writer.bool(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.last, rhs.last)
+    }
 }
 
 /// Part of a list answer (at most 500 elements). (user)
@@ -76,6 +82,12 @@ public struct ListChunkUser: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         if let value = self.last { writer.rawKey("\"last\":"); writer.bool(value) }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.last, rhs.last)
     }
 }
 
@@ -115,6 +127,12 @@ public struct ListChunkChat: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.last { writer.rawKey("\"last\":"); writer.bool(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.last, rhs.last)
+    }
 }
 
 /// Part of a list answer (at most 500 elements). (chatParticipant)
@@ -152,6 +170,12 @@ public struct ListChunkChatParticipant: Sendable, Equatable, WireDecodable, Wire
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         if let value = self.last { writer.rawKey("\"last\":"); writer.bool(value) }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.last, rhs.last)
     }
 }
 
@@ -191,6 +215,12 @@ public struct ListChunkChatMessage: Sendable, Equatable, WireDecodable, WireEnco
         if let value = self.last { writer.rawKey("\"last\":"); writer.bool(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.last, rhs.last)
+    }
 }
 
 /// Part of a list answer (at most 500 elements). (typing)
@@ -228,6 +258,12 @@ public struct ListChunkTyping: Sendable, Equatable, WireDecodable, WireEncodable
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         if let value = self.last { writer.rawKey("\"last\":"); writer.bool(value) }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.last, rhs.last)
     }
 }
 

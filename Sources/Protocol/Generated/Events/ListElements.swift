@@ -33,6 +33,11 @@ public struct ListElementsGlobal: Sendable, Equatable, WireDecodable, WireEncoda
         if let value = self.missing { writer.rawKey("\"missing\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.missing, rhs.missing)
+    }
 }
 
 /// The end of an answer (user).
@@ -64,6 +69,11 @@ public struct ListElementsUser: Sendable, Equatable, WireDecodable, WireEncodabl
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         if let value = self.missing { writer.rawKey("\"missing\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.missing, rhs.missing)
     }
 }
 
@@ -97,6 +107,11 @@ public struct ListElementsChat: Sendable, Equatable, WireDecodable, WireEncodabl
         if let value = self.missing { writer.rawKey("\"missing\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.missing, rhs.missing)
+    }
 }
 
 /// The end of an answer (chatParticipant).
@@ -128,6 +143,11 @@ public struct ListElementsChatParticipant: Sendable, Equatable, WireDecodable, W
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         if let value = self.missing { writer.rawKey("\"missing\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.missing, rhs.missing)
     }
 }
 
@@ -161,6 +181,11 @@ public struct ListElementsChatMessage: Sendable, Equatable, WireDecodable, WireE
         if let value = self.missing { writer.rawKey("\"missing\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.missing, rhs.missing)
+    }
 }
 
 /// The end of an answer (typing).
@@ -192,6 +217,11 @@ public struct ListElementsTyping: Sendable, Equatable, WireDecodable, WireEncoda
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         if let value = self.missing { writer.rawKey("\"missing\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.missing, rhs.missing)
     }
 }
 

@@ -45,6 +45,13 @@ public struct ListMatchingChatMessage: Sendable, Equatable, WireDecodable, WireE
         if let value = self.refTargets { writer.rawKey("\"refTargets\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.hasMoreBefore, rhs.hasMoreBefore)
+            && sameBytes(lhs.hasMoreAfter, rhs.hasMoreAfter)
+            && sameBytes(lhs.refTargets, rhs.refTargets)
+    }
 }
 
 /// Matching participants.
@@ -70,6 +77,10 @@ public struct ListMatchingChatParticipant: Sendable, Equatable, WireDecodable, W
         writer.rawKey("\"type\":"); writer.string("chatParticipant")
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
     }
 }
 
@@ -97,6 +108,10 @@ public struct ListMatchingChat: Sendable, Equatable, WireDecodable, WireEncodabl
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+    }
 }
 
 /// Matching users (always none: see RequestListMatchingUser).
@@ -122,6 +137,10 @@ public struct ListMatchingUser: Sendable, Equatable, WireDecodable, WireEncodabl
         writer.rawKey("\"type\":"); writer.string("user")
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
     }
 }
 

@@ -27,6 +27,10 @@ public struct ListRemoveGlobal: Sendable, Equatable, WireDecodable, WireEncodabl
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+    }
 }
 
 /// Removed elements, by key (never chatMessage). (user)
@@ -52,6 +56,10 @@ public struct ListRemoveUser: Sendable, Equatable, WireDecodable, WireEncodable 
         writer.rawKey("\"type\":"); writer.string("user")
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
     }
 }
 
@@ -79,6 +87,10 @@ public struct ListRemoveChat: Sendable, Equatable, WireDecodable, WireEncodable 
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+    }
 }
 
 /// Removed elements, by key (never chatMessage). (chatParticipant)
@@ -105,6 +117,10 @@ public struct ListRemoveChatParticipant: Sendable, Equatable, WireDecodable, Wir
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+    }
 }
 
 /// Removed elements, by key (never chatMessage). (typing)
@@ -130,6 +146,10 @@ public struct ListRemoveTyping: Sendable, Equatable, WireDecodable, WireEncodabl
         writer.rawKey("\"type\":"); writer.string("typing")
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
     }
 }
 

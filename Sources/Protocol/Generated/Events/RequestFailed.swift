@@ -65,4 +65,12 @@ public struct RequestFailed: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"line\":"); writer.integer(self.line)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.request, rhs.request)
+            && sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.error, rhs.error)
+            && sameBytes(lhs.reason, rhs.reason)
+            && sameBytes(lhs.line, rhs.line)
+    }
 }

@@ -46,4 +46,11 @@ public struct SearchResult: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.returnIdentifier { writer.rawKey("\"returnIdentifier\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.chatIds, rhs.chatIds)
+            && sameBytes(lhs.messages, rhs.messages)
+            && sameBytes(lhs.returnIdentifier, rhs.returnIdentifier)
+    }
 }

@@ -43,4 +43,9 @@ public struct SetupError: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.error, rhs.error)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }

@@ -40,4 +40,10 @@ public struct AuthToken: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.userId, rhs.userId)
+            && sameBytes(lhs.authToken, rhs.authToken)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }

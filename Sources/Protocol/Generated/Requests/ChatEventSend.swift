@@ -46,4 +46,11 @@ public struct ChatEventSend: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.tag, rhs.tag)
+            && sameBytes(lhs.data, rhs.data)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }

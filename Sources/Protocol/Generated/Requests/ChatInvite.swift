@@ -40,4 +40,10 @@ public struct ChatInvite: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.invitees, rhs.invitees)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }

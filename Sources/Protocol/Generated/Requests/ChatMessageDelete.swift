@@ -40,4 +40,10 @@ public struct ChatMessageDelete: Sendable, Equatable, WireDecodable, WireEncodab
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.id, rhs.id)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }

@@ -52,4 +52,12 @@ public struct ChatMessageDetach: Sendable, Equatable, WireDecodable, WireEncodab
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.messageId, rhs.messageId)
+            && sameBytes(lhs.detachThumb, rhs.detachThumb)
+            && sameBytes(lhs.detachFile, rhs.detachFile)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }

@@ -40,4 +40,10 @@ public struct ChatMessageRead: Sendable, Equatable, WireDecodable, WireEncodable
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.messageId, rhs.messageId)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }

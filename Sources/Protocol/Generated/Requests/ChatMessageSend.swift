@@ -94,4 +94,19 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.tag, rhs.tag)
+            && sameBytes(lhs.content, rhs.content)
+            && sameBytes(lhs.data, rhs.data)
+            && sameBytes(lhs.ref, rhs.ref)
+            && sameBytes(lhs.thumb, rhs.thumb)
+            && sameBytes(lhs.thumbPolicy, rhs.thumbPolicy)
+            && sameBytes(lhs.file, rhs.file)
+            && sameBytes(lhs.filePolicy, rhs.filePolicy)
+            && sameBytes(lhs.control, rhs.control)
+            && sameBytes(lhs.neverCountUnread, rhs.neverCountUnread)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }

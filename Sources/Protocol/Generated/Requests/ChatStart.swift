@@ -70,4 +70,15 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.privateData { writer.rawKey("\"privateData\":"); writer.json(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.invitees, rhs.invitees)
+            && sameBytes(lhs.subject, rhs.subject)
+            && sameBytes(lhs.isOneToOne, rhs.isOneToOne)
+            && sameBytes(lhs.invitePolicy, rhs.invitePolicy)
+            && sameBytes(lhs.data, rhs.data)
+            && sameBytes(lhs.localData, rhs.localData)
+            && sameBytes(lhs.privateData, rhs.privateData)
+    }
 }

@@ -46,4 +46,11 @@ public struct ChatTyping: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.messageId { writer.rawKey("\"messageId\":"); writer.id64(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.tag, rhs.tag)
+            && sameBytes(lhs.messageId, rhs.messageId)
+    }
 }

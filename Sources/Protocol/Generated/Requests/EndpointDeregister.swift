@@ -34,4 +34,9 @@ public struct EndpointDeregister: Sendable, Equatable, WireDecodable, WireEncoda
         writer.rawKey("\"endpointId\":"); writer.id64(self.endpointId)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.endpointId, rhs.endpointId)
+    }
 }

@@ -52,4 +52,12 @@ public struct EndpointUpdate: Sendable, Equatable, WireDecodable, WireEncodable 
         if let value = self.endpointId { writer.rawKey("\"endpointId\":"); writer.id64(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.description, rhs.description)
+            && sameBytes(lhs.nickname, rhs.nickname)
+            && sameBytes(lhs.isLegacyDelegate, rhs.isLegacyDelegate)
+            && sameBytes(lhs.endpointId, rhs.endpointId)
+    }
 }

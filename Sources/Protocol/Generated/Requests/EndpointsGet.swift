@@ -28,4 +28,8 @@ public struct EndpointsGet: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"cookie\":"); writer.string(self.cookie)
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+    }
 }

@@ -40,4 +40,10 @@ public struct IdentitiesGet: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.regIds { writer.rawKey("\"regIds\":"); writer.beginArray(); for element in value { writer.id64(element) }; writer.endArray() }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.appUserIds, rhs.appUserIds)
+            && sameBytes(lhs.regIds, rhs.regIds)
+    }
 }

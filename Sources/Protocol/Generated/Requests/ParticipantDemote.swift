@@ -40,4 +40,10 @@ public struct ParticipantDemote: Sendable, Equatable, WireDecodable, WireEncodab
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.userUri, rhs.userUri)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }

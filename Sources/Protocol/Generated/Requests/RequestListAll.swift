@@ -34,4 +34,9 @@ public struct RequestListAll: Sendable, Equatable, WireDecodable, WireEncodable 
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.type, rhs.type)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }

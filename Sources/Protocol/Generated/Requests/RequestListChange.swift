@@ -48,6 +48,13 @@ public struct ChatSettable: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.localData { writer.rawKey("\"localData\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.subject, rhs.subject)
+            && sameBytes(lhs.data, rhs.data)
+            && sameBytes(lhs.localData, rhs.localData)
+    }
 }
 
 /// Changes to chats.
@@ -79,6 +86,11 @@ public struct RequestListChangeChat: Sendable, Equatable, WireDecodable, WireEnc
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.cookie, rhs.cookie)
     }
 }
 
@@ -130,6 +142,12 @@ public struct ChatMessageSettable: Sendable, Equatable, WireDecodable, WireEncod
         if let value = self.localData { writer.rawKey("\"localData\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.messageId, rhs.messageId)
+            && sameBytes(lhs.localData, rhs.localData)
+    }
 }
 
 /// Changes to messages.
@@ -161,6 +179,11 @@ public struct RequestListChangeChatMessage: Sendable, Equatable, WireDecodable, 
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.cookie, rhs.cookie)
     }
 }
 

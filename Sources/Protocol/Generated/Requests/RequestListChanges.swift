@@ -48,4 +48,11 @@ public struct RequestListChanges: Sendable, Equatable, WireDecodable, WireEncoda
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.since, rhs.since)
+            && sameBytes(lhs.limit, rhs.limit)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }

@@ -33,6 +33,11 @@ public struct RequestListElementsGlobal: Sendable, Equatable, WireDecodable, Wir
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }
 
 /// Elements of the user list by key.
@@ -64,6 +69,11 @@ public struct RequestListElementsUser: Sendable, Equatable, WireDecodable, WireE
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.cookie, rhs.cookie)
     }
 }
 
@@ -97,6 +107,11 @@ public struct RequestListElementsChat: Sendable, Equatable, WireDecodable, WireE
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }
 
 /// Elements of the chatParticipant list by key.
@@ -128,6 +143,11 @@ public struct RequestListElementsChatParticipant: Sendable, Equatable, WireDecod
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.cookie, rhs.cookie)
     }
 }
 
@@ -161,6 +181,11 @@ public struct RequestListElementsChatMessage: Sendable, Equatable, WireDecodable
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }
 
 /// Elements of the typing list by key.
@@ -192,6 +217,11 @@ public struct RequestListElementsTyping: Sendable, Equatable, WireDecodable, Wir
         writer.rawKey("\"elements\":"); writer.beginArray(); for element in self.elements { element.encode(to: &writer) }; writer.endArray()
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.elements, rhs.elements)
+            && sameBytes(lhs.cookie, rhs.cookie)
     }
 }
 

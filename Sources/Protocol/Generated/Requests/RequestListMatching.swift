@@ -49,6 +49,14 @@ public struct ChatMessageCriteria: Sendable, Equatable, WireDecodable, WireEncod
         if let value = self.senderUri { writer.rawKey("\"senderUri\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.tag, rhs.tag)
+            && sameBytes(lhs.ref, rhs.ref)
+            && sameBytes(lhs.notRefTag, rhs.notRefTag)
+            && sameBytes(lhs.senderUri, rhs.senderUri)
+    }
 }
 
 /// Where to look: around a message or a time, with how many older and newer matches.
@@ -103,6 +111,15 @@ public struct Window: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.reverse { writer.rawKey("\"reverse\":"); writer.bool(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.messageId, rhs.messageId)
+            && sameBytes(lhs.timestamp, rhs.timestamp)
+            && sameBytes(lhs.before, rhs.before)
+            && sameBytes(lhs.after, rhs.after)
+            && sameBytes(lhs.inclusive, rhs.inclusive)
+            && sameBytes(lhs.reverse, rhs.reverse)
+    }
 }
 
 /// Messages of a chat by criteria and window.
@@ -147,6 +164,13 @@ public struct RequestListMatchingChatMessage: Sendable, Equatable, WireDecodable
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.criteria, rhs.criteria)
+            && sameBytes(lhs.window, rhs.window)
+            && sameBytes(lhs.withRefTargets, rhs.withRefTargets)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }
 
 /// Participants of a chat ({chatId}), or the chats a user is in ({userUri, state}).
@@ -183,6 +207,12 @@ public struct ChatParticipantCriteria: Sendable, Equatable, WireDecodable, WireE
         if let value = self.state { writer.rawKey("\"state\":"); writer.string(value.rawValue) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.userUri, rhs.userUri)
+            && sameBytes(lhs.state, rhs.state)
+    }
 }
 
 /// Participants by criteria.
@@ -215,6 +245,11 @@ public struct RequestListMatchingChatParticipant: Sendable, Equatable, WireDecod
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.criteria, rhs.criteria)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }
 
 /// mailboxId and/or keyState.
@@ -244,6 +279,11 @@ public struct ChatCriteria: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.mailboxId { writer.rawKey("\"mailboxId\":"); writer.string(value) }
         if let value = self.keyState { writer.rawKey("\"keyState\":"); writer.string(value) }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.mailboxId, rhs.mailboxId)
+            && sameBytes(lhs.keyState, rhs.keyState)
     }
 }
 
@@ -277,6 +317,11 @@ public struct RequestListMatchingChat: Sendable, Equatable, WireDecodable, WireE
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.criteria, rhs.criteria)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }
 
 /// keyState.
@@ -300,6 +345,10 @@ public struct UserCriteria: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.beginObject()
         writer.rawKey("\"keyState\":"); writer.string(self.keyState)
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.keyState, rhs.keyState)
     }
 }
 
@@ -332,6 +381,11 @@ public struct RequestListMatchingUser: Sendable, Equatable, WireDecodable, WireE
         writer.rawKey("\"criteria\":"); self.criteria.encode(to: &writer)
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.criteria, rhs.criteria)
+            && sameBytes(lhs.cookie, rhs.cookie)
     }
 }
 

@@ -28,4 +28,8 @@ public struct RetryServerRequests: Sendable, Equatable, WireDecodable, WireEncod
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.cookie, rhs.cookie)
+    }
 }

@@ -52,4 +52,12 @@ public struct Search: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.returnIdentifier { writer.rawKey("\"returnIdentifier\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.text, rhs.text)
+            && sameBytes(lhs.cookie, rhs.cookie)
+            && sameBytes(lhs.chatId, rhs.chatId)
+            && sameBytes(lhs.suggestedMaxResults, rhs.suggestedMaxResults)
+            && sameBytes(lhs.returnIdentifier, rhs.returnIdentifier)
+    }
 }

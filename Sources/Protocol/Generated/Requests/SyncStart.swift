@@ -46,4 +46,10 @@ public struct SyncStart: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.passcode, rhs.passcode)
+            && sameBytes(lhs.action, rhs.action)
+            && sameBytes(lhs.cookie, rhs.cookie)
+    }
 }
