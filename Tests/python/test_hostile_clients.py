@@ -235,7 +235,10 @@ def test_more_connections_than_file_descriptors_are_closed_not_left_spinning():
         assert port, "".join(log)
         threading.Thread(target=lambda: log.extend(process.stderr), daemon=True).start()
         try:
-            assert any("servingAtMost=72" in line for line in log), "".join(log)
+            # 200 less the 128 kept for the rest (on a node of a shared store, two per session).
+            serving = [int(match.group(1)) for match in map(lambda line: re.search(r"servingAtMost=(\d+)", line), log) if match]
+            assert serving in ([72], [36]), "".join(log)
+            serving = serving[0]
             first = Normal(port, "alice")
             sockets = [socket.create_connection(("127.0.0.1", port)) for _ in range(150)]
             answered, closed = 0, 0
@@ -251,7 +254,7 @@ def test_more_connections_than_file_descriptors_are_closed_not_left_spinning():
                     answered += 1
                 else:
                     closed += 1
-            assert answered == 71 and closed == 79, (answered, closed)
+            assert answered == serving - 1 and closed == 150 - (serving - 1), (serving, answered, closed)
             # Nothing waits to be accepted: the service is idle.
             before = cpu_seconds(process.pid)
             time.sleep(2)
