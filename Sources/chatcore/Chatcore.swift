@@ -1,5 +1,10 @@
 import ArgumentParser
 
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
 @main
 struct Chatcore: AsyncParsableCommand {
     static let version = "0.1.0"
@@ -16,4 +21,16 @@ struct Chatcore: AsyncParsableCommand {
         subcommands: [Serve.self, Token.self],
         defaultSubcommand: nil
     )
+
+    /// Arguments must be UTF-8: Swift reads other bytes as U+FFFD, so `--data-dir` would
+    /// name another directory than the one given and `--user` another user, silently.
+    static func main() async {
+        for index in 1..<Int(CommandLine.argc) {
+            guard let raw = CommandLine.unsafeArgv[index], String(validatingCString: raw) == nil else { continue }
+            let shown = String(decoding: UnsafeRawBufferPointer(start: raw, count: strlen(raw)), as: UTF8.self)
+            FileHandle.standardError.write(Data("Error: argument \(index) (\(shown)) is not UTF-8: give paths and user ids in UTF-8\n".utf8))
+            Glibc.exit(64)
+        }
+        await main(nil)
+    }
 }

@@ -1,0 +1,24 @@
+"""Command-line arguments must be UTF-8. Swift reads other bytes as U+FFFD, so before
+this check `--data-dir /tmp/x<FF>` made and used the directory `/tmp/x\uFFFD`, and
+`--user al<FF>ice` served the user `al\uFFFDice`, whom `al<FE>ice` would also have been."""
+import os
+import subprocess
+import tempfile
+
+from conftest import chatcore_binary
+
+
+def test_an_argument_that_is_not_utf8_stops_chatcore_before_anything_is_made():
+    with tempfile.TemporaryDirectory() as work:
+        for arguments in ([b"--user", b"al\xffice", b"--data-dir", os.path.join(work, "d").encode()],
+                          [b"--user", b"alice", b"--data-dir", os.path.join(work, "x").encode() + b"\xff"]):
+            done = subprocess.run([chatcore_binary().encode(), b"serve", *arguments], input=b"", capture_output=True, timeout=60)
+            assert done.returncode == 64, done
+            assert b"is not UTF-8" in done.stderr, done.stderr
+            assert os.listdir(work) == [], "nothing is made"
+        # The same in UTF-8 is served.
+        done = subprocess.run([chatcore_binary(), "serve", "--user", "al\u00efce", "--data-dir", os.path.join(work, "x\u00ff")],
+                              input=b'{"identitiesGet":{"cookie":"c","appUserIds":["al\\u00efce"]}}\n', capture_output=True, timeout=60)
+        assert done.returncode == 0, done
+        assert b'"appUserId":"al\xc3\xafce"' in done.stdout, done.stdout
+        assert os.listdir(work) == ["x\u00ff"]
