@@ -174,7 +174,7 @@ struct Serve: AsyncParsableCommand {
         // stops at once). Made here, not first thing: with the signal sources made before
         // the authenticator's set-up, ASan builds stalled 30 s at times in transcripts.
         Serve.signalSources.holdTermination()
-        let directory = URL(fileURLWithPath: dataDir ?? Serve.defaultDataDirectory(), isDirectory: true)
+        let directory = URL(fileURLWithPath: try dataDir ?? Serve.defaultDataDirectory(), isDirectory: true)
         let store: OpenedStore
         let opening = ContinuousClock.now
         do {
@@ -459,11 +459,20 @@ struct Serve: AsyncParsableCommand {
         return lock
     }
 
-    static func defaultDataDirectory() -> String {
-        let environment = ProcessInfo.processInfo.environment
-        if let xdg = environment["XDG_DATA_HOME"], !xdg.isEmpty { return xdg + "/chatcore" }
-        let home = environment["HOME"].flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
+    static func defaultDataDirectory() throws -> String {
+        if let xdg = try utf8Environment("XDG_DATA_HOME"), !xdg.isEmpty { return xdg + "/chatcore" }
+        let home = try utf8Environment("HOME").flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
         return home + "/.local/share/chatcore"
+    }
+
+    /// An environment variable that names a path: Swift would read bytes that are not
+    /// UTF-8 as U+FFFD, naming another directory, so such a value is refused.
+    static func utf8Environment(_ name: String) throws -> String? {
+        guard let raw = getenv(name) else { return nil }
+        guard let value = String(validatingCString: raw) else {
+            throw ValidationError("$\(name) is not UTF-8: give --data-dir, or set it in UTF-8")
+        }
+        return value
     }
 
     /// Bytes of the files directly in the data directory (the store, its log, the search

@@ -1,5 +1,5 @@
-"""Command-line arguments must be UTF-8. Swift reads other bytes as U+FFFD, so before
-this check `--data-dir /tmp/x<FF>` made and used the directory `/tmp/x\uFFFD`, and
+"""Command-line arguments (and $XDG_DATA_HOME or $HOME when they name the store) must be
+UTF-8. Swift reads other bytes as U+FFFD, so before this check `--data-dir /tmp/x<FF>` made and used the directory `/tmp/x\uFFFD`, and
 `--user al<FF>ice` served the user `al\uFFFDice`, whom `al<FE>ice` would also have been."""
 import os
 import subprocess
@@ -22,3 +22,12 @@ def test_an_argument_that_is_not_utf8_stops_chatcore_before_anything_is_made():
         assert done.returncode == 0, done
         assert b'"appUserId":"al\xc3\xafce"' in done.stdout, done.stdout
         assert os.listdir(work) == ["x\u00ff"]
+
+
+def test_a_data_directory_from_the_environment_must_be_utf8_too():
+    with tempfile.TemporaryDirectory() as work:
+        environment = dict(os.environb, XDG_DATA_HOME=os.path.join(work, "x").encode() + b"\xff")
+        done = subprocess.run([chatcore_binary(), "serve", "--user", "alice"], input=b"", capture_output=True, timeout=60, env=environment)
+        assert done.returncode == 64, done
+        assert b"$XDG_DATA_HOME is not UTF-8" in done.stderr, done.stderr
+        assert os.listdir(work) == []
