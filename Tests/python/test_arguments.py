@@ -1,6 +1,7 @@
 """Command-line arguments (and $XDG_DATA_HOME or $HOME when they name the store) must be
-UTF-8. Swift reads other bytes as U+FFFD, so before this check `--data-dir /tmp/x<FF>` made and used the directory `/tmp/x\uFFFD`, and
-`--user al<FF>ice` served the user `al\uFFFDice`, whom `al<FE>ice` would also have been."""
+UTF-8. Swift reads other bytes as U+FFFD, so before this check `--data-dir /tmp/x<FF>`
+made and used the directory `/tmp/x\uFFFD`, and `--user al<FF>ice` served the user
+`al\uFFFDice`, whom `al<FE>ice` would also have been."""
 import os
 import subprocess
 import tempfile
