@@ -178,6 +178,7 @@ struct Serve: AsyncParsableCommand {
         let store: OpenedStore
         let opening = ContinuousClock.now
         do {
+            try Serve.prepareDataDirectory(directory, logger: logger)
             do {
                 store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger)
             } catch let held as PostgresStore.WriterLockHeld {
@@ -463,6 +464,34 @@ struct Serve: AsyncParsableCommand {
         if let xdg = try utf8Environment("XDG_DATA_HOME"), !xdg.isEmpty { return xdg + "/chatcore" }
         let home = try utf8Environment("HOME").flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
         return home + "/.local/share/chatcore"
+    }
+
+    struct DataDirectoryError: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    /// The data directory holds every message (the store, the search index, attachments):
+    /// chatcore makes it readable by its own user only (0700). One that exists keeps its
+    /// mode (an operator may share it on purpose), and the log says so when others may
+    /// read it: before, a new store was readable by every user of the machine (0755
+    /// directory, 0644 files).
+    static func prepareDataDirectory(_ directory: URL, logger: Logger) throws {
+        var status = stat()
+        if stat(directory.path, &status) == 0 {
+            if status.st_mode & 0o077 != 0 {
+                logger.notice("other users of this machine may read the data directory, and so every message: chmod 700 it to keep them out",
+                              metadata: ["dataDir": "\(directory.path)", "mode": "\(String(status.st_mode & 0o777, radix: 8))"])
+            }
+            return
+        }
+        do {
+            try FileManager.default.createDirectory(at: directory.deletingLastPathComponent(), withIntermediateDirectories: true)
+        } catch {
+            throw DataDirectoryError(description: "cannot create the data directory \(directory.path): \(error.localizedDescription)")
+        }
+        guard mkdir(directory.path, 0o700) == 0 || errno == EEXIST else {
+            throw DataDirectoryError(description: "cannot create the data directory \(directory.path): \(String(cString: strerror(errno)))")
+        }
     }
 
     /// An environment variable that names a path: Swift would read bytes that are not
