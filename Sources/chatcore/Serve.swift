@@ -159,6 +159,7 @@ struct Serve: AsyncParsableCommand {
                 } catch {
                     throw ValidationError("cannot read --auth-secret-file: \(error)")
                 }
+                Serve.warnIfOthersMayRead(authSecretFile, what: "--auth-secret-file: whoever reads it can sign in as any user", logger: logger)
             }
             do {
                 authenticator = try await Authenticator(mode: .keys(secret: secret, jwksPath: authJwks))
@@ -179,6 +180,9 @@ struct Serve: AsyncParsableCommand {
         let opening = ContinuousClock.now
         do {
             try Serve.prepareDataDirectory(directory, logger: logger)
+            if let storePasswordFile {
+                Serve.warnIfOthersMayRead(storePasswordFile, what: "--store-password-file: the database's password", logger: logger)
+            }
             do {
                 store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger)
             } catch let held as PostgresStore.WriterLockHeld {
@@ -464,6 +468,15 @@ struct Serve: AsyncParsableCommand {
         if let xdg = try utf8Environment("XDG_DATA_HOME"), !xdg.isEmpty { return xdg + "/chatcore" }
         let home = try utf8Environment("HOME").flatMap { $0.isEmpty ? nil : $0 } ?? NSHomeDirectory()
         return home + "/.local/share/chatcore"
+    }
+
+    /// Says in the log when users other than the file's owner may read a secret (as ssh
+    /// does for keys; only a warning, since some deployments mount secrets 0644).
+    static func warnIfOthersMayRead(_ path: String, what: String, logger: Logger) {
+        var status = stat()
+        guard stat(path, &status) == 0, status.st_mode & 0o077 != 0 else { return }
+        logger.warning("other users of this machine may read \(what): chmod 600 it",
+                       metadata: ["path": "\(path)", "mode": "\(String(status.st_mode & 0o777, radix: 8))"])
     }
 
     struct DataDirectoryError: Error, CustomStringConvertible {

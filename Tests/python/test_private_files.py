@@ -1,6 +1,8 @@
-"""The data directory holds every message. chatcore makes it readable by its own user only
-(before, a new store was readable by every user of the machine: a 0755 directory of 0644
-files). A directory that exists keeps its mode, and the log says when others may read it."""
+"""What only chatcore's user should read. The data directory holds every message:
+chatcore makes it readable by its own user only (before, a new store was readable by
+every user of the machine: a 0755 directory of 0644 files). A directory that exists
+keeps its mode, and the log says when others may read it, or the secret that signs
+tokens."""
 import os
 import stat
 import subprocess
@@ -41,3 +43,16 @@ def current_umask():
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_the_log_warns_when_others_may_read_the_token_secret():
+    with tempfile.TemporaryDirectory() as work:
+        secret = os.path.join(work, "secret")
+        with open(secret, "wb") as f:
+            f.write(b"0123456789abcdef0123456789abcdef")
+        for mode, warned in ((0o644, True), (0o600, False)):
+            os.chmod(secret, mode)
+            done = subprocess.run([chatcore_binary(), "serve", "--auth-secret-file", secret, "--data-dir", os.path.join(work, "d")],
+                                  input=b"", capture_output=True, timeout=60)
+            assert done.returncode == 0, done
+            assert (b"may read --auth-secret-file" in done.stderr) == warned, (oct(mode), done.stderr)
