@@ -298,7 +298,10 @@ struct Serve: AsyncParsableCommand {
                         logger.info("this node is the writer: other nodes relay their connections to it", metadata: ["advertised": "\(advertised)"])
                     }
                 } catch {
-                    logger.critical("cannot listen", metadata: ["address": "\(address)", "error": "\(error)"])
+                    // NIO's own words for this one are only its type's name.
+                    let reason = error is UnixDomainSocketPathWrongType
+                        ? "the path exists and is not a socket (only a socket left by an earlier run is replaced)" : "\(error)"
+                    logger.critical("cannot listen", metadata: ["address": "\(address)", "error": "\(reason)"])
                     throw ExitCode(1)
                 }
             }
