@@ -341,7 +341,7 @@ extension Engine {
             let changes = PendingChanges()
             willChange(chat, changes)
             var posted: [MessageRecord] = []
-            if let subject = element.subject, !subject.utf8.elementsEqual(chat.subject.utf8) {
+            if let subject = element.subject, !sameBytes(subject, chat.subject) {
                 chat.subject = subject
                 posted.append(append(to: chat, sender: user, tag: "Subject", content: subject, neverCountsUnread: true,
                                      batch: batch, changes: changes))

@@ -9,7 +9,7 @@ extension Engine {
     /// list as it now is.
     func authenticate(userId: String, cookie: String?, announce: Bool, session: EngineSession, batch: Batch) {
         if let current = session.identity, let currentUser = users[current] {
-            guard ExactText(currentUser.userId) == ExactText(userId) else {
+            guard sameBytes(currentUser.userId, userId) else {
                 batch.emit(.setupError(SetupError(error: .alreadyAuthenticated, cookie: cookie)), to: session)
                 return
             }

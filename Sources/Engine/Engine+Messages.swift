@@ -287,7 +287,7 @@ extension Engine {
         var affected: [RefRow] = []
         for message in recalling {
             willChange(message, in: chat, changes)
-            for ref in message.refs where !affected.contains(where: { $0.target == ref.messageId && ExactText($0.tag) == ExactText(ref.tag) }) {
+            for ref in message.refs where !affected.contains(where: { $0.target == ref.messageId && sameBytes($0.tag, ref.tag) }) {
                 affected.append(RefRow(tag: ref.tag, target: ref.messageId))
             }
         }

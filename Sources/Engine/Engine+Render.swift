@@ -275,12 +275,9 @@ extension Engine {
     /// Strings differ when their bytes do: Swift's `==` is canonical equivalence, under
     /// which a subject respelled ("caf\u{E9}" to "cafe\u{301}") would not be announced.
     private func field(_ old: String?, _ new: String?) -> Nullable<String>? {
-        switch (old, new) {
-        case (nil, nil): nil
-        case (let old?, let new?) where old.utf8.elementsEqual(new.utf8): nil
-        case (_, nil): .null
-        case (_, let new?): .value(new)
-        }
+        if sameBytes(old, new) { return nil }
+        guard let new else { return .null }
+        return .value(new)
     }
 
     func difference(_ old: ChatMessage, _ new: ChatMessage) -> ChatMessageChange? {

@@ -310,7 +310,7 @@ struct ExactText: Hashable {
     }
 
     static func == (lhs: ExactText, rhs: ExactText) -> Bool {
-        lhs.text.utf8.elementsEqual(rhs.text.utf8)
+        sameBytes(lhs.text, rhs.text)
     }
 
     func hash(into hasher: inout Hasher) {

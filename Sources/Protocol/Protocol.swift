@@ -14,11 +14,12 @@
 @inline(__always)
 func sameBytes<T: Equatable>(_ a: T, _ b: T) -> Bool { a == b }
 
-@inline(__always)
-func sameBytes(_ a: String, _ b: String) -> Bool { a.utf8.elementsEqual(b.utf8) }
+/// Text equal byte for byte (the engine compares user ids and tags with it too).
+@inlinable
+public func sameBytes(_ a: String, _ b: String) -> Bool { a.utf8.elementsEqual(b.utf8) }
 
-@inline(__always)
-func sameBytes(_ a: String?, _ b: String?) -> Bool {
+@inlinable
+public func sameBytes(_ a: String?, _ b: String?) -> Bool {
     switch (a, b) {
     case (nil, nil): true
     case (let a?, let b?): sameBytes(a, b)

@@ -3,18 +3,14 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import Prometheus
-import Synchronization
 
 /// Serves the registry's metrics in Prometheus' text format over HTTP (`GET /metrics`),
 /// for `--metrics ADDR`. Anything else is 404; only GET and HEAD are served.
 public final class MetricsEndpoint: Sendable {
     private let registry: PrometheusCollectorRegistry
     private let beforeScrape: @Sendable () -> Void
-    /// Connections open now.
-    private let open = Atomic<Int>(0)
-
     /// Connections served at once; more are closed when accepted.
-    static let maxConnections = 16
+    private let connections = ConnectionLimit(16)
     /// A connection with nothing read or written for this long is closed.
     static let idleTimeout = TimeAmount.seconds(60)
 
@@ -35,11 +31,7 @@ public final class MetricsEndpoint: Sendable {
                 // A scraper needs one connection: a few are served at once, and one that
                 // sends nothing for a minute is closed, so connections to this port cannot
                 // take the descriptors the sessions need.
-                guard self.open.add(1, ordering: .relaxed).newValue <= MetricsEndpoint.maxConnections else {
-                    self.open.subtract(1, ordering: .relaxed)
-                    return channel.close()
-                }
-                channel.closeFuture.whenComplete { _ in self.open.subtract(1, ordering: .relaxed) }
+                guard self.connections.admit(channel) else { return channel.close() }
                 return channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(IdleStateHandler(allTimeout: MetricsEndpoint.idleTimeout))
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline()
@@ -89,8 +81,13 @@ private final class ScrapeHandler: ChannelDuplexHandler {
         }
     }
 
+    /// Reading goes on only while the client takes its answers and none waits.
+    private func mayRead(_ context: ChannelHandlerContext) -> Bool {
+        context.channel.isWritable && waiting == nil
+    }
+
     func read(context: ChannelHandlerContext) {
-        if context.channel.isWritable && waiting == nil {
+        if mayRead(context) {
             context.read()
         } else {
             readHeld = true
@@ -98,15 +95,14 @@ private final class ScrapeHandler: ChannelDuplexHandler {
     }
 
     func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable {
-            if let head = waiting {
-                waiting = nil
-                respond(to: head, context: context)
-            }
-            if readHeld && context.channel.isWritable && waiting == nil {
-                readHeld = false
-                context.read()
-            }
+        if context.channel.isWritable, let head = waiting {
+            waiting = nil
+            respond(to: head, context: context)
+        }
+        // The answer just written may have filled the buffer again.
+        if readHeld && mayRead(context) {
+            readHeld = false
+            context.read()
         }
         context.fireChannelWritabilityChanged()
     }

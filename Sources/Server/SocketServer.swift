@@ -88,7 +88,7 @@ public final class SocketServer: Sendable {
     private let limits: Limits
     private let logger: Logger
     /// Connections open now, over every listener.
-    private let open = Atomic<Int>(0)
+    private let sessions: ConnectionLimit
     /// The listeners and the open connections, for a shutdown that answers everyone.
     /// Guards `listeners` and `connections` (NSLock: ThreadSanitizer sees pthread locks,
     /// not `Synchronization.Mutex`'s futex).
@@ -102,6 +102,7 @@ public final class SocketServer: Sendable {
         self.authenticator = authenticator
         self.limits = limits
         self.logger = logger
+        sessions = ConnectionLimit(limits.maxSessions)
     }
 
     /// Starts listening; returns the bound channel (its local address has the real port).
@@ -128,8 +129,7 @@ public final class SocketServer: Sendable {
             .childChannelOption(.writeBufferWaterMark, value: .init(low: limits.outputHighWater / 2, high: limits.outputHighWater))
             .childChannelInitializer { [self] channel in
                 let transport: Transport = channel.localAddress?.protocol == .unix ? .unix : .tcp
-                if self.open.add(1, ordering: .relaxed).newValue > limits.maxSessions {
-                    self.open.subtract(1, ordering: .relaxed)
+                guard self.sessions.admit(channel) else {
                     logger.warning("refusing a connection: --max-sessions reached", metadata: ["maxSessions": "\(limits.maxSessions)"])
                     return channel.close()
                 }
@@ -137,7 +137,6 @@ public final class SocketServer: Sendable {
                 self.lock.withLock { self.connections[key] = channel }
                 channel.closeFuture.whenComplete { _ in
                     self.lock.withLock { _ = self.connections.removeValue(forKey: key) }
-                    self.open.subtract(1, ordering: .relaxed)
                 }
                 return channel.eventLoop.makeCompletedFuture {
                     if let idle = limits.idleTimeout {

@@ -30,6 +30,11 @@ enum OpenedStore {
         return try PostgresStore.Location(url: url, password: password)
     }
 
+    /// Whether other nodes may serve the same store (PostgreSQL).
+    var isShared: Bool {
+        if case .postgres = self { true } else { false }
+    }
+
     var chatStore: any ChatStore {
         switch self {
         case .sqlite(let store): store

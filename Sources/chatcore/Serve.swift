@@ -269,18 +269,14 @@ struct Serve: AsyncParsableCommand {
         // nothing to listen on listens on loopback for them (nodes on this machine), and
         // ends, as a node of standard input/output does, at the end of its input.
         var listening = listen
-        var isShared = false
-        if case .postgres = store {
-            isShared = true
-            if listen.isEmpty { listening = ["127.0.0.1:0"] }
-        }
+        if store.isShared, listen.isEmpty { listening = ["127.0.0.1:0"] }
         let relayedOnly = listen.isEmpty && !listening.isEmpty
         if !listening.isEmpty {
             let loops = group ?? MultiThreadedEventLoopGroup(numberOfThreads: listen.isEmpty ? 1 : System.coreCount)
             group = loops
             let sockets = SocketServer(group: loops, engine: engine, authenticator: authenticator,
                                       limits: .init(session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
-                                                    maxSessions: Serve.sessionsThatFit(maxSessions, relaying: isShared, logger: logger), idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil),
+                                                    maxSessions: Serve.sessionsThatFit(maxSessions, relaying: store.isShared, logger: logger), idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil),
                                       logger: logger)
             server = sockets
             for text in listening {
@@ -476,10 +472,15 @@ struct Serve: AsyncParsableCommand {
     /// Says in the log when users other than the file's owner may read a secret (as ssh
     /// does for keys; only a warning, since some deployments mount secrets 0644).
     static func warnIfOthersMayRead(_ path: String, what: String, logger: Logger) {
-        var status = stat()
-        guard stat(path, &status) == 0, status.st_mode & 0o077 != 0 else { return }
+        guard let mode = permissions(of: path), mode & 0o077 != 0 else { return }
         logger.warning("other users of this machine may read \(what): chmod 600 it",
-                       metadata: ["path": "\(path)", "mode": "\(String(status.st_mode & 0o777, radix: 8))"])
+                       metadata: ["path": "\(path)", "mode": "\(String(mode, radix: 8))"])
+    }
+
+    /// The permission bits of what is at `path` (nil: nothing is there).
+    static func permissions(of path: String) -> mode_t? {
+        var status = stat()
+        return stat(path, &status) == 0 ? status.st_mode & 0o777 : nil
     }
 
     struct DataDirectoryError: Error, CustomStringConvertible {
@@ -492,11 +493,10 @@ struct Serve: AsyncParsableCommand {
     /// read it: before, a new store was readable by every user of the machine (0755
     /// directory, 0644 files).
     static func prepareDataDirectory(_ directory: URL, logger: Logger) throws {
-        var status = stat()
-        if stat(directory.path, &status) == 0 {
-            if status.st_mode & 0o077 != 0 {
+        if let mode = permissions(of: directory.path) {
+            if mode & 0o077 != 0 {
                 logger.notice("other users of this machine may read the data directory, and so every message: chmod 700 it to keep them out",
-                              metadata: ["dataDir": "\(directory.path)", "mode": "\(String(status.st_mode & 0o777, radix: 8))"])
+                              metadata: ["dataDir": "\(directory.path)", "mode": "\(String(mode, radix: 8))"])
             }
             return
         }
