@@ -1,5 +1,6 @@
 import Protocol
 import Store
+import Synchronization
 
 /// Where the engine sends a session's events. Implemented by the session layer.
 public protocol EventSink: AnyObject, Sendable {
@@ -34,7 +35,15 @@ public final class EngineSession: @unchecked Sendable, Hashable {
     weak var sink: EventSink?
     /// The user whose token this session presented: set up (`user` is then the same), or
     /// waiting for an endpoint of that user to be free (setupState `Full`).
-    var identity: Int64?
+    var identity: Int64? {
+        didSet { authenticated.store(identity != nil, ordering: .releasing) }
+    }
+    private let authenticated = Atomic<Bool>(false)
+
+    /// Whether a token of this session has been accepted (and its acceptance not undone by
+    /// a failed commit). Read on any thread: the transport closes connections that take
+    /// too long to authenticate.
+    public var isAuthenticated: Bool { authenticated.load(ordering: .acquiring) }
     /// The user this endpoint is set up as: it receives that user's events (engine
     /// thread only).
     var user: Int64? {

@@ -71,14 +71,19 @@ public final class SocketServer: Sendable {
         public var maxSessions: Int
         /// A connection that sends nothing for this long is closed (nil: never).
         public var idleTimeout: TimeAmount?
+        /// A connection whose token has not been accepted this long after it was accepted
+        /// is closed (nil: never), so that connections that never sign in cannot hold
+        /// `maxSessions` places for ever.
+        public var authTimeout: TimeAmount?
 
         public init(session: Session.Limits = .init(), outputHighWater: Int = 1 << 20, maxOutputBytes: Int = 64 << 20,
-                    maxSessions: Int = 10_000, idleTimeout: TimeAmount? = nil) {
+                    maxSessions: Int = 10_000, idleTimeout: TimeAmount? = nil, authTimeout: TimeAmount? = nil) {
             self.session = session
             self.outputHighWater = outputHighWater
             self.maxOutputBytes = maxOutputBytes
             self.maxSessions = maxSessions
             self.idleTimeout = idleTimeout
+            self.authTimeout = authTimeout
         }
     }
 
@@ -259,6 +264,8 @@ final class SessionHandler: ChannelDuplexHandler {
     private var output: SocketOutput?
     /// A read was asked for while input was paused.
     private var readPending = false
+    /// Closes the connection if it has not authenticated by then (`Limits.authTimeout`).
+    private var authDeadline: Scheduled<Void>?
 
     init(engine: Engine, authenticator: Authenticator, transport: Transport, limits: SocketServer.Limits, logger: Logger) {
         self.engine = engine
@@ -274,6 +281,15 @@ final class SessionHandler: ChannelDuplexHandler {
                                   resume: NIOLoopBound(self, eventLoop: context.eventLoop))
         self.output = output
         session = Session(engine: engine, authenticator: authenticator, transport: transport, output: output, limits: limits.session)
+        if let timeout = limits.authTimeout {
+            let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
+            let channel = context.channel
+            authDeadline = context.eventLoop.scheduleTask(in: timeout) {
+                guard let session = handler.value.session, !session.isAuthenticated else { return }
+                handler.value.logger.debug("closing a connection that did not authenticate in time (--auth-timeout)")
+                channel.close(promise: nil)
+            }
+        }
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
@@ -289,6 +305,8 @@ final class SessionHandler: ChannelDuplexHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        authDeadline?.cancel()
+        authDeadline = nil
         framer.finish { session?.receive($0) }
         session?.close()
         session = nil

@@ -72,6 +72,9 @@ public final class Session: EventSink, @unchecked Sendable {
         engine.authenticate(userId: userId, cookie: nil, line: 0, announce: false, session: handle)
     }
 
+    /// Whether a token of this session has been accepted (any thread).
+    public var isAuthenticated: Bool { handle.isAuthenticated }
+
     /// False while the engine has too much of this session's work: stop reading.
     public var wantsInput: Bool {
         inFlight.load(ordering: .acquiring) < limits.maxRequestsInFlight

@@ -86,6 +86,9 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Close a socket connection that sends nothing for this many seconds (0: never).", valueName: "seconds"))
     var idleTimeout: Int = 0
 
+    @Option(name: .long, help: ArgumentHelp("Close a socket connection whose authToken has not been accepted this many seconds after it connected (0: never).", valueName: "seconds"))
+    var authTimeout: Int = 60
+
     @Option(name: .long, help: ArgumentHelp("Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT).", valueName: "ADDR"))
     var metrics: String?
 
@@ -107,6 +110,7 @@ struct Serve: AsyncParsableCommand {
         // Past 1 TiB, MiB to bytes would lose high bits (2^44 MiB became 0: no cache).
         guard cacheMb >= 0, cacheMb <= 1 << 20 else { throw ValidationError("--cache-mb must be 0 to 1048576 (1 TiB)") }
         guard idleTimeout >= 0 else { throw ValidationError("--idle-timeout must not be negative") }
+        guard authTimeout >= 0 else { throw ValidationError("--auth-timeout must not be negative") }
         guard writerTimeout >= 3, writerTimeout <= 86_400 else {
             throw ValidationError("--writer-timeout must be 3 to 86400 seconds (the writer beats every second)")
         }
@@ -276,7 +280,8 @@ struct Serve: AsyncParsableCommand {
             group = loops
             let sockets = SocketServer(group: loops, engine: engine, authenticator: authenticator,
                                       limits: .init(session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
-                                                    maxSessions: Serve.sessionsThatFit(maxSessions, relaying: store.isShared, logger: logger), idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil),
+                                                    maxSessions: Serve.sessionsThatFit(maxSessions, relaying: store.isShared, logger: logger), idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil,
+                                                    authTimeout: authTimeout > 0 ? .seconds(Int64(authTimeout)) : nil),
                                       logger: logger)
             server = sockets
             for text in listening {

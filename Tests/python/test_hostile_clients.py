@@ -152,6 +152,89 @@ def test_max_sessions_and_idle_timeout():
             process.wait(timeout=30)
 
 
+def test_connections_that_never_authenticate_lose_their_place_at_the_auth_timeout():
+    """Before --auth-timeout, connections that never signed in held their place for ever
+    (the idle timeout is off by default): anyone who could connect could take every one
+    of --max-sessions and keep every user out, without a credential."""
+    with tempfile.TemporaryDirectory() as work:
+        secret = os.path.join(work, "secret")
+        with open(secret, "w") as f:
+            f.write("a secret for this test")
+        good = subprocess.run([chatcore_binary(), "token", "--user", "alice", "--auth-secret-file", secret],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", os.path.join(work, "d"), "--listen", "127.0.0.1:0",
+                                    "--auth-secret-file", secret, "--max-sessions", "4", "--auth-timeout", "2"],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            port = None
+            for line in process.stderr:
+                match = re.search(r"port=(\d+)", line)
+                if match:
+                    port = int(match.group(1))
+                    threading.Thread(target=process.stderr.read, daemon=True).start()
+                    break
+            assert port, "chatcore did not start listening"
+
+            def connect():
+                sock = socket.create_connection(("127.0.0.1", port))
+                sock.settimeout(10)
+                return sock
+
+            def sign_in(sock, token):
+                sock.sendall(json.dumps({"authToken": {"userId": "alice", "authToken": token}}).encode() + b"\n")
+
+            def read_until_closed(sock):
+                got = b""
+                while True:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        return got
+                    got += chunk
+
+            started = time.monotonic()
+            signed_in = connect()
+            sign_in(signed_in, good)
+            silent = connect()
+            refused = connect()
+            sign_in(refused, "not a token")
+            chatty = connect()  # sends requests, so it is never idle, but never signs in
+            time.sleep(0.3)
+            outsider = connect()
+            assert outsider.recv(1) == b"", "a fifth connection is over --max-sessions"
+            outsider.close()
+
+            def chatter():
+                try:
+                    while True:
+                        chatty.sendall(b'{"identitiesGet":{"cookie":"c"}}\n')
+                        time.sleep(0.2)
+                except OSError:
+                    pass
+            threading.Thread(target=chatter, daemon=True).start()
+
+            assert read_until_closed(silent) == b""
+            assert b"Rejected" in read_until_closed(refused)
+            assert b'"cookie":"c"' in read_until_closed(chatty), "the unauthenticated requests were answered until the close"
+            waited = time.monotonic() - started
+            assert 1.5 < waited < 8, f"closed after {waited:.1f} s with --auth-timeout 2"
+
+            # Their places are free again, and the session that signed in kept its own.
+            late = connect()
+            sign_in(late, good)
+            late.sendall(b'{"identitiesGet":{"cookie":"late"}}\n')
+            answers = late.makefile("rb")
+            assert any(b'"cookie":"late"' in answers.readline() for _ in range(20)), "a new connection could not sign in"
+            signed_in.sendall(b'{"identitiesGet":{"cookie":"first"}}\n')
+            answers = signed_in.makefile("rb")
+            assert any(b'"cookie":"first"' in answers.readline() for _ in range(20)), "the signed-in session was closed"
+            for sock in (signed_in, silent, refused, chatty, late):
+                sock.close()
+            assert process.poll() is None
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
 def test_closed_connections_leave_nothing_behind():
     """Found by fuzzing: sessions, their handlers and partial lines outlived their
     connections. Thousands of connections that hang up mid-line must not add up."""
