@@ -5,6 +5,17 @@ import Store
 extension Engine {
     /// Participants of one chat, the local user included.
     static let maxParticipants = 250
+    /// A chat's `data`, and a member's `localData` and `privateData`, are kept in memory
+    /// for every chat (start-up reads them with the chats): each is at most this many bytes
+    /// of compact JSON, as much as a message's content and data together. Unbounded (only
+    /// by the line), one user's chats could make every start-up hold gigabytes.
+    static let maxChatDataBytes = 71_680
+
+    /// Why `value`, given as `field`, is over `maxChatDataBytes` (nil when it is not).
+    func chatDataTooLarge(_ value: JSONValue?, field: String) -> String? {
+        guard let size = value?.byteCount, size > Engine.maxChatDataBytes else { return nil }
+        return "'\(field)' is \(size) bytes, over the limit of \(Engine.maxChatDataBytes)"
+    }
 
     /// Why an invitee list cannot be used.
     enum InviteeProblem: Error {
@@ -69,6 +80,9 @@ extension Engine {
             case .invalidInvitee(let detail): return failed(.invalidInvitee, detail)
             case .invalidParameter(let detail): return failed(.invalidParameter, detail)
             }
+        }
+        for (value, field) in [(request.data, "data"), (request.localData, "localData"), (request.privateData, "privateData")] {
+            if let reason = chatDataTooLarge(value, field: field) { return failed(.invalidParameter, reason) }
         }
         let isOneToOne = request.isOneToOne ?? false
         if targets.isEmpty { return failed(.invalidParameter, "'invitees' is empty: a chat needs at least one invitee") }
@@ -331,6 +345,9 @@ extension Engine {
             let (chat, member) = try chat(element.chatId, of: user)
             if element.subject == nil && element.data == nil && element.localData == nil {
                 throw ProtocolError.invalid("'elements[\(index)]' changes nothing: give 'subject', 'data' or 'localData'")
+            }
+            for (value, field) in [(element.data?.value, "data"), (element.localData?.value, "localData")] {
+                if let reason = chatDataTooLarge(value, field: "elements[\(index)].\(field)") { throw ProtocolError(.tooLarge, reason) }
             }
             if element.subject != nil && chat.isDefunct {
                 throw ProtocolError.notPermitted("chat '\(chat.chatId)' is Defunct: its subject cannot change")

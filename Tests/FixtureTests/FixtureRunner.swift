@@ -270,6 +270,10 @@ final class FixtureRunner {
             return try issueToken(userId: parts[1], secret: key, now: now)
         }
         if name == "bytes:long-cookie" { return String(repeating: "c", count: 300) }
+        if name.hasPrefix("x:") {
+            guard let count = Int(name.dropFirst(2)), (0...(64 << 20)).contains(count) else { throw fail(number, "${x:COUNT}") }
+            return String(repeating: "x", count: count)
+        }
         guard let captured = captures[name] else { throw fail(number, "nothing was captured as '\(name)'") }
         return captured
     }

@@ -385,11 +385,11 @@ export interface ChatStart {
   isOneToOne?: boolean;
   /** Who may invite new participants. */
   invitePolicy?: "AdminsOnly" | "ParticipantsOnly";
-  /** Application data shared by every participant. */
+  /** Application data shared by every participant. At most 71680 bytes of compact JSON (a chat's values are kept in memory for every chat). */
   data?: Record<string, unknown>;
-  /** Application data of the local user only. */
+  /** Application data of the local user only. At most 71680 bytes of compact JSON (a chat's values are kept in memory for every chat). */
   localData?: Record<string, unknown>;
-  /** Kept with the chat and shown to the starter only (the chat element's privateData). */
+  /** Kept with the chat and shown to the starter only (the chat element's privateData). At most 71680 bytes of compact JSON (a chat's values are kept in memory for every chat). */
   privateData?: Record<string, unknown>;
 }
 

@@ -18,11 +18,11 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
     public var isOneToOne: Bool?
     /// Who may invite new participants.
     public var invitePolicy: InvitePolicy?
-    /// Application data shared by every participant.
+    /// Application data shared by every participant. At most 71680 bytes of compact JSON (a chat's values are kept in memory for every chat).
     public var data: JSONValue?
-    /// Application data of the local user only.
+    /// Application data of the local user only. At most 71680 bytes of compact JSON (a chat's values are kept in memory for every chat).
     public var localData: JSONValue?
-    /// Kept with the chat and shown to the starter only (the chat element's privateData).
+    /// Kept with the chat and shown to the starter only (the chat element's privateData). At most 71680 bytes of compact JSON (a chat's values are kept in memory for every chat).
     public var privateData: JSONValue?
 
     public init(cookie: String, invitees: [Invitee], subject: String? = nil, isOneToOne: Bool? = nil, invitePolicy: InvitePolicy? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, privateData: JSONValue? = nil) {
