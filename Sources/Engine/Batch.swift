@@ -315,7 +315,11 @@ final class Batch {
             output.writer.replaceAll(own, with: UserRecord.quotedLocalURI, from: start)
         }
         output.entries.append(.event(start: start, end: output.writer.count, item: current))
+        builtBytes += output.writer.count - start
     }
+
+    /// Bytes of events this batch built, for every session together.
+    private(set) var builtBytes = 0
 
     /// The session's output that its client has not taken: what this batch built for it
     /// so far, and its unread backlog when the batch began to build for it.

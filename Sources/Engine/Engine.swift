@@ -48,6 +48,11 @@ public final class Engine: @unchecked Sendable {
 
     /// At most this many work items go into one batch (and one transaction).
     static let batchLimit = 4096
+    /// Events a batch may build for its sessions before the rest of its work is left to
+    /// the next batch. A batch's events are held until its commit: without a bound, 4,096
+    /// sends of 70 KB into a chat whose users have many endpoints would be held at once
+    /// (70 KB × 4,096 × each endpoint).
+    static let batchOutputLimit = 16 << 20
     /// A session's output (built in the batch, plus handed over and not yet taken by its
     /// client) above which its next requests wait in the engine, in order, until the
     /// client has taken half of it: a client that never reads costs at most this and one
@@ -388,7 +393,11 @@ public final class Engine: @unchecked Sendable {
             for item in unparkedWork() { take(item, batch: batch) }
             var answeredOutside = false
             var taken = 0
-            for item in work {
+            for (index, item) in work.enumerated() {
+                if batch.builtBytes > Engine.batchOutputLimit {
+                    inbox.putBack(work[index...])
+                    break
+                }
                 switch item {
                 case .barrier(let body):
                     barriers.append(body)

@@ -18,6 +18,14 @@ final class Inbox<Item>: @unchecked Sendable {
         condition.unlock()
     }
 
+    /// Puts items taken and not done back in front of everything, in their order (a
+    /// batch that is full leaves them to the next).
+    func putBack(_ returned: some Collection<Item>) {
+        condition.lock()
+        items.insert(contentsOf: returned, at: 0)
+        condition.unlock()
+    }
+
     /// Blocks until there is work (or `waitingAtMost` seconds passed: then it may return
     /// nothing), then takes up to `limit` items.
     func take(limit: Int, waitingAtMost seconds: Double? = nil) -> [Item] {
