@@ -67,6 +67,11 @@ public final class SocketServer: Sendable {
         public var outputHighWater: Int
         /// Output a client has not read yet, above which it is disconnected.
         public var maxOutputBytes: Int
+        /// Output not read yet by all clients together, above which a client that is
+        /// behind (more than `outputHighWater` unread) is disconnected when more is written
+        /// to it: without it, one user's endpoints that never read, each kept under
+        /// `maxOutputBytes`, could together hold gigabytes.
+        public var maxOutputTotal: Int
         /// Connections open at once; more are closed as soon as they are accepted.
         public var maxSessions: Int
         /// A connection that sends nothing for this long is closed (nil: never).
@@ -77,10 +82,11 @@ public final class SocketServer: Sendable {
         public var authTimeout: TimeAmount?
 
         public init(session: Session.Limits = .init(), outputHighWater: Int = 1 << 20, maxOutputBytes: Int = 64 << 20,
-                    maxSessions: Int = 10_000, idleTimeout: TimeAmount? = nil, authTimeout: TimeAmount? = nil) {
+                    maxOutputTotal: Int = 256 << 20, maxSessions: Int = 10_000, idleTimeout: TimeAmount? = nil, authTimeout: TimeAmount? = nil) {
             self.session = session
             self.outputHighWater = outputHighWater
             self.maxOutputBytes = maxOutputBytes
+            self.maxOutputTotal = maxOutputTotal
             self.maxSessions = maxSessions
             self.idleTimeout = idleTimeout
             self.authTimeout = authTimeout
@@ -94,6 +100,8 @@ public final class SocketServer: Sendable {
     private let logger: Logger
     /// Connections open now, over every listener.
     private let sessions: ConnectionLimit
+    /// Output written to every connection and not yet taken by its client.
+    private let unread: UnreadOutput
     /// The listeners and the open connections, for a shutdown that answers everyone.
     /// Guards `listeners` and `connections` (NSLock: ThreadSanitizer sees pthread locks,
     /// not `Synchronization.Mutex`'s futex).
@@ -108,6 +116,7 @@ public final class SocketServer: Sendable {
         self.limits = limits
         self.logger = logger
         sessions = ConnectionLimit(limits.maxSessions)
+        unread = UnreadOutput(limit: limits.maxOutputTotal, highWater: limits.outputHighWater)
     }
 
     /// Starts listening; returns the bound channel (its local address has the real port).
@@ -147,7 +156,8 @@ public final class SocketServer: Sendable {
                     if let idle = limits.idleTimeout {
                         try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle))
                     }
-                    let handler = SessionHandler(engine: engine, authenticator: authenticator, transport: transport, limits: limits, logger: logger)
+                    let handler = SessionHandler(engine: engine, authenticator: authenticator, transport: transport, limits: limits,
+                                                 unreadByAll: self.unread, logger: logger)
                     try channel.pipeline.syncOperations.addHandler(handler)
                 }
             }
@@ -258,6 +268,7 @@ final class SessionHandler: ChannelDuplexHandler {
     private let authenticator: Authenticator
     private let transport: Transport
     private let limits: SocketServer.Limits
+    private let unreadByAll: UnreadOutput
     private let logger: Logger
     private var framer: LineFramer
     private var session: Session?
@@ -267,19 +278,23 @@ final class SessionHandler: ChannelDuplexHandler {
     /// Closes the connection if it has not authenticated by then (`Limits.authTimeout`).
     private var authDeadline: Scheduled<Void>?
 
-    init(engine: Engine, authenticator: Authenticator, transport: Transport, limits: SocketServer.Limits, logger: Logger) {
+    init(engine: Engine, authenticator: Authenticator, transport: Transport, limits: SocketServer.Limits, unreadByAll: UnreadOutput, logger: Logger) {
         self.engine = engine
         self.authenticator = authenticator
         self.transport = transport
         self.limits = limits
+        self.unreadByAll = unreadByAll
         self.logger = logger
         self.framer = LineFramer(maxLineBytes: limits.session.maxLineBytes)
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
-        let output = SocketOutput(channel: context.channel, maxOutputBytes: limits.maxOutputBytes, logger: logger,
+        let output = SocketOutput(channel: context.channel, limits: limits, unreadByAll: unreadByAll, logger: logger,
                                   resume: NIOLoopBound(self, eventLoop: context.eventLoop))
         self.output = output
+        let unreadByAll = self.unreadByAll
+        unreadByAll.opened()
+        context.channel.closeFuture.whenComplete { _ in unreadByAll.closed() }
         session = Session(engine: engine, authenticator: authenticator, transport: transport, output: output, limits: limits.session)
         if let timeout = limits.authTimeout {
             let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
@@ -400,18 +415,55 @@ final class SessionHandler: ChannelDuplexHandler {
     }
 }
 
+/// Output written to the connections of one server and not yet taken by their clients,
+/// against `Limits.maxOutputTotal`: while the total is over it, each connection may keep
+/// its fair share of it unread (at least `outputHighWater`), so that the clients that do
+/// not read are the ones disconnected.
+final class UnreadOutput: Sendable {
+    private let limit: Int
+    private let highWater: Int
+    private let bytes = Atomic<Int>(0)
+    private let outputs = Atomic<Int>(0)
+
+    init(limit: Int, highWater: Int) {
+        self.limit = limit
+        self.highWater = highWater
+    }
+
+    func opened() { outputs.add(1, ordering: .relaxed) }
+    func closed() { outputs.subtract(1, ordering: .relaxed) }
+
+    /// Counts `count` more bytes for an output that now has `unread` bytes unread; false
+    /// (and nothing counted) when that output is to be disconnected.
+    func add(_ count: Int, unread: Int) -> Bool {
+        guard bytes.add(count, ordering: .relaxed).newValue > limit else { return true }
+        let share = max(highWater, limit / max(1, outputs.load(ordering: .relaxed)))
+        if unread <= share { return true }
+        bytes.subtract(count, ordering: .relaxed)
+        return false
+    }
+
+    func remove(_ count: Int) {
+        bytes.subtract(count, ordering: .relaxed)
+    }
+}
+
 /// A session's output on a socket. Writes from other threads hop to the channel's event
-/// loop; a client that lets more than `maxOutputBytes` pile up is disconnected.
+/// loop; a client that lets more than `maxOutputBytes` pile up is disconnected, and so is
+/// one that is behind (over `outputHighWater`) while all clients together have more than
+/// `maxOutputTotal` unread.
 final class SocketOutput: SessionOutput, @unchecked Sendable {
     private let channel: Channel
     private let maxOutputBytes: Int
+    private let unreadByAll: UnreadOutput
     private let logger: Logger
     private let resume: NIOLoopBound<SessionHandler>
     private let queued = Atomic<Int>(0)
 
-    init(channel: Channel, maxOutputBytes: Int, logger: Logger, resume: NIOLoopBound<SessionHandler>) {
+    init(channel: Channel, limits: SocketServer.Limits, unreadByAll: UnreadOutput, logger: Logger, resume: NIOLoopBound<SessionHandler>) {
         self.channel = channel
-        self.maxOutputBytes = maxOutputBytes
+        self.maxOutputBytes = limits.maxOutputBytes
+        self.unreadByAll = unreadByAll
         self.logger = logger
         self.resume = resume
     }
@@ -420,8 +472,11 @@ final class SocketOutput: SessionOutput, @unchecked Sendable {
         let count = bytes.count
         if count > 0 {
             let total = queued.add(count, ordering: .relaxed).newValue
-            if total > maxOutputBytes {
-                logger.warning("closing a connection whose client does not read its output", metadata: ["queuedBytes": "\(total)"])
+            let overMine = total > maxOutputBytes
+            if overMine || !unreadByAll.add(count, unread: total) {
+                logger.warning(overMine ? "closing a connection whose client does not read its output"
+                                   : "closing a connection whose client is behind while the unread output of all clients is over --max-output-total",
+                               metadata: ["queuedBytes": "\(total)"])
                 channel.close(promise: nil)
                 return
             }
@@ -431,7 +486,10 @@ final class SocketOutput: SessionOutput, @unchecked Sendable {
         let send: @Sendable () -> Void = { [self] in
             if let buffer {
                 let promise = channel.eventLoop.makePromise(of: Void.self)
-                promise.futureResult.whenComplete { _ in self.queued.subtract(count, ordering: .relaxed) }
+                promise.futureResult.whenComplete { _ in
+                    self.queued.subtract(count, ordering: .relaxed)
+                    self.unreadByAll.remove(count)
+                }
                 channel.write(buffer, promise: promise)
             }
             if flush { channel.flush() }

@@ -80,6 +80,9 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: "Unread output of a socket session above which it is disconnected.")
     var maxOutputBytes: Int = 64 << 20
 
+    @Option(name: .long, help: "Unread output of all socket sessions together above which a session that is behind (over --output-high-water) is disconnected when more is written to it. Default: 4 × --max-output-bytes.")
+    var maxOutputTotal: Int?
+
     @Option(name: .long, help: "Socket connections open at once; further ones are closed when accepted. Lowered to what the file descriptor limit leaves room for.")
     var maxSessions: Int = 10_000
 
@@ -101,6 +104,13 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: "trace, debug, info, notice, warning, error or critical. Logs go to standard error.")
     var logLevel: Logger.Level = .info
 
+    /// `--max-output-total`, or four times `--max-output-bytes` (at most `Int.max`).
+    var outputTotalLimit: Int {
+        if let maxOutputTotal { return maxOutputTotal }
+        let (four, overflow) = maxOutputBytes.multipliedReportingOverflow(by: 4)
+        return overflow ? .max : four
+    }
+
     func validate() throws {
         if let user, user.isEmpty || user.utf8.count > 128 { throw ValidationError("--user must be 1 to 128 bytes") }
         guard maxLineBytes > 0 else { throw ValidationError("--max-line-bytes must be positive") }
@@ -116,6 +126,9 @@ struct Serve: AsyncParsableCommand {
         }
         guard outputHighWater > 0, maxOutputBytes >= outputHighWater else {
             throw ValidationError("--max-output-bytes must be at least --output-high-water, which must be positive")
+        }
+        if let maxOutputTotal, maxOutputTotal < outputHighWater {
+            throw ValidationError("--max-output-total must be at least --output-high-water")
         }
         if (authSecretFile != nil || authJwks != nil) && insecureNoAuth {
             throw ValidationError("--insecure-no-auth accepts any token: it excludes --auth-secret-file and --auth-jwks")
@@ -280,6 +293,7 @@ struct Serve: AsyncParsableCommand {
             group = loops
             let sockets = SocketServer(group: loops, engine: engine, authenticator: authenticator,
                                       limits: .init(session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
+                                                    maxOutputTotal: outputTotalLimit,
                                                     maxSessions: Serve.sessionsThatFit(maxSessions, relaying: store.isShared, logger: logger), idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil,
                                                     authTimeout: authTimeout > 0 ? .seconds(Int64(authTimeout)) : nil),
                                       logger: logger)

@@ -66,3 +66,54 @@ def test_a_never_reading_client_with_huge_answers_stays_bounded():
         finally:
             server.terminate()
             assert server.wait(timeout=60) == 0
+
+
+def test_many_endpoints_that_never_read_are_bounded_together():
+    """Each session's unread output is bounded (--max-output-bytes), but 40 endpoints of one
+    user that never read, in a chat someone sends big messages into, held that bound each:
+    the service's memory grew with the number of endpoints. Now the unread output of all
+    clients together is bounded too (--max-output-total): while it is over, a client
+    behind by more than its share is disconnected, and the sender goes on."""
+    with tempfile.TemporaryDirectory() as work:
+        path = os.path.join(work, "s")
+        server = start_socket_server(os.path.join(work, "data"), path, "--max-output-bytes", str(8 << 20),
+                                     "--max-output-total", str(16 << 20))
+        sinks = []
+        try:
+            time.sleep(0.5)
+            baseline = peak_memory_mb(server.pid)
+            for _ in range(40):
+                sink = socket.socket(socket.AF_UNIX)
+                sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sink.connect(path)
+                sink.sendall(line({"authToken": {"userId": "mallory", "authToken": "any"}}))
+                sinks.append(sink)
+            sender = Client(path)
+            auth(sender, "mallory")
+            sender.send({"chatStart": {"cookie": "s", "invitees": [{"userId": "bob"}], "subject": "big"}})
+            sender.answer("s", timeout=60)
+            content = "z" * 60_000
+            for n in range(150):
+                sender.send({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": content, "cookie": f"m{n}"}})
+            sender.answer("m149", timeout=300)
+            grown = peak_memory_mb(server.pid) - baseline
+            # 40 × 8 MB unread would be 320 MB; together they may keep 16 MB.
+            assert grown < 150 * BOUND_SCALE, f"peak memory grew by {grown:.0f} MB"
+            closed = 0
+            for sink in sinks:
+                sink.setblocking(False)
+                try:
+                    while sink.recv(1 << 20):
+                        pass
+                except BlockingIOError:
+                    continue
+                except ConnectionResetError:
+                    pass
+                closed += 1
+            assert closed >= 30, f"only {closed} of the 40 endpoints that never read were disconnected"
+            assert server.poll() is None
+        finally:
+            for sink in sinks:
+                sink.close()
+            server.terminate()
+            server.wait(timeout=30)
