@@ -12,6 +12,9 @@ final class ConnectionLimit: Sendable {
         self.limit = limit
     }
 
+    /// Connections admitted and not closed yet.
+    var count: Int { open.load(ordering: .relaxed) }
+
     func admit(_ channel: Channel) -> Bool {
         guard open.add(1, ordering: .relaxed).newValue <= limit else {
             open.subtract(1, ordering: .relaxed)

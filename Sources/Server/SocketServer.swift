@@ -67,10 +67,11 @@ public final class SocketServer: Sendable {
         public var outputHighWater: Int
         /// Output a client has not read yet, above which it is disconnected.
         public var maxOutputBytes: Int
-        /// Output not read yet by all clients together, above which a client that is
-        /// behind (more than `outputHighWater` unread) is disconnected when more is written
-        /// to it: without it, one user's endpoints that never read, each kept under
-        /// `maxOutputBytes`, could together hold gigabytes.
+        /// Output not read yet by all clients together, above which a client behind by
+        /// more than its share (this over the connections open, at least
+        /// `outputHighWater`) is disconnected when more is written to it: without it, one
+        /// user's endpoints that never read, each kept under `maxOutputBytes`, could
+        /// together hold gigabytes.
         public var maxOutputTotal: Int
         /// Connections open at once; more are closed as soon as they are accepted.
         public var maxSessions: Int
@@ -116,7 +117,7 @@ public final class SocketServer: Sendable {
         self.limits = limits
         self.logger = logger
         sessions = ConnectionLimit(limits.maxSessions)
-        unread = UnreadOutput(limit: limits.maxOutputTotal, highWater: limits.outputHighWater)
+        unread = UnreadOutput(limit: limits.maxOutputTotal, highWater: limits.outputHighWater, connections: sessions)
     }
 
     /// Starts listening; returns the bound channel (its local address has the real port).
@@ -292,9 +293,6 @@ final class SessionHandler: ChannelDuplexHandler {
         let output = SocketOutput(channel: context.channel, limits: limits, unreadByAll: unreadByAll, logger: logger,
                                   resume: NIOLoopBound(self, eventLoop: context.eventLoop))
         self.output = output
-        let unreadByAll = self.unreadByAll
-        unreadByAll.opened()
-        context.channel.closeFuture.whenComplete { _ in unreadByAll.closed() }
         session = Session(engine: engine, authenticator: authenticator, transport: transport, output: output, limits: limits.session)
         if let timeout = limits.authTimeout {
             let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
@@ -422,22 +420,21 @@ final class SessionHandler: ChannelDuplexHandler {
 final class UnreadOutput: Sendable {
     private let limit: Int
     private let highWater: Int
+    /// The connections the total is shared among.
+    private let connections: ConnectionLimit
     private let bytes = Atomic<Int>(0)
-    private let outputs = Atomic<Int>(0)
 
-    init(limit: Int, highWater: Int) {
+    init(limit: Int, highWater: Int, connections: ConnectionLimit) {
         self.limit = limit
         self.highWater = highWater
+        self.connections = connections
     }
-
-    func opened() { outputs.add(1, ordering: .relaxed) }
-    func closed() { outputs.subtract(1, ordering: .relaxed) }
 
     /// Counts `count` more bytes for an output that now has `unread` bytes unread; false
     /// (and nothing counted) when that output is to be disconnected.
     func add(_ count: Int, unread: Int) -> Bool {
         guard bytes.add(count, ordering: .relaxed).newValue > limit else { return true }
-        let share = max(highWater, limit / max(1, outputs.load(ordering: .relaxed)))
+        let share = max(highWater, limit / max(1, connections.count))
         if unread <= share { return true }
         bytes.subtract(count, ordering: .relaxed)
         return false
@@ -450,8 +447,8 @@ final class UnreadOutput: Sendable {
 
 /// A session's output on a socket. Writes from other threads hop to the channel's event
 /// loop; a client that lets more than `maxOutputBytes` pile up is disconnected, and so is
-/// one that is behind (over `outputHighWater`) while all clients together have more than
-/// `maxOutputTotal` unread.
+/// one behind by more than its share while all clients together have more than
+/// `maxOutputTotal` unread (`UnreadOutput`).
 final class SocketOutput: SessionOutput, @unchecked Sendable {
     private let channel: Channel
     private let maxOutputBytes: Int

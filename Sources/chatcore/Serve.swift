@@ -80,7 +80,7 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: "Unread output of a socket session above which it is disconnected.")
     var maxOutputBytes: Int = 64 << 20
 
-    @Option(name: .long, help: "Unread output of all socket sessions together above which a session that is behind (over --output-high-water) is disconnected when more is written to it. Default: 4 × --max-output-bytes.")
+    @Option(name: .long, help: "Unread output of all socket sessions together above which a session behind by more than its share (this over the sessions open, at least --output-high-water) is disconnected when more is written to it. Default: 4 × --max-output-bytes.")
     var maxOutputTotal: Int?
 
     @Option(name: .long, help: "Socket connections open at once; further ones are closed when accepted. Lowered to what the file descriptor limit leaves room for.")
