@@ -79,16 +79,18 @@ extension Engine {
         while found.count < scope.limit {
             let page = max(scope.limit * 2, 64)
             let hits = try index.searchMessages(containing: scope.text, chats: chats, belowRow: below, limit: page)
-            // The index has only what is searchable and not recalled; what the user
-            // deleted for themselves is asked of the store, all at once.
+            // The index is derived data and may be stale (it can lose its tail in a crash,
+            // and a node that writes again after another node kept the index it had), so
+            // every hit is checked against the store, all at once: recalled since, or
+            // deleted by the user for themselves, it is left out.
             let candidates = hits.filter { hit in scope.firstVisible[hit.chat].map { hit.id >= $0 } ?? false }
-            let deleted: Set<MessageAddress>
+            let searchable: Set<SearchHit>
             do {
-                deleted = try store.privatelyDeleted(by: scope.user, among: candidates.map { MessageAddress(chat: $0.chat, id: $0.id) })
+                searchable = try store.searchable(by: scope.user, among: candidates)
             } catch {
                 throw ProtocolError(.internal, "the store could not be read: \(error)")
             }
-            for hit in candidates where !deleted.contains(MessageAddress(chat: hit.chat, id: hit.id)) {
+            for hit in candidates where searchable.contains(hit) {
                 found.append(hit)
                 if found.count == scope.limit { break }
             }

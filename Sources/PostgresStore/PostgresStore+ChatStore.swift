@@ -222,15 +222,17 @@ extension PostgresStore: ChatStore {
         }
     }
 
-    public func privatelyDeleted(by user: Int64, among messages: [MessageAddress]) throws -> Set<MessageAddress> {
-        guard !messages.isEmpty else { return [] }
+    public func searchable(by user: Int64, among hits: [SearchHit]) throws -> Set<SearchHit> {
+        guard !hits.isEmpty else { return [] }
         var binds = Binds()
-        let sql = #"SELECT chat, id FROM message_user WHERE "user" = \#(binds.add(user)) AND "isDeleted" "#
-            + "AND (chat, id) IN (SELECT * FROM unnest(\(binds.add(messages.map(\.chat)))::bigint[], \(binds.add(messages.map(\.id)))::bigint[]))"
+        let sql = #"SELECT m.chat, m.id, m."searchRow" FROM unnest(\#(binds.add(hits.map(\.chat)))::bigint[], "#
+            + #"\#(binds.add(hits.map(\.id)))::bigint[], \#(binds.add(hits.map(\.row)))::bigint[]) AS h(chat, id, "row") "#
+            + #"JOIN message m ON m.chat = h.chat AND m.id = h.id AND m."searchRow" = h."row" "#
+            + #"WHERE NOT EXISTS (SELECT 1 FROM message_user u WHERE u.chat = m.chat AND u.id = m.id AND u."user" = \#(binds.add(user)) AND u."isDeleted")"#
         return try withConnection { connection in
             Set(try run(connection, sql, binds).map {
-                let (chat, id) = try $0.decode((Int64, Int64).self)
-                return MessageAddress(chat: chat, id: id)
+                let (chat, id, row) = try $0.decode((Int64, Int64, Int64).self)
+                return SearchHit(chat: chat, id: id, row: row)
             })
         }
     }

@@ -226,17 +226,20 @@ extension SQLiteStore: ChatStore {
         }
     }
 
-    public func privatelyDeleted(by user: Int64, among messages: [MessageAddress]) throws -> Set<MessageAddress> {
-        guard !messages.isEmpty else { return [] }
+    public func searchable(by user: Int64, among hits: [SearchHit]) throws -> Set<SearchHit> {
+        guard !hits.isEmpty else { return [] }
         return try pool.read { db in
-            var deleted = Set<MessageAddress>()
-            let pairs = "[" + messages.map { "[\($0.chat),\($0.id)]" }.joined(separator: ",") + "]"
+            var found = Set<SearchHit>()
+            let triples = "[" + hits.map { "[\($0.chat),\($0.id),\($0.row)]" }.joined(separator: ",") + "]"
+            // The hits drive the join (CROSS JOIN keeps them outside): one look-up by key each.
             let rows = try Row.fetchCursor(db.cachedStatement(sql: """
-                SELECT chat, id FROM message_user WHERE user = ? AND isDeleted = 1
-                AND (chat, id) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))
-                """), arguments: [user, pairs])
-            while let row = try rows.next() { deleted.insert(MessageAddress(chat: row[0], id: row[1])) }
-            return deleted
+                SELECT m.chat, m.id, m.searchRow FROM json_each(?) AS h
+                CROSS JOIN message AS m ON m.chat = json_extract(h.value, '$[0]') AND m.id = json_extract(h.value, '$[1]')
+                WHERE m.searchRow = json_extract(h.value, '$[2]')
+                AND NOT EXISTS (SELECT 1 FROM message_user AS u WHERE u.chat = m.chat AND u.id = m.id AND u.user = ? AND u.isDeleted = 1)
+                """), arguments: [triples, user])
+            while let row = try rows.next() { found.insert(SearchHit(chat: row[0], id: row[1], row: row[2])) }
+            return found
         }
     }
 

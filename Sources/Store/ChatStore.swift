@@ -44,8 +44,11 @@ public protocol ChatStore: AnyObject, Sendable {
     /// oldest first.
     func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow]
 
-    /// Which of these messages `user` deleted for themselves.
-    func privatelyDeleted(by user: Int64, among messages: [MessageAddress]) throws -> Set<MessageAddress>
+    /// Which of these search hits `user` may still find, as the store has them now: the
+    /// message holds the hit's search row (a recalled message holds none, so a hit from
+    /// an index that missed the recall is left out) and `user` did not delete it for
+    /// themselves. The index is derived data and may be stale; this is the truth.
+    func searchable(by user: Int64, among hits: [SearchHit]) throws -> Set<SearchHit>
 
     // MARK: attachments and search
 
@@ -143,7 +146,7 @@ public protocol MessageSearchIndex: AnyObject, Sendable {
 }
 
 /// A message found by `searchMessages`.
-public struct SearchHit: Sendable, Equatable {
+public struct SearchHit: Sendable, Hashable {
     public var chat: Int64
     public var id: Int64
     /// The message's position in the search index (newer is larger).

@@ -190,8 +190,8 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     func changedMessages(chats: [Int64], after seq: Int64, limit: Int) throws -> [MessageChangeRow] { try inner.changedMessages(chats: chats, after: seq, limit: limit) }
     func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow] { try inner.rangeChanges(chats: chats, after: seq) }
     func blobUses(_ blob: String) throws -> Int64 { try inner.blobUses(blob) }
-    func privatelyDeleted(by user: Int64, among messages: [MessageAddress]) throws -> Set<MessageAddress> {
-        try inner.privatelyDeleted(by: user, among: messages)
+    func searchable(by user: Int64, among hits: [SearchHit]) throws -> Set<SearchHit> {
+        try inner.searchable(by: user, among: hits)
     }
     func searchEntries(after row: Int64, limit: Int) throws -> [SearchEntry] { try inner.searchEntries(after: row, limit: limit) }
 

@@ -542,3 +542,52 @@ def test_a_writer_that_stops_answering_is_replaced_and_stops_when_it_wakes(clust
     assert added and int(body(added[0])["elements"][0]["messageId"]) == ids[-1] + 1, answer
     carol.close()
     assert relay.stop() == 0
+
+
+def _search(client, text, cookie):
+    answer = client.request({"search": {"cookie": cookie, "text": text}})
+    return [key["messageId"] for key in body(answer[-1])["messages"]]
+
+
+def _connect_when_serving(node, user):
+    """A client of `node` once it serves (it may still be taking over)."""
+    deadline = time.time() + 30
+    while True:
+        try:
+            client = Client(node.socket)
+            auth(client, user)
+            return client
+        except Exception:
+            assert time.time() < deadline, node.logged()
+            time.sleep(0.2)
+
+
+def test_a_message_recalled_while_a_node_relayed_is_not_found_by_it_once_it_writes_again(cluster, scratch):
+    """Each node keeps a search index of its own. Node A indexes a message and stops; node
+    B, writing now, recalls it; A comes back, and takes over when B stops. A's index still
+    has the text (it never saw the recall): a search on A must not find the message. It
+    used to (the index's hits were trusted, and only cached messages were checked)."""
+    writer, relay = two_nodes(cluster, scratch, "recall")
+    alice, bob, chat = alice_and_bob_in_a_chat(writer, relay, "secrets")
+    sent = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "the launch code is swordfish", "cookie": "s"}})
+    message = next(body(e)["elements"][0]["messageId"] for e in sent if "listAdd" in e and body(e).get("cookie") == "s")
+    assert _search(alice, "swordfish", "q1") == [message]
+    alice.close()
+    bob.close()
+    assert writer.stop() == 0
+
+    relay.wait_until_logged("this node is the writer")
+    alice = _connect_when_serving(relay, "alice")
+    alice.send({"chatMessageDestroy": {"chatId": chat, "messageId": message}})  # no answer: the search after it is
+    assert _search(alice, "swordfish", "q2") == []
+    alice.close()
+
+    again = Node(cluster.database_url("recall"), scratch, "recall-a")  # A's data directory, its index
+    again.wait_until_logged("relaying connections to it")
+    assert relay.stop() == 0
+    again.wait_until_logged("this node is the writer")
+    alice = _connect_when_serving(again, "alice")
+    assert _search(alice, "swordfish", "q3") == []
+    assert _search(alice, "launch", "q4") == []
+    alice.close()
+    assert again.stop() == 0

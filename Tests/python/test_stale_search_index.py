@@ -1,0 +1,58 @@
+"""The search index is derived data: it may lose its tail in a crash (it is written after
+the commit, by a thread of its own, and synced less often than the store). A search must
+then answer from the store's truth, never from what the index remembers: a message
+recalled after the index last saw it is not found, and neither are its words."""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+
+from conftest import chatcore_binary
+
+INDEX_FILES = ("search.sqlite", "search.sqlite-wal", "search.sqlite-shm")
+
+
+def run(data_dir, *requests):
+    """One run of `chatcore serve --user alice` over standard input; its events."""
+    given = "".join(json.dumps(request) + "\n" for request in requests)
+    done = subprocess.run([chatcore_binary(), "serve", "--user", "alice", "--data-dir", data_dir], input=given.encode(),
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def found(events, cookie):
+    result = next(e["searchResult"] for e in events if "searchResult" in e and e["searchResult"]["cookie"] == cookie)
+    return [key["messageId"] for key in result["messages"]]
+
+
+def test_a_recall_the_index_lost_is_still_not_found():
+    with tempfile.TemporaryDirectory() as data_dir, tempfile.TemporaryDirectory() as kept:
+        events = run(data_dir,
+                     {"chatStart": {"cookie": "start", "invitees": [{"userId": "bob"}], "subject": "plans"}},
+                     {"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "the launch code is swordfish", "cookie": "s1"}},
+                     {"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "a swordfish for dinner", "cookie": "s2"}},
+                     {"search": {"cookie": "before", "text": "swordfish"}})
+        assert found(events, "before") == ["3", "2"]
+        # The index as it was before the recall: what a crash that lost its tail leaves.
+        for name in INDEX_FILES:
+            if os.path.exists(os.path.join(data_dir, name)):
+                shutil.copy(os.path.join(data_dir, name), kept)
+        events = run(data_dir, {"chatMessageDestroy": {"chatId": "1", "messageId": "2"}}, {"search": {"cookie": "after", "text": "swordfish"}})
+        assert found(events, "after") == ["3"]
+        for name in INDEX_FILES:
+            if os.path.exists(os.path.join(data_dir, name)):
+                os.unlink(os.path.join(data_dir, name))
+            if os.path.exists(os.path.join(kept, name)):
+                shutil.copy(os.path.join(kept, name), data_dir)
+
+        events = run(data_dir,
+                     {"search": {"cookie": "stale", "text": "swordfish"}},
+                     {"search": {"cookie": "words", "text": "launch code"}},
+                     {"requestListElements": {"type": "chatMessage", "cookie": "m", "elements": [{"chatId": "1", "messageId": "2"}]}})
+        assert found(events, "stale") == ["3"]
+        assert found(events, "words") == []
+        # The message itself says it was recalled, with nothing of its text.
+        message = next(e["listChunk"]["elements"][0] for e in events if "listChunk" in e and e["listChunk"].get("cookie") == "m")
+        assert message.get("recall") == "Recalled" and "content" not in message
