@@ -5,17 +5,6 @@ import Store
 extension Engine {
     /// Participants of one chat, the local user included.
     static let maxParticipants = 250
-    /// A chat's `data`, and a member's `localData` and `privateData`, are kept in memory
-    /// for every chat (start-up reads them with the chats): each is at most this many bytes
-    /// of compact JSON, as much as a message's content and data together. Unbounded (only
-    /// by the line), one user's chats could make every start-up hold gigabytes.
-    static let maxChatDataBytes = 71_680
-
-    /// Why `value`, given as `field`, is over `maxChatDataBytes` (nil when it is not).
-    func chatDataTooLarge(_ value: JSONValue?, field: String) -> String? {
-        guard let size = value?.byteCount, size > Engine.maxChatDataBytes else { return nil }
-        return "'\(field)' is \(size) bytes, over the limit of \(Engine.maxChatDataBytes)"
-    }
 
     /// Why an invitee list cannot be used.
     enum InviteeProblem: Error {
@@ -82,7 +71,7 @@ extension Engine {
             }
         }
         for (value, field) in [(request.data, "data"), (request.localData, "localData"), (request.privateData, "privateData")] {
-            if let reason = chatDataTooLarge(value, field: field) { return failed(.invalidParameter, reason) }
+            if let reason = dataTooLarge(value, field: field) { return failed(.invalidParameter, reason) }
         }
         let isOneToOne = request.isOneToOne ?? false
         if targets.isEmpty { return failed(.invalidParameter, "'invitees' is empty: a chat needs at least one invitee") }
@@ -347,7 +336,7 @@ extension Engine {
                 throw ProtocolError.invalid("'elements[\(index)]' changes nothing: give 'subject', 'data' or 'localData'")
             }
             for (value, field) in [(element.data?.value, "data"), (element.localData?.value, "localData")] {
-                if let reason = chatDataTooLarge(value, field: "elements[\(index)].\(field)") { throw ProtocolError(.tooLarge, reason) }
+                if let reason = dataTooLarge(value, field: "elements[\(index)].\(field)") { throw ProtocolError(.tooLarge, reason) }
             }
             if element.subject != nil && chat.isDefunct {
                 throw ProtocolError.notPermitted("chat '\(chat.chatId)' is Defunct: its subject cannot change")

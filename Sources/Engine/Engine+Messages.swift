@@ -11,6 +11,19 @@ import Glibc
 extension Engine {
     /// content (UTF-8) + data (compact JSON) + thumb, in bytes.
     static let maxMessageBytes = 71_680
+    /// Application data that is not a message's own (a chat's `data`, a member's
+    /// `localData` and `privateData`, a user's `localData` of a message, a `chatEvent`'s
+    /// `data`) is at most this many bytes of compact JSON each, as much as a message's
+    /// content and data together. Only the line bounded them before: chats' values are
+    /// read at every start-up, one user's values of 1,000 messages made a window answer of
+    /// a gigabyte, and an event is copied to every endpoint of every participant.
+    static let maxDataBytes = 71_680
+
+    /// Why `value`, given as `field`, is over `maxDataBytes` (nil when it is not).
+    func dataTooLarge(_ value: JSONValue?, field: String) -> String? {
+        guard let size = value?.byteCount, size > Engine.maxDataBytes else { return nil }
+        return "'\(field)' is \(size) bytes, over the limit of \(Engine.maxDataBytes)"
+    }
 
     // MARK: finding things
 
@@ -326,6 +339,7 @@ extension Engine {
             guard let localData = element.localData else {
                 throw ProtocolError.invalid("'elements[\(index)]' changes nothing: only 'localData' can be set on a chatMessage")
             }
+            if let reason = dataTooLarge(localData.value, field: "elements[\(index)].localData") { throw ProtocolError(.tooLarge, reason) }
             targets.append((chat, message, localData.value))
         }
         let changes = PendingChanges()
@@ -389,6 +403,7 @@ extension Engine {
 
     func sendEvent(_ request: ChatEventSend, user: Int64, session: EngineSession, batch: Batch) throws {
         let (chat, _) = try chat(request.chatId, of: user)
+        if let reason = dataTooLarge(request.data, field: "data") { throw ProtocolError(.tooLarge, reason) }
         let event = Event.chatEvent(ChatEvent(chatId: chat.chatId, senderUri: uri(user), tag: request.tag, data: request.data))
         for member in chat.members.values where member.isActive {
             for other in sessions(of: member.user) where other !== session { batch.emit(event, to: other) }

@@ -86,7 +86,7 @@ export interface ChatEventSend {
   chatId: string;
   /** What a message is (Text, Quote, Edit, Thread, or any application tag). */
   tag: string;
-  /** Application data. */
+  /** Application data. At most 71680 bytes of compact JSON (it is copied to every endpoint of every participant). Over it: TooLarge, and the event goes to nobody. */
   data?: Record<string, unknown>;
   /** Chosen by the client; echoed on every direct response to the request. */
   cookie?: string;
@@ -298,6 +298,7 @@ export interface ChatMessageSettable {
   chatId: string;
   /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
+  /** The user's own data of the message. At most 71680 bytes of compact JSON. Over it: TooLarge, and nothing of the change is made. */
   localData?: Record<string, unknown> | null;
 }
 

@@ -12,7 +12,7 @@ public struct ChatEventSend: Sendable, Equatable, WireDecodable, WireEncodable {
     public var chatId: String
     /// What a message is (Text, Quote, Edit, Thread, or any application tag).
     public var tag: String
-    /// Application data.
+    /// Application data. At most 71680 bytes of compact JSON (it is copied to every endpoint of every participant). Over it: TooLarge, and the event goes to nobody.
     public var data: JSONValue?
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?

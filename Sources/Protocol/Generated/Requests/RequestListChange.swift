@@ -100,6 +100,7 @@ public struct ChatMessageSettable: Sendable, Equatable, WireDecodable, WireEncod
     public var chatId: String
     /// A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent).
     public var messageId: Int64
+    /// The user's own data of the message. At most 71680 bytes of compact JSON. Over it: TooLarge, and nothing of the change is made.
     public var localData: Nullable<JSONValue>?
 
     public init(chatId: String, messageId: Int64, localData: Nullable<JSONValue>? = nil) {
