@@ -100,7 +100,7 @@ let package = Package(
         .executableTarget(
             name: "chatcore",
             dependencies: [
-                "Server", "Session", "Engine", "SQLiteStore", "PostgresStore", "Attachments", "ServiceMetrics", "Threads",
+                "Server", "Session", "Engine", "Store", "SQLiteStore", "PostgresStore", "Attachments", "ServiceMetrics", "Threads",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),

@@ -228,22 +228,15 @@ public final class Engine: @unchecked Sendable {
         let indexed = try searchIndex.indexedUpTo()
         let upTo = lastSearchRow
         guard indexed < upTo else { return }
+        logger.info("the search index lacks messages: filling it from the store in the background (searches wait for it)",
+                    metadata: ["indexedUpTo": "\(indexed)", "storeUpTo": "\(upTo)"])
         let store = self.store
         let logger = self.logger
         searchRefill.enter()
         let thread = Thread { [searchRefill] in
             nameCurrentThread("search-refill")
-            var after = indexed
             do {
-                while after < upTo {
-                    let entries = try store.searchEntries(after: after, limit: 10_000).filter { $0.row <= upTo }
-                    guard let last = entries.last else { break }
-                    searchIndex.add(entries, removing: [])
-                    // One page at a time: handing the whole history over at once would
-                    // hold all of its text in memory (measured: 500 MB after 11 s at 10M).
-                    try searchIndex.waitUntilWritten()
-                    after = last.row
-                }
+                _ = try searchIndex.fill(after: indexed, upTo: upTo, from: store.searchEntries)
                 searchIndex.bulkLoadEnded()
             } catch {
                 logger.error("the search index could not be refilled: searches may miss messages", metadata: ["error": "\(error)"])

@@ -246,15 +246,8 @@ extension PostgresStore: ChatStore {
     }
 
     public func searchEntries(after row: Int64, limit: Int) throws -> [SearchEntry] {
-        var binds = Binds()
-        let sql = #"SELECT "searchRow", chat, id, content FROM message WHERE "searchRow" > \#(binds.add(row)) AND "searchRow" > 0 AND content IS NOT NULL "#
-            + #"ORDER BY "searchRow" LIMIT \#(binds.add(Int64(limit)))"#
-        return try withConnection { connection in
-            try run(connection, sql, binds).map {
-                let (row, chat, id, text) = try $0.decode((Int64, Int64, Int64, String).self)
-                return SearchEntry(row: row, chat: chat, id: id, text: text)
-            }
-        }
+        let (sql, binds) = PostgresStore.searchEntriesQuery(after: row, limit: limit)
+        return try withConnection { connection in try PostgresStore.searchEntries(in: run(connection, sql, binds)) }
     }
 
     // MARK: writing

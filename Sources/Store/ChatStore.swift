@@ -145,6 +145,26 @@ public protocol MessageSearchIndex: AnyObject, Sendable {
     func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit]
 }
 
+extension MessageSearchIndex {
+    /// Hands over the entries the store has above `row` (`entries(after:limit:)`), a page
+    /// at a time, each written before the next is read (handing a long history over at
+    /// once would hold all of its text in memory: 500 MB after 11 s at 10M), up to `upTo`
+    /// (nil: until the store has no more), while `goOn` says so. Returns the last row
+    /// handed over (`row` when none was).
+    public func fill(after row: Int64, upTo: Int64? = nil, from entries: (_ after: Int64, _ limit: Int) throws -> [SearchEntry],
+                     while goOn: () -> Bool = { true }) throws -> Int64 {
+        var after = row
+        while goOn() && after < upTo ?? Int64.max {
+            let page = try entries(after, 10_000).filter { upTo == nil || $0.row <= upTo! }
+            guard let last = page.last else { break }
+            add(page, removing: [])
+            try waitUntilWritten()
+            after = last.row
+        }
+        return after
+    }
+}
+
 /// A message found by `searchMessages`.
 public struct SearchHit: Sendable, Hashable {
     public var chat: Int64
