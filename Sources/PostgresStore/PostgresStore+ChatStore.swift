@@ -245,8 +245,8 @@ extension PostgresStore: ChatStore {
         return try withConnection { connection in try run(connection, sql, binds).first?.decode(Int64.self) ?? 0 }
     }
 
-    public func searchEntries(after row: Int64, limit: Int) throws -> [SearchEntry] {
-        let (sql, binds) = PostgresStore.searchEntriesQuery(after: row, limit: limit)
+    public func searchEntries(after row: Int64, limit: Int, maxBytes: Int) throws -> [SearchEntry] {
+        let (sql, binds) = PostgresStore.searchEntriesQuery(after: row, limit: limit, maxBytes: maxBytes)
         return try withConnection { connection in try PostgresStore.searchEntries(in: run(connection, sql, binds)) }
     }
 

@@ -4,11 +4,15 @@ import PostgresNIO
 import Store
 
 extension PostgresStore {
-    /// The searchable text of the messages above `row`, by search row, at most `limit`.
-    static func searchEntriesQuery(after row: Int64, limit: Int) -> (sql: String, binds: Binds) {
+    /// The searchable text of the messages above `row`, by search row, at most `limit`
+    /// and, but for the first, only while the texts so far take at most `maxBytes`
+    /// (counted by the server: what is left out is never sent).
+    static func searchEntriesQuery(after row: Int64, limit: Int, maxBytes: Int) -> (sql: String, binds: Binds) {
         var binds = Binds()
-        let sql = #"SELECT "searchRow", chat, id, content FROM message WHERE "searchRow" > \#(binds.add(row)) AND "searchRow" > 0 AND content IS NOT NULL "#
-            + #"ORDER BY "searchRow" LIMIT \#(binds.add(Int64(limit)))"#
+        let page = #"SELECT "searchRow", chat, id, content FROM message WHERE "searchRow" > \#(binds.add(row)) AND "searchRow" > 0 "#
+            + #"AND content IS NOT NULL ORDER BY "searchRow" LIMIT \#(binds.add(Int64(limit)))"#
+        let sql = #"SELECT "searchRow", chat, id, content FROM (SELECT *, sum(octet_length(content)) OVER (ORDER BY "searchRow") AS upto "#
+            + #"FROM (\#(page)) page) counted WHERE upto <= \#(binds.add(Int64(maxBytes))) OR upto = octet_length(content) ORDER BY "searchRow""#
         return (sql, binds)
     }
 
@@ -33,13 +37,13 @@ extension PostgresStore {
             self.logger = logger
         }
 
-        /// Messages whose search row is above `row`, by row, at most `limit` (one caller
-        /// at a time).
-        public func entries(after row: Int64, limit: Int) throws -> [SearchEntry] {
+        /// Messages whose search row is above `row`, by row, at most `limit` and
+        /// `maxBytes` of text but for the first (one caller at a time).
+        public func entries(after row: Int64, limit: Int, maxBytes: Int) throws -> [SearchEntry] {
             let connection = try self.connection.flatMap { $0.isClosed ? nil : $0 }
                 ?? PostgresStore.connect(location, id: 1_000_002, patience: .seconds(5), logger: logger)
             self.connection = connection
-            let (sql, binds) = PostgresStore.searchEntriesQuery(after: row, limit: limit)
+            let (sql, binds) = PostgresStore.searchEntriesQuery(after: row, limit: limit, maxBytes: maxBytes)
             do {
                 let rows = try PostgresStore.wait(for: connection.query(PostgresQuery(unsafeSQL: sql, binds: binds.bindings), logger: logger),
                                                   on: connection, patience: .seconds(30))

@@ -249,12 +249,21 @@ extension SQLiteStore: ChatStore {
         try pool.read { db in try Int64.fetchOne(db, sql: "SELECT uses FROM blob WHERE hash = ?", arguments: [blob]) ?? 0 }
     }
 
-    public func searchEntries(after row: Int64, limit: Int) throws -> [SearchEntry] {
+    public func searchEntries(after row: Int64, limit: Int, maxBytes: Int) throws -> [SearchEntry] {
         // `searchRow > 0` lets SQLite use the partial index (message_by_search_row): it cannot
         // tell that a bound `?` implies it, and without it every page scanned and sorted the
         // whole table (refilling the index of 10M messages would have taken hours).
         try pool.read { db in
-            try Row.fetchAll(db, sql: SQLiteStore.searchEntriesSQL, arguments: [row, limit]).map { SearchEntry(row: $0[0], chat: $0[1], id: $0[2], text: $0[3]) }
+            let rows = try Row.fetchCursor(db.cachedStatement(sql: SQLiteStore.searchEntriesSQL), arguments: [row, limit])
+            var page: [SearchEntry] = []
+            var bytes = 0
+            while let row = try rows.next() {
+                let entry = SearchEntry(row: row[0], chat: row[1], id: row[2], text: row[3])
+                bytes += entry.text.utf8.count
+                if bytes > maxBytes && !page.isEmpty { break }
+                page.append(entry)
+            }
+            return page
         }
     }
 

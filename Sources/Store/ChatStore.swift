@@ -56,8 +56,10 @@ public protocol ChatStore: AnyObject, Sendable {
     func blobUses(_ blob: String) throws -> Int64
 
     /// Text of messages whose search row is above `row`, by row (to refill an index that
-    /// lags behind), at most `limit`.
-    func searchEntries(after row: Int64, limit: Int) throws -> [SearchEntry]
+    /// lags behind), at most `limit`. `maxBytes` bounds the page's texts together: it ends before the entry that would
+    /// pass it (the first entry is always given), so that a page of long messages holds
+    /// as much memory as one of short ones, not `limit` times the longest text.
+    func searchEntries(after row: Int64, limit: Int, maxBytes: Int) throws -> [SearchEntry]
 
     // MARK: writing
 
@@ -145,17 +147,22 @@ public protocol MessageSearchIndex: AnyObject, Sendable {
     func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit]
 }
 
+/// The texts of one page of `MessageSearchIndex.fill` together, at most (bytes).
+public let searchFillPageBytes = 8 << 20
+
 extension MessageSearchIndex {
-    /// Hands over the entries the store has above `row` (`entries(after:limit:)`), a page
-    /// at a time, each written before the next is read (handing a long history over at
-    /// once would hold all of its text in memory: 500 MB after 11 s at 10M), up to `upTo`
-    /// (nil: until the store has no more), while `goOn` says so. Returns the last row
-    /// handed over (`row` when none was).
-    public func fill(after row: Int64, upTo: Int64? = nil, from entries: (_ after: Int64, _ limit: Int) throws -> [SearchEntry],
+    /// Hands over the entries the store has above `row` (`entries(after:limit:maxBytes:)`),
+    /// a page at a time, each written before the next is read (handing a long history over
+    /// at once would hold all of its text in memory: 500 MB after 11 s at 10M; so would a
+    /// page of 10,000 entries counted only by number, when they are long: 254 MB for 3,000
+    /// texts of 71 KB), up to `upTo` (nil: until the store has no more), while `goOn` says
+    /// so. Returns the last row handed over (`row` when none was).
+    public func fill(after row: Int64, upTo: Int64? = nil,
+                     from entries: (_ after: Int64, _ limit: Int, _ maxBytes: Int) throws -> [SearchEntry],
                      while goOn: () -> Bool = { true }) throws -> Int64 {
         var after = row
         while goOn() && after < upTo ?? Int64.max {
-            let page = try entries(after, 10_000).filter { upTo == nil || $0.row <= upTo! }
+            let page = try entries(after, 10_000, searchFillPageBytes).filter { upTo == nil || $0.row <= upTo! }
             guard let last = page.last else { break }
             add(page, removing: [])
             try waitUntilWritten()

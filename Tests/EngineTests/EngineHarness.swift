@@ -193,7 +193,9 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     func searchable(by user: Int64, among hits: [SearchHit]) throws -> Set<SearchHit> {
         try inner.searchable(by: user, among: hits)
     }
-    func searchEntries(after row: Int64, limit: Int) throws -> [SearchEntry] { try inner.searchEntries(after: row, limit: limit) }
+    func searchEntries(after row: Int64, limit: Int, maxBytes: Int) throws -> [SearchEntry] {
+        try inner.searchEntries(after: row, limit: limit, maxBytes: maxBytes)
+    }
 
     func commit(_ batch: StoreBatch) throws {
         if holding.load(ordering: .relaxed) {

@@ -193,6 +193,26 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(plan, ["SEARCH message USING INDEX message_by_search_row (searchRow>?)"])
     }
 
+    /// A page of search entries is bounded by its texts' bytes as well as by their number:
+    /// 10,000 entries of 70 KB were one page of 700 MB. The page ends before the entry
+    /// that would pass the bound, and always has one entry, however long.
+    func testSearchEntriesArePagedByTheirBytes() throws {
+        let store = try SQLiteStore(writer: DatabaseQueue())
+        var batch = StoreBatch()
+        batch.newChats = [ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 6)]
+        batch.newMessages = (1...6).map { id in
+            MessageRow(chat: 1, id: id, sender: 1, tag: "Text", content: String(repeating: "é", count: 500), data: nil, refs: [], timestamp: 10,
+                       isControl: false, neverCountsUnread: false, isRecalled: false, changeSeq: id, searchRow: id)
+        }
+        try store.commit(batch)
+        // 1,000 bytes each (two-byte characters).
+        XCTAssertEqual(try store.searchEntries(after: 0, limit: 100, maxBytes: 3_000).map(\.row), [1, 2, 3])
+        XCTAssertEqual(try store.searchEntries(after: 0, limit: 100, maxBytes: 2_999).map(\.row), [1, 2])
+        XCTAssertEqual(try store.searchEntries(after: 3, limit: 100, maxBytes: 10).map(\.row), [4])
+        XCTAssertEqual(try store.searchEntries(after: 2, limit: 2, maxBytes: 1 << 20).map(\.row), [3, 4])
+        XCTAssertEqual(try store.searchEntries(after: 6, limit: 100, maxBytes: 1 << 20).map(\.row), [])
+    }
+
     /// Texts handed to the search index faster than it takes them wait for it past its
     /// backlog limit, instead of piling up in memory: the backlog never exceeds the limit
     /// by more than the batch being handed over, and everything handed over is indexed.

@@ -1,14 +1,16 @@
-"""The search index is derived data: it may lose its tail in a crash (it is written after
-the commit, by a thread of its own, and synced less often than the store). A search must
-then answer from the store's truth, never from what the index remembers: a message
-recalled after the index last saw it is not found, and neither are its words."""
+"""The search index is derived data, kept beside the store and refilled from it.
+
+It may lose its tail in a crash (it is written after the commit, by a thread of its own,
+and synced less often than the store): a search must then answer from the store's truth,
+never from what the index remembers. And refilling it from a long history of long
+messages holds a page of their text at a time, not the history."""
 import json
 import os
 import shutil
 import subprocess
 import tempfile
 
-from conftest import chatcore_binary
+from conftest import BOUND_SCALE, chatcore_binary
 
 INDEX_FILES = ("search.sqlite", "search.sqlite-wal", "search.sqlite-shm")
 
@@ -56,3 +58,32 @@ def test_a_recall_the_index_lost_is_still_not_found():
         # The message itself says it was recalled, with nothing of its text.
         message = next(e["listChunk"]["elements"][0] for e in events if "listChunk" in e and e["listChunk"].get("cookie") == "m")
         assert message.get("recall") == "Recalled" and "content" not in message
+
+
+def remove_index(data_dir):
+    for name in INDEX_FILES:
+        if os.path.exists(os.path.join(data_dir, name)):
+            os.unlink(os.path.join(data_dir, name))
+
+
+def test_refilling_the_index_holds_a_page_of_text_not_the_history():
+    """1,000 messages of 71 KB (71 MB of text), then the index is lost: the next start
+    refills it from the store. A page of 10,000 entries was bounded by their number only,
+    so the whole history was one page (254 MB peak at 3,000 such messages); now a page is
+    8 MB of text at most."""
+    text = "lorem ipsum " * 5900  # 70,800 bytes
+    with tempfile.TemporaryDirectory() as data_dir:
+        run(data_dir, {"chatStart": {"cookie": "start", "invitees": [{"userId": "bob"}], "subject": "long"}},
+            *[{"chatMessageSend": {"chatId": "1", "tag": "Text", "content": text + f"tail{n}"}} for n in range(1000)])
+        remove_index(data_dir)
+        server = subprocess.Popen([chatcore_binary(), "serve", "--user", "alice", "--data-dir", data_dir],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        # A search waits for the refill: once it is answered, the refill is done.
+        server.stdin.write(b'{"search":{"cookie":"q","text":"ipsum tail999"}}\n')
+        server.stdin.flush()
+        answer = json.loads(server.stdout.readline())
+        peak = next(int(line.split()[1]) // 1024 for line in open(f"/proc/{server.pid}/status") if line.startswith("VmHWM:"))
+        server.stdin.close()
+        assert server.wait(timeout=60) == 0
+        assert [key["messageId"] for key in answer["searchResult"]["messages"]] == ["1001"]
+        assert peak < 80 * BOUND_SCALE, f"{peak} MB at the peak of the refill"
