@@ -40,8 +40,10 @@ extension PostgresStore {
         /// Messages whose search row is above `row`, by row, at most `limit` and
         /// `maxBytes` of text but for the first (one caller at a time).
         public func entries(after row: Int64, limit: Int, maxBytes: Int) throws -> [SearchEntry] {
+            // One attempt (its caller tries again every second, and says so once a minute):
+            // `connect` with patience would log every retry while the database is away.
             let connection = try self.connection.flatMap { $0.isClosed ? nil : $0 }
-                ?? PostgresStore.connect(location, id: 1_000_002, patience: .seconds(5), logger: logger)
+                ?? PostgresStore.connect(location, id: 1_000_002, patience: .zero, logger: logger)
             self.connection = connection
             let (sql, binds) = PostgresStore.searchEntriesQuery(after: row, limit: limit, maxBytes: maxBytes)
             do {
