@@ -70,6 +70,15 @@ extension SQLiteStore: ChatStore {
         WHERE searchRow > ? AND searchRow > 0 AND content IS NOT NULL ORDER BY searchRow LIMIT ?
         """
 
+    /// Which search hits (`[[chat, id, searchRow], …]`) a user may still find. The hits
+    /// drive the join (CROSS JOIN keeps them outside): one look-up by key each.
+    static let searchableSQL = """
+        SELECT m.chat, m.id, m.searchRow FROM json_each(?) AS h
+        CROSS JOIN message AS m ON m.chat = json_extract(h.value, '$[0]') AND m.id = json_extract(h.value, '$[1]')
+        WHERE m.searchRow = json_extract(h.value, '$[2]')
+        AND NOT EXISTS (SELECT 1 FROM message_user AS u WHERE u.chat = m.chat AND u.id = m.id AND u.user = ? AND u.isDeleted = 1)
+        """
+
     private enum ReadSQL {
         static func both(_ make: ((String) -> String) -> String) -> (range: String, list: String) {
             (make { "\($0) BETWEEN ? AND ?" }, make { "\($0) IN (SELECT value FROM json_each(?))" })
@@ -231,13 +240,7 @@ extension SQLiteStore: ChatStore {
         return try pool.read { db in
             var found = Set<SearchHit>()
             let triples = "[" + hits.map { "[\($0.chat),\($0.id),\($0.row)]" }.joined(separator: ",") + "]"
-            // The hits drive the join (CROSS JOIN keeps them outside): one look-up by key each.
-            let rows = try Row.fetchCursor(db.cachedStatement(sql: """
-                SELECT m.chat, m.id, m.searchRow FROM json_each(?) AS h
-                CROSS JOIN message AS m ON m.chat = json_extract(h.value, '$[0]') AND m.id = json_extract(h.value, '$[1]')
-                WHERE m.searchRow = json_extract(h.value, '$[2]')
-                AND NOT EXISTS (SELECT 1 FROM message_user AS u WHERE u.chat = m.chat AND u.id = m.id AND u.user = ? AND u.isDeleted = 1)
-                """), arguments: [triples, user])
+            let rows = try Row.fetchCursor(db.cachedStatement(sql: SQLiteStore.searchableSQL), arguments: [triples, user])
             while let row = try rows.next() { found.insert(SearchHit(chat: row[0], id: row[1], row: row[2])) }
             return found
         }

@@ -56,9 +56,10 @@ public protocol ChatStore: AnyObject, Sendable {
     func blobUses(_ blob: String) throws -> Int64
 
     /// Text of messages whose search row is above `row`, by row (to refill an index that
-    /// lags behind), at most `limit`. `maxBytes` bounds the page's texts together: it ends before the entry that would
-    /// pass it (the first entry is always given), so that a page of long messages holds
-    /// as much memory as one of short ones, not `limit` times the longest text.
+    /// lags behind), at most `limit`. `maxBytes` bounds the page's texts together: it ends
+    /// before the entry that would pass it (the first entry is always given), so that a
+    /// page of long messages holds as much memory as one of short ones, not `limit` times
+    /// the longest text.
     func searchEntries(after row: Int64, limit: Int, maxBytes: Int) throws -> [SearchEntry]
 
     // MARK: writing

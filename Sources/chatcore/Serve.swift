@@ -215,7 +215,13 @@ struct Serve: AsyncParsableCommand {
                     logger.critical("\(held); a node that is not the writer relays either its standard input/output (without --listen) or its socket connections (with --listen, without --user), not both")
                     throw ExitCode(1)
                 }
-                let index = try SQLiteSearchIndex(directory: directory)
+                let index: SQLiteSearchIndex
+                do {
+                    index = try SQLiteSearchIndex(directory: directory)
+                } catch {
+                    logger.critical("cannot prepare the search index", metadata: ["error": "\(error)"])
+                    throw ExitCode(1)
+                }
                 followedIndex = index
                 let lock = try await follow(held.location, index: index, logger: logger)
                 store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, writerLock: lock)

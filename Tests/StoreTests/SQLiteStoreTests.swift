@@ -193,6 +193,36 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(plan, ["SEARCH message USING INDEX message_by_search_row (searchRow>?)"])
     }
 
+    /// A search checks its hits against the store a page at a time: a look-up by key per
+    /// hit, not a scan of the messages or of the user's private states.
+    func testSearchHitsAreCheckedByKey() throws {
+        let store = try SQLiteStore(writer: DatabaseQueue())
+        let plan = try store.pool.read { db in
+            try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN " + SQLiteStore.searchableSQL, arguments: ["[[1,2,3]]", 1]).map { $0["detail"] as String }
+        }
+        XCTAssertEqual(plan, ["SCAN h VIRTUAL TABLE INDEX 1:", "SEARCH m USING PRIMARY KEY (chat=? AND id=?)", "CORRELATED SCALAR SUBQUERY 1",
+                              "SEARCH u USING PRIMARY KEY (chat=? AND id=? AND user=?)"])
+    }
+
+    /// Search hits the store no longer has as found are left out: a recalled message (its
+    /// search row is 0 now), one deleted by the user for themselves, one the store does
+    /// not have at all.
+    func testSearchHitsAreCheckedAgainstTheStore() throws {
+        let store = try SQLiteStore(writer: DatabaseQueue())
+        var batch = StoreBatch()
+        batch.newChats = [ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 3)]
+        batch.newMessages = [(1, 1), (2, 0), (3, 3)].map { id, row in
+            MessageRow(chat: 1, id: id, sender: 1, tag: "Text", content: row == 0 ? nil : "m", data: nil, refs: [], timestamp: 10,
+                       isControl: false, neverCountsUnread: false, isRecalled: row == 0, changeSeq: id, searchRow: row)
+        }
+        batch.privateStates = [MessageUserRow(chat: 1, id: 3, user: 7, localData: nil, isDeleted: true)]
+        try store.commit(batch)
+        let hits = [SearchHit(chat: 1, id: 1, row: 1), SearchHit(chat: 1, id: 2, row: 2), SearchHit(chat: 1, id: 3, row: 3), SearchHit(chat: 1, id: 9, row: 9)]
+        XCTAssertEqual(try store.searchable(by: 7, among: hits), [SearchHit(chat: 1, id: 1, row: 1)])
+        XCTAssertEqual(try store.searchable(by: 8, among: hits), [SearchHit(chat: 1, id: 1, row: 1), SearchHit(chat: 1, id: 3, row: 3)])
+        XCTAssertEqual(try store.searchable(by: 8, among: []), [])
+    }
+
     /// A page of search entries is bounded by its texts' bytes as well as by their number:
     /// 10,000 entries of 70 KB were one page of 700 MB. The page ends before the entry
     /// that would pass the bound, and always has one entry, however long.
