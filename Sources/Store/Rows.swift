@@ -240,17 +240,6 @@ public enum MessageColumn: String, Sendable, CaseIterable {
     case content, data, isRecalled, changeSeq, searchRow, thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment
 }
 
-/// One message of one chat.
-public struct MessageAddress: Sendable, Hashable {
-    public var chat: Int64
-    public var id: Int64
-
-    public init(chat: Int64, id: Int64) {
-        self.chat = chat
-        self.id = id
-    }
-}
-
 /// A message whose own latest change is at `changeSeq` (the change feed).
 public struct MessageChangeRow: Sendable, Equatable {
     public var chat: Int64
