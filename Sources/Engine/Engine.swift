@@ -350,14 +350,20 @@ public final class Engine: @unchecked Sendable {
             barrier { done.signal() }
             done.wait()
         }
+        func idle() -> Bool {
+            attachmentJobs.load(ordering: .acquiring) == 0 && parkedCount.load(ordering: .acquiring) == 0
+                && outsideWork.load(ordering: .acquiring) == 0
+        }
         while true {
             // Everything submitted so far is decided, so every attachment job it started
             // is counted. A job hands its outcome to the inbox before it stops counting:
-            // when none counts, one more barrier has taken every outcome.
+            // when none counts, one more barrier has taken every outcome. Taking an outcome
+            // can start more work (a search answered lets the session's next search
+            // begin), so that barrier must find nothing counting either.
             waitForBarrier()
-            if attachmentJobs.load(ordering: .acquiring) == 0 && parkedCount.load(ordering: .acquiring) == 0
-                && outsideWork.load(ordering: .acquiring) == 0 {
+            if idle() {
                 waitForBarrier()
+                guard idle() else { continue }
                 // The index is derived data, but a clean stop should not leave it to be
                 // rebuilt at the next start.
                 try? searchIndex?.waitUntilWritten()
@@ -383,7 +389,7 @@ public final class Engine: @unchecked Sendable {
             batchNumber += 1
             let batch = Batch(cache: cache, number: batchNumber)
             var barriers: [@Sendable () -> Void] = []
-            for item in unparkedWork() { take(item, batch: batch) }
+            takeUnparkedWork(batch: batch)
             var answeredOutside = false
             var taken = 0
             for (index, item) in work.enumerated() {
@@ -408,9 +414,7 @@ public final class Engine: @unchecked Sendable {
             }
             if taken > 0 { ServiceMetrics.batchSize.record(taken) }
             // The sessions whose answers came back go on at once, not at the next look.
-            if answeredOutside {
-                for item in unparkedWork() { take(item, batch: batch) }
-            }
+            if answeredOutside { takeUnparkedWork(batch: batch) }
             end(batch, barriers: barriers, committingLater: !stopping)
             cache.trim()
         }
@@ -578,8 +582,21 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    /// The parked work of every session whose client has taken enough of its output (or
-    /// that closed, or of everyone when shutting down), in the order it was parked.
+    /// Takes the parked work of every session whose client has taken enough of its output
+    /// (or that closed, or of everyone when shutting down), in the order it was parked.
+    /// Each item stops counting as parked only once it is taken (parked again, or begun):
+    /// `drain` may read the count in the middle (a commit that settles runs its barriers),
+    /// and work let go of and not yet taken must not look done. It did: a search at the
+    /// end of the input, parked behind a large output, was let go of, `drain` saw nothing
+    /// left, the session closed, and the search's answer was dropped.
+    private func takeUnparkedWork(batch: Batch) {
+        for item in unparkedWork() {
+            take(item, batch: batch)
+            parkedCount.subtract(1, ordering: .releasing)
+        }
+    }
+
+    /// The parked work that `takeUnparkedWork` takes, still counted as parked.
     private func unparkedWork() -> [Work] {
         guard !parked.isEmpty else { return [] }
         var released: [Work] = []
@@ -591,7 +608,6 @@ public final class Engine: @unchecked Sendable {
             guard shuttingDown || !entry.session.isOpen || backlog <= outputMark / 2 else { return false }
             released += entry.work
             parked[key] = nil
-            parkedCount.subtract(entry.work.count, ordering: .relaxed)
             return true
         }
         return released
