@@ -521,6 +521,7 @@ public final class PostgresStore: @unchecked Sendable {
         mutating func add(_ value: Double) -> String { bindings.append(value); return next() }
         mutating func add(_ value: [Int64]) -> String { bindings.append(value); return next() }
         mutating func add(_ value: [String]) -> String { bindings.append(value); return next() }
+        mutating func add(_ value: [Int32]) -> String { bindings.append(value); return next() }
 
         mutating func next() -> String {
             count += 1
@@ -699,6 +700,25 @@ public final class PostgresStore: @unchecked Sendable {
             // What a node relaying its standard input/output session to the writer shows
             // it (made by each writer when it advertises; see `advertise`).
             "ALTER TABLE writer_node ADD COLUMN credential text NOT NULL DEFAULT ''",
+        ]),
+        ("v5-search-in-the-database", [
+            // The search index, written in each commit (`PostgresSearchIndex`): a row per
+            // searchable message with its keys (`SearchText.keys`), found through GIN.
+            """
+            CREATE TABLE message_search (
+                chat bigint NOT NULL,
+                id bigint NOT NULL,
+                "searchRow" bigint NOT NULL,
+                keys int4[] NOT NULL,
+                PRIMARY KEY (chat, id)
+            )
+            """,
+            "CREATE INDEX message_search_by_key ON message_search USING gin (keys)",
+            // Messages up to `searchIndexFrom` (those of a store from before this
+            // migration) are added by the index's refill, which has got as far as
+            // `searchIndexUpTo`; later ones are added by their commits.
+            #"INSERT INTO counter (name, value) SELECT 'searchIndexFrom', value FROM counter WHERE name = 'searchRow'"#,
+            #"INSERT INTO counter (name, value) VALUES ('searchIndexUpTo', 0)"#,
         ]),
     ]
 

@@ -171,72 +171,19 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
         }
         var arguments: StatementArguments = [match, belowRow ?? Int64.max]
         if !scoped { arguments += ["[" + chats.map { String($0) }.joined(separator: ",") + "]"] }
-        let needle = scalars.count >= 3 ? Needle(text) : nil
+        let needle = scalars.count >= 3 ? SearchNeedle(text) : nil
         return try queue.read { db in
             let rows = try Row.fetchCursor(db.cachedStatement(sql: sql), arguments: arguments)
             var found: [SearchHit] = []
             while found.count < limit, let row = try rows.next() {
                 if let needle {
-                    guard try row.withUnsafeData(atIndex: 3, { $0.map(needle.isFound(in:)) ?? false }) else { continue }
+                    guard try row.withUnsafeData(atIndex: 3, { data in
+                        data.map { $0.withUnsafeBytes { needle.isFound(in: $0.bindMemory(to: UInt8.self)) } } ?? false
+                    }) else { continue }
                 }
                 found.append(SearchHit(chat: row[0], id: row[1], row: row[2]))
             }
             return found
-        }
-    }
-
-    /// A query's text, found in a candidate's UTF-8 ignoring case: the candidate is
-    /// lowercased into a reused buffer as it is compared, ASCII by folding its bytes, other
-    /// characters by their lowercase mapping (looked up once per character and kept). No
-    /// string is made per candidate: Foundation's case-insensitive `range(of:)` took 80%
-    /// of a search's time on Linux, and `lowercased()` of every candidate most of the rest.
-    final class Needle {
-        private let bytes: [UInt8]
-        private var lowered: [UInt8] = []
-        private var mappings: [UInt32: [UInt8]] = [:]
-
-        init(_ text: String) {
-            bytes = Array(text.lowercased().utf8)
-        }
-
-        func isFound(in candidate: Data) -> Bool {
-            guard !bytes.isEmpty else { return true }
-            return candidate.withUnsafeBytes { raw in
-                let input = raw.bindMemory(to: UInt8.self)
-                lowered.removeAll(keepingCapacity: true)
-                var index = 0
-                while index < input.count {
-                    let byte = input[index]
-                    if byte < 0x80 {
-                        lowered.append(byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte)
-                        index += 1
-                        continue
-                    }
-                    let length = byte >= 0xF0 ? 4 : byte >= 0xE0 ? 3 : byte >= 0xC0 ? 2 : 1
-                    let end = min(index + length, input.count)
-                    var value: UInt32 = 0
-                    for position in index..<end { value = value << 8 | UInt32(input[position]) }
-                    if let mapping = mappings[value] {
-                        lowered.append(contentsOf: mapping)
-                    } else {
-                        let original = Array(input[index..<end])
-                        let mapping = Array(String(decoding: original, as: UTF8.self).lowercased().utf8)
-                        mappings[value] = mapping
-                        lowered.append(contentsOf: mapping)
-                    }
-                    index = end
-                }
-                return lowered.withUnsafeBufferPointer { haystack in
-                    guard haystack.count >= bytes.count else { return false }
-                    let first = bytes[0]
-                    for start in 0...(haystack.count - bytes.count) where haystack[start] == first {
-                        var offset = 1
-                        while offset < bytes.count && haystack[start + offset] == bytes[offset] { offset += 1 }
-                        if offset == bytes.count { return true }
-                    }
-                    return false
-                }
-            }
         }
     }
 

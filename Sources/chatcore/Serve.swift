@@ -11,6 +11,7 @@ import NIOCore
 import NIOPosix
 import PostgresStore
 import SQLiteStore
+import Store
 import Server
 import Session
 import Threads
@@ -195,9 +196,6 @@ struct Serve: AsyncParsableCommand {
         let directory = URL(fileURLWithPath: try dataDir ?? Serve.defaultDataDirectory(), isDirectory: true)
         let store: OpenedStore
         let opening = ContinuousClock.now
-        // A node that relays keeps its search index following the store, and serves with
-        // that index once it takes over.
-        var followedIndex: SQLiteSearchIndex?
         do {
             try Serve.prepareDataDirectory(directory, logger: logger)
             if let storePasswordFile {
@@ -215,15 +213,7 @@ struct Serve: AsyncParsableCommand {
                     logger.critical("\(held); a node that is not the writer relays either its standard input/output (without --listen) or its socket connections (with --listen, without --user), not both")
                     throw ExitCode(1)
                 }
-                let index: SQLiteSearchIndex
-                do {
-                    index = try SQLiteSearchIndex(directory: directory)
-                } catch {
-                    logger.critical("cannot prepare the search index", metadata: ["error": "\(error)"])
-                    throw ExitCode(1)
-                }
-                followedIndex = index
-                let lock = try await follow(held.location, index: index, logger: logger)
+                let lock = try await follow(held.location, logger: logger)
                 store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, writerLock: lock)
             }
         } catch let exit as ExitCode {
@@ -243,12 +233,18 @@ struct Serve: AsyncParsableCommand {
             allowedDirectory = resolved
         }
         let attachments: AttachmentStore
-        let searchIndex: SQLiteSearchIndex
+        let searchIndex: MessageSearchIndex
         do {
             attachments = try AttachmentStore(directory: directory)
-            // The search index is derived from the store and kept beside the node (with
-            // PostgreSQL too): it is refilled from the store when it lags.
-            searchIndex = try followedIndex ?? SQLiteSearchIndex(directory: directory)
+            switch store {
+            case .sqlite:
+                // Derived from the store and kept beside it, out of its transactions: it is
+                // refilled from the store when it lags.
+                searchIndex = try SQLiteSearchIndex(directory: directory)
+            case .postgres(let postgres):
+                // In the database, written by each commit: shared by every node.
+                searchIndex = PostgresSearchIndex(store: postgres)
+            }
         } catch {
             logger.critical("cannot prepare the attachment store or the search index", metadata: ["error": "\(error)"])
             throw ExitCode(1)
@@ -453,10 +449,9 @@ struct Serve: AsyncParsableCommand {
     }
 
     /// While another node holds the store's writer lock, relays every connection to it
-    /// (FollowerProxy) and keeps `index` following the store (SearchFollower); returns
-    /// once this node holds the lock (the writer stopped or died), with the relayed
-    /// connections closed, the addresses free again and the index left to the engine.
-    private func follow(_ location: PostgresStore.Location, index: SQLiteSearchIndex, logger: Logger) async throws -> PostgresStore.WriterLock {
+    /// (FollowerProxy); returns once this node holds the lock (the writer stopped or
+    /// died), with the relayed connections closed and the addresses free again.
+    private func follow(_ location: PostgresStore.Location, logger: Logger) async throws -> PostgresStore.WriterLock {
         let loops = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let proxy = FollowerProxy(group: loops, writer: {
             PostgresStore.WriterLock.writerAddress(location: location, logger: logger).flatMap(ListenAddress.init)
@@ -475,7 +470,6 @@ struct Serve: AsyncParsableCommand {
             Glibc._exit(0)
         }
         logger.info("another node is the writer of the store: relaying connections to it until it stops", metadata: ["store": "\(location)"])
-        let searchFollower = SearchFollower(index: index, feed: PostgresStore.SearchFeed(location: location, logger: logger), logger: logger)
         let lock = try await withCheckedThrowingContinuation { (taken: CheckedContinuation<PostgresStore.WriterLock, Error>) in
             let thread = Thread {
                 nameCurrentThread("writer-lock")
@@ -489,7 +483,6 @@ struct Serve: AsyncParsableCommand {
         }
         // A signal from now on waits for the writer's stop (it is kept until that is set).
         Serve.signalSources.holdNextTermination()
-        searchFollower.stop()
         proxy.stop()
         try await loops.shutdownGracefully()
         logger.info("this node holds the writer lock now: serving by itself (relayed clients connect again)")

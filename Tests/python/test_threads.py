@@ -18,15 +18,17 @@ def thread_names(pid):
 
 
 def test_the_threads_that_do_the_work_have_their_names():
+    # On PostgreSQL (Tests/postgres/run.py) the search index is the database's: no thread.
+    expected = {"engine"} if os.environ.get("CHATCORE_TEST_POSTGRES") else {"engine", "search-index"}
     with tempfile.TemporaryDirectory() as work:
         server = start_socket_server(os.path.join(work, "d"), os.path.join(work, "s"))
         try:
             # Each thread names itself first thing once it runs: give a loaded machine a moment.
             deadline = time.time() + 5
-            while not {"engine", "search-index"} <= thread_names(server.pid) and time.time() < deadline:
+            while not expected <= thread_names(server.pid) and time.time() < deadline:
                 time.sleep(0.05)
             names = thread_names(server.pid)
-            assert {"engine", "search-index"} <= names, names
+            assert expected <= names, names
         finally:
             server.terminate()
             server.wait()

@@ -1,0 +1,141 @@
+import Foundation
+import NIOConcurrencyHelpers
+import PostgresNIO
+import Store
+
+/// `MessageSearchIndex` in the database itself: one index for every node, written in the
+/// commit that makes or recalls a message (`message_search`, written by `commit`), so that
+/// it is never behind the store, never lost in a crash, and costs a node nothing when it
+/// takes over from another.
+///
+/// Each searchable message has a row of keys (`SearchText.keys`: its characters, its runs
+/// of three characters, its chat), found through a GIN index: a query asks for the rows
+/// holding all of its keys (`SearchText.queryKeys`) in the user's chats, newest first, and
+/// checks each candidate's text (`SearchNeedle`), as the SQLite index does. The keys are
+/// made by chatcore, not by PostgreSQL's text search or `pg_trgm`: those fold case and
+/// split words by the database's locale (with `C`, only ASCII), where chatcore must match
+/// the same text on every store.
+public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable {
+    let store: PostgresStore
+    private let lock = NIOLock()
+    private var failure: Error?
+    /// Messages up to this search row were written before the index was (v5): the refill
+    /// adds them (`add`); the index holds every later one from its commit.
+    private var addedByCommitsAfter: Int64?
+    /// A query scoped to more chats than this asks for their keys no more (`chat` filters
+    /// them after): matching a long list of chats costs more than it saves.
+    static let scopedChats = 64
+
+    public init(store: PostgresStore) {
+        self.store = store
+    }
+
+    /// What the refill left to add, from what it has added so far (`searchIndexUpTo`):
+    /// below `searchIndexFrom` while a searchable message there is still missing, and
+    /// else the store's last search row (nothing is missing).
+    public func indexedUpTo() throws -> Int64 {
+        try store.withConnection { connection in
+            var counters: [String: Int64] = [:]
+            for row in try store.run(connection, "SELECT name, value FROM counter WHERE name IN ('searchIndexFrom', 'searchIndexUpTo', 'searchRow')") {
+                let (name, value) = try row.decode((String, Int64).self)
+                counters[name] = value
+            }
+            let from = counters["searchIndexFrom"] ?? 0
+            let upTo = counters["searchIndexUpTo"] ?? 0
+            lock.withLock { addedByCommitsAfter = from }
+            if upTo < from {
+                var binds = PostgresStore.Binds()
+                let missing = try store.run(connection, #"SELECT 1 FROM message WHERE "searchRow" > \#(binds.add(upTo)) AND "searchRow" <= \#(binds.add(from)) "#
+                                            + "AND content IS NOT NULL LIMIT 1", binds)
+                if missing.first != nil { return upTo }
+            }
+            return counters["searchRow"] ?? 0
+        }
+    }
+
+    /// Adds the messages of a refill that the index does not have: only those written
+    /// before it was (`addedByCommitsAfter`); a commit writes the others itself. A message
+    /// recalled since the refill read it is not added (its search row is gone).
+    public func add(_ entries: [SearchEntry], removing rows: [Int64]) {
+        guard let after = lock.withLock({ addedByCommitsAfter }), let last = entries.last?.row else { return }
+        let missing = entries.filter { $0.row <= after }
+        do {
+            try store.withConnection { connection in
+                var binds = PostgresStore.Binds()
+                var keys: [Int32] = []
+                var from: [Int32] = []
+                var to: [Int32] = []
+                for entry in missing {
+                    from.append(Int32(keys.count + 1))
+                    keys.append(contentsOf: SearchText.keys(of: entry.text, chat: entry.chat))
+                    to.append(Int32(keys.count))
+                }
+                let all = binds.add(keys)
+                let sql = #"WITH added AS (INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", (\#(all)::int4[])[u."from":u."to"] "#
+                    + #"FROM unnest(\#(binds.add(missing.map(\.chat)))::bigint[], \#(binds.add(missing.map(\.id)))::bigint[], \#(binds.add(missing.map(\.row)))::bigint[], "#
+                    + #"\#(binds.add(from))::int4[], \#(binds.add(to))::int4[]) AS u(chat, id, "row", "from", "to") "#
+                    + #"JOIN message m ON m.chat = u.chat AND m.id = u.id AND m."searchRow" = u."row" ON CONFLICT (chat, id) DO NOTHING) "#
+                    + #"UPDATE counter SET value = greatest(value, \#(binds.add(min(last, after)))) WHERE name = 'searchIndexUpTo'"#
+                _ = try store.run(connection, sql, binds)
+            }
+        } catch {
+            lock.withLock { failure = error }
+        }
+    }
+
+    public func waitUntilWritten() throws {
+        if let failure = lock.withLock({ self.failure }) { throw failure }
+    }
+
+    public func bulkLoadEnded() {}
+
+    /// Candidates a page at a time (newest first, below the last one's row), each checked
+    /// on its text, until `limit` are found or the index has no more.
+    public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit] {
+        guard !chats.isEmpty, !text.isEmpty, limit > 0 else { return [] }
+        let needle = SearchNeedle(text)
+        let page = max(limit * 4, 256)
+        var below = belowRow ?? Int64.max
+        var found: [SearchHit] = []
+        while found.count < limit {
+            var binds = PostgresStore.Binds()
+            var sql = #"SELECT s.chat, s.id, s."searchRow", m.content FROM message_search s JOIN message m ON m.chat = s.chat AND m.id = s.id "#
+                + #"WHERE s.keys @> \#(binds.add(SearchText.queryKeys(text)))::int4[] AND s.chat = ANY(\#(binds.add(chats))::bigint[]) "#
+                + #"AND s."searchRow" < \#(binds.add(below)) "#
+            if chats.count <= PostgresSearchIndex.scopedChats {
+                sql += #"AND s.keys && \#(binds.add(chats.map(SearchText.scope)))::int4[] "#
+            }
+            sql += #"ORDER BY s."searchRow" DESC LIMIT \#(binds.add(Int64(page)))"#
+            let candidates = try store.withConnection { connection in
+                try store.run(connection, sql, binds).map { try $0.decode((Int64, Int64, Int64, String?).self) }
+            }
+            for (chat, id, row, content) in candidates where found.count < limit {
+                if let content, needle.isFound(in: content) { found.append(SearchHit(chat: chat, id: id, row: row)) }
+            }
+            guard candidates.count == page, let last = candidates.last else { break }
+            below = last.2
+        }
+        return found
+    }
+}
+
+extension PostgresStore {
+    /// The searchable text of the messages above `row`, by search row, at most `limit`
+    /// and, but for the first, only while the texts so far take at most `maxBytes`
+    /// (counted by the server: what is left out is never sent).
+    static func searchEntriesQuery(after row: Int64, limit: Int, maxBytes: Int) -> (sql: String, binds: Binds) {
+        var binds = Binds()
+        let page = #"SELECT "searchRow", chat, id, content FROM message WHERE "searchRow" > \#(binds.add(row)) AND "searchRow" > 0 "#
+            + #"AND content IS NOT NULL ORDER BY "searchRow" LIMIT \#(binds.add(Int64(limit)))"#
+        let sql = #"SELECT "searchRow", chat, id, content FROM (SELECT *, sum(octet_length(content)) OVER (ORDER BY "searchRow") AS upto "#
+            + #"FROM (\#(page)) page) counted WHERE upto <= \#(binds.add(Int64(maxBytes))) OR upto = octet_length(content) ORDER BY "searchRow""#
+        return (sql, binds)
+    }
+
+    static func searchEntries(in rows: PostgresQueryResult) throws -> [SearchEntry] {
+        try rows.map {
+            let (row, chat, id, text) = try $0.decode((Int64, Int64, Int64, String).self)
+            return SearchEntry(row: row, chat: chat, id: id, text: text)
+        }
+    }
+}

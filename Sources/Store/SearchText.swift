@@ -1,0 +1,122 @@
+/// How a search matches text, the same for every index: a message is found when the
+/// query's text is in its content ignoring case, each character of both lowercased on
+/// its own (`lowered`). An index only narrows the candidates; `SearchNeedle` decides.
+public enum SearchText {
+    /// The Unicode scalars of `text`, each lowercased on its own (as `SearchNeedle` lowers a
+    /// candidate): one scalar can lower to several ("İ"), never depending on its neighbours.
+    public static func lowered(_ text: String) -> [UInt32] {
+        var out: [UInt32] = []
+        out.reserveCapacity(text.utf8.count)
+        for scalar in text.unicodeScalars {
+            let value = scalar.value
+            if value < 0x80 {
+                out.append(value >= 0x41 && value <= 0x5A ? value | 0x20 : value)
+            } else {
+                for lowered in String(scalar).lowercased().unicodeScalars { out.append(lowered.value) }
+            }
+        }
+        return out
+    }
+
+    /// The keys under which an index files a message of `chat` (its `scope`): each distinct
+    /// character (its scalar value, 0 to 0x10FFFF) and each distinct run of three (hashed,
+    /// negative) of the lowered text. A query of one or two characters looks for those
+    /// characters, a longer one for three of its runs of three (`queryKeys`): every
+    /// message that holds the query has its keys.
+    public static func keys(of text: String, chat: Int64) -> [Int32] {
+        let scalars = lowered(text)
+        var keys = Set<Int32>(minimumCapacity: scalars.count + 1)
+        for (index, scalar) in scalars.enumerated() {
+            keys.insert(Int32(scalar))
+            if index + 2 < scalars.count { keys.insert(triple(scalar, scalars[index + 1], scalars[index + 2])) }
+        }
+        keys.insert(scope(chat))
+        return keys.sorted()
+    }
+
+    /// The keys a message holding `text` has (all of them: `keys(of:)`), at most three.
+    /// The query is lowered whole, as `SearchNeedle` lowers it: what the needle finds in a
+    /// candidate lowered character by character is a run of the candidate's scalars.
+    public static func queryKeys(_ text: String) -> [Int32] {
+        let scalars = text.lowercased().unicodeScalars.map(\.value)
+        guard scalars.count >= 3 else { return Array(Set(scalars.map { Int32($0) })).sorted() }
+        let starts = Set([0, (scalars.count - 3) / 2, scalars.count - 3])
+        return starts.sorted().map { triple(scalars[$0], scalars[$0 + 1], scalars[$0 + 2]) }
+    }
+
+    /// The key of a chat: at 0x200000 and above, apart from characters and runs (chats
+    /// past 2³¹ − 0x200000 share keys, and are told apart by their numbers).
+    public static func scope(_ chat: Int64) -> Int32 {
+        Int32(0x200000 + chat % (Int64(Int32.max) - 0x200000))
+    }
+
+    /// A run of three characters: their values mixed (murmur3's finaliser), the sign bit set.
+    static func triple(_ a: UInt32, _ b: UInt32, _ c: UInt32) -> Int32 {
+        // Characters take 21 bits: three of them in 63, mixed into 32 (each bit of the
+        // input moves about half of the output's).
+        var mixed = UInt64(a) << 42 | UInt64(b) << 21 | UInt64(c)
+        mixed = (mixed ^ mixed >> 33) &* 0xFF51_AFD7_ED55_8CCD
+        mixed = (mixed ^ mixed >> 33) &* 0xC4CE_B9FE_1A85_EC53
+        mixed ^= mixed >> 33
+        return Int32(truncatingIfNeeded: mixed | 0x8000_0000)
+    }
+}
+
+/// A query's text, found in a candidate's UTF-8 ignoring case: the candidate is
+/// lowercased into a reused buffer as it is compared, ASCII by folding its bytes, other
+/// characters by their lowercase mapping (looked up once per character and kept). No
+/// string is made per candidate: Foundation's case-insensitive `range(of:)` took 80%
+/// of a search's time on Linux, and `lowercased()` of every candidate most of the rest.
+/// One per search (it keeps buffers): not for several threads.
+public final class SearchNeedle {
+    private let bytes: [UInt8]
+    private var lowered: [UInt8] = []
+    private var mappings: [UInt32: [UInt8]] = [:]
+
+    public init(_ text: String) {
+        bytes = Array(text.lowercased().utf8)
+    }
+
+    public func isFound(in candidate: String) -> Bool {
+        var candidate = candidate
+        return candidate.withUTF8 { isFound(in: $0) }
+    }
+
+    public func isFound(in candidate: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard !bytes.isEmpty else { return true }
+        let input = candidate
+        lowered.removeAll(keepingCapacity: true)
+        var index = 0
+        while index < input.count {
+            let byte = input[index]
+            if byte < 0x80 {
+                lowered.append(byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte)
+                index += 1
+                continue
+            }
+            let length = byte >= 0xF0 ? 4 : byte >= 0xE0 ? 3 : byte >= 0xC0 ? 2 : 1
+            let end = min(index + length, input.count)
+            var value: UInt32 = 0
+            for position in index..<end { value = value << 8 | UInt32(input[position]) }
+            if let mapping = mappings[value] {
+                lowered.append(contentsOf: mapping)
+            } else {
+                let original = Array(input[index..<end])
+                let mapping = Array(String(decoding: original, as: UTF8.self).lowercased().utf8)
+                mappings[value] = mapping
+                lowered.append(contentsOf: mapping)
+            }
+            index = end
+        }
+        return lowered.withUnsafeBufferPointer { haystack in
+            guard haystack.count >= bytes.count else { return false }
+            let first = bytes[0]
+            for start in 0...(haystack.count - bytes.count) where haystack[start] == first {
+                var offset = 1
+                while offset < bytes.count && haystack[start + offset] == bytes[offset] { offset += 1 }
+                if offset == bytes.count { return true }
+            }
+            return false
+        }
+    }
+}

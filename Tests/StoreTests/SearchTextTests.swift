@@ -1,0 +1,46 @@
+import Store
+import XCTest
+
+/// The keys an index files a message under must hold every key of every query that finds
+/// the message (`SearchNeedle`), or the index would hide it.
+final class SearchTextTests: XCTestCase {
+    /// Every substring of each text (of one to six characters), in upper and lower case:
+    /// where the needle finds it, the text's keys hold the query's.
+    func testAQueryThatFindsATextHasOnlyKeysOfTheText() {
+        let texts = ["Le café est prêt", "ΟΔΥΣΣΕΥΣ came home", "İstanbul'da", "party 🎉🎉 time 👍🏽", "Straße STRASSE", "ok", "日本語のテキスト"]
+        var checked = 0
+        for text in texts {
+            let keys = Set(SearchText.keys(of: text, chat: 7))
+            let characters = Array(text)
+            for length in 1...6 {
+                guard characters.count >= length else { continue }
+                for start in 0...(characters.count - length) {
+                    let piece = String(characters[start..<start + length])
+                    for query in [piece, piece.uppercased(), piece.lowercased()] where SearchNeedle(query).isFound(in: text) {
+                        XCTAssertTrue(Set(SearchText.queryKeys(query)).isSubset(of: keys), "\(query) in \(text)")
+                        checked += 1
+                    }
+                }
+            }
+        }
+        XCTAssertGreaterThan(checked, 300)
+    }
+
+    func testKeysOfCharactersRunsAndChatsAreApart() {
+        let keys = SearchText.keys(of: "abcd", chat: 3)
+        XCTAssertEqual(keys.filter { $0 >= 0 && $0 < 0x110000 }.sorted(), [0x61, 0x62, 0x63, 0x64])
+        XCTAssertEqual(keys.filter { $0 < 0 }.count, 2)  // abc, bcd
+        XCTAssertEqual(keys.filter { $0 >= 0x200000 }, [SearchText.scope(3)])
+        XCTAssertNotEqual(SearchText.scope(3), SearchText.scope(4))
+        XCTAssertEqual(SearchText.queryKeys("BC"), [0x62, 0x63])
+        XCTAssertEqual(SearchText.queryKeys("abcd").count, 2)
+        XCTAssertEqual(SearchText.queryKeys("abcdefg").count, 3)
+    }
+
+    func testTheNeedleIgnoresCaseCharacterByCharacter() {
+        XCTAssertTrue(SearchNeedle("CAFÉ").isFound(in: "le café"))
+        XCTAssertTrue(SearchNeedle("οδυσσευσ").isFound(in: "ΟΔΥΣΣΕΥΣ"))
+        XCTAssertFalse(SearchNeedle("cafe").isFound(in: "le café"))
+        XCTAssertTrue(SearchNeedle("").isFound(in: "anything"))
+    }
+}

@@ -1,0 +1,85 @@
+"""The search index on PostgreSQL: in the database, written by each commit. It finds what
+the SQLite index finds (Tests/python runs every search test against it too); these tests
+check what is its own: a store from before it gets an index of its old messages, a recall
+takes the message out of it in the recall's own commit, and every node shares it."""
+import os
+
+import pytest
+
+from conftest import chat_with_bob, start, stop
+from postgres_cluster import postgres_bin
+from chatcore_harness import Client, auth, body
+
+pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
+
+TEXTS = ["Le café est prêt", "ΟΔΥΣΣΕΥΣ came home", "party time 🎉", "plain old ascii", "ok"]
+
+
+def _send(client, chat, content, cookie):
+    sent = client.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": content, "cookie": cookie}})
+    return next(body(e)["elements"][0]["messageId"] for e in sent if "listAdd" in e and body(e).get("cookie") == cookie)
+
+
+def _search(client, text, cookie="q"):
+    answer = client.request({"search": {"cookie": cookie, "text": text}})
+    return sorted(key["messageId"] for key in body(answer[-1])["messages"])
+
+
+def _searches(client, ids):
+    """What each query finds, against what it should (by the ids of TEXTS)."""
+    queries = {"CAFÉ": [ids[0]], "é": [ids[0]], "οδυσσευσ": [ids[1]], "🎉": [ids[2]], "y t": [ids[2]], "OLD": [ids[3]],
+               "ok": [ids[4]], "o": sorted([ids[1], ids[3], ids[4]]), "missing": []}
+    return {query: _search(client, query) for query in queries}, queries
+
+
+def test_a_store_from_before_the_index_gets_its_old_messages_indexed_once(cluster, scratch):
+    cluster.create_database("old")
+    process, socket_path = start(cluster, "old", scratch)
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    chat = chat_with_bob(alice, "history")
+    ids = [_send(alice, chat, text, f"m{n}") for n, text in enumerate(TEXTS)]
+    alice.close()
+    assert stop(process) == 0
+    # What the release before the index left: no index, no migration of it.
+    cluster.psql("DROP TABLE message_search; DELETE FROM counter WHERE name LIKE 'searchIndex%'; "
+                 "DELETE FROM chatcore_migration WHERE name = 'v5-search-in-the-database'", database="old")
+
+    process, socket_path = start(cluster, "old", scratch)
+    assert socket_path is not None, process.stderr.read().decode()
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    found, expected = _searches(alice, ids)
+    assert found == expected
+    newer = _send(alice, chat, "a newer café", "new")
+    assert _search(alice, "café") == sorted([ids[0], newer])
+    alice.close()
+    assert stop(process) == 0
+    assert b"the search index lacks messages" in process.stderr.read()
+    assert cluster.psql("SELECT count(*) FROM message_search", database="old").strip() == str(len(TEXTS) + 1)
+
+    # Indexed once: the next start has nothing to add.
+    process, socket_path = start(cluster, "old", scratch)
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    assert _search(alice, "café") == sorted([ids[0], newer])
+    alice.close()
+    assert stop(process) == 0
+    assert b"the search index lacks messages" not in process.stderr.read()
+
+
+def test_a_recall_takes_the_message_out_of_the_index_in_its_own_commit(cluster, scratch):
+    cluster.create_database("recall")
+    process, socket_path = start(cluster, "recall", scratch)
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    chat = chat_with_bob(alice, "secrets")
+    secret = _send(alice, chat, "the launch code is swordfish", "s")
+    kept = _send(alice, chat, "the launch is at noon", "k")
+    assert _search(alice, "launch") == sorted([secret, kept])
+    alice.send({"chatMessageDestroy": {"chatId": chat, "messageId": secret}})  # no answer: the search after it is
+    assert _search(alice, "launch") == [kept]
+    rows = cluster.psql("SELECT id FROM message_search ORDER BY id", database="recall").split()
+    assert secret not in rows and kept in rows
+    alice.close()
+    assert stop(process) == 0
