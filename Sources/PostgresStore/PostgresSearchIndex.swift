@@ -89,22 +89,30 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
 
     public func bulkLoadEnded() {}
 
-    /// Candidates a page at a time (newest first, below the last one's row), each checked
-    /// on its text, until `limit` are found or the index has no more.
+    /// Candidates newest first, each checked on its text, until `limit` are found or the
+    /// index has no more: a window of search rows at a time, from the newest back, each
+    /// window four times the one before. A query of common words finds its hits in the
+    /// first window and reads no further (PostgreSQL reads a GIN match whole and sorts it,
+    /// so one query over the whole index costs what the whole index matches: 360 ms for
+    /// "ok" at 200,000 messages); a rare one gets there in a few windows (about 8 at 10M).
     public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit] {
         guard !chats.isEmpty, !text.isEmpty, limit > 0 else { return [] }
         let needle = SearchNeedle(text)
+        let keys = SearchText.queryKeys(text)
+        let scopes = chats.count <= PostgresSearchIndex.scopedChats ? chats.map(SearchText.scope) : nil
         let page = max(limit * 4, 256)
-        var below = belowRow ?? Int64.max
+        var high = try belowRow ?? store.withConnection { connection in
+            try store.run(connection, #"SELECT coalesce(max("searchRow"), 0) + 1 FROM message_search"#).first?.decode(Int64.self) ?? 1
+        }
+        var span: Int64 = PostgresSearchIndex.firstWindow
         var found: [SearchHit] = []
-        while found.count < limit {
+        while found.count < limit && high > 1 {
+            let low = max(1, high - span)
             var binds = PostgresStore.Binds()
             var sql = #"SELECT s.chat, s.id, s."searchRow", m.content FROM message_search s JOIN message m ON m.chat = s.chat AND m.id = s.id "#
-                + #"WHERE s.keys @> \#(binds.add(SearchText.queryKeys(text)))::int4[] AND s.chat = ANY(\#(binds.add(chats))::bigint[]) "#
-                + #"AND s."searchRow" < \#(binds.add(below)) "#
-            if chats.count <= PostgresSearchIndex.scopedChats {
-                sql += #"AND s.keys && \#(binds.add(chats.map(SearchText.scope)))::int4[] "#
-            }
+                + #"WHERE s.keys @> \#(binds.add(keys))::int4[] AND s.chat = ANY(\#(binds.add(chats))::bigint[]) "#
+                + #"AND s."searchRow" >= \#(binds.add(low)) AND s."searchRow" < \#(binds.add(high)) "#
+            if let scopes { sql += #"AND s.keys && \#(binds.add(scopes))::int4[] "# }
             sql += #"ORDER BY s."searchRow" DESC LIMIT \#(binds.add(Int64(page)))"#
             let candidates = try store.withConnection { connection in
                 try store.run(connection, sql, binds).map { try $0.decode((Int64, Int64, Int64, String?).self) }
@@ -112,11 +120,18 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
             for (chat, id, row, content) in candidates where found.count < limit {
                 if let content, needle.isFound(in: content) { found.append(SearchHit(chat: chat, id: id, row: row)) }
             }
-            guard candidates.count == page, let last = candidates.last else { break }
-            below = last.2
+            if candidates.count == page, let last = candidates.last {
+                high = last.2  // more in this window
+            } else {
+                high = low
+                span *= 4
+            }
         }
         return found
     }
+
+    /// Search rows in the first window a search reads.
+    static let firstWindow: Int64 = 16_384
 }
 
 extension PostgresStore {

@@ -714,6 +714,8 @@ public final class PostgresStore: @unchecked Sendable {
             )
             """,
             "CREATE INDEX message_search_by_key ON message_search USING gin (keys)",
+            // Searches read the newest rows first, a window of search rows at a time.
+            #"CREATE INDEX message_search_by_row ON message_search ("searchRow")"#,
             // Messages up to `searchIndexFrom` (those of a store from before this
             // migration) are added by the index's refill, which has got as far as
             // `searchIndexUpTo`; later ones are added by their commits.

@@ -83,3 +83,28 @@ def test_a_recall_takes_the_message_out_of_the_index_in_its_own_commit(cluster, 
     assert secret not in rows and kept in rows
     alice.close()
     assert stop(process) == 0
+
+
+def test_a_search_reads_back_window_by_window_past_candidates_that_do_not_match(cluster, scratch):
+    """A search reads the newest search rows first, a window at a time (16,384 rows, then
+    four times more each time), and a window page by page. The message sought is the
+    oldest, 17,500 rows back (past the first window), behind 500 newer candidates that have
+    the query's keys but not its text (more than one page of them)."""
+    cluster.create_database("windows")
+    process, socket_path = start(cluster, "windows", scratch)
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    chat = chat_with_bob(alice, "long")
+    sought = _send(alice, chat, "abcXabc", "sought")
+    # "abc cXa" has the keys of "abcXabc" (abc, cXa), not the text.
+    alice.send(*[{"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "abc cXa"}} for _ in range(500)])
+    alice.send(*[{"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"entry {n}"}} for n in range(17_000)])
+    last = _send(alice, chat, "the newest entry", "last")
+    assert int(last) == int(sought) + 17_501
+    # Asking for one hit, the index reads 256 candidates at a time.
+    one = alice.request({"search": {"cookie": "one", "text": "abcXabc", "suggestedMaxResults": 1}})
+    assert [key["messageId"] for key in body(one[-1])["messages"]] == [sought]
+    newest = alice.request({"search": {"cookie": "n", "text": "entry", "suggestedMaxResults": 3}})
+    assert [key["messageId"] for key in body(newest[-1])["messages"]] == [last, str(int(last) - 1), str(int(last) - 2)]
+    alice.close()
+    assert stop(process) == 0
