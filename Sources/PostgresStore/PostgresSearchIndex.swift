@@ -62,18 +62,8 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
         do {
             try store.withConnection { connection in
                 var binds = PostgresStore.Binds()
-                var keys: [Int32] = []
-                var from: [Int32] = []
-                var to: [Int32] = []
-                for entry in missing {
-                    from.append(Int32(keys.count + 1))
-                    keys.append(contentsOf: SearchText.keys(of: entry.text, chat: entry.chat))
-                    to.append(Int32(keys.count))
-                }
-                let all = binds.add(keys)
-                let sql = #"WITH added AS (INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", (\#(all)::int4[])[u."from":u."to"] "#
-                    + #"FROM unnest(\#(binds.add(missing.map(\.chat)))::bigint[], \#(binds.add(missing.map(\.id)))::bigint[], \#(binds.add(missing.map(\.row)))::bigint[], "#
-                    + #"\#(binds.add(from))::int4[], \#(binds.add(to))::int4[]) AS u(chat, id, "row", "from", "to") "#
+                let rows = PostgresStore.searchRows(missing, &binds)
+                let sql = #"WITH added AS (INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", u.keys FROM \#(rows) "#
                     + #"JOIN message m ON m.chat = u.chat AND m.id = u.id AND m."searchRow" = u."row" ON CONFLICT (chat, id) DO NOTHING) "#
                     + #"UPDATE counter SET value = greatest(value, \#(binds.add(min(last, after)))) WHERE name = 'searchIndexUpTo'"#
                 _ = try store.run(connection, sql, binds)
@@ -135,6 +125,24 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
 }
 
 extension PostgresStore {
+    /// `entries` as rows (`u.chat`, `u.id`, `u."row"`, `u.keys`) of the index, for a FROM
+    /// clause. The keys of all of them are one array parameter, sliced per entry (`unnest`
+    /// cannot make rows of arrays).
+    static func searchRows(_ entries: [SearchEntry], _ binds: inout Binds) -> String {
+        var keys: [Int32] = []
+        var from: [Int32] = []
+        var to: [Int32] = []
+        for entry in entries {
+            from.append(Int32(keys.count + 1))
+            keys.append(contentsOf: SearchText.keys(of: entry.text, chat: entry.chat))
+            to.append(Int32(keys.count))
+        }
+        let all = binds.add(keys)
+        return #"(SELECT chat, id, "row", (\#(all)::int4[])["from":"to"] AS keys "#
+            + #"FROM unnest(\#(binds.add(entries.map(\.chat)))::bigint[], \#(binds.add(entries.map(\.id)))::bigint[], \#(binds.add(entries.map(\.row)))::bigint[], "#
+            + #"\#(binds.add(from))::int4[], \#(binds.add(to))::int4[]) AS e(chat, id, "row", "from", "to")) u"#
+    }
+
     /// The searchable text of the messages above `row`, by search row, at most `limit`
     /// and, but for the first, only while the texts so far take at most `maxBytes`
     /// (counted by the server: what is left out is never sent).

@@ -286,25 +286,13 @@ extension PostgresStore: ChatStore {
 
     /// The search index's rows (`PostgresSearchIndex`): a new searchable message's keys,
     /// and a recalled message's row deleted (its search row set to 0), in the commit that
-    /// makes or recalls it. The keys of all the batch's messages are one array parameter,
-    /// sliced per message (`unnest` cannot make rows of arrays).
+    /// makes or recalls it.
     private func writeSearchKeys(_ batch: StoreBatch, _ statement: OneStatement) {
         let searchable = batch.newMessages.filter { $0.searchRow > 0 && $0.content != nil }
         if !searchable.isEmpty {
-            var keys: [Int32] = []
-            var from: [Int32] = []
-            var to: [Int32] = []
-            for message in searchable {
-                from.append(Int32(keys.count + 1))
-                keys.append(contentsOf: SearchText.keys(of: message.content!, chat: message.chat))
-                to.append(Int32(keys.count))
-            }
             var binds = statement.binds()
-            let all = binds.add(keys)
-            statement.add(#"INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", (\#(all)::int4[])[u."from":u."to"] "#
-                          + #"FROM unnest(\#(binds.add(searchable.map(\.chat)))::bigint[], \#(binds.add(searchable.map(\.id)))::bigint[], "#
-                          + #"\#(binds.add(searchable.map(\.searchRow)))::bigint[], \#(binds.add(from))::int4[], \#(binds.add(to))::int4[]) "#
-                          + #"AS u(chat, id, "row", "from", "to")"#, binds)
+            let rows = PostgresStore.searchRows(searchable.map { SearchEntry(row: $0.searchRow, chat: $0.chat, id: $0.id, text: $0.content!) }, &binds)
+            statement.add(#"INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", u.keys FROM \#(rows)"#, binds)
         }
         let recalled = batch.messageUpdates.filter { $0.columns.contains(.searchRow) && $0.row.searchRow == 0 }.map(\.row)
         if !recalled.isEmpty {
