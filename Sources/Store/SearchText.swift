@@ -23,16 +23,29 @@ public enum SearchText {
     /// negative) of the lowered text. A query of one or two characters looks for those
     /// characters, a longer one for three of its runs of three (`queryKeys`): every
     /// message that holds the query has its keys.
+    ///
+    /// A text with more than `maxKeys` of them (several kilobytes of varied text: random
+    /// text of 70 KB has 70,000) is filed under its chat and `longKey` only, and every
+    /// query looks there too (the needle decides): a batch of such messages made the
+    /// keys of one commit over a hundred megabytes.
     public static func keys(of text: String, chat: Int64) -> [Int32] {
         let scalars = lowered(text)
-        var keys = Set<Int32>(minimumCapacity: scalars.count + 1)
+        var keys = Set<Int32>(minimumCapacity: min(scalars.count * 2, maxKeys) + 1)
         for (index, scalar) in scalars.enumerated() {
             keys.insert(Int32(scalar))
             if index + 2 < scalars.count { keys.insert(triple(scalar, scalars[index + 1], scalars[index + 2])) }
+            if keys.count > maxKeys { return [longKey, scope(chat)] }
         }
         keys.insert(scope(chat))
         return keys.sorted()
     }
+
+    /// The most keys a message is filed under (`keys(of:chat:)`).
+    public static let maxKeys = 4096
+
+    /// The key of the messages with too many keys of their own: above every character,
+    /// below every chat.
+    public static let longKey: Int32 = 0x1F_FFFF
 
     /// The keys a message holding `text` has (all of them: `keys(of:)`), at most three.
     /// The query is lowered whole, as `SearchNeedle` lowers it: what the needle finds in a
@@ -44,7 +57,7 @@ public enum SearchText {
         return starts.sorted().map { triple(scalars[$0], scalars[$0 + 1], scalars[$0 + 2]) }
     }
 
-    /// The key of a chat: at 0x200000 and above, apart from characters and runs (chats
+    /// The key of a chat: at 0x200000 and above, apart from characters, runs and `longKey` (chats
     /// past 2³¹ − 0x200000 share keys, and are told apart by their numbers).
     public static func scope(_ chat: Int64) -> Int32 {
         Int32(0x200000 + chat % (Int64(Int32.max) - 0x200000))

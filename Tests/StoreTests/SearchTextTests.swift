@@ -37,6 +37,18 @@ final class SearchTextTests: XCTestCase {
         XCTAssertEqual(SearchText.queryKeys("abcdefg").count, 3)
     }
 
+    /// Past `maxKeys` a text is filed under its chat and `longKey` only (its keys would
+    /// be most of a commit's memory), apart from every character's and chat's key.
+    func testATextWithTooManyKeysIsFiledAsLong() {
+        var generator = SystemRandomNumberGenerator()
+        let letters = Array("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?")
+        let long = String((0..<20_000).map { _ in letters.randomElement(using: &generator)! })
+        XCTAssertEqual(SearchText.keys(of: long, chat: 9), [SearchText.longKey, SearchText.scope(9)])
+        XCTAssertLessThanOrEqual(SearchText.keys(of: String(long.prefix(1000)), chat: 9).count, SearchText.maxKeys + 1)
+        XCTAssertGreaterThan(SearchText.longKey, 0x10FFFF)
+        XCTAssertLessThan(SearchText.longKey, SearchText.scope(0))
+    }
+
     func testTheNeedleIgnoresCaseCharacterByCharacter() {
         XCTAssertTrue(SearchNeedle("CAFÉ").isFound(in: "le café"))
         XCTAssertTrue(SearchNeedle("οδυσσευσ").isFound(in: "ΟΔΥΣΣΕΥΣ"))
