@@ -31,6 +31,15 @@ def _search(client, text, cookie="q"):
     return sorted(key["messageId"] for key in body(answer[-1])["messages"])
 
 
+def _alice_on(cluster, scratch, database):
+    """chatcore serving `database`, and alice connected to it."""
+    process, socket_path = start(cluster, database, scratch)
+    assert socket_path is not None, process.stderr.read().decode()
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    return process, alice
+
+
 def _searches(client, ids):
     """What each query finds, against what it should (by the ids of TEXTS)."""
     queries = {"CAFÉ": [ids[0]], "é": [ids[0]], "οδυσσευσ": [ids[1]], "🎉": [ids[2]], "y t": [ids[2]], "OLD": [ids[3]],
@@ -40,9 +49,7 @@ def _searches(client, ids):
 
 def test_a_store_from_before_the_index_gets_its_old_messages_indexed_once(cluster, scratch):
     cluster.create_database("old")
-    process, socket_path = start(cluster, "old", scratch)
-    alice = Client(socket_path)
-    auth(alice, "alice")
+    process, alice = _alice_on(cluster, scratch, "old")
     chat = chat_with_bob(alice, "history")
     ids = [_send(alice, chat, text, f"m{n}") for n, text in enumerate(TEXTS)]
     alice.close()
@@ -51,10 +58,7 @@ def test_a_store_from_before_the_index_gets_its_old_messages_indexed_once(cluste
     cluster.psql("DROP TABLE message_search; DELETE FROM counter WHERE name LIKE 'searchIndex%'; "
                  "DELETE FROM chatcore_migration WHERE name = 'v5-search-in-the-database'", database="old")
 
-    process, socket_path = start(cluster, "old", scratch)
-    assert socket_path is not None, process.stderr.read().decode()
-    alice = Client(socket_path)
-    auth(alice, "alice")
+    process, alice = _alice_on(cluster, scratch, "old")
     found, expected = _searches(alice, ids)
     assert found == expected
     newer = _send(alice, chat, "a newer café", "new")
@@ -65,9 +69,7 @@ def test_a_store_from_before_the_index_gets_its_old_messages_indexed_once(cluste
     assert cluster.psql("SELECT count(*) FROM message_search", database="old").strip() == str(len(TEXTS) + 1)
 
     # Indexed once: the next start has nothing to add.
-    process, socket_path = start(cluster, "old", scratch)
-    alice = Client(socket_path)
-    auth(alice, "alice")
+    process, alice = _alice_on(cluster, scratch, "old")
     assert _search(alice, "café") == sorted([ids[0], newer])
     alice.close()
     assert stop(process) == 0
@@ -76,9 +78,7 @@ def test_a_store_from_before_the_index_gets_its_old_messages_indexed_once(cluste
 
 def test_a_recall_takes_the_message_out_of_the_index_in_its_own_commit(cluster, scratch):
     cluster.create_database("recall")
-    process, socket_path = start(cluster, "recall", scratch)
-    alice = Client(socket_path)
-    auth(alice, "alice")
+    process, alice = _alice_on(cluster, scratch, "recall")
     chat = chat_with_bob(alice, "secrets")
     secret = _send(alice, chat, "the launch code is swordfish", "s")
     kept = _send(alice, chat, "the launch is at noon", "k")
@@ -97,9 +97,7 @@ def test_a_search_reads_back_window_by_window_past_candidates_that_do_not_match(
     oldest, 17,500 rows back (past the first window), behind 500 newer candidates that have
     the query's keys but not its text (more than one page of them)."""
     cluster.create_database("windows")
-    process, socket_path = start(cluster, "windows", scratch)
-    alice = Client(socket_path)
-    auth(alice, "alice")
+    process, alice = _alice_on(cluster, scratch, "windows")
     chat = chat_with_bob(alice, "long")
     sought = _send(alice, chat, "abcXabc", "sought")
     # "abc cXa" has the keys of "abcXabc" (abc, cXa), not the text.
@@ -126,9 +124,7 @@ def test_a_message_with_too_many_keys_is_still_found(cluster, scratch):
     of its own that every query reads too; its words are found like any other's."""
     rng = random.Random(5)
     cluster.create_database("long")
-    process, socket_path = start(cluster, "long", scratch)
-    alice = Client(socket_path)
-    auth(alice, "alice")
+    process, alice = _alice_on(cluster, scratch, "long")
     chat = chat_with_bob(alice, "long")
     text = _random_text(20_000, rng)
     long = _send(alice, chat, text, "long")
@@ -172,3 +168,4 @@ def test_long_random_texts_do_not_make_a_commit_hold_their_keys(cluster, scratch
     assert cluster.psql("SELECT count(*) FROM message_search", database=database).strip() == "300"
     # ThreadSanitizer's shadow memory (`make tsan`) makes the bound meaningless there.
     assert peak[0] < 120 * (20 if os.environ.get("CHATCORE_SANITIZED") else 1), f"{peak[0]} MB at the peak"
+
