@@ -55,18 +55,24 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
     }
 
     /// Adds the messages of a refill that the index does not have: only those written
-    /// before it was (`addedByCommitsAfter`); a commit writes the others itself. A message
+    /// before it was (`addedByCommitsAfter`); a commit writes the others itself, so the
+    /// entries the engine hands over after each commit cost nothing here. A message
     /// recalled since the refill read it is not added (its search row is gone).
+    /// `searchIndexUpTo` records the last one added: `indexedUpTo` finds the refill done
+    /// once no searchable message is left between it and `searchIndexFrom`. (It used to
+    /// record the end of whatever was handed over, so every commit wrote the counter again,
+    /// on the engine thread, and a commit during a refill recorded the refill as done.)
     public func add(_ entries: [SearchEntry], removing rows: [Int64]) {
-        guard let after = lock.withLock({ addedByCommitsAfter }), let last = entries.last?.row else { return }
+        guard let after = lock.withLock({ addedByCommitsAfter }) else { return }
         let missing = entries.filter { $0.row <= after }
+        guard let last = missing.last?.row else { return }
         do {
             try store.withConnection { connection in
                 var binds = PostgresStore.Binds()
                 let rows = PostgresStore.searchRows(missing, &binds)
                 let sql = #"WITH added AS (INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", u.keys FROM \#(rows) "#
                     + #"JOIN message m ON m.chat = u.chat AND m.id = u.id AND m."searchRow" = u."row" ON CONFLICT (chat, id) DO NOTHING) "#
-                    + #"UPDATE counter SET value = greatest(value, \#(binds.add(min(last, after)))) WHERE name = 'searchIndexUpTo'"#
+                    + #"UPDATE counter SET value = greatest(value, \#(binds.add(last))) WHERE name = 'searchIndexUpTo'"#
                 _ = try store.run(connection, sql, binds)
             }
         } catch {

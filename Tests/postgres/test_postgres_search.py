@@ -169,3 +169,18 @@ def test_long_random_texts_do_not_make_a_commit_hold_their_keys(cluster, scratch
     # ThreadSanitizer's shadow memory (`make tsan`) makes the bound meaningless there.
     assert peak[0] < 120 * (20 if os.environ.get("CHATCORE_SANITIZED") else 1), f"{peak[0]} MB at the peak"
 
+
+def test_commits_after_the_refill_leave_its_record_alone(cluster, scratch):
+    """The engine hands the index what each commit wrote; a commit has written it to
+    the index itself. The index used to record the refill's end for it anyway: a write
+    of the counter on the engine thread after every commit (and, during a refill, a
+    record that the refill was done)."""
+    cluster.create_database("record")
+    process, alice = _alice_on(cluster, scratch, "record")
+    chat = chat_with_bob(alice, "quiet")
+    before = cluster.psql("SELECT xmin FROM counter WHERE name = 'searchIndexUpTo'", database="record").strip()
+    ids = [_send(alice, chat, f"message {n}", f"m{n}") for n in range(20)]
+    assert cluster.psql("SELECT xmin FROM counter WHERE name = 'searchIndexUpTo'", database="record").strip() == before
+    assert _search(alice, "message 7") == [ids[7]]
+    alice.close()
+    assert stop(process) == 0
