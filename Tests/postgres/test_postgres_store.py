@@ -1,9 +1,12 @@
 """The PostgreSQL store's own behaviours, against a real cluster each test makes (initdb
 in a temporary directory): how it is named and authenticated, one process per database,
-and PostgreSQL restarted under load. Every transcript and Python test also runs against
+and PostgreSQL restarted or out of disk under load. Every transcript and Python test also runs against
 it (Tests/postgres/run.py)."""
+import base64
 import os
+import pwd
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -216,3 +219,84 @@ def test_a_database_whose_collation_is_not_bytewise_gives_the_same_order(cluster
     assert read_back == announced
     alice.close()
     assert stop(process) == 0
+
+
+@pytest.fixture
+def small_tablespace(cluster):
+    """A tablespace on a 3 MB tmpfs (root only): its tables fill it, while PostgreSQL's
+    WAL and the rest of the cluster stay on the big disk. Yields (name, mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tempfile.mkdtemp(prefix="chatcore-pg-full-")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", mount], capture_output=True).returncode != 0:
+        os.rmdir(mount)
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        owner = pwd.getpwnam("postgres")
+        os.chown(mount, owner.pw_uid, owner.pw_gid)
+        cluster.psql(f"CREATE TABLESPACE small LOCATION '{mount}'")
+        yield "small", mount
+    finally:
+        subprocess.run(["umount", "-l", mount])
+        os.rmdir(mount)
+
+
+def test_postgresql_out_of_disk_answers_internal_and_serves_again_once_space_is_freed(cluster, scratch, small_tablespace):
+    # The message table lives on a small filesystem that fills up under pipelined sends of
+    # incompressible text. Every send gets exactly one answer; what failed is answered
+    # Internal with PostgreSQL's reason and is nowhere in the store; everything announced
+    # Sent is, with its id; ids stay consecutive; and once space is freed the same
+    # process serves on.
+    tablespace, mount = small_tablespace
+    cluster.create_database("full")
+    process, socket_path = start(cluster, "full", scratch)
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    chat = chat_with_bob(alice, "full")
+    cluster.psql(f"ALTER TABLE message SET TABLESPACE {tablespace}", database="full")
+
+    sent, failed, reasons = {}, [], set()
+    number = 0
+
+    def burst(count):
+        nonlocal number
+        cookies = []
+        for _ in range(count):
+            number += 1
+            content = f"m{number} " + base64.b64encode(os.urandom(6000)).decode()
+            cookies.append((f"s{number}", content))
+            alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": content, "cookie": f"s{number}"}})
+        for cookie, content in cookies:
+            answers = [e for e in alice.answer(cookie, timeout=60) if body(e).get("cookie") == cookie]
+            assert len(answers) == 1, answers
+            name, value = next(iter(answers[0].items()))
+            if name == "listAdd":
+                sent[content] = value["elements"][0]["messageId"]
+            else:
+                assert name == "requestFailed" and value["error"] == "Internal", answers
+                failed.append(content)
+                reasons.add(value["reason"])
+
+    while len(failed) < 40 and number < 2000:
+        burst(20)
+    assert len(failed) >= 40, f"the tablespace never filled ({len(sent)} sent)"
+    assert process.poll() is None, "chatcore went on"
+    assert any("out of resources" in reason for reason in reasons), reasons
+
+    subprocess.run(["mount", "-o", "remount,size=64m", mount], check=True)
+    before = len(sent)
+    burst(20)
+    assert len(sent) == before + 20, "every send is announced once space is freed"
+    alice.close()
+    assert stop(process) == 0
+
+    rows = cluster.psql(f"SELECT id, split_part(content, ' ', 1) FROM message WHERE chat = {int(chat)} AND tag = 'Text' ORDER BY id",
+                        database="full").split()
+    stored = {row.split("|")[1]: row.split("|")[0] for row in rows}
+    for content, message_id in sent.items():
+        assert stored.get(content.split(" ")[0]) == message_id, (content[:8], message_id)
+    for content in failed:
+        assert content.split(" ")[0] not in stored, f"{content[:8]} was answered Internal but stored"
+    ids = [int(row.split("|")[0]) for row in rows]
+    assert ids == list(range(ids[0], ids[0] + len(ids))), "ids consecutive"
+    assert len(ids) == len(sent)
