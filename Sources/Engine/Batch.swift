@@ -276,6 +276,16 @@ final class Batch {
         store.counters = counters
     }
 
+    /// The rows collected last are handed to the committer: the records take them as
+    /// stored now, not once they are durable, so that a batch decided while they are in
+    /// flight writes only what it changes after them (a message this one inserts is
+    /// updated by the next, not inserted twice). Nothing needs undoing if the commit fails:
+    /// memory is then read back from the store.
+    func takeAsWritten() {
+        for update in written { update() }
+        written = []
+    }
+
     /// Everything so far is durable: later commits of this batch need not write it
     /// again, and what waited for it is done now. The current item stays uncommitted:
     /// it may change more after this point.

@@ -90,16 +90,21 @@ public final class Engine: @unchecked Sendable {
     let attachmentJobs = Atomic<Int>(0)
     private let outsideWork = Atomic<Int>(0)
     private var thread: Thread?
-    /// Where batches are committed while the engine decides the next one.
-    private let committer = DispatchQueue(label: "chatcore-commit", qos: .userInitiated)
-    /// The batch being committed there, if any (engine thread).
-    private var inFlight: Commit?
-    /// The batch handed to the committer before the one being decided: its output counts
-    /// toward a session's pending output while this one is decided (delivered or not).
-    private var handedOver: Batch?
-    /// A commit that failed while the batch after it was being decided: that batch was
-    /// decided on memory holding the failed changes, so it fails with it at its end.
-    private var failedCommit: (commit: Commit, error: Error)?
+    /// Where batches are committed while the engine decides the next one (as many at
+    /// once as the store takes: `ChatStore.commitsInFlight`).
+    private let committer = DispatchQueue(label: "chatcore-commit", qos: .userInitiated, attributes: .concurrent)
+    /// The batches being committed there, oldest first (engine thread). Their events are
+    /// delivered in this order, and their output counts toward a session's pending output
+    /// while later batches are decided.
+    private var inFlight: [Commit] = []
+    /// How many batches may be in flight at once.
+    private let commitsInFlight: Int
+    /// The last commit's `StoreBatch.sequence`.
+    private var lastSequence: Int64 = 0
+    /// Commits that failed while the batch after them was being decided (the first failed;
+    /// those after it were decided on memory holding its changes, so they fail with it,
+    /// and so does the batch being decided, at its end).
+    private var failedCommit: (commits: [Commit], error: Error)?
     /// The number of the batch being decided (its pins in the cache).
     private var batchNumber = 0
 
@@ -150,6 +155,7 @@ public final class Engine: @unchecked Sendable {
         self.cache = MessageCache(budget: cacheBytes)
         self.searchIndex = searchIndex
         self.store = store
+        self.commitsInFlight = max(1, store.commitsInFlight)
         self.logger = logger
         self.clock = clock
         self.attachments = attachments
@@ -428,7 +434,7 @@ public final class Engine: @unchecked Sendable {
         let rows: StoreBatch
         let counters: StoreCounters
         let barriers: [@Sendable () -> Void]
-        /// Signalled by the committer once `error` and `took` are set.
+        /// Signalled by the committer once `error` and `took` are set (`finish`).
         let done = DispatchSemaphore(value: 0)
         /// Set with `done` (looked at between work items, without waiting).
         let finished = Atomic<Bool>(false)
@@ -441,40 +447,64 @@ public final class Engine: @unchecked Sendable {
             self.counters = counters
             self.barriers = barriers
         }
+
+        func finish() {
+            finished.store(true, ordering: .releasing)
+            done.signal()
+        }
     }
 
-    /// Ends a decided batch: once the batch before it is durable and delivered (`settle`),
-    /// its rows go to the committer and the engine goes on deciding the next batch while
-    /// they are written; its events are delivered when the commit is done, before
-    /// anything decided later. The next batch is decided on memory that already holds
-    /// this one's changes (its changed messages stay pinned in the cache, and a query of
-    /// the store waits for the commit: `commitIfChanged`), so when this commit fails the
-    /// next batch fails with it. A batch that something waits for (removing files,
-    /// starting attachment copies), and the last one, are committed while the engine waits.
+    /// Ends a decided batch: its rows go to the committer and the engine goes on deciding
+    /// the next batch while they are written; its events are delivered when the commit
+    /// is done, after those of the batches committed before it and before anything decided
+    /// later. With the store's `commitsInFlight` at 1, a batch is handed over once the one
+    /// before it is durable and delivered (`settle`); with 2 (PostgreSQL), while it may
+    /// still be committing (the store applies a batch only after, and only if, the one it
+    /// `follows`). The next batch is decided on memory that already holds this one's
+    /// changes (its changed messages stay pinned in the cache, and a query of the store
+    /// waits for the commit: `commitIfChanged`), so when this commit fails every batch
+    /// after it fails with it. A batch that something waits for (removing files, starting
+    /// attachment copies), and the last one, are committed while the engine waits.
     private func end(_ batch: Batch, barriers: [@Sendable () -> Void], committingLater: Bool) {
-        settle()
-        handedOver = nil
+        let later = committingLater && !batch.hasActionsAfterCommit
+        settleFinished()
+        if later {
+            while inFlight.count >= commitsInFlight && failedCommit == nil { settleOldest() }
+        } else {
+            settle()
+        }
         if let failed = failedCommit {
             failedCommit = nil
-            fail([batch, failed.commit.batch], with: failed.error)
-            deliver(failed.commit.batch, then: failed.commit.barriers)
+            fail([batch] + failed.commits.reversed().map(\.batch), with: failed.error)
+            for commit in failed.commits { deliver(commit.batch, then: commit.barriers) }
             deliver(batch, then: barriers)
             return
         }
-        guard committingLater && !batch.hasActionsAfterCommit else {
+        guard later else {
             commit(batch)
             deliver(batch, then: barriers)
             return
         }
         let counters = collect(batch)
-        guard !batch.store.isEmpty else {
+        batch.takeAsWritten()
+        if batch.store.isEmpty && inFlight.isEmpty {
             batch.committed()
             deliver(batch, then: barriers)
             return
         }
+        // A batch that wrote nothing behind commits in flight waits for them, in order.
+        let follows = inFlight.last { !$0.rows.isEmpty }?.rows.sequence
+        if !batch.store.isEmpty {
+            lastSequence += 1
+            batch.store.sequence = lastSequence
+            batch.store.follows = follows
+        }
         let commit = Commit(batch: batch, counters: counters, barriers: barriers)
-        inFlight = commit
-        handedOver = batch
+        inFlight.append(commit)
+        guard !commit.rows.isEmpty else {
+            commit.finish()
+            return
+        }
         let store = self.store
         committer.async { [self] in
             let started = ContinuousClock.now
@@ -484,27 +514,40 @@ public final class Engine: @unchecked Sendable {
                 commit.error = error
             }
             commit.took = ContinuousClock.now - started
-            commit.finished.store(true, ordering: .releasing)
-            commit.done.signal()
+            commit.finish()
             // Wakes the engine when it waits for work: the events are due.
             put(.committed)
         }
     }
 
-    /// Waits for the batch being committed, then delivers its events; when its commit
-    /// failed, the failure is kept for the end of the batch being decided (`end`).
-    private func settle() {
-        guard let commit = inFlight else { return }
-        inFlight = nil
+    /// Waits for the oldest batch in flight, then delivers its events. When its commit
+    /// failed, the batches in flight after it are waited for too, and the failure of all
+    /// of them is kept for the end of the batch being decided (`end`).
+    private func settleOldest() {
+        guard !inFlight.isEmpty else { return }
+        let commit = inFlight.removeFirst()
         commit.done.wait()
         if let error = commit.error {
             ServiceMetrics.commitFailures.increment()
-            failedCommit = (commit, error)
+            for later in inFlight { later.done.wait() }
+            failedCommit = ([commit] + inFlight, error)
+            inFlight = []
             return
         }
-        ServiceMetrics.committed(in: commit.took)
+        if !commit.rows.isEmpty { ServiceMetrics.committed(in: commit.took) }
         wrote(commit.batch, counters: commit.counters)
         deliver(commit.batch, then: commit.barriers)
+    }
+
+    /// Waits for every batch in flight (see `settleOldest`).
+    private func settle() {
+        while !inFlight.isEmpty { settleOldest() }
+    }
+
+    /// Delivers the batches in flight whose commits are done, oldest first, without
+    /// waiting for any.
+    private func settleFinished() {
+        while let oldest = inFlight.first, oldest.finished.load(ordering: .acquiring) { settleOldest() }
     }
 
     /// Hands the batch's events to its sessions, then runs what waited for them (`drain`'s
@@ -525,7 +568,7 @@ public final class Engine: @unchecked Sendable {
                 return
             }
             if case .request = item, !isShuttingDown,
-               batch.pendingOutput(for: session) + (handedOver?.builtOutput(for: session) ?? 0) > outputMark {
+               batch.pendingOutput(for: session) + inFlight.reduce(0, { $0 + $1.batch.builtOutput(for: session) }) > outputMark {
                 parked[key] = (session, [item])
                 parkedOrder.append(key)
                 parkedCount.add(1, ordering: .relaxed)
@@ -534,7 +577,7 @@ public final class Engine: @unchecked Sendable {
         }
         // A commit that finished is delivered at once, not after everything this batch
         // takes (under a flood that would hold each batch's events for the next's decisions).
-        if let commit = inFlight, commit.finished.load(ordering: .acquiring) { settle() }
+        settleFinished()
         // Between work items the cache gives back what it holds beyond its budget (never
         // what this batch changed): a request sees one record per message while it runs.
         cache.trim()
@@ -620,6 +663,9 @@ public final class Engine: @unchecked Sendable {
     private func writeChanges(_ batch: Batch) throws {
         let counters = collect(batch)
         if !batch.store.isEmpty {
+            // Nothing is in flight (callers settle first): it follows no commit.
+            lastSequence += 1
+            batch.store.sequence = lastSequence
             let started = ContinuousClock.now
             do {
                 try store.commit(batch.store)
@@ -660,8 +706,8 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    /// Waits until the store has the batch before this one (before reading what it
-    /// changed); throws when its commit failed (this batch then fails whole at its end).
+    /// Waits until the store has the batches before this one (before reading what they
+    /// changed); throws when a commit failed (this batch then fails whole at its end).
     func settleBeforeReading() throws {
         settle()
         if let failedCommit {
@@ -669,9 +715,9 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    /// Whether the batch being committed changed `chat` (the store may not have it yet).
+    /// Whether a batch being committed changed `chat` (the store may not have it yet).
     func committing(_ chat: Int64) -> Bool {
-        inFlight?.batch.hasUncommittedChanges(in: chat) ?? false
+        inFlight.contains { $0.batch.hasUncommittedChanges(in: chat) }
     }
 
     static func storeFailure(_ error: Error) -> String {

@@ -1,3 +1,5 @@
+import Foundation
+
 /// What the engine needs from durable storage, in the engine's words.
 ///
 /// The store is the source of truth. At start-up the engine reads only what is per user
@@ -66,6 +68,18 @@ public protocol ChatStore: AnyObject, Sendable {
 
     /// Applies the batch atomically and durably. On error nothing of it was applied.
     func commit(_ batch: StoreBatch) throws
+
+    /// How many commits the engine may have in flight at once. With more than one,
+    /// `commit` is called for a batch while the one before it (`StoreBatch.follows`) may
+    /// still be running on another thread: the store may do the batch's independent work
+    /// meanwhile (inserting its new messages), but applies it only once the one it
+    /// follows is durable, and not at all if that one failed.
+    var commitsInFlight: Int { get }
+}
+
+extension ChatStore {
+    /// One: each commit starts once the one before it returned.
+    public var commitsInFlight: Int { 1 }
 }
 
 /// Which messages a match looks for (docs/protocol.md §8 criteria, in store words).
@@ -199,5 +213,33 @@ public struct SearchEntry: Sendable, Equatable {
         self.chat = chat
         self.id = id
         self.text = text
+    }
+}
+
+/// Whether each recent commit (by `StoreBatch.sequence`) was applied, for a store with
+/// more than one commit in flight (`ChatStore.commitsInFlight`): the commit that follows
+/// one (`StoreBatch.follows`) waits for its outcome before it applies what depends on it.
+public final class CommitOutcomes: @unchecked Sendable {
+    /// NSCondition (pthread): ThreadSanitizer sees it.
+    private let condition = NSCondition()
+    private var applied: [Int64: Bool] = [:]
+
+    public init() {}
+
+    public func record(_ sequence: Int64, applied outcome: Bool) {
+        condition.lock()
+        applied[sequence] = outcome
+        // Only a few commits are ever in flight: older outcomes have been read.
+        applied = applied.filter { $0.key > sequence - 16 }
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    /// Waits until commit `sequence` returned; whether it was applied.
+    public func wait(for sequence: Int64) -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        while applied[sequence] == nil { condition.wait() }
+        return applied[sequence]!
     }
 }

@@ -339,6 +339,11 @@ public struct StoreBatch: Sendable {
     public var blobUses: [String: Int64] = [:]
     /// The counters as they now are (nil: unchanged).
     public var counters: StoreCounters?
+    /// This commit's place among the engine's commits (increasing; not stored).
+    public var sequence: Int64 = 0
+    /// The commit still in flight that this one follows (`ChatStore.commitsInFlight`), if
+    /// any: this one is applied only once that one is, and not at all if it failed.
+    public var follows: Int64?
 
     public init() {}
 

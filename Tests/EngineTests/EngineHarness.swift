@@ -170,8 +170,17 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     let holding = Atomic<Bool>(false)
     let held = DispatchSemaphore(value: 0)
     let release = DispatchSemaphore(value: 0)
+    /// Commits begun (called by the engine), whatever became of them.
+    let commitsBegun = Atomic<Int>(0)
+    /// With more than one, a commit that follows another waits for it and fails when it
+    /// failed, as PostgreSQL's does (the inner store then still commits one at a time).
+    let commitsInFlight: Int
+    private let outcomes = CommitOutcomes()
 
-    init(_ inner: ChatStore) { self.inner = inner }
+    init(_ inner: ChatStore, commitsInFlight: Int = 1) {
+        self.inner = inner
+        self.commitsInFlight = commitsInFlight
+    }
 
     struct InjectedFailure: Error, CustomStringConvertible {
         var description: String { "database or disk is full (injected)" }
@@ -198,10 +207,21 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     }
 
     func commit(_ batch: StoreBatch) throws {
+        commitsBegun.add(1, ordering: .relaxed)
+        var applied = false
+        defer { outcomes.record(batch.sequence, applied: applied) }
         if holding.load(ordering: .relaxed) {
             held.signal()
             release.wait()
         }
+        if let follows = batch.follows, !outcomes.wait(for: follows) {
+            throw InjectedFailure()
+        }
+        try commitOrFail(batch)
+        applied = true
+    }
+
+    private func commitOrFail(_ batch: StoreBatch) throws {
         if failOnce.exchange(false, ordering: .relaxed) {
             failedCommits.add(1, ordering: .relaxed)
             throw InjectedFailure()

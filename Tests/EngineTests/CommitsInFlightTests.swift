@@ -1,0 +1,84 @@
+import Foundation
+import GRDB
+import SQLiteStore
+import XCTest
+@testable import Engine
+
+/// Two commits in flight (`ChatStore.commitsInFlight`, PostgreSQL's): the engine hands a
+/// batch over while the one before it is still committing. Events still come in commit
+/// order, a batch may change what the batch before it inserted, and when a commit fails
+/// the batch behind it fails with it, although its own commit would have gone through.
+final class CommitsInFlightTests: XCTestCase {
+    private func aliceAndBobInAChat() throws -> (EngineHarness, FailingStore) {
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()), commitsInFlight: 2)
+        let h = try EngineHarness(store: store)
+        h.connect("a", as: "alice")
+        h.connect("b", as: "bob")
+        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
+        _ = h.events("b")
+        return (h, store)
+    }
+
+    /// Holds the commit of `first`, submits `next`, waits until the engine has handed
+    /// `next`'s commit over too (both in flight), runs `whileBoth`, then lets them go.
+    private func commitBehind(_ first: [(String, String)], then next: [(String, String)], in h: EngineHarness, store: FailingStore,
+                              whileBoth: () -> Void = {}) {
+        let begun = store.commitsBegun.load(ordering: .relaxed)
+        store.holding.store(true, ordering: .relaxed)
+        h.submitTogether(first)
+        store.held.wait()
+        store.holding.store(false, ordering: .relaxed)
+        h.submitTogether(next)
+        let deadline = Date().addingTimeInterval(10)
+        while store.commitsBegun.load(ordering: .relaxed) < begun + 2 && Date() < deadline { Thread.sleep(forTimeInterval: 0.01) }
+        XCTAssertEqual(store.commitsBegun.load(ordering: .relaxed), begun + 2, "the next batch was not handed over while the first committed")
+        whileBoth()
+        store.release.signal()
+    }
+
+    func testABatchChangesWhatTheBatchInFlightBeforeItInsertedAndEventsKeepTheirOrder() throws {
+        let (h, store) = try aliceAndBobInAChat()
+        // The first batch makes a chat (and its members, and a Join message); the next,
+        // decided on top of it, posts into it: it must update those rows, not insert them again.
+        commitBehind([("a", #"{"chatStart":{"cookie":"new","invitees":[{"userId":"bob"}],"subject":"second"}}"#)],
+                     then: [("a", #"{"chatMessageSend":{"chatId":"2","tag":"Text","content":"into it","cookie":"m"}}"#)],
+                     in: h, store: store)
+        let alice = h.events("a")
+        XCTAssertEqual(store.failedCommits.load(ordering: .relaxed), 0)
+        let started = alice.firstIndex { $0.contains(#""type":"chat""#) && $0.contains(#""cookie":"new""#) }
+        let posted = alice.firstIndex { $0.contains(#""content":"into it""#) && $0.contains(#""cookie":"m""#) }
+        XCTAssertNotNil(started, "\(alice)")
+        XCTAssertNotNil(posted, "\(alice)")
+        if let started, let posted { XCTAssertLessThan(started, posted, "the later batch's events came first: \(alice)") }
+        XCTAssertFalse(alice.joined().contains("requestFailed"), "\(alice)")
+        // The store has both: the chat's last message is the one posted.
+        let listed = h.send("a", #"{"requestListElements":{"type":"chat","cookie":"l","elements":[{"chatId":"2"}]}}"#).joined()
+        XCTAssertTrue(listed.contains(#""lastMessage":2"#), listed)
+        let again = h.send("a", #"{"chatMessageSend":{"chatId":"2","tag":"Text","content":"third"}}"#)
+        XCTAssertTrue(again.first?.contains(#""messageId":"3""#) ?? false, "\(again)")
+    }
+
+    func testABatchBehindACommitThatFailsFailsWithItAndNothingOfEitherIsSeen() throws {
+        let (h, store) = try aliceAndBobInAChat()
+        commitBehind([("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)],
+                     then: [
+                        ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c2"}}"#),
+                        ("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"third","cookie":"c3"}}"#),
+                     ],
+                     in: h, store: store,
+                     // Only the first commit fails: the one behind it would go through.
+                     whileBoth: { store.failOnce.store(true, ordering: .relaxed) })
+        let alice = h.objects("a")
+        let bob = h.objects("b")
+        XCTAssertEqual(store.failedCommits.load(ordering: .relaxed), 1)
+        XCTAssertEqual(alice.compactMap { ($0["requestFailed"] as? [String: Any])?["cookie"] as? String }, ["c1", "c2"], "\(alice)")
+        XCTAssertEqual(bob.compactMap { ($0["requestFailed"] as? [String: Any])?["cookie"] as? String }, ["c3"], "\(bob)")
+        XCTAssertEqual(alice.count + bob.count, 3, "events of batches that were not committed were seen: \(alice) \(bob)")
+        // Nothing of either is remembered or stored: the next message takes the id the first had.
+        let again = h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"again"}}"#)
+        XCTAssertTrue(again.first?.contains(#""messageId":"2""#) ?? false, "\(again)")
+        let listed = h.send("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":10}}}"#).joined()
+        XCTAssertTrue(listed.contains(#""content":"again""#), listed)
+        for lost in ["first", "second", "third"] { XCTAssertFalse(listed.contains(#""content":"\#(lost)""#), listed) }
+    }
+}
