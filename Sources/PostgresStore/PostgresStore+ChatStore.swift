@@ -252,21 +252,33 @@ extension PostgresStore: ChatStore {
 
     // MARK: writing
 
+    /// Two: while a batch commits, the next one inserts its new messages (and their
+    /// references and search keys: most of a commit's work on the server, in a backend of
+    /// its own) and waits for it before writing the rest (`commit`).
+    public var commitsInFlight: Int { 2 }
+
     public func commit(_ batch: StoreBatch) throws {
         guard !batch.isEmpty else { return }
+        var applied = false
+        defer { outcomes.record(batch.sequence, applied: applied) }
         do {
             try withConnection { connection in
-                // postgres-nio sends a statement only once the one before it is
-                // answered, so each statement of a commit would cost a round trip. A batch
-                // is therefore written as one statement: its writes are data-modifying WITH
-                // clauses of the fence's SELECT, one implicit transaction, durable when
-                // answered. Those clauses all see the store as it was before the
-                // statement, not one another's rows, so each writes rows no other clause
-                // touches (`write`).
-                let statement = OneStatement(connection: connection, store: self)
-                write(batch, statement)
-                try statement.send { binds in fence(&binds) }
+                if let follows = batch.follows {
+                    try commit(batch, after: follows, on: connection)
+                } else {
+                    // postgres-nio sends a statement only once the one before it is
+                    // answered, so each statement of a commit would cost a round trip. A
+                    // batch is therefore written as one statement: its writes are
+                    // data-modifying WITH clauses of the fence's SELECT, one implicit
+                    // transaction, durable when answered. Those clauses all see the store
+                    // as it was before the statement, not one another's rows, so each
+                    // writes rows no other clause touches (`write`).
+                    let statement = OneStatement(connection: connection, store: self)
+                    write(batch, statement)
+                    try statement.send { binds in fence(&binds) }
+                }
             }
+            applied = true
         } catch let failure as StoreFailure {
             throw failure
         } catch let error as PSQLError {
@@ -282,6 +294,32 @@ extension PostgresStore: ChatStore {
         } catch {
             throw StoreFailure(.other, "PostgreSQL: \(PostgresStore.describe(error))")
         }
+    }
+
+    /// A batch decided while commit `follows` may still be running: in one transaction,
+    /// its new messages (with their references and search keys) first, beside that
+    /// commit, as they touch no row it touches; then, once it is applied, the rest, by a
+    /// statement of its own, whose snapshot has that commit's rows (an update of a
+    /// message that commit inserted finds it). If that commit failed, nothing of this one
+    /// is applied. Four round trips instead of one, only when commits queue up.
+    private func commit(_ batch: StoreBatch, after follows: Int64, on connection: PostgresConnection) throws {
+        var early = StoreBatch()
+        early.newMessages = batch.newMessages
+        var rest = batch
+        rest.newMessages = []
+        _ = try run(connection, "BEGIN")
+        let first = OneStatement(connection: connection, store: self)
+        write(early, first)
+        try first.send { binds in fence(&binds) }
+        guard outcomes.wait(for: follows) else {
+            throw StoreFailure(.other, "the commit before it failed, and this one was decided after it: nothing of it was applied")
+        }
+        if !rest.isEmpty {
+            let second = OneStatement(connection: connection, store: self)
+            write(rest, second)
+            try second.send { _ in "SELECT 1" }
+        }
+        _ = try run(connection, "COMMIT")
     }
 
     /// The search index's rows (`PostgresSearchIndex`): a new searchable message's keys,

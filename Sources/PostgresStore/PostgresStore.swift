@@ -187,6 +187,8 @@ public final class PostgresStore: @unchecked Sendable {
     private var superseded: (@Sendable (String) -> Void)?
     /// One check of the writer lock at a time (the engine's and the watcher's).
     private let relocking = NSLock()
+    /// Whether each recent commit was applied, for the commit in flight after it.
+    let outcomes = CommitOutcomes()
     /// How long a call waits for the server to come back before it fails.
     public var patience: Duration = .seconds(15)
 

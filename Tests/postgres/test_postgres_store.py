@@ -300,3 +300,81 @@ def test_postgresql_out_of_disk_answers_internal_and_serves_again_once_space_is_
     ids = [int(row.split("|")[0]) for row in rows]
     assert ids == list(range(ids[0], ids[0] + len(ids))), "ids consecutive"
     assert len(ids) == len(sent)
+
+
+def _slow_inserts(cluster, database):
+    """Triggers hold a commit that inserts a message whose content starts with 'slow', or
+    a chat whose subject does, for a second; a message 'slow boom' is then refused."""
+    cluster.psql("""
+        CREATE FUNCTION slow_message() RETURNS trigger AS $$
+        BEGIN
+            IF NEW.content LIKE 'slow%' THEN PERFORM pg_sleep(1); END IF;
+            IF NEW.content = 'slow boom' THEN RAISE EXCEPTION 'refused on purpose'; END IF;
+            RETURN NEW;
+        END $$ LANGUAGE plpgsql;
+        CREATE FUNCTION slow_chat() RETURNS trigger AS $$
+        BEGIN IF NEW.subject LIKE 'slow%' THEN PERFORM pg_sleep(1); END IF; RETURN NEW; END $$ LANGUAGE plpgsql;
+        CREATE TRIGGER slow_message BEFORE INSERT ON message FOR EACH ROW EXECUTE FUNCTION slow_message();
+        CREATE TRIGGER slow_chat BEFORE INSERT ON chat FOR EACH ROW EXECUTE FUNCTION slow_chat();
+        """, database=database)
+
+
+def _outcome(client, cookie):
+    for event in client.answer(cookie, timeout=60):
+        name, value = next(iter(event.items()))
+        if value.get("cookie") == cookie:
+            return name if name != "requestFailed" else value["error"]
+
+
+def test_a_commit_decided_behind_one_that_fails_is_not_applied(cluster, scratch):
+    # While a batch commits, the next is handed over (two commits in flight). The first
+    # fails: the second was decided on memory holding the first's changes, so nothing of
+    # it may land either, though it touches another chat; both are answered Internal,
+    # and the ids they would have taken are taken by the next sends.
+    cluster.create_database("chain")
+    process, socket_path = start(cluster, "chain", scratch)
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    first = chat_with_bob(alice, "first")
+    second = alice.request({"chatStart": {"cookie": "c2", "invitees": [{"userId": "carol"}], "subject": "second"}})[0]["listAdd"]["elements"][0]["chatId"]
+    _slow_inserts(cluster, "chain")
+    alice.send({"chatMessageSend": {"chatId": first, "tag": "Text", "content": "slow boom", "cookie": "boom"}})
+    time.sleep(0.3)
+    alice.send({"chatMessageSend": {"chatId": second, "tag": "Text", "content": "behind", "cookie": "behind"}})
+    assert _outcome(alice, "boom") == "Internal"
+    assert _outcome(alice, "behind") == "Internal"
+    stored = cluster.psql("SELECT content FROM message WHERE tag = 'Text'", database="chain").split()
+    assert stored == [], stored
+    assert process.poll() is None
+    for chat in (first, second):
+        answer = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after" + chat}})
+        assert any("listAdd" in e and body(e).get("cookie") == "after" + chat for e in answer), answer
+    alice.close()
+    assert stop(process) == 0
+    for chat in (first, second):
+        ids = [int(i) for i in cluster.psql(f"SELECT id FROM message WHERE chat = {int(chat)} ORDER BY id", database="chain").split()]
+        assert ids == list(range(1, len(ids) + 1)), (chat, ids)
+
+
+def test_a_message_sent_while_its_chat_is_still_being_committed_lands_after_it(cluster, scratch):
+    # The chat's commit is held for a second; a message sent into it meanwhile is decided
+    # and handed over behind it. It must update the chat and member rows that commit
+    # inserts (not insert them again), and its events come after the chat's.
+    cluster.create_database("behind")
+    process, socket_path = start(cluster, "behind", scratch)
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    chat_with_bob(alice, "warm up")
+    _slow_inserts(cluster, "behind")
+    alice.send({"chatStart": {"cookie": "slow", "invitees": [{"userId": "bob"}], "subject": "slow chat"}})
+    time.sleep(0.3)
+    alice.send({"chatMessageSend": {"chatId": "2", "tag": "Text", "content": "hello", "cookie": "hello"}})
+    events = alice.answer("hello", timeout=60)
+    names = [(next(iter(e)), body(e).get("type"), body(e).get("cookie")) for e in events]
+    assert ("listAdd", "chat", "slow") in names, names
+    assert names.index(("listAdd", "chat", "slow")) < names.index(("listAdd", "chatMessage", "hello")), names
+    alice.close()
+    assert stop(process) == 0
+    assert cluster.psql('SELECT "lastMessage" FROM chat WHERE "number" = 2', database="behind").strip() == \
+        cluster.psql("SELECT max(id) FROM message WHERE chat = 2", database="behind").strip()
+    assert cluster.psql("SELECT content FROM message WHERE chat = 2 AND tag = 'Text'", database="behind").split() == ["hello"]
