@@ -258,12 +258,12 @@ extension PostgresStore: ChatStore {
     public var commitsInFlight: Int { 2 }
 
     public func commit(_ batch: StoreBatch) throws {
-        guard !batch.isEmpty else { return }
-        var applied = false
+        var applied = batch.isEmpty
         defer { outcomes.record(batch.sequence, applied: applied) }
+        guard !batch.isEmpty else { return }
         do {
             try withConnection { connection in
-                if let follows = batch.follows {
+                if let follows = batch.follows, outcomes.outcome(of: follows) != true {
                     try commit(batch, after: follows, on: connection)
                 } else {
                     // postgres-nio sends a statement only once the one before it is
@@ -272,7 +272,8 @@ extension PostgresStore: ChatStore {
                     // data-modifying WITH clauses of the fence's SELECT, one implicit
                     // transaction, durable when answered. Those clauses all see the store
                     // as it was before the statement, not one another's rows, so each
-                    // writes rows no other clause touches (`write`).
+                    // writes rows no other clause touches (`write`). So is a batch whose
+                    // predecessor was applied by the time it starts.
                     let statement = OneStatement(connection: connection, store: self)
                     write(batch, statement)
                     try statement.send { binds in fence(&binds) }

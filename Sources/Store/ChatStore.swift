@@ -235,6 +235,13 @@ public final class CommitOutcomes: @unchecked Sendable {
         condition.unlock()
     }
 
+    /// Whether commit `sequence` was applied, if it returned (nil while it runs).
+    public func outcome(of sequence: Int64) -> Bool? {
+        condition.lock()
+        defer { condition.unlock() }
+        return applied[sequence]
+    }
+
     /// Waits until commit `sequence` returned; whether it was applied.
     public func wait(for sequence: Int64) -> Bool {
         condition.lock()
