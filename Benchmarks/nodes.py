@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
@@ -226,6 +227,49 @@ def rows():
     return table
 
 
+# One batch-shaped transaction of the writer (`headroom`): 64 messages with twelve search
+# keys each into the connection's own 40 chats, then those chats' and members' updates.
+BATCH_SCRIPT = """
+\\set c (:client_id + 1) * 1000
+BEGIN;
+INSERT INTO message (chat, id, sender, tag, content, "timestamp", "isControl", "neverCountsUnread", "isRecalled", "changeSeq", "searchRow")
+  SELECT :c + g % 40, nextval('ids'), 1, 'Text', 'hello there, this is message ' || g, 1, false, false, false, nextval('seq'), nextval('seq')
+  FROM generate_series(1, 64) g;
+INSERT INTO message_search (chat, id, "searchRow", keys) SELECT :c + g % 40, currval('ids') - g, currval('seq') - g,
+  (SELECT array_agg((random() * 2000)::int4) FROM generate_series(1, 12) k WHERE g > 0) FROM generate_series(1, 64) g;
+UPDATE chat SET "lastMessage" = "lastMessage" + 2, "lastActivity" = 1 WHERE "number" BETWEEN :c AND :c + 39;
+UPDATE member SET "numUnread" = "numUnread" + 2 WHERE chat BETWEEN :c AND :c + 39;
+COMMIT;
+"""
+
+
+def headroom(connections=(1, 2, 4), seconds=5):
+    """PostgreSQL alone (pgbench, no chatcore): messages/s committed in batch-shaped
+    transactions from 1, 2 and 4 connections at once, on chatcore's schema, each on chats
+    of its own. What several committers (deciding nodes, or commits in flight) could get
+    from the database, beside what one gets."""
+    if shutil.which("pgbench") is None:
+        return []
+    rates = []
+    with Cluster(settings=("shared_buffers=256MB",)) as cluster, tempfile.TemporaryDirectory() as scratch:
+        database = cluster.create_database("headroom")
+        subprocess.run([str(CHATCORE), "serve", "--store", cluster.database_url(database), "--user", "schema", "--data-dir", scratch] + QUIET,
+                       input=b"", capture_output=True, check=True, timeout=120)
+        cluster.psql("CREATE SEQUENCE ids; CREATE SEQUENCE seq; "
+                     "INSERT INTO chat SELECT g, '', true, 'AdminsOnly', false, NULL, 0, 0 FROM generate_series(1000, 6000) g; "
+                     "INSERT INTO member SELECT g, u, true, false, 1, NULL, false, NULL, NULL, 0, 0, 0 FROM generate_series(1000, 6000) g, generate_series(1, 2) u",
+                     database)
+        script = os.path.join(scratch, "batch.sql")
+        with open(script, "w") as f:
+            f.write(BATCH_SCRIPT)
+        for count in connections:
+            done = subprocess.run(["pgbench", "-n", "-h", cluster.socket_directory, "-U", Cluster.USER, "-c", str(count), "-j", str(count),
+                                   "-T", str(seconds), "-f", script, database], capture_output=True, text=True, check=True)
+            tps = next(line for line in done.stdout.splitlines() if line.startswith("tps"))
+            rates.append((count, float(tps.split()[2]) * 64))
+    return rates
+
+
 HEADER = (f"{'store, nodes':<22} {'durable sends/s (60,000)':>26} {'request → Sent p50/p99':>24} {'cross-node delivery p50/p99':>28}"
           f" {'cores: nodes / PostgreSQL / clients':>36}")
 
@@ -236,7 +280,15 @@ def line(name, rate, sent, delivered, node_cores, database_cores, client_cores):
             f" {node_cores:>19.2f} / {database:>4} / {client_cores:.2f}")
 
 
+def print_headroom():
+    rates = headroom()
+    if rates:
+        print("\nPostgreSQL alone (pgbench, batch-shaped transactions of 64 messages): messages/s committed")
+        print("   ".join(f"{count} connection{'s' if count > 1 else ''}: {rate:,.0f}" for count, rate in rates))
+
+
 if __name__ == "__main__":
     print(HEADER)
     for row in rows():
         print(line(*row))
+    print_headroom()

@@ -12,7 +12,8 @@ Store (Benchmarks/store.py): stores of 1M and 10M messages built by store_gen.py
 memory, reads under load, sends while reading.
 
 Nodes (Benchmarks/nodes.py): 1, 2 and 4 nodes on one PostgreSQL beside SQLite: durable
-sends/s, request → Sent and cross-node delivery latency.
+sends/s, request → Sent and cross-node delivery latency; and PostgreSQL alone (pgbench)
+committing batch-shaped transactions from 1, 2 and 4 connections.
 
     python3 Benchmarks/run.py [codec] [engine] [store] [nodes]     (all when none is named)
 """
@@ -111,6 +112,7 @@ def nodes_table():
     print("\n" + nodes.HEADER)
     for row in nodes.rows():
         print(nodes.line(*row))
+    nodes.print_headroom()
 
 
 def codec_table():
