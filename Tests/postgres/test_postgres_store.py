@@ -378,3 +378,82 @@ def test_a_message_sent_while_its_chat_is_still_being_committed_lands_after_it(c
     assert cluster.psql('SELECT "lastMessage" FROM chat WHERE "number" = 2', database="behind").strip() == \
         cluster.psql("SELECT max(id) FROM message WHERE chat = 2", database="behind").strip()
     assert cluster.psql("SELECT content FROM message WHERE chat = 2 AND tag = 'Text'", database="behind").split() == ["hello"]
+
+
+def _started(client, invitee, subject):
+    """The chatId of a chat `client` starts with `invitee` (found by its cookie: other
+    events may come first)."""
+    events = client.request({"chatStart": {"cookie": subject, "invitees": [{"userId": invitee}], "subject": subject}})
+    return next(body(e)["elements"][0]["chatId"] for e in events if "listAdd" in e and body(e).get("cookie") == subject)
+
+
+def test_random_statement_failures_under_pipelined_load_keep_every_answer_true(cluster, scratch):
+    # Two commits in flight, and PostgreSQL refuses about one message in a hundred (a
+    # trigger), so batches fail while the next is committing behind them. Three users
+    # pipeline sends into three chats. Whatever was answered Sent is stored with the id it
+    # was announced with; whatever was answered Internal is not stored; every send has
+    # one answer; each chat's ids are 1..N; and each sender saw its Sent ids in order.
+    cluster.create_database("chaos")
+    process, socket_path = start(cluster, "chaos", scratch)
+    users = ["alice", "bob", "carol"]
+    clients = {user: Client(socket_path) for user in users}
+    for user, client in clients.items():
+        auth(client, user)
+    chats = [chat_with_bob(clients["alice"], "ab"),
+             _started(clients["carol"], "alice", "ca"),
+             _started(clients["bob"], "carol", "bc")]
+    cluster.psql("""
+        CREATE FUNCTION refuse_some() RETURNS trigger AS $$
+        BEGIN
+            -- Slowly, so that the batch behind is in flight when it fails.
+            IF NEW.content LIKE '%refuse%' THEN PERFORM pg_sleep(0.05); RAISE EXCEPTION 'refused on purpose'; END IF;
+            RETURN NEW;
+        END $$ LANGUAGE plpgsql;
+        CREATE TRIGGER refuse_some BEFORE INSERT ON message FOR EACH ROW EXECUTE FUNCTION refuse_some();
+        """, database="chaos")
+    member_of = {"alice": chats[:2], "bob": [chats[0], chats[2]], "carol": chats[1:]}
+    outcomes = {user: [] for user in users}
+
+    def run(user):
+        client = clients[user]
+        for burst in range(15):
+            cookies = []
+            for k in range(20):
+                n = burst * 20 + k
+                chat = member_of[user][n % 2]
+                content = f"{user}-{n}" + (" refuse" if n % 97 == 13 + len(user) else "")
+                cookies.append((f"{user}{n}", chat, content))
+                client.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": content, "cookie": f"{user}{n}"}})
+            for cookie, chat, content in cookies:
+                answers = [e for e in client.answer(cookie, timeout=60) if body(e).get("cookie") == cookie]
+                assert len(answers) == 1, answers
+                name, value = next(iter(answers[0].items()))
+                if name == "listAdd":
+                    outcomes[user].append((chat, content, int(value["elements"][0]["messageId"])))
+                else:
+                    assert value["error"] == "Internal", value
+                    outcomes[user].append((chat, content, None))
+
+    threads = [threading.Thread(target=run, args=(user,)) for user in users]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert process.poll() is None
+    for client in clients.values():
+        client.close()
+    assert stop(process) == 0
+
+    rows = cluster.psql("SELECT chat, id, content FROM message WHERE tag = 'Text' ORDER BY chat, id", database="chaos").splitlines()
+    stored = {(row.split("|")[0], row.split("|")[2]): int(row.split("|")[1]) for row in rows}
+    failed = sum(1 for user in users for _, _, i in outcomes[user] if i is None)
+    assert failed > 0, "nothing failed: the trigger did not bite"
+    for user in users:
+        for chat, content, message_id in outcomes[user]:
+            assert stored.get((chat, content)) == message_id, (user, chat, content, message_id)
+        for chat in member_of[user]:
+            ids = [i for c, _, i in outcomes[user] if c == chat and i is not None]
+            assert ids == sorted(ids), (user, chat, ids)
+    for chat in chats:
+        ids = [int(row) for row in cluster.psql(f"SELECT id FROM message WHERE chat = {int(chat)} ORDER BY id", database="chaos").split()]
+        assert ids == list(range(1, len(ids) + 1)), (chat, ids)
