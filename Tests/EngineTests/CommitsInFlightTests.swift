@@ -68,17 +68,6 @@ final class CommitsInFlightTests: XCTestCase {
                      in: h, store: store,
                      // Only the first commit fails: the one behind it would go through.
                      whileBoth: { store.failOnce.store(true, ordering: .relaxed) })
-        let alice = h.objects("a")
-        let bob = h.objects("b")
-        XCTAssertEqual(store.failedCommits.load(ordering: .relaxed), 1)
-        XCTAssertEqual(alice.compactMap { ($0["requestFailed"] as? [String: Any])?["cookie"] as? String }, ["c1", "c2"], "\(alice)")
-        XCTAssertEqual(bob.compactMap { ($0["requestFailed"] as? [String: Any])?["cookie"] as? String }, ["c3"], "\(bob)")
-        XCTAssertEqual(alice.count + bob.count, 3, "events of batches that were not committed were seen: \(alice) \(bob)")
-        // Nothing of either is remembered or stored: the next message takes the id the first had.
-        let again = h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"again"}}"#)
-        XCTAssertTrue(again.first?.contains(#""messageId":"2""#) ?? false, "\(again)")
-        let listed = h.send("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":10}}}"#).joined()
-        XCTAssertTrue(listed.contains(#""content":"again""#), listed)
-        for lost in ["first", "second", "third"] { XCTAssertFalse(listed.contains(#""content":"\#(lost)""#), listed) }
+        FailedCommitTests.assertFirstSecondAndThirdFailedTogether(h, store)
     }
 }

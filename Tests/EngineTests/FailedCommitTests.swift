@@ -86,19 +86,25 @@ final class FailedCommitTests: XCTestCase {
                                     ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c2"}}"#),
                                     ("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"third","cookie":"c3"}}"#),
                                 ])
+        Self.assertFirstSecondAndThirdFailedTogether(h, store)
+    }
+
+    /// After Alice's "first" (c1) failed to commit and Alice's "second" (c2) and Bob's
+    /// "third" (c3) were decided behind it: one commit failed, each of the three got one
+    /// Internal answer and nothing else was seen, and nothing of them is remembered (the
+    /// next message takes the id the first had: the chat's Join is 1) or stored.
+    static func assertFirstSecondAndThirdFailedTogether(_ h: EngineHarness, _ store: FailingStore, file: StaticString = #filePath, line: UInt = #line) {
         let alice = h.objects("a")
         let bob = h.objects("b")
-        XCTAssertEqual(store.failedCommits.load(ordering: .relaxed), 1)
-        XCTAssertEqual(alice.compactMap { ($0["requestFailed"] as? [String: Any])?["cookie"] as? String }, ["c1", "c2"], "\(alice)")
-        XCTAssertEqual(bob.compactMap { ($0["requestFailed"] as? [String: Any])?["cookie"] as? String }, ["c3"], "\(bob)")
-        XCTAssertEqual(alice.count + bob.count, 3, "events of batches that were not committed were seen: \(alice) \(bob)")
-        // Nothing of either is remembered: the next message takes the id the first had
-        // (the chat's Join is 1).
+        XCTAssertEqual(store.failedCommits.load(ordering: .relaxed), 1, file: file, line: line)
+        XCTAssertEqual(alice.compactMap { ($0["requestFailed"] as? [String: Any])?["cookie"] as? String }, ["c1", "c2"], "\(alice)", file: file, line: line)
+        XCTAssertEqual(bob.compactMap { ($0["requestFailed"] as? [String: Any])?["cookie"] as? String }, ["c3"], "\(bob)", file: file, line: line)
+        XCTAssertEqual(alice.count + bob.count, 3, "events of batches that were not committed were seen: \(alice) \(bob)", file: file, line: line)
         let again = h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"again"}}"#)
-        XCTAssertTrue(again.first?.contains(#""messageId":"2""#) ?? false, "\(again)")
+        XCTAssertTrue(again.first?.contains(#""messageId":"2""#) ?? false, "\(again)", file: file, line: line)
         let listed = h.send("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":10}}}"#).joined()
-        XCTAssertTrue(listed.contains(#""content":"again""#), listed)
-        for lost in ["first", "second", "third"] { XCTAssertFalse(listed.contains(#""content":"\#(lost)""#), listed) }
+        XCTAssertTrue(listed.contains(#""content":"again""#), listed, file: file, line: line)
+        for lost in ["first", "second", "third"] { XCTAssertFalse(listed.contains(#""content":"\#(lost)""#), listed, file: file, line: line) }
     }
 
     func testASessionAuthenticatedByAFailedBatchIsNotAuthenticated() throws {

@@ -6,7 +6,6 @@ import base64
 import os
 import pwd
 import subprocess
-import tempfile
 import threading
 import time
 
@@ -14,7 +13,7 @@ import pytest
 
 from conftest import chat_with_bob, real_binary, start, stop
 from postgres_cluster import postgres_bin
-from chatcore_harness import Client, auth, body
+from chatcore_harness import Client, auth, body, small_tmpfs
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
@@ -221,24 +220,26 @@ def test_a_database_whose_collation_is_not_bytewise_gives_the_same_order(cluster
     assert stop(process) == 0
 
 
+def _alice_on(cluster, database, scratch):
+    """chatcore serving a new database `database`, and alice connected to it."""
+    cluster.create_database(database)
+    process, socket_path = start(cluster, database, scratch)
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    return process, alice
+
+
 @pytest.fixture
 def small_tablespace(cluster):
     """A tablespace on a 3 MB tmpfs (root only): its tables fill it, while PostgreSQL's
     WAL and the rest of the cluster stay on the big disk. Yields (name, mount)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tempfile.mkdtemp(prefix="chatcore-pg-full-")
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", mount], capture_output=True).returncode != 0:
-        os.rmdir(mount)
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with small_tmpfs("3m", prefix="chatcore-pg-full-") as mount:
+        if mount is None:
+            pytest.skip("cannot mount a tmpfs here (it needs root)")
         owner = pwd.getpwnam("postgres")
         os.chown(mount, owner.pw_uid, owner.pw_gid)
         cluster.psql(f"CREATE TABLESPACE small LOCATION '{mount}'")
         yield "small", mount
-    finally:
-        subprocess.run(["umount", "-l", mount])
-        os.rmdir(mount)
 
 
 def test_postgresql_out_of_disk_answers_internal_and_serves_again_once_space_is_freed(cluster, scratch, small_tablespace):
@@ -248,10 +249,7 @@ def test_postgresql_out_of_disk_answers_internal_and_serves_again_once_space_is_
     # Sent is, with its id; ids stay consecutive; and once space is freed the same
     # process serves on.
     tablespace, mount = small_tablespace
-    cluster.create_database("full")
-    process, socket_path = start(cluster, "full", scratch)
-    alice = Client(socket_path)
-    auth(alice, "alice")
+    process, alice = _alice_on(cluster, "full", scratch)
     chat = chat_with_bob(alice, "full")
     cluster.psql(f"ALTER TABLE message SET TABLESPACE {tablespace}", database="full")
 
@@ -331,12 +329,9 @@ def test_a_commit_decided_behind_one_that_fails_is_not_applied(cluster, scratch)
     # fails: the second was decided on memory holding the first's changes, so nothing of
     # it may land either, though it touches another chat; both are answered Internal,
     # and the ids they would have taken are taken by the next sends.
-    cluster.create_database("chain")
-    process, socket_path = start(cluster, "chain", scratch)
-    alice = Client(socket_path)
-    auth(alice, "alice")
+    process, alice = _alice_on(cluster, "chain", scratch)
     first = chat_with_bob(alice, "first")
-    second = alice.request({"chatStart": {"cookie": "c2", "invitees": [{"userId": "carol"}], "subject": "second"}})[0]["listAdd"]["elements"][0]["chatId"]
+    second = _started(alice, "carol", "second")
     _slow_inserts(cluster, "chain")
     alice.send({"chatMessageSend": {"chatId": first, "tag": "Text", "content": "slow boom", "cookie": "boom"}})
     time.sleep(0.3)
@@ -360,10 +355,7 @@ def test_a_message_sent_while_its_chat_is_still_being_committed_lands_after_it(c
     # The chat's commit is held for a second; a message sent into it meanwhile is decided
     # and handed over behind it. It must update the chat and member rows that commit
     # inserts (not insert them again), and its events come after the chat's.
-    cluster.create_database("behind")
-    process, socket_path = start(cluster, "behind", scratch)
-    alice = Client(socket_path)
-    auth(alice, "alice")
+    process, alice = _alice_on(cluster, "behind", scratch)
     chat_with_bob(alice, "warm up")
     _slow_inserts(cluster, "behind")
     alice.send({"chatStart": {"cookie": "slow", "invitees": [{"userId": "bob"}], "subject": "slow chat"}})

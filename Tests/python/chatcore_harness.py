@@ -1,10 +1,12 @@
 """Shared helpers for the Python tests: start the real binary, talk to it over stdio or
 a Unix socket, and read what it answers."""
+import contextlib
 import json
 import os
 import queue
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -133,3 +135,22 @@ def global_value(events, name):
                 if element["name"] == name:
                     return element["value"]
     return None
+
+
+@contextlib.contextmanager
+def small_tmpfs(size, prefix="chatcore-full-"):
+    """A tmpfs of `size` (such as "24m") mounted on a new directory, which it yields, or
+    None when it cannot be mounted here (mounting needs root); unmounted at the end."""
+    if os.geteuid() != 0:
+        yield None
+        return
+    mount = tempfile.mkdtemp(prefix=prefix)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", mount], capture_output=True).returncode != 0:
+        os.rmdir(mount)
+        yield None
+        return
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", mount])
+        os.rmdir(mount)

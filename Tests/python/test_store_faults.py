@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from chatcore_harness import Client, auth, body, cookie_of, global_value, line, start_socket_server
+from chatcore_harness import Client, auth, body, cookie_of, global_value, line, small_tmpfs, start_socket_server
 from conftest import chatcore_binary
 
 STRACE = shutil.which("strace")
@@ -134,17 +134,10 @@ def fill(directory):
 
 @pytest.fixture
 def small_filesystem():
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tempfile.mkdtemp(prefix="chatcore-full-")
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", mount], capture_output=True).returncode != 0:
-        os.rmdir(mount)
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with small_tmpfs("24m") as mount:
+        if mount is None:
+            pytest.skip("cannot mount a tmpfs here (it needs root)")
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", mount])
-        os.rmdir(mount)
 
 
 def test_full_filesystem_under_load(small_filesystem):
