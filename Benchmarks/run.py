@@ -15,7 +15,10 @@ Nodes (Benchmarks/nodes.py): 1, 2 and 4 nodes on one PostgreSQL beside SQLite: d
 sends/s, request → Sent and cross-node delivery latency; and PostgreSQL alone (pgbench)
 committing batch-shaped transactions from 1, 2 and 4 connections.
 
-    python3 Benchmarks/run.py [codec] [engine] [store] [nodes]     (all when none is named)
+Search (Benchmarks/search.py): the same 200,000 messages in SQLite and in PostgreSQL, and
+the p50 / p99 of four kinds of search on each.
+
+    python3 Benchmarks/run.py [codec] [engine] [store] [nodes] [search]     (all when none is named)
 """
 import json
 import pathlib
@@ -86,7 +89,7 @@ def codec_rows(corpus):
 
 
 def main():
-    wanted = set(sys.argv[1:]) or {"codec", "engine", "store", "nodes"}
+    wanted = set(sys.argv[1:]) or {"codec", "engine", "store", "nodes", "search"}
     if "codec" in wanted:
         codec_table()
     if "engine" in wanted:
@@ -98,6 +101,10 @@ def main():
             print(f"{group:<48} {name:<32} {value:>20}")
     if "nodes" in wanted:
         nodes_table()
+    if "search" in wanted:
+        sys.path.insert(0, str(ROOT / "Benchmarks"))
+        import search
+        search.print_table()
     if "store" in wanted:
         sys.path.insert(0, str(ROOT / "Benchmarks"))
         import store

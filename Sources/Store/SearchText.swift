@@ -47,15 +47,23 @@ public enum SearchText {
     /// below every chat.
     public static let longKey: Int32 = 0x1F_FFFF
 
-    /// The keys a message holding `text` has (all of them: `keys(of:)`), at most three.
-    /// The query is lowered whole, as `SearchNeedle` lowers it: what the needle finds in a
-    /// candidate lowered character by character is a run of the candidate's scalars.
+    /// The keys a message holding `text` has (all of them: `keys(of:)`): its runs of
+    /// three, at most `maxQueryKeys` of them, spread over it. The query is lowered whole,
+    /// as `SearchNeedle` lowers it: what the needle finds in a candidate lowered character
+    /// by character is a run of the candidate's scalars.
     public static func queryKeys(_ text: String) -> [Int32] {
         let scalars = text.lowercased().unicodeScalars.map(\.value)
         guard scalars.count >= 3 else { return Array(Set(scalars.map { Int32($0) })).sorted() }
-        let starts = Set([0, (scalars.count - 3) / 2, scalars.count - 3])
-        return starts.sorted().map { triple(scalars[$0], scalars[$0 + 1], scalars[$0 + 2]) }
+        let runs = scalars.count - 2
+        let starts = Set((0..<min(runs, maxQueryKeys)).map { $0 * (runs - 1) / max(min(runs, maxQueryKeys) - 1, 1) })
+        return Array(Set(starts.map { triple(scalars[$0], scalars[$0 + 1], scalars[$0 + 2]) })).sorted()
     }
+
+    /// The most runs of three a query looks for. Three let a phrase of common words
+    /// ("coffee deadline") match every message holding both words anywhere, all of which
+    /// the needle then reads and refuses; more narrow the candidates to those holding the
+    /// words' joins, at the cost of one more GIN entry each.
+    public static let maxQueryKeys = 8
 
     /// The key of a chat: at 0x200000 and above, apart from characters, runs and `longKey` (chats
     /// past 2³¹ − 0x200000 share keys, and are told apart by their numbers).

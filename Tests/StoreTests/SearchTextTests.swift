@@ -34,7 +34,15 @@ final class SearchTextTests: XCTestCase {
         XCTAssertNotEqual(SearchText.scope(3), SearchText.scope(4))
         XCTAssertEqual(SearchText.queryKeys("BC"), [0x62, 0x63])
         XCTAssertEqual(SearchText.queryKeys("abcd").count, 2)
-        XCTAssertEqual(SearchText.queryKeys("abcdefg").count, 3)
+        XCTAssertEqual(SearchText.queryKeys("abcdefg").count, 5)
+        // A long query looks for runs spread over all of it, its first and last included.
+        let long = "coffee deadline tomorrow"
+        let runs = Set(SearchText.keys(of: long, chat: 1).filter { $0 < 0 })
+        let asked = SearchText.queryKeys(long)
+        XCTAssertEqual(asked.count, SearchText.maxQueryKeys)
+        XCTAssertTrue(Set(asked).isSubset(of: runs))
+        XCTAssertTrue(asked.contains(SearchText.keys(of: "cof", chat: 1).first { $0 < 0 }!))
+        XCTAssertTrue(asked.contains(SearchText.keys(of: "row", chat: 1).first { $0 < 0 }!))
     }
 
     /// Past `maxKeys` a text is filed under its chat and `longKey` only (its keys would
