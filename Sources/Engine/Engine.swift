@@ -492,15 +492,11 @@ public final class Engine: @unchecked Sendable {
             deliver(batch, then: barriers)
             return
         }
-        // A batch that wrote nothing behind commits in flight waits for them, in order.
-        let follows = inFlight.last { !$0.rows.isEmpty }?.rows.sequence
-        if !batch.store.isEmpty {
-            lastSequence += 1
-            batch.store.sequence = lastSequence
-            batch.store.follows = follows
-        }
+        // The store applies it only after the last commit in flight, and only if that is.
+        batch.store.follows = inFlight.last { !$0.rows.isEmpty }?.rows.sequence
         let commit = Commit(batch: batch, counters: counters, barriers: barriers)
         inFlight.append(commit)
+        // A batch that wrote nothing behind commits in flight waits for them, in order.
         guard !commit.rows.isEmpty else {
             commit.finish()
             return
@@ -664,8 +660,6 @@ public final class Engine: @unchecked Sendable {
         let counters = collect(batch)
         if !batch.store.isEmpty {
             // Nothing is in flight (callers settle first): it follows no commit.
-            lastSequence += 1
-            batch.store.sequence = lastSequence
             let started = ContinuousClock.now
             do {
                 try store.commit(batch.store)
@@ -680,10 +674,15 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    /// Turns what the batch changed into its store rows; returns the counters they hold.
+    /// Turns what the batch changed into its store rows, numbered as the next commit when
+    /// there are any (`StoreBatch.sequence`); returns the counters they hold.
     private func collect(_ batch: Batch) -> StoreCounters {
         let counters = StoreCounters(changeSeq: changeSeq, searchRow: lastSearchRow)
         batch.collectRows(counters: counters == storedCounters ? nil : counters)
+        if !batch.store.isEmpty {
+            lastSequence += 1
+            batch.store.sequence = lastSequence
+        }
         return counters
     }
 

@@ -308,7 +308,7 @@ extension PostgresStore: ChatStore {
         early.newMessages = batch.newMessages
         var rest = batch
         rest.newMessages = []
-        _ = try run(connection, "BEGIN")
+        try run(connection, "BEGIN")
         let first = OneStatement(connection: connection, store: self)
         write(early, first)
         try first.send { binds in fence(&binds) }
@@ -320,7 +320,7 @@ extension PostgresStore: ChatStore {
             write(rest, second)
             try second.send { _ in "SELECT 1" }
         }
-        _ = try run(connection, "COMMIT")
+        try run(connection, "COMMIT")
     }
 
     /// The search index's rows (`PostgresSearchIndex`): a new searchable message's keys,

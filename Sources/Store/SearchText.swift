@@ -21,7 +21,7 @@ public enum SearchText {
     /// The keys under which an index files a message of `chat` (its `scope`): each distinct
     /// character (its scalar value, 0 to 0x10FFFF) and each distinct run of three (hashed,
     /// negative) of the lowered text. A query of one or two characters looks for those
-    /// characters, a longer one for three of its runs of three (`queryKeys`): every
+    /// characters, a longer one for some of its runs of three (`queryKeys`): every
     /// message that holds the query has its keys.
     ///
     /// A text with more than `maxKeys` of them (several kilobytes of varied text: random
@@ -55,7 +55,8 @@ public enum SearchText {
         let scalars = text.lowercased().unicodeScalars.map(\.value)
         guard scalars.count >= 3 else { return Array(Set(scalars.map { Int32($0) })).sorted() }
         let runs = scalars.count - 2
-        let starts = Set((0..<min(runs, maxQueryKeys)).map { $0 * (runs - 1) / max(min(runs, maxQueryKeys) - 1, 1) })
+        let asked = min(runs, maxQueryKeys)
+        let starts = (0..<asked).map { $0 * (runs - 1) / max(asked - 1, 1) }
         return Array(Set(starts.map { triple(scalars[$0], scalars[$0 + 1], scalars[$0 + 2]) })).sorted()
     }
 
