@@ -116,6 +116,16 @@ def client_seconds():
     return usage.ru_utime + usage.ru_stime
 
 
+def receive(session, count):
+    """Reads `session`'s events until `count` messages were added to its lists (its own
+    sends answered, or others' received)."""
+    for line in session.reader:
+        if line.startswith(b'{"listAdd":{"type":"chatMessage"'):
+            count -= 1
+            if count == 0:
+                return
+
+
 def sends(paths, senders=40, each=1500, usage=None):
     """Durable sends/s; with `usage` (node pids, cluster) also the cores each side used:
     nodes, PostgreSQL, clients."""
@@ -123,16 +133,7 @@ def sends(paths, senders=40, each=1500, usage=None):
     for n in range(senders):
         session = Session(paths[n % len(paths)], f"sender{n}")
         sessions.append((session, session.start_chat(f"peer{n}")))
-    counts = [0] * senders
-
-    def drain(index, session):
-        for line in session.reader:
-            if line.startswith(b'{"listAdd":{"type":"chatMessage"'):
-                counts[index] += 1
-                if counts[index] == each:
-                    return
-
-    readers = [threading.Thread(target=drain, args=(i, s)) for i, (s, _) in enumerate(sessions)]
+    readers = [threading.Thread(target=receive, args=(s, each)) for s, _ in sessions]
     for reader in readers:
         reader.start()
     started = time.perf_counter()

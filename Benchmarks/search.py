@@ -6,8 +6,6 @@ pass; PostgreSQL vacuumed and analyzed after the load, as autovacuum would be). 
 p99 of request → `searchResult` (100 results at most), release build, both
 stores filled the same way in one run.
 """
-import json
-import os
 import random
 import statistics
 import tempfile
@@ -35,16 +33,7 @@ def fill(path):
         chat = peer.start_chat("reader")
         peers.append((peer, chat))
     rare = (rng.randrange(CHATS), rng.randrange(PER_CHAT))
-    counts = [0] * CHATS
-
-    def drain(index, session):
-        for line in session.reader:
-            if line.startswith(b'{"listAdd":{"type":"chatMessage"'):
-                counts[index] += 1
-                if counts[index] == PER_CHAT:
-                    return
-
-    readers = [threading.Thread(target=drain, args=(i, peer)) for i, (peer, _) in enumerate(peers)]
+    readers = [threading.Thread(target=nodes.receive, args=(peer, PER_CHAT)) for peer, _ in peers]
     for thread in readers:
         thread.start()
     for index, (peer, chat) in enumerate(peers):

@@ -153,12 +153,7 @@ def test_a_statement_failing_inside_a_commit_applies_nothing_of_it(cluster, scra
     alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "before", "cookie": "b1"}},
                {"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "boom", "cookie": "b2"}},
                {"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "beside", "cookie": "b3"}})
-    outcomes = {}
-    for cookie in ("b1", "b2", "b3"):
-        for event in alice.answer(cookie):
-            name, value = next(iter(event.items()))
-            if value.get("cookie") == cookie:
-                outcomes[cookie] = name if name != "requestFailed" else value["error"]
+    outcomes = {cookie: _outcome(alice, cookie) for cookie in ("b1", "b2", "b3")}
     assert outcomes["b2"] == "Internal"
     stored = set(cluster.psql(f"SELECT content FROM message WHERE chat = {int(chat)} AND tag = 'Text'", database="fault").split())
     assert "boom" not in stored
@@ -318,6 +313,7 @@ def _slow_inserts(cluster, database):
 
 
 def _outcome(client, cookie):
+    """How the request with `cookie` was answered: the answer's name, or its error."""
     for event in client.answer(cookie, timeout=60):
         name, value = next(iter(event.items()))
         if value.get("cookie") == cookie:
