@@ -434,10 +434,10 @@ public final class PostgresStore: @unchecked Sendable {
         thread.start()
     }
 
-    /// Takes the next writer epoch (holding the writer lock). The increment waits for a
-    /// commit of the previous writer that holds a share lock on the row, so what this
-    /// process reads next includes it, and every commit of the previous writer that
-    /// reaches the row later fails its fence.
+    /// Takes the next writer epoch (holding the writer lock), and removes the previous
+    /// writer's address. The increment waits for a commit of the previous writer that
+    /// holds a share lock on the row, so what this process reads next includes it, and
+    /// every commit of the previous writer that reaches the row later fails its fence.
     private func takeEpoch(_ connection: PostgresConnection) throws -> Int64 {
         let rows = try run(connection, "UPDATE writer_epoch SET epoch = epoch + 1, since = now() WHERE id = 1 RETURNING epoch")
         guard let taken = try rows.first?.decode(Int64.self) else {
@@ -446,6 +446,11 @@ public final class PostgresStore: @unchecked Sendable {
         var binds = Binds()
         try run(connection, "INSERT INTO writer_beat (id, node, epoch, beat) VALUES (1, \(binds.add(PostgresStore.nodeName)), \(binds.add(taken)), now()) "
                 + "ON CONFLICT (id) DO UPDATE SET node = EXCLUDED.node, epoch = EXCLUDED.epoch, beat = EXCLUDED.beat", binds)
+        // Where the previous writer accepted connections is not where this one will:
+        // relaying nodes wait for this writer's own address (`advertise`, once it serves)
+        // instead of relaying to the old one, or to a new process bound there that is not
+        // serving yet, with the old credential.
+        try run(connection, "DELETE FROM writer_node")
         logger.debug("took the writer epoch", metadata: ["epoch": "\(taken)"])
         return taken
     }

@@ -19,6 +19,11 @@ public final class FollowerProxy: @unchecked Sendable {
     private let lock = NIOLock()
     private var listeners: [Channel] = []
     private var connections: [ObjectIdentifier: Channel] = [:]
+    /// The last answer of `writer` and when it came: connections waiting for a writer ask
+    /// every 200 ms, and each answer costs a database connection, so it is shared.
+    private var lastLookup: (address: ListenAddress?, at: NIODeadline)?
+    /// Held while `writer` is asked (one at a time; the others take its answer).
+    private let lookupLock = NIOLock()
 
     public init(group: MultiThreadedEventLoopGroup, writer: @escaping @Sendable () -> ListenAddress?, logger: Logger) {
         self.group = group
@@ -64,12 +69,35 @@ public final class FollowerProxy: @unchecked Sendable {
         }
     }
 
-    /// Connects `client` to the writer and relays both ways; closes `client` when no
-    /// writer can be reached.
-    private func relay(_ client: Channel) {
-        guard let address = writer() else {
-            logger.warning("no node serves the store yet: closing a connection")
-            client.close(promise: nil)
+    /// How long a connection waits for a writer that can be reached, and so does a
+    /// relayed standard input/output session: the writer may be starting (it advertises
+    /// where it accepts connections once it serves) or taking over from one that went.
+    public static let writerPatience: TimeAmount = .seconds(30)
+
+    /// Whether `channel` is tracked: not closed, and the proxy not stopped.
+    private func isOpen(_ channel: Channel) -> Bool {
+        lock.withLock { connections[ObjectIdentifier(channel)] != nil }
+    }
+
+    /// Connects `client` to the writer and relays both ways. While no writer can be
+    /// reached (none has advertised yet, or the one advertised does not answer), tries
+    /// again every 200 ms, `client` waiting (nothing is read from it), and closes `client`
+    /// after `writerPatience`.
+    private func relay(_ client: Channel, deadline: NIODeadline = .now() + FollowerProxy.writerPatience) {
+        let logger = self.logger
+        @Sendable func tryAgain(_ problem: String) {
+            guard NIODeadline.now() < deadline else {
+                logger.warning("no writer node could be reached: closing a connection", metadata: ["problem": "\(problem)"])
+                client.close(promise: nil)
+                return
+            }
+            DispatchQueue.global().asyncAfter(deadline: .now() + 0.2) {
+                // Unless the client went away, or the proxy stopped, meanwhile.
+                if self.isOpen(client) { self.relay(client, deadline: deadline) }
+            }
+        }
+        guard let address = currentWriter() else {
+            tryAgain("no node serves the store yet")
             return
         }
         let bootstrap = ClientBootstrap(group: client.eventLoop)
@@ -80,18 +108,19 @@ public final class FollowerProxy: @unchecked Sendable {
         case .tcp(let host, let port): connecting = bootstrap.connect(host: host, port: port)
         case .unix(let path): connecting = bootstrap.connect(unixDomainSocketPath: path)
         }
-        let logger = self.logger
         connecting.whenComplete { result in
             switch result {
             case .failure(let error):
-                logger.warning("cannot reach the writer node: closing a connection", metadata: ["writer": "\(address)", "error": "\(error)"])
-                client.close(promise: nil)
+                tryAgain("cannot reach the writer node at \(address): \(error)")
             case .success(let upstream):
                 self.track(upstream)
                 let toWriter = Relay(partner: upstream)
                 let toClient = Relay(partner: client)
                 do {
+                    // On the client's event loop: a client that went away while this
+                    // connected does not leave the upstream open.
                     try client.pipeline.syncOperations.addHandler(toWriter)
+                    guard self.isOpen(client) else { throw ChannelError.ioOnClosedChannel }
                 } catch {
                     client.close(promise: nil)
                     upstream.close(promise: nil)
@@ -106,6 +135,17 @@ public final class FollowerProxy: @unchecked Sendable {
                     client.setOption(.autoRead, value: true).whenComplete { _ in }
                 }
             }
+        }
+    }
+
+    /// Where the writer accepts connections: `writer`'s answer, asked again once it is
+    /// 200 ms old.
+    private func currentWriter() -> ListenAddress? {
+        lookupLock.withLock {
+            if let lastLookup, NIODeadline.now() - lastLookup.at < .milliseconds(200) { return lastLookup.address }
+            let address = writer()
+            lastLookup = (address, .now())
+            return address
         }
     }
 }

@@ -392,12 +392,13 @@ struct Serve: AsyncParsableCommand {
     }
 
     /// This node's standard input/output session, relayed to the writer of the shared
-    /// store (which may still be starting: its address is awaited up to 30 s). Returns the
-    /// exit code: 0 once the input ended and the writer answered all of it, 1 when the
-    /// writer went first (the session is over: its client starts chatcore again, which
-    /// then serves by itself or relays to the next writer).
+    /// store (which may still be starting: its address is awaited for
+    /// `FollowerProxy.writerPatience`). Returns the exit code: 0 once the input ended and
+    /// the writer answered all of it, 1 when the writer went first (the session is over:
+    /// its client starts chatcore again, which then serves by itself or relays to the
+    /// next writer).
     private func relayStandardIO(_ location: PostgresStore.Location, logger: Logger) -> Int32 {
-        let deadline = ContinuousClock.now + .seconds(30)
+        let deadline = ContinuousClock.now + .nanoseconds(FollowerProxy.writerPatience.nanoseconds)
         var relay: StdioRelay?
         var problem = "no writer has said where it accepts connections"
         while relay == nil {

@@ -5,6 +5,7 @@ One node at a time holds the database's writer lock and runs the engine; the oth
 the connections they accept to it, byte for byte, and take over when it goes (SIGKILL
 included: PostgreSQL releases a dead session's lock)."""
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -617,3 +618,63 @@ def test_the_search_index_is_the_databases_so_a_node_that_takes_over_searches_at
     assert not any(name.startswith("search.sqlite") for name in os.listdir(os.path.join(scratch, "follow-b")))
     alice.close()
     assert relay.stop() == 0
+
+
+def test_a_client_of_a_relaying_node_waits_for_the_next_writer_while_it_starts(cluster, scratch):
+    """The writer dies; one relaying node takes over and is held (the test locks the chat
+    table, which it reads before it serves); a client connects meanwhile to the other
+    relaying node. The old writer's address must be gone (the next writer removes it when
+    it takes its epoch), and the client must wait for the new writer, not be closed: it
+    used to be relayed to the dead writer's address and closed at once."""
+    writer, first = two_nodes(cluster, scratch, "handover")
+    second = Node(cluster.database_url("handover"), scratch, "handover-c")
+    second.wait_until_logged("relaying connections to it")
+    alice = Client(writer.socket)
+    auth(alice, "alice")
+    chat = chat_with_bob(alice, "handover")
+    alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "before", "cookie": "before"}})
+    alice.close()
+
+    def value(sql):
+        return cluster.psql(sql, database="handover").strip()
+
+    epoch = int(value("SELECT epoch FROM writer_epoch"))
+    holder = subprocess.Popen(["psql", "-h", cluster.socket_directory, "-p", str(cluster.port), "-U", cluster.USER, "-d", "handover",
+                               "-qAt", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        holder.stdin.write("BEGIN; LOCK TABLE chat IN ACCESS EXCLUSIVE MODE;\n")
+        holder.stdin.flush()
+        deadline = time.time() + 20
+        while value("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'chat' AND l.mode = 'AccessExclusiveLock' AND l.granted") != "1":
+            assert time.time() < deadline, "the test holds the chat table"
+            time.sleep(0.05)
+        writer.process.kill()
+        writer.process.wait()
+        deadline = time.time() + 20
+        while int(value("SELECT epoch FROM writer_epoch")) == epoch:
+            assert time.time() < deadline, "no node took the next epoch"
+            time.sleep(0.05)
+        taking, relaying = (first, second) if "this node holds the writer lock now" in first.logged() else (second, first)
+        assert "this node holds the writer lock now" in taking.logged()
+        assert value("SELECT count(*) FROM writer_node") == "0", "the dead writer's address is still advertised"
+        carol = Client(relaying.socket)
+        carol.send({"authToken": {"userId": "alice", "authToken": "any", "cookie": "auth"}},
+                   {"identitiesGet": {"cookie": "auth-sync", "appUserIds": ["alice"]}})
+        time.sleep(1.5)
+        assert not carol.closed.is_set(), "the relaying node closed a client while the next writer was starting\n" + relaying.logged()
+        assert "this node is the writer" not in taking.logged()
+        holder.stdin.write("COMMIT;\n")
+        holder.stdin.close()
+        assert holder.wait(timeout=10) == 0
+    finally:
+        holder.kill()
+    try:
+        carol.answer("auth-sync")
+    except queue.Empty:
+        pytest.fail("the waiting client was not served once the next writer served\n" + relaying.logged())
+    answer = carol.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
+    added = [e for e in answer if "listAdd" in e and body(e).get("cookie") == "after"]
+    assert added, answer
+    carol.close()
+    assert relaying.stop() == 0
+    assert taking.stop() == 0
