@@ -39,6 +39,10 @@ final class MessageCache {
     /// Records with changes not committed yet, with the latest batch that changed each:
     /// never evicted.
     private var pinned: [Key: Int] = [:]
+    /// The keys each batch pinned, oldest batch first: what `unpin(through:)` looks at,
+    /// so that it costs what those batches changed, not what every batch in flight did
+    /// (it used to filter all of `pinned` for each commit: 7% of the engine thread).
+    private var pinnedBy: [(batch: Int, keys: [Key])] = []
 
     init(budget: Int) {
         self.budget = budget
@@ -75,26 +79,35 @@ final class MessageCache {
         linkAsNewest(node)
     }
 
-    /// The record has changes the store does not have yet, made by batch `batch`: kept
-    /// until `unpin(through:)` that batch.
+    /// The record has changes the store does not have yet, made by batch `batch` (the
+    /// batch being decided, the newest): kept until `unpin(through:)` that batch.
     func pin(_ record: MessageRecord, batch: Int) {
         let key = Key(chat: record.chat, id: record.id)
         if nodes[key]?.record !== record { put(record) }
-        pinned[key] = batch
+        guard pinned.updateValue(batch, forKey: key) != batch else { return }
+        if pinnedBy.last?.batch == batch {
+            pinnedBy[pinnedBy.count - 1].keys.append(key)
+        } else {
+            pinnedBy.append((batch, [key]))
+        }
     }
 
     /// Batches up to `batch` were committed: what only they changed is no longer pinned
     /// (a later batch being decided while they committed keeps its own). The records
     /// that were (they changed) are measured again.
     func unpin(through batch: Int) {
-        pinned = pinned.filter { key, pinnedBy in
-            guard pinnedBy <= batch else { return true }
-            if let node = nodes[key] {
-                let size = MessageCache.size(of: node.record)
-                bytes += size - node.size
-                node.size = size
+        while let first = pinnedBy.first, first.batch <= batch {
+            pinnedBy.removeFirst()
+            for key in first.keys {
+                // Pinned again by a later batch: that one keeps it.
+                guard let pinnedBy = pinned[key], pinnedBy <= batch else { continue }
+                pinned[key] = nil
+                if let node = nodes[key] {
+                    let size = MessageCache.size(of: node.record)
+                    bytes += size - node.size
+                    node.size = size
+                }
             }
-            return false
         }
     }
 
@@ -113,6 +126,7 @@ final class MessageCache {
     func removeAll() {
         nodes.removeAll()
         pinned.removeAll()
+        pinnedBy.removeAll()
         newest = nil
         oldest = nil
         bytes = 0

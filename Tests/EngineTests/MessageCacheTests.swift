@@ -63,6 +63,29 @@ final class MessageCacheTests: XCTestCase {
         XCTAssertEqual(cache.count, 0)
     }
 
+    /// One commit can settle several batches at once (`unpin(through:)` a later one): what
+    /// each of them pinned goes, what a batch after them pinned again stays, and a record
+    /// that grew while pinned counts its new size once let go.
+    func testUnpinningThroughABatchLetsGoOfEveryBatchBeforeIt() {
+        let records = (Int64(1)...4).map(record)
+        let pins: [(record: MessageRecord, batch: Int)] = [(records[0], 1), (records[1], 2), (records[2], 2), (records[3], 3), (records[2], 4)]
+        let cache = MessageCache(budget: 1 << 30)
+        for pin in pins { cache.pin(pin.record, batch: pin.batch) }
+        let before = cache.bytes
+        records[1].content = String(repeating: "y", count: 5000)
+        cache.unpin(through: 3)
+        XCTAssertGreaterThan(cache.bytes, before + 4000, "the grown record is measured again")
+        let budget = MessageCache(budget: 0)
+        for pin in pins { budget.pin(pin.record, batch: pin.batch) }
+        budget.unpin(through: 3)
+        budget.trim()
+        XCTAssertEqual(budget.count, 1)
+        XCTAssertTrue(budget.get(chat: 1, id: 3) === records[2], "pinned by batch 4, which is not committed")
+        budget.unpin(through: 4)
+        budget.trim()
+        XCTAssertEqual(budget.count, 0)
+    }
+
     /// With no cache at all, the batch decided while the one before it is committed reads
     /// that batch's messages from memory (the store does not have them yet), and a query
     /// the store answers waits for the commit.
