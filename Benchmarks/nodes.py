@@ -9,7 +9,9 @@ connections to the writer (README "Several nodes on PostgreSQL"), so this measur
 relay hop costs and shows that sends do not scale with nodes: one engine decides. The last
 column is how many cores the nodes, PostgreSQL and this benchmark's own clients used
 during the sends (from /proc and getrusage): when they add up to the machine's cores, the
-machine is the limit.
+machine is the limit. The last is the deciding node's engine thread: the share of the
+wall time it was on a core, and the sends/s at which it would be busy all the time (the
+bound one engine puts on sends, whatever the cores around it).
 """
 import json
 import os
@@ -92,6 +94,25 @@ def cpu_seconds(pids):
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def thread_seconds(pid, name):
+    """CPU time (user + system) the threads of process `pid` named `name` used so far."""
+    ticks = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                comm, fields = f.read().split("(", 1)[1].rsplit(")", 1)
+            if comm == name:
+                fields = fields.split()
+                ticks += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def cluster_pids(cluster):
     """The postmaster of `cluster` and its children (backends, WAL writer, ...)."""
     if cluster is None:
@@ -128,7 +149,8 @@ def receive(session, count):
 
 def sends(paths, senders=40, each=1500, usage=None):
     """Durable sends/s; with `usage` (node pids, cluster) also the cores each side used:
-    nodes, PostgreSQL, clients."""
+    nodes, PostgreSQL, clients, and the share of the wall time the deciding node's (the
+    first's) engine thread was on a core."""
     sessions = []
     for n in range(senders):
         session = Session(paths[n % len(paths)], f"sender{n}")
@@ -140,7 +162,7 @@ def sends(paths, senders=40, each=1500, usage=None):
     writers = [threading.Thread(target=s.send, args=tuple({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"m{k}", "cookie": f"c{k}"}}
                                                            for k in range(each))) for s, chat in sessions]
     measured = usage and (usage[0], cluster_pids(usage[1]))
-    before = measured and (cpu_seconds(measured[0]), cpu_seconds(measured[1]), client_seconds())
+    before = measured and (cpu_seconds(measured[0]), cpu_seconds(measured[1]), client_seconds(), thread_seconds(measured[0][0], "engine"))
     for writer in writers:
         writer.start()
     for reader in readers:
@@ -150,7 +172,7 @@ def sends(paths, senders=40, each=1500, usage=None):
         # PostgreSQL's processes again: a backend that started during the sends (the
         # node's second commit connection) counts whole.
         usage[2:] = [(cpu_seconds(measured[0]) - before[0]) / seconds, (cpu_seconds(cluster_pids(usage[1])) - before[1]) / seconds,
-                     (client_seconds() - before[2]) / seconds]
+                     (client_seconds() - before[2]) / seconds, (thread_seconds(measured[0][0], "engine") - before[3]) / seconds]
     for session, _ in sessions:
         session.close()
     return senders * each / seconds
@@ -197,7 +219,7 @@ def measure(paths, processes, cluster=None):
     usage = [[p.pid for p in processes], cluster]
     rate = sends(paths, usage=usage)
     sent, delivered = latencies(paths[0], paths[-1])
-    return rate, sent, delivered, usage[2], usage[3] if cluster else None, usage[4]
+    return rate, sent, delivered, usage[2], usage[3] if cluster else None, usage[4], usage[5]
 
 
 def rows():
@@ -272,13 +294,18 @@ def headroom(connections=(1, 2, 4), seconds=5):
 
 
 HEADER = (f"{'store, nodes':<22} {'durable sends/s (60,000)':>26} {'request → Sent p50/p99':>24} {'cross-node delivery p50/p99':>28}"
-          f" {'cores: nodes / PostgreSQL / clients':>36}")
+          f" {'cores: nodes / PostgreSQL / clients':>36} {'engine thread busy → its bound':>32}")
 
 
-def line(name, rate, sent, delivered, node_cores, database_cores, client_cores):
+def line(name, rate, sent, delivered, node_cores, database_cores, client_cores, engine_busy):
+    """One row. The last column is the share of the sends' wall time the deciding node's
+    engine thread was on a core, and the sends/s at which it would be busy all the time
+    (the rate over that share: the bound one engine puts on sends, whatever the cores
+    around it; a low estimate, as a busier engine decides larger batches)."""
     database = "-" if database_cores is None else f"{database_cores:.2f}"
+    bound = f"{rate / engine_busy:>8,.0f}" if engine_busy > 0 else f"{'-':>8}"
     return (f"{name:<22} {rate:>26,.0f} {sent[0]:>11.2f} / {sent[1]:.2f} ms {delivered[0]:>14.2f} / {delivered[1]:.2f} ms"
-            f" {node_cores:>19.2f} / {database:>4} / {client_cores:.2f}")
+            f" {node_cores:>19.2f} / {database:>4} / {client_cores:.2f} {engine_busy * 100:>20.0f}% → {bound}")
 
 
 def print_headroom():
