@@ -21,6 +21,21 @@ from chatcore_harness import Client, auth, body
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
 
+# Every node a test started: those still running when it ends are killed (a failed test
+# would otherwise leave them serving).
+_started = []
+
+
+@pytest.fixture(autouse=True)
+def _no_node_outlives_its_test():
+    yield
+    while _started:
+        process = _started.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 class Node:
     def __init__(self, url, scratch, name, *arguments, stdio=False):
         """`stdio`: its standard input and output are pipes (a session with --user)."""
@@ -30,6 +45,7 @@ class Node:
         self.process = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, name), "--listen", "unix:" + self.socket,
                                          "--insecure-no-auth", "--store", url, *arguments],
                                         stdin=pipe, stdout=pipe, stderr=self.log)
+        _started.append(self.process)
         deadline = time.time() + 60
         while not os.path.exists(self.socket):
             assert self.process.poll() is None, self.logged()
@@ -84,6 +100,7 @@ class StdioClient(Client):
         process = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, name), "--insecure-no-auth",
                                     "--store", url, *arguments],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+        _started.append(process)
         return cls(process, log)
 
     def logged(self):
