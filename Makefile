@@ -5,7 +5,7 @@ LISTEN  ?= 127.0.0.1:7400
 DATA_DIR ?= $(or $(XDG_DATA_HOME),$(HOME)/.local/share)/chatcore
 RELEASE := .build/release/chatcore
 
-.PHONY: help setup build run test test-swift test-python test-node test-postgres test-postgres-if-available test-fuzz generate check-generated bench soak fuzz asan tsan clean
+.PHONY: help setup build run run-nodes test test-swift test-python test-node test-postgres test-postgres-if-available test-fuzz generate check-generated bench soak fuzz asan tsan clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ run: build ## set up, build and start the service on $(LISTEN) (any token accept
 	@echo "README.md walks two users through a chat; Examples/netcat.md shows more. Ctrl-C stops it."
 	@echo
 	exec $(RELEASE) serve --listen $(LISTEN) --data-dir $(DATA_DIR) --insecure-no-auth
+
+run-nodes: build ## set up, build and start two nodes on one throwaway PostgreSQL, on 127.0.0.1:7400 and 7401 (see README "Several nodes on PostgreSQL")
+	exec Examples/two-nodes.sh $(RELEASE) 7400
 
 test: setup test-swift test-python test-node test-postgres-if-available test-fuzz ## set up and run every test (the PostgreSQL store and a short fuzz run included)
 

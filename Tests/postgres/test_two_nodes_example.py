@@ -1,0 +1,97 @@
+"""`make run-nodes` (Examples/two-nodes.sh): two nodes on a throwaway PostgreSQL, as a
+newcomer runs it. Users on the two nodes chat; the deciding node is stopped and the other
+serves; Ctrl-C stops everything and leaves nothing behind."""
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import ROOT, real_binary
+from postgres_cluster import postgres_bin
+from chatcore_harness import body
+
+pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
+
+
+def free_port_pair():
+    """A port p such that p and p + 1 are free on loopback now."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port < 65535:
+            with socket.socket() as next_one:
+                try:
+                    next_one.bind(("127.0.0.1", port + 1))
+                    return port
+                except OSError:
+                    pass
+    raise RuntimeError("no two free ports in a row")
+
+
+class Line:
+    """A TCP session read line by line."""
+
+    def __init__(self, port, user):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.reader = self.sock.makefile("rb")
+        self.send({"authToken": {"userId": user, "authToken": "any"}}, {"identitiesGet": {"cookie": "ready", "appUserIds": [user]}})
+        self.until(lambda event: body(event).get("cookie") == "ready")
+
+    def send(self, *messages):
+        import json
+        self.sock.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
+
+    def until(self, done):
+        import json
+        for raw in self.reader:
+            event = json.loads(raw)
+            if done(event):
+                return event
+        raise AssertionError("the connection ended")
+
+
+def test_two_nodes_on_a_throwaway_postgresql_serve_one_domain_and_stop_cleanly():
+    port = free_port_pair()
+    script = subprocess.Popen([str(ROOT / "Examples" / "two-nodes.sh"), real_binary(), str(port)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output = []
+    try:
+        for text in script.stdout:
+            output.append(text)
+            if text.startswith("Ctrl-C stops everything"):
+                break
+        printed = "".join(output)
+        assert f"nc 127.0.0.1 {port + 1}" in printed, printed
+        directory = re.search(r"with PostgreSQL in (\S+)\.", printed).group(1)
+        writer = int(re.search(r"kill (\d+)", printed).group(1))
+
+        alice = Line(port, "alice")
+        bob = Line(port + 1, "bob")
+        alice.send({"chatStart": {"cookie": "c1", "invitees": [{"userId": "bob"}], "subject": "across nodes"}})
+        chat = bob.until(lambda e: "listAdd" in e and e["listAdd"]["type"] == "chat")["listAdd"]["elements"][0]
+        assert chat["subject"] == "across nodes"
+
+        # The deciding node goes; the other takes over, and bob, connecting again, is served.
+        os.kill(writer, signal.SIGKILL)
+        deadline = time.time() + 30
+        while True:
+            try:
+                bob = Line(port + 1, "bob")
+                break
+            except (OSError, AssertionError):
+                assert time.time() < deadline, "the second node did not serve after the first was killed"
+                time.sleep(0.2)
+        bob.send({"chatMessageSend": {"chatId": chat["chatId"], "tag": "Text", "content": "still here", "cookie": "m1"}})
+        sent = bob.until(lambda e: "listAdd" in e and body(e).get("cookie") == "m1")
+        assert sent["listAdd"]["elements"][0]["content"] == "still here"
+    finally:
+        os.killpg(script.pid, signal.SIGINT)
+        rest = script.communicate(timeout=60)[0]
+    assert script.returncode == 0, "".join(output) + rest
+    assert "stopped both nodes and PostgreSQL" in rest
+    assert not os.path.exists(directory)
