@@ -695,3 +695,57 @@ def test_a_client_of_a_relaying_node_waits_for_the_next_writer_while_it_starts(c
     carol.close()
     assert relaying.stop() == 0
     assert taking.stop() == 0
+
+
+def test_nodes_killed_and_replaced_one_after_another_under_load_lose_nothing_announced(cluster, scratch):
+    """Three nodes, and four rounds of senders spread over them, one message at a time
+    into one chat. In each round a node goes under load and a new one joins: the writer
+    (SIGKILL), a relaying node (SIGKILL), the writer (SIGTERM), the writer again
+    (SIGKILL). Every message announced Sent is kept under its id, and the chat's ids stay
+    consecutive with none twice, across three takeovers."""
+    cluster.create_database("rounds")
+    url = cluster.database_url("rounds")
+    names = iter(range(100))
+
+    def join():
+        return Node(url, scratch, f"rounds-{next(names)}")
+
+    nodes = [join()]
+    nodes[0].wait_until_logged("this node is the writer")
+    nodes += [join(), join()]
+    for node in nodes[1:]:
+        node.wait_until_logged("relaying connections to it")
+    alice = _connect_when_serving(nodes[0], "alice")
+    chat = chat_with_bob(alice, "rounds")
+    alice.close()
+    announced = {}
+    for number, (goes, how) in enumerate([("writer", signal.SIGKILL), ("relay", signal.SIGKILL), ("writer", signal.SIGTERM),
+                                         ("writer", signal.SIGKILL)]):
+        clients = {f"r{number}c{k}-": _connect_when_serving(nodes[k % len(nodes)], ("alice", "bob")[k % 2]) for k in range(4)}
+        # A sender whose connection went waits this long for its answer, then stops.
+        threads, sent = send_until_gone(chat, clients, answer_timeout=3)
+        time.sleep(1.5)
+        deadline = time.time() + 30
+        # A writer serves its own clients just before it advertises itself.
+        while not (address := cluster.psql("SELECT address FROM writer_node", database="rounds").strip()):
+            assert time.time() < deadline, "no writer advertised"
+            time.sleep(0.05)
+        writer = next(node for node in nodes if address.endswith(node.socket))
+        victim = writer if goes == "writer" else next(node for node in nodes if node is not writer)
+        victim.process.send_signal(how)
+        assert victim.process.wait(timeout=60) == (0 if how == signal.SIGTERM else -how), victim.logged()
+        nodes.remove(victim)
+        time.sleep(1)
+        for client in clients.values():
+            client.close()
+        for thread in threads:
+            thread.join(timeout=60)
+            assert not thread.is_alive(), "a sender got no answer and no close"
+        assert len(sent) > 20, (number, goes, len(sent))
+        announced.update(sent)
+        nodes.append(join())
+    checker = _connect_when_serving(nodes[-1], "alice")
+    assert_kept(checker, chat, announced)
+    checker.close()
+    for node in nodes:
+        assert node.stop() == 0, node.logged()
