@@ -62,6 +62,10 @@ def start_socket_server(data_dir, path, *arguments, prefix=()):
     raise AssertionError("chatcore did not listen on %s" % path)
 
 
+class ConnectionEnded(queue.Empty, ConnectionError):
+    """The connection ended before the answer waited for came."""
+
+
 class Client:
     """One socket session; a thread reads its events into a queue."""
 
@@ -98,11 +102,20 @@ class Client:
         self.sock.sendall(b"".join(line(message) for message in messages))
 
     def answer(self, cookie, timeout=30):
-        """Events up to the end of the answer with `cookie` (see `ends_answer`)."""
+        """Events up to the end of the answer with `cookie` (see `ends_answer`). Raises
+        `queue.Empty` when it does not come within `timeout` seconds, and
+        `ConnectionEnded` (a `queue.Empty` too) as soon as the connection ended without it."""
         got = []
         deadline = time.time() + timeout
         while True:
-            event = self.events.get(timeout=max(0.01, deadline - time.time()))
+            try:
+                event = self.events.get(timeout=max(0.01, min(0.1, deadline - time.time())))
+            except queue.Empty:
+                if self.closed.is_set() and self.events.empty():
+                    raise ConnectionEnded(f"the connection ended before the answer to {cookie!r}: {got}") from None
+                if time.time() >= deadline:
+                    raise
+                continue
             got.append(event)
             if ends_answer(event, cookie):
                 return got
