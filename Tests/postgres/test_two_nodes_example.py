@@ -2,6 +2,7 @@
 newcomer runs it. Users on the two nodes chat; the deciding node is stopped and the other
 serves; Ctrl-C stops everything and leaves nothing behind."""
 import os
+import queue
 import re
 import signal
 import socket
@@ -12,7 +13,7 @@ import pytest
 
 from conftest import ROOT, real_binary
 from postgres_cluster import postgres_bin
-from chatcore_harness import body
+from chatcore_harness import Client, auth, body
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
@@ -33,28 +34,6 @@ def free_port_pair():
     raise RuntimeError("no two free ports in a row")
 
 
-class Line:
-    """A TCP session read line by line."""
-
-    def __init__(self, port, user):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-        self.reader = self.sock.makefile("rb")
-        self.send({"authToken": {"userId": user, "authToken": "any"}}, {"identitiesGet": {"cookie": "ready", "appUserIds": [user]}})
-        self.until(lambda event: body(event).get("cookie") == "ready")
-
-    def send(self, *messages):
-        import json
-        self.sock.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
-
-    def until(self, done):
-        import json
-        for raw in self.reader:
-            event = json.loads(raw)
-            if done(event):
-                return event
-        raise AssertionError("the connection ended")
-
-
 def test_two_nodes_on_a_throwaway_postgresql_serve_one_domain_and_stop_cleanly():
     port = free_port_pair()
     script = subprocess.Popen([str(ROOT / "Examples" / "two-nodes.sh"), real_binary(), str(port)], stdout=subprocess.PIPE,
@@ -70,10 +49,12 @@ def test_two_nodes_on_a_throwaway_postgresql_serve_one_domain_and_stop_cleanly()
         directory = re.search(r"with PostgreSQL in (\S+)\.", printed).group(1)
         writer = int(re.search(r"kill (\d+)", printed).group(1))
 
-        alice = Line(port, "alice")
-        bob = Line(port + 1, "bob")
+        alice = Client(("127.0.0.1", port))
+        auth(alice, "alice")
+        bob = Client(("127.0.0.1", port + 1))
+        auth(bob, "bob")
         alice.send({"chatStart": {"cookie": "c1", "invitees": [{"userId": "bob"}], "subject": "across nodes"}})
-        chat = bob.until(lambda e: "listAdd" in e and e["listAdd"]["type"] == "chat")["listAdd"]["elements"][0]
+        chat = body(bob.next_event(lambda e: "listAdd" in e and body(e)["type"] == "chat"))["elements"][0]
         assert chat["subject"] == "across nodes"
 
         # The deciding node goes; the other takes over, and bob, connecting again, is served.
@@ -81,14 +62,14 @@ def test_two_nodes_on_a_throwaway_postgresql_serve_one_domain_and_stop_cleanly()
         deadline = time.time() + 30
         while True:
             try:
-                bob = Line(port + 1, "bob")
+                bob = Client(("127.0.0.1", port + 1))
+                auth(bob, "bob")
                 break
-            except (OSError, AssertionError):
+            except (OSError, queue.Empty):
                 assert time.time() < deadline, "the second node did not serve after the first was killed"
                 time.sleep(0.2)
-        bob.send({"chatMessageSend": {"chatId": chat["chatId"], "tag": "Text", "content": "still here", "cookie": "m1"}})
-        sent = bob.until(lambda e: "listAdd" in e and body(e).get("cookie") == "m1")
-        assert sent["listAdd"]["elements"][0]["content"] == "still here"
+        answer = bob.request({"chatMessageSend": {"chatId": chat["chatId"], "tag": "Text", "content": "still here", "cookie": "m1"}})
+        assert any("listAdd" in e and body(e)["elements"][0].get("content") == "still here" for e in answer), answer
     finally:
         os.killpg(script.pid, signal.SIGINT)
         rest = script.communicate(timeout=60)[0]

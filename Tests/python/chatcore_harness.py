@@ -70,8 +70,12 @@ class Client:
     """One socket session; a thread reads its events into a queue."""
 
     def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.connect(path)
+        """`path`: a Unix socket's, or (host, port) for TCP."""
+        if isinstance(path, tuple):
+            self.sock = socket.create_connection(path)
+        else:
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.connect(path)
         self._start_reading()
 
     def _start_reading(self):
@@ -119,6 +123,14 @@ class Client:
             got.append(event)
             if ends_answer(event, cookie):
                 return got
+
+    def next_event(self, matching, timeout=30):
+        """The next event for which `matching` is true (those before it are passed over)."""
+        deadline = time.time() + timeout
+        while True:
+            event = self.events.get(timeout=max(0.01, deadline - time.time()))
+            if matching(event):
+                return event
 
     def request(self, message):
         self.send(message)
