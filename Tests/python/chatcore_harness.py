@@ -4,11 +4,13 @@ import contextlib
 import json
 import os
 import queue
+import re
 import socket
 import subprocess
 import tempfile
 import threading
 import time
+import urllib.request
 
 from conftest import chatcore_binary
 
@@ -137,6 +139,13 @@ class Client:
         return self.answer(body(message)["cookie"])
 
     def close(self):
+        """Ends the connection. `shutdown` first: while the reading thread waits in `recv`,
+        `close` alone would leave the socket open (and the service would see no end)."""
+        try:
+            if isinstance(self.sock, socket.socket):
+                self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:
@@ -179,3 +188,33 @@ def small_tmpfs(size, prefix="chatcore-full-"):
     finally:
         subprocess.run(["umount", "-l", mount])
         os.rmdir(mount)
+
+
+# Prometheus' text format, one sample per line (`--metrics`).
+SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"(,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*)?\})? (-?[0-9.eE+-]+|NaN|\+Inf|-Inf)$')
+
+
+def parse(text):
+    """{(name, frozenset(labels)): value}; fails on anything that is not Prometheus text."""
+    samples, typed = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert kind in {"counter", "gauge", "histogram", "summary", "untyped"}, line
+            typed.add(name)
+            continue
+        if line.startswith("#") or not line:
+            continue
+        match = SAMPLE.match(line)
+        assert match, f"not a Prometheus sample: {line!r}"
+        labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', match.group(3) or ""))
+        samples[(match.group(1), labels)] = float(match.group(5))
+        base = re.sub(r"_(bucket|sum|count)$", "", match.group(1))
+        assert match.group(1) in typed or base in typed, f"{match.group(1)} has no TYPE line"
+    return samples
+
+
+def scrape(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return parse(response.read().decode())

@@ -9,36 +9,8 @@ import time
 import urllib.error
 import urllib.request
 
+from chatcore_harness import scrape
 from conftest import BOUND_SCALE, chatcore_binary
-
-SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"(,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*")*)?\})? (-?[0-9.eE+-]+|NaN|\+Inf|-Inf)$')
-
-
-def parse(text):
-    """{(name, frozenset(labels)): value}; fails on anything that is not Prometheus text."""
-    samples, typed = {}, set()
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ")
-            assert kind in {"counter", "gauge", "histogram", "summary", "untyped"}, line
-            typed.add(name)
-            continue
-        if line.startswith("#") or not line:
-            continue
-        match = SAMPLE.match(line)
-        assert match, f"not a Prometheus sample: {line!r}"
-        labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', match.group(3) or ""))
-        samples[(match.group(1), labels)] = float(match.group(5))
-        base = re.sub(r"_(bucket|sum|count)$", "", match.group(1))
-        assert match.group(1) in typed or base in typed, f"{match.group(1)} has no TYPE line"
-    return samples
-
-
-def scrape(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        return parse(response.read().decode())
-
 
 def requests_of(samples):
     return {dict(labels)["request"]: int(value) for (name, labels), value in samples.items() if name == "chatcore_requests_total" and value}
