@@ -3,6 +3,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import ServiceMetrics
 
 /// What a node that does not hold the store's writer lock serves: every connection it
 /// accepts is relayed, byte for byte, to the node that does (the writer), so that one
@@ -41,6 +42,9 @@ public final class FollowerProxy: @unchecked Sendable {
             .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelInitializer { [self] channel in
                 track(channel)
+                ServiceMetrics.relayedConnectionsAccepted.increment()
+                ServiceMetrics.relayedConnections.increment()
+                channel.closeFuture.whenComplete { _ in ServiceMetrics.relayedConnections.decrement() }
                 DispatchQueue.global().async { self.relay(channel) }
                 return channel.eventLoop.makeSucceededVoidFuture()
             }

@@ -24,6 +24,13 @@ public enum ServiceMetrics {
     public static let outputBytes = Counter(label: "chatcore_output_bytes_total")
     /// Bytes of the store's files (the database, its write-ahead log, the search index).
     public static let storeBytes = Gauge(label: "chatcore_store_bytes")
+    /// 1 while this node decides (it holds the store: SQLite, or PostgreSQL's writer lock),
+    /// 0 while it relays its connections to the node that does.
+    public static let deciding = Gauge(label: "chatcore_deciding")
+    /// Connections a node that does not decide relays to the one that does: open now,
+    /// and accepted since start.
+    public static let relayedConnections = Meter(label: "chatcore_relayed_connections")
+    public static let relayedConnectionsAccepted = Counter(label: "chatcore_relayed_connections_total")
 
     public static let requestLabel = "chatcore_requests_total"
     public static let failureLabel = "chatcore_request_failures_total"
@@ -80,6 +87,7 @@ public enum ServiceMetrics {
     /// at zero until it moves.
     public static func register() {
         _ = (sessions, sessionsOpened, batchSize, commitDuration, commitFailures, outputBytes, storeBytes)
+        _ = (deciding, relayedConnections, relayedConnectionsAccepted)
         _ = (byRequest, unknownRequest)
     }
 

@@ -194,6 +194,25 @@ struct Serve: AsyncParsableCommand {
         // the authenticator's set-up, ASan builds stalled 30 s at times in transcripts.
         Serve.signalSources.holdTermination()
         let directory = URL(fileURLWithPath: try dataDir ?? Serve.defaultDataDirectory(), isDirectory: true)
+        // Metrics are served from the start, while this node waits for the store or
+        // relays to the node that decides too (`chatcore_deciding`).
+        var group: MultiThreadedEventLoopGroup?
+        if let registry, let metrics, case .tcp(let host, let port)? = ListenAddress(metrics) {
+            // The sockets, when there are, share this group (made here first).
+            let loops = MultiThreadedEventLoopGroup(numberOfThreads: listen.isEmpty ? 1 : System.coreCount)
+            group = loops
+            let endpoint = MetricsEndpoint(registry: registry) {
+                ServiceMetrics.storeBytes.record(Serve.bytes(in: directory))
+            }
+            do {
+                let channel = try await endpoint.bind(host: host, port: port, group: loops)
+                logger.info("serving metrics", metadata: ["address": "\(metrics)", "bound": "\(channel.localAddress.map { "\($0)" } ?? metrics)",
+                                                          "port": "\(channel.localAddress?.port ?? port)"])
+            } catch {
+                logger.critical("cannot serve metrics", metadata: ["address": "\(metrics)", "error": "\(error)"])
+                throw ExitCode(1)
+            }
+        }
         let store: OpenedStore
         let opening = ContinuousClock.now
         do {
@@ -261,6 +280,7 @@ struct Serve: AsyncParsableCommand {
         }
         engine.maxEndpoints = maxEndpoints
         engine.start()
+        ServiceMetrics.deciding.record(1)
         logger.info("store ready", metadata: ["store": "\(store.description)", "dataDir": "\(directory.path)", "openedIn": "\(ContinuousClock.now - opening)",
                                               "chats": "\(engine.chatCount)", "users": "\(engine.userCount)",
                                               "wholeFileCheck": "\(store.wholeFileCheck)"])
@@ -271,24 +291,7 @@ struct Serve: AsyncParsableCommand {
         let stdio = user != nil || listen.isEmpty
             ? StdioTransport(engine: engine, authenticator: authenticator, limits: sessionLimits, trustedUser: user, logger: logger)
             : nil
-        var group: MultiThreadedEventLoopGroup?
         var server: SocketServer?
-        if let registry, let metrics, case .tcp(let host, let port)? = ListenAddress(metrics) {
-            // The sockets, when there are, share this group (made here first).
-            let loops = MultiThreadedEventLoopGroup(numberOfThreads: listen.isEmpty ? 1 : System.coreCount)
-            group = loops
-            let endpoint = MetricsEndpoint(registry: registry) {
-                ServiceMetrics.storeBytes.record(Serve.bytes(in: directory))
-            }
-            do {
-                let channel = try await endpoint.bind(host: host, port: port, group: loops)
-                logger.info("serving metrics", metadata: ["address": "\(metrics)", "bound": "\(channel.localAddress.map { "\($0)" } ?? metrics)",
-                                                          "port": "\(channel.localAddress?.port ?? port)"])
-            } catch {
-                logger.critical("cannot serve metrics", metadata: ["address": "\(metrics)", "error": "\(error)"])
-                throw ExitCode(1)
-            }
-        }
         // Other nodes of a shared store relay their sessions to the writer: one that has
         // nothing to listen on listens on loopback for them (nodes on this machine), and
         // ends, as a node of standard input/output does, at the end of its input.
@@ -398,6 +401,7 @@ struct Serve: AsyncParsableCommand {
     /// its client starts chatcore again, which then serves by itself or relays to the
     /// next writer).
     private func relayStandardIO(_ location: PostgresStore.Location, logger: Logger) -> Int32 {
+        ServiceMetrics.deciding.record(0)
         let deadline = ContinuousClock.now + .nanoseconds(FollowerProxy.writerPatience.nanoseconds)
         var relay: StdioRelay?
         var problem = "no writer has said where it accepts connections"
@@ -453,6 +457,7 @@ struct Serve: AsyncParsableCommand {
     /// (FollowerProxy); returns once this node holds the lock (the writer stopped or
     /// died), with the relayed connections closed and the addresses free again.
     private func follow(_ location: PostgresStore.Location, logger: Logger) async throws -> PostgresStore.WriterLock {
+        ServiceMetrics.deciding.record(0)
         let loops = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let proxy = FollowerProxy(group: loops, writer: {
             PostgresStore.WriterLock.writerAddress(location: location, logger: logger).flatMap(ListenAddress.init)

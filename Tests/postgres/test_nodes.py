@@ -16,7 +16,7 @@ import pytest
 
 from conftest import chat_with_bob, real_binary
 from postgres_cluster import postgres_bin
-from chatcore_harness import Client, auth, body
+from chatcore_harness import Client, auth, body, scrape
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
@@ -748,3 +748,35 @@ def test_nodes_killed_and_replaced_one_after_another_under_load_lose_nothing_ann
     checker.close()
     for node in nodes:
         assert node.stop() == 0, node.logged()
+
+
+def test_a_relaying_node_serves_metrics_and_says_whether_it_decides(cluster, scratch):
+    """`--metrics` on every node: a relaying node serves them too (it used to serve none
+    until it took over), with `chatcore_deciding` 0 and the connections it relays; the
+    writer says 1; and the relaying node's endpoint goes on across its takeover."""
+    def port_of(node):
+        node.wait_until_logged("serving metrics")
+        return int(re.search(r"port=(\d+) \[chatcore\] serving metrics", node.logged()).group(1))
+
+    def value(node, name):
+        return scrape(port_of(node))[(name, frozenset())]
+
+    writer, relay = two_nodes(cluster, scratch, "metrics", "--metrics", "127.0.0.1:0")
+    assert value(writer, "chatcore_deciding") == 1
+    assert value(relay, "chatcore_deciding") == 0
+    assert value(relay, "chatcore_relayed_connections") == 0
+    alice = Client(relay.socket)
+    auth(alice, "alice")
+    assert value(relay, "chatcore_relayed_connections") == 1
+    assert value(relay, "chatcore_relayed_connections_total") == 1
+    assert value(writer, "chatcore_sessions") == 1
+    alice.close()
+    deadline = time.time() + 10
+    while value(relay, "chatcore_relayed_connections") != 0:
+        assert time.time() < deadline, "a closed relayed connection is still counted"
+        time.sleep(0.05)
+    writer.process.kill()
+    writer.process.wait()
+    relay.wait_until_logged("this node is the writer")
+    assert value(relay, "chatcore_deciding") == 1
+    assert relay.stop() == 0
