@@ -64,13 +64,14 @@ done
 cat <<EOF
 
 Two chatcore nodes serve one domain: A on 127.0.0.1:$first (deciding), B on 127.0.0.1:$second
-(relaying to A), with PostgreSQL in $dir. In one terminal, alice on A:
+(relaying to A), with PostgreSQL in $dir. In one terminal, bob on B:
+    nc 127.0.0.1 $second
+    {"authToken":{"userId":"bob","authToken":"any"}}
+In another, alice on A starts a chat with him (bob sees it, and what she sends into it):
     nc 127.0.0.1 $first
     {"authToken":{"userId":"alice","authToken":"any"}}
     {"chatStart":{"cookie":"c1","invitees":[{"userId":"bob"}],"subject":"across nodes"}}
-In another, bob on B (he sees the chat, and what alice sends into it):
-    nc 127.0.0.1 $second
-    {"authToken":{"userId":"bob","authToken":"any"}}
+    {"chatMessageSend":{"chatId":"1","tag":"Text","content":"hi bob","cookie":"m1"}}
 Stop node A (kill $(echo "$pids" | cut -d' ' -f1)) and B takes over within a second; connect again.
 Ctrl-C stops everything.
 
