@@ -223,6 +223,7 @@ struct Serve: AsyncParsableCommand {
             do {
                 store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger)
             } catch let held as PostgresStore.WriterLockHeld {
+                ServiceMetrics.deciding.record(0)
                 // Another node is the writer. Without --listen this node's one session is
                 // standard input/output: relayed to the writer, and this process ends
                 // with it. With --listen: relay every connection to the writer until it
@@ -401,7 +402,6 @@ struct Serve: AsyncParsableCommand {
     /// its client starts chatcore again, which then serves by itself or relays to the
     /// next writer).
     private func relayStandardIO(_ location: PostgresStore.Location, logger: Logger) -> Int32 {
-        ServiceMetrics.deciding.record(0)
         let deadline = ContinuousClock.now + .nanoseconds(FollowerProxy.writerPatience.nanoseconds)
         var relay: StdioRelay?
         var problem = "no writer has said where it accepts connections"
@@ -457,7 +457,6 @@ struct Serve: AsyncParsableCommand {
     /// (FollowerProxy); returns once this node holds the lock (the writer stopped or
     /// died), with the relayed connections closed and the addresses free again.
     private func follow(_ location: PostgresStore.Location, logger: Logger) async throws -> PostgresStore.WriterLock {
-        ServiceMetrics.deciding.record(0)
         let loops = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
         let proxy = FollowerProxy(group: loops, writer: {
             PostgresStore.WriterLock.writerAddress(location: location, logger: logger).flatMap(ListenAddress.init)
