@@ -81,36 +81,30 @@ class Session:
         self.sock.close()
 
 
+def stat_seconds(path):
+    """The name and the CPU time (user + system) so far of the process or thread whose
+    /proc stat file is `path`; ("", 0) when it is gone."""
+    try:
+        with open(path) as f:
+            name, fields = f.read().split("(", 1)[1].rsplit(")", 1)
+        fields = fields.split()
+        return name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return "", 0.0
+
+
 def cpu_seconds(pids):
     """CPU time (user + system) the processes `pids` used so far."""
-    ticks = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            pass
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return sum(stat_seconds(f"/proc/{pid}/stat")[1] for pid in pids)
 
 
 def thread_seconds(pid, name):
     """CPU time (user + system) the threads of process `pid` named `name` used so far."""
-    ticks = 0
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return 0.0
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/stat") as f:
-                comm, fields = f.read().split("(", 1)[1].rsplit(")", 1)
-            if comm == name:
-                fields = fields.split()
-                ticks += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            pass
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return sum(seconds for thread, seconds in (stat_seconds(f"/proc/{pid}/task/{task}/stat") for task in tasks) if thread == name)
 
 
 def cluster_pids(cluster):
