@@ -77,6 +77,37 @@ def two_nodes(cluster, scratch, database, *arguments):
     return writer, relay
 
 
+def wait_for(check, what, timeout=20):
+    """Polls `check` until it gives something true, and returns that; fails with `what`
+    after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while not (found := check()):
+        assert time.time() < deadline, what
+        time.sleep(0.05)
+    return found
+
+
+class PsqlSession:
+    """A psql process the test keeps open (to hold locks in a transaction): each `run`
+    goes to it at once, in order."""
+
+    def __init__(self, cluster, database):
+        self.process = subprocess.Popen(["psql", "-h", cluster.socket_directory, "-p", str(cluster.port), "-U", cluster.USER, "-d", database,
+                                         "-qAt", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+    def run(self, sql):
+        self.process.stdin.write(sql + "\n")
+        self.process.stdin.flush()
+
+    def end(self):
+        """Ends the session; every statement it ran must have succeeded."""
+        self.process.stdin.close()
+        assert self.process.wait(timeout=10) == 0
+
+    def kill(self):
+        self.process.kill()
+
+
 # Random per store (regIds, endpoint ids) or per second (timestamps): left out when the
 # two runs are compared.
 VARYING = re.compile(r'"(timestamp|lastActivity|regId|localRegId|endpointId)":("[^"]*"|\d+)')
@@ -298,10 +329,8 @@ def test_nodes_of_standard_input_output_only_serve_one_domain(cluster, scratch):
     chat = chat_with_bob(alice, "spawned")
     sent = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "hello", "cookie": "m"}})
     message_id = next(body(e)["elements"][0]["messageId"] for e in sent if "listAdd" in e and body(e).get("cookie") == "m")
-    deadline = time.time() + 30
-    while not any("listAdd" in e and body(e)["type"] == "chatMessage" and body(e)["elements"][0].get("content") == "hello" for e in bob.all):
-        assert time.time() < deadline, bob.all
-        time.sleep(0.05)
+    wait_for(lambda: any("listAdd" in e and body(e)["type"] == "chatMessage" and body(e)["elements"][0].get("content") == "hello" for e in bob.all),
+             bob.all, timeout=30)
     # The relayed session's lines are numbered as the client sent them (the relaying
     # node's own first line is not counted).
     failed = bob.request({"chatMessageSend": {"chatId": chat, "cookie": "bad"}})[-1]
@@ -380,15 +409,7 @@ def test_sigkill_of_the_writer_under_load_loses_nothing_announced(cluster, scrat
     # The relaying node takes over; clients connect to it again and catch up.
     relay.wait_until_logged("this node holds the writer lock now")
     relay.wait_until_logged("this node is the writer")
-    deadline = time.time() + 30
-    while True:
-        try:
-            carol = Client(relay.socket)
-            auth(carol, "alice")
-            break
-        except Exception:
-            assert time.time() < deadline
-            time.sleep(0.2)
+    carol = _connect_when_serving(relay, "alice")
     assert_kept(carol, chat, announced)
     # The new writer goes on taking sends.
     answer = carol.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
@@ -470,39 +491,26 @@ def test_a_commit_in_flight_when_the_writer_lost_its_lock_lands_before_the_next_
     def count(sql):
         return int(cluster.psql(sql, database="fence"))
 
-    def wait_for(check, what):
-        deadline = time.time() + 20
-        while not check():
-            assert time.time() < deadline, what
-            time.sleep(0.05)
-
     message_locks = "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'message' AND "
     writer_lock = f"SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory' AND l.objid = {WRITER_LOCK_OBJID} AND "
-    holder = subprocess.Popen(["psql", "-h", cluster.socket_directory, "-p", str(cluster.port), "-U", cluster.USER, "-d", "fence",
-                               "-qAt", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-
-    def holder_runs(sql):
-        holder.stdin.write(sql + "\n")
-        holder.stdin.flush()
-
+    holder = PsqlSession(cluster, "fence")
     try:
-        holder_runs("BEGIN; LOCK TABLE message IN SHARE MODE;")
+        holder.run("BEGIN; LOCK TABLE message IN SHARE MODE;")
         wait_for(lambda: count(message_locks + "l.mode = 'ShareLock' AND l.granted") == 1, "the test holds the message table")
         alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "in flight", "cookie": "flight"}})
         wait_for(lambda: count(message_locks + "NOT l.granted") == 1, "the writer's commit waits for the table")
         # Queued for the writer lock before the writer loses it: granted when it does.
-        holder_runs(f"SELECT pg_advisory_lock({WRITER_LOCK_KEY});")
+        holder.run(f"SELECT pg_advisory_lock({WRITER_LOCK_KEY});")
         wait_for(lambda: count(writer_lock + "NOT l.granted AND a.application_name = 'psql'") == 1, "the test waits for the writer lock")
         cluster.psql(f"SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = {WRITER_LOCK_OBJID}")
         wait_for(lambda: count(writer_lock + "l.granted AND a.application_name = 'psql'") == 1, "the test holds the writer lock")
         # The old writer cannot take its lock back: it stops (once its commit is done).
         writer.wait_until_logged("another chatcore process became the writer")
-        holder_runs(f"SELECT pg_advisory_unlock({WRITER_LOCK_KEY});")
+        holder.run(f"SELECT pg_advisory_unlock({WRITER_LOCK_KEY});")
         relay.wait_until_logged("this node holds the writer lock now")
         time.sleep(1)  # time for a relaying node that does not wait to read the store
-        holder_runs("COMMIT;")
-        holder.stdin.close()
-        assert holder.wait(timeout=10) == 0
+        holder.run("COMMIT;")
+        holder.end()
     finally:
         holder.kill()
     flight = alice.answer("flight")
@@ -656,21 +664,14 @@ def test_a_client_of_a_relaying_node_waits_for_the_next_writer_while_it_starts(c
         return cluster.psql(sql, database="handover").strip()
 
     epoch = int(value("SELECT epoch FROM writer_epoch"))
-    holder = subprocess.Popen(["psql", "-h", cluster.socket_directory, "-p", str(cluster.port), "-U", cluster.USER, "-d", "handover",
-                               "-qAt", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    holder = PsqlSession(cluster, "handover")
     try:
-        holder.stdin.write("BEGIN; LOCK TABLE chat IN ACCESS EXCLUSIVE MODE;\n")
-        holder.stdin.flush()
-        deadline = time.time() + 20
-        while value("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'chat' AND l.mode = 'AccessExclusiveLock' AND l.granted") != "1":
-            assert time.time() < deadline, "the test holds the chat table"
-            time.sleep(0.05)
+        holder.run("BEGIN; LOCK TABLE chat IN ACCESS EXCLUSIVE MODE;")
+        wait_for(lambda: value("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                               "WHERE c.relname = 'chat' AND l.mode = 'AccessExclusiveLock' AND l.granted") == "1", "the test holds the chat table")
         writer.process.kill()
         writer.process.wait()
-        deadline = time.time() + 20
-        while int(value("SELECT epoch FROM writer_epoch")) == epoch:
-            assert time.time() < deadline, "no node took the next epoch"
-            time.sleep(0.05)
+        wait_for(lambda: int(value("SELECT epoch FROM writer_epoch")) != epoch, "no node took the next epoch")
         taking, relaying = (first, second) if "this node holds the writer lock now" in first.logged() else (second, first)
         assert "this node holds the writer lock now" in taking.logged()
         assert value("SELECT count(*) FROM writer_node") == "0", "the dead writer's address is still advertised"
@@ -680,9 +681,8 @@ def test_a_client_of_a_relaying_node_waits_for_the_next_writer_while_it_starts(c
         time.sleep(1.5)
         assert not carol.closed.is_set(), "the relaying node closed a client while the next writer was starting\n" + relaying.logged()
         assert "this node is the writer" not in taking.logged()
-        holder.stdin.write("COMMIT;\n")
-        holder.stdin.close()
-        assert holder.wait(timeout=10) == 0
+        holder.run("COMMIT;")
+        holder.end()
     finally:
         holder.kill()
     try:
@@ -724,11 +724,8 @@ def test_nodes_killed_and_replaced_one_after_another_under_load_lose_nothing_ann
         clients = {f"r{number}c{k}-": _connect_when_serving(nodes[k % len(nodes)], ("alice", "bob")[k % 2]) for k in range(4)}
         threads, sent = send_until_gone(chat, clients, answer_timeout=20)
         time.sleep(1.5)
-        deadline = time.time() + 30
         # A writer serves its own clients just before it advertises itself.
-        while not (address := cluster.psql("SELECT address FROM writer_node", database="rounds").strip()):
-            assert time.time() < deadline, "no writer advertised"
-            time.sleep(0.05)
+        address = wait_for(lambda: cluster.psql("SELECT address FROM writer_node", database="rounds").strip(), "no writer advertised", timeout=30)
         writer = next(node for node in nodes if address.endswith(node.socket))
         victim = writer if goes == "writer" else next(node for node in nodes if node is not writer)
         victim.process.send_signal(how)
@@ -771,10 +768,7 @@ def test_a_relaying_node_serves_metrics_and_says_whether_it_decides(cluster, scr
     assert value(relay, "chatcore_relayed_connections_total") == 1
     assert value(writer, "chatcore_sessions") == 1
     alice.close()
-    deadline = time.time() + 10
-    while value(relay, "chatcore_relayed_connections") != 0:
-        assert time.time() < deadline, "a closed relayed connection is still counted"
-        time.sleep(0.05)
+    wait_for(lambda: value(relay, "chatcore_relayed_connections") == 0, "a closed relayed connection is still counted", timeout=10)
     writer.process.kill()
     writer.process.wait()
     relay.wait_until_logged("this node is the writer")
