@@ -16,7 +16,7 @@ import pytest
 
 from conftest import chat_with_bob, real_binary
 from postgres_cluster import postgres_bin
-from chatcore_harness import Client, auth, body, scrape
+from chatcore_harness import Client, auth, body, connect_when_serving, scrape
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
@@ -577,15 +577,7 @@ def _search(client, text, cookie):
 
 def _connect_when_serving(node, user):
     """A client of `node` once it serves (it may still be taking over)."""
-    deadline = time.time() + 30
-    while True:
-        try:
-            client = Client(node.socket)
-            auth(client, user)
-            return client
-        except Exception:
-            assert time.time() < deadline, node.logged()
-            time.sleep(0.2)
+    return connect_when_serving(node.socket, user, why=node.logged)
 
 
 def test_a_message_recalled_while_a_node_relayed_is_not_found_by_it_once_it_writes_again(cluster, scratch):

@@ -2,18 +2,16 @@
 newcomer runs it. Users on the two nodes chat; the deciding node is stopped and the other
 serves; Ctrl-C stops everything and leaves nothing behind."""
 import os
-import queue
 import re
 import signal
 import socket
 import subprocess
-import time
 
 import pytest
 
 from conftest import ROOT, real_binary
 from postgres_cluster import postgres_bin
-from chatcore_harness import Client, auth, body
+from chatcore_harness import Client, auth, body, connect_when_serving
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
@@ -59,15 +57,7 @@ def test_two_nodes_on_a_throwaway_postgresql_serve_one_domain_and_stop_cleanly()
 
         # The deciding node goes; the other takes over, and bob, connecting again, is served.
         os.kill(writer, signal.SIGKILL)
-        deadline = time.time() + 30
-        while True:
-            try:
-                bob = Client(("127.0.0.1", port + 1))
-                auth(bob, "bob")
-                break
-            except (OSError, queue.Empty):
-                assert time.time() < deadline, "the second node did not serve after the first was killed"
-                time.sleep(0.2)
+        bob = connect_when_serving(("127.0.0.1", port + 1), "bob", why=lambda: "the second node did not serve after the first was killed")
         answer = bob.request({"chatMessageSend": {"chatId": chat["chatId"], "tag": "Text", "content": "still here", "cookie": "m1"}})
         assert any("listAdd" in e and body(e)["elements"][0].get("content") == "still here" for e in answer), answer
     finally:

@@ -161,6 +161,21 @@ def auth(client, user, cookie="auth"):
     return client.answer(cookie + "-sync")[:-1]
 
 
+def connect_when_serving(address, user, timeout=30, why=lambda: ""):
+    """A client of `address` (as `Client` takes it) authenticated as `user`, once the
+    service there serves (it may be starting, or taking over): tries again every 200 ms
+    for `timeout` seconds, then fails with `why()`."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            client = Client(address)
+            auth(client, user)
+            return client
+        except (OSError, queue.Empty):
+            assert time.time() < deadline, why()
+            time.sleep(0.2)
+
+
 def global_value(events, name):
     for event in events:
         change = event.get("listChange")
