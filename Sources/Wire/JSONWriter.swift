@@ -74,16 +74,21 @@ public struct JSONWriter: ~Copyable, @unchecked Sendable {
         }
     }
 
-    /// The offset of the first `needle` in `count` bytes at `haystack` (memchr for its
-    /// first byte, then a compare).
+    /// The offset of the first `needle` in `count` bytes at `haystack`: `memchr` for one of
+    /// its bytes, then a compare. That byte is its first slash, if it has one: the needle
+    /// is a quoted uri, and a quote starts every key and string of an event, while a slash
+    /// stands almost only in uris (looking for the quote, a compare at every key was 5% of
+    /// the engine thread's work for a send).
     private static func find(_ needle: UnsafeRawBufferPointer, in haystack: UnsafeRawPointer, count: Int) -> Int? {
-        let first = Int32(needle[0])
-        var offset = 0
-        while count - offset >= needle.count {
-            guard let hit = memchr(haystack + offset, first, count - offset - needle.count + 1) else { return nil }
-            let at = haystack.distance(to: UnsafeRawPointer(hit))
+        let anchor = needle.firstIndex(of: UInt8(ascii: "/")) ?? 0
+        let byte = Int32(needle[anchor])
+        // The anchor of a match is in [anchor, count - needle.count + anchor].
+        var from = anchor
+        while count - from >= needle.count - anchor {
+            guard let hit = memchr(haystack + from, byte, count - from - (needle.count - anchor) + 1) else { return nil }
+            let at = haystack.distance(to: UnsafeRawPointer(hit)) - anchor
             if memcmp(haystack + at, needle.baseAddress!, needle.count) == 0 { return at }
-            offset = at + 1
+            from = at + anchor + 1
         }
         return nil
     }

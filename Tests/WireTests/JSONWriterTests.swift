@@ -48,3 +48,26 @@ private func written(_ body: (inout JSONWriter) -> Void) -> String {
     writer.null()
     #expect(String(decoding: writer.bytes, as: UTF8.self) == "null")
 }
+
+@Test func replacesEveryWholeOccurrenceAfterTheStartOnly() {
+    let needle = Array(#""bbmpim://user/id/12""#.utf8)
+    let replacement = Array(#""bbmpim://user/id/0""#.utf8)
+    let before = #"{"u":"bbmpim://user/id/12"}"#
+    let after = #"["bbmpim://user/id/12","bbmpim://user/id/12""bbmpim://user/id/123","bbmpim://user/id/1",""bbmpim://user/id/12"]"#
+    var writer = JSONWriter(capacity: 1)
+    Array(before.utf8).withUnsafeBytes { writer.appendLines($0) }
+    let start = writer.count
+    Array(after.utf8).withUnsafeBytes { writer.appendLines($0) }
+    writer.replaceAll(needle, with: replacement, from: start)
+    // Adjacent and at both ends are replaced; a longer id, a shorter one and what lies
+    // before `start` are not.
+    #expect(String(decoding: writer.bytes, as: UTF8.self) == before
+        + #"["bbmpim://user/id/0","bbmpim://user/id/0""bbmpim://user/id/123","bbmpim://user/id/1",""bbmpim://user/id/0"]"#)
+    writer.replaceAll(needle, with: replacement, from: writer.count - 3)
+    #expect(writer.count == before.utf8.count + after.utf8.count - 3)
+    // The needle alone: it ends where the bytes end.
+    var alone = JSONWriter()
+    needle.withUnsafeBytes { alone.appendLines($0) }
+    alone.replaceAll(needle, with: replacement, from: 0)
+    #expect(alone.bytes == replacement)
+}
