@@ -157,3 +157,19 @@ private func decode(_ line: String) -> DecodedLine<Request> {
     #expect(message(composed) != message(decomposed))
     #expect(message(composed) == message(composed))
 }
+
+/// `sameBytes` compares bytes, whatever the lengths and wherever the strings' storage is:
+/// canonically equivalent spellings of the same length differ, long texts built apart
+/// are equal, and a difference in the last byte counts.
+@Test func sameBytesComparesEveryByte() {
+    let dotAboveFirst = "\u{1E0B}\u{323}", dotBelowFirst = "\u{1E0D}\u{307}"
+    #expect(dotAboveFirst.utf8.count == dotBelowFirst.utf8.count && dotAboveFirst == dotBelowFirst)
+    #expect(!sameBytes(dotAboveFirst, dotBelowFirst))
+    let long = String(repeating: "lunch tomorrow ", count: 20)
+    #expect(sameBytes(long + "a", String(repeating: "lunch tomorrow ", count: 20) + "a"))
+    #expect(!sameBytes(long + "a", long + "b"))
+    #expect(!sameBytes(long, long + "b"))
+    #expect(sameBytes("", ""))
+    #expect(!sameBytes("", "a"))
+    #expect(sameBytes(Optional(long), Optional(long)) && !sameBytes(Optional(long), nil))
+}
