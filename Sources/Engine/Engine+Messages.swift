@@ -101,10 +101,13 @@ extension Engine {
     func announceNew(_ messages: [MessageRecord], in chat: ChatRecord, answering: (session: EngineSession, cookie: String?)? = nil,
                      batch: Batch, changes: PendingChanges) throws {
         guard !messages.isEmpty else { return }
+        // As every online viewer sees them now: the delivery below changes them from this.
+        var renderedNow: [Int64: [Int64: ChatMessage]] = [:]
         for member in chat.members.values where member.isActive && isOnline(member.user) {
             let visible = messages.filter { $0.id >= member.joinedAt }
             guard !visible.isEmpty else { continue }
             let elements = visible.map { renderMessage($0, in: chat, for: member.user) }
+            for (message, element) in zip(visible, elements) { renderedNow[message.id, default: [:]][member.user] = element }
             for session in sessions(of: member.user) {
                 let cookie = session === answering?.session ? answering?.cookie : nil
                 for chunk in elements.chunked(Engine.chunkSize) {
@@ -112,21 +115,27 @@ extension Engine {
                 }
             }
         }
-        try markDelivered(chat, batch: batch, changes: changes)
+        try markDelivered(chat, batch: batch, changes: changes, renderedNow: renderedNow)
     }
 
     /// Every connected member has now received everything up to the chat's last message:
-    /// the senders' states move (§6).
-    func markDelivered(_ chat: ChatRecord, only user: Int64? = nil, batch: Batch, changes: PendingChanges) throws {
+    /// the senders' states move (§6). `renderedNow`: messages just rendered for every
+    /// online viewer, by id, not rendered again.
+    func markDelivered(_ chat: ChatRecord, only user: Int64? = nil, batch: Batch, changes: PendingChanges,
+                       renderedNow: [Int64: [Int64: ChatMessage]] = [:]) throws {
         let last = chat.lastMessage
-        for member in chat.members.values where member.isActive && member.deliveredUpTo < last && isOnline(member.user) {
-            if let user, member.user != user { continue }
+        let receiving = chat.members.values.filter { member in
+            member.isActive && member.deliveredUpTo < last && isOnline(member.user) && (user == nil || member.user == user)
+        }
+        // Every message as it was before any mark moves, then the marks.
+        for member in receiving {
             let start = max(member.deliveredUpTo + 1, member.joinedAt)
-            if start <= last {
-                // Only the senders see a delivery: read the messages if one of them is here.
-                let someoneSees = chat.members.values.contains { $0.isActive && $0.user != member.user && isOnline($0.user) }
-                try willChange(start...last, of: chat, notSentBy: member.user, someoneSees: someoneSees, changes)
-            }
+            guard start <= last else { continue }
+            // Only the senders see a delivery: read the messages if one of them is here.
+            let someoneSees = chat.members.values.contains { $0.isActive && $0.user != member.user && isOnline($0.user) }
+            try willChange(start...last, of: chat, notSentBy: member.user, someoneSees: someoneSees, changes, renderedNow: renderedNow)
+        }
+        for member in receiving {
             member.deliveredUpTo = last
             batch.changed(member, of: chat)
         }

@@ -168,10 +168,12 @@ extension Engine {
     /// the store), not one by one.
     static let largeRange = 64
 
-    /// Call before changing anything `message` shows to anyone.
-    func willChange(_ message: MessageRecord, in chat: ChatRecord, _ changes: PendingChanges) {
+    /// Call before changing anything `message` shows to anyone. `renderedNow`: the message
+    /// as each online viewer sees it now, when the caller has just rendered it for all of
+    /// them (it is not rendered again).
+    func willChange(_ message: MessageRecord, in chat: ChatRecord, _ changes: PendingChanges, renderedNow: [Int64: ChatMessage]? = nil) {
         guard changes.messageIndex.insert(Batch.RowKey(chat: chat.number, item: message.id)).inserted else { return }
-        changes.entries.append(.message(chat, message, before: renderForOnlineViewers(message, in: chat)))
+        changes.entries.append(.message(chat, message, before: renderedNow ?? renderForOnlineViewers(message, in: chat)))
     }
 
     private func renderForOnlineViewers(_ message: MessageRecord, in chat: ChatRecord) -> [Int64: ChatMessage] {
@@ -185,17 +187,20 @@ extension Engine {
     /// Call before a mark moves over the messages `range` of `chat` (a read, a delivery):
     /// each message not sent by `user` may change for someone. A few are changed one by
     /// one; many as one range, read from the store only when `someoneSees` (a viewer
-    /// other than `user`, or `user` for a read, is online).
+    /// other than `user`, or `user` for a read, is online). `renderedNow`: messages the
+    /// caller has just rendered for every online viewer, by id (`announceNew`'s).
     func willChange(_ range: ClosedRange<Int64>, of chat: ChatRecord, notSentBy user: Int64, someoneSees: Bool,
-                    _ changes: PendingChanges) throws {
+                    _ changes: PendingChanges, renderedNow: [Int64: [Int64: ChatMessage]] = [:]) throws {
         if range.count <= Engine.largeRange {
-            for message in try loadMessages(in: chat, range) where message.sender != user { willChange(message, in: chat, changes) }
+            for message in try loadMessages(in: chat, range) where message.sender != user {
+                willChange(message, in: chat, changes, renderedNow: renderedNow[message.id])
+            }
             return
         }
         var loaded: [(MessageRecord, [Int64: ChatMessage])] = []
         if someoneSees {
             for message in try loadMessages(in: chat, range) where message.sender != user {
-                loaded.append((message, renderForOnlineViewers(message, in: chat)))
+                loaded.append((message, renderedNow[message.id] ?? renderForOnlineViewers(message, in: chat)))
             }
         }
         changes.entries.append(.range(chat, range, loaded))
