@@ -2,6 +2,9 @@
 
 - durable sends/s: one stdio session pipelining sends into a two-person chat, timed until
   the last `Sent` arrives; and 50 sessions on a Unix socket doing the same at once.
+- the same with every recipient connected (40 senders), and into a chat of 50 members all
+  connected, with the engine thread's CPU time per send (what bounds one node: each
+  online member costs a rendering, an encoding and a delivery).
 - latency from request to `Sent`, p50/p99: one session, one message at a time.
 - a 100-message window and a thread's children in a chat of 1,000,000 messages, timed
   from request to answer through the real service.
@@ -19,6 +22,8 @@ import subprocess
 import tempfile
 import threading
 import time
+
+from procstat import thread_seconds
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHATCORE = ROOT / ".build" / "release" / "chatcore"
@@ -132,22 +137,51 @@ def serve_unix(data):
     raise RuntimeError("chatcore did not start listening")
 
 
-def many_senders(senders=50, each=2000):
+def connect(path, user):
+    """An authenticated Unix socket session of `user` (`--insecure-no-auth`) and its reader."""
+    connection = socket.socket(socket.AF_UNIX)
+    connection.connect(path)
+    connection.sendall(b'{"authToken":{"userId":"%s","authToken":"-"}}\n' % user.encode())
+    return connection, connection.makefile("rb")
+
+
+def started_chat(connection, reader, invitees, one_to_one=True):
+    """Starts a chat with `invitees` and returns its id."""
+    listed = ",".join('{"userId":"%s"}' % user for user in invitees)
+    kind = '"isOneToOne":true' if one_to_one else '"subject":"group"'
+    connection.sendall(b'{"chatStart":{"cookie":"s","invitees":[%s],%s}}\n' % (listed.encode(), kind.encode()))
+    for line in reader:
+        if line.startswith(b'{"listAdd":{"type":"chat","cookie"'):
+            return json.loads(line)["listAdd"]["elements"][0]["chatId"]
+    raise RuntimeError("chatStart was not answered")
+
+
+def discard(reader):
+    """Reads a session's events (a recipient's) until it ends, on a thread of its own."""
+    def run():
+        for _ in reader:
+            pass
+    threading.Thread(target=run, daemon=True).start()
+
+
+def engine_seconds(process):
+    """CPU time the service's engine thread (the one that decides) used so far."""
+    return thread_seconds(process.pid, "engine")
+
+
+def many_senders(senders=50, each=2000, peers_online=False):
+    """`senders` sessions, each sending `each` messages into its own one-to-one chat at
+    once; with `peers_online`, every recipient is connected (each message is then
+    delivered as it is sent, and both sides see it change). Returns sends/s, seconds, and
+    the engine thread's CPU time per send (µs)."""
     with tempfile.TemporaryDirectory() as data:
         process, path = serve_unix(data)
         connections = []
         for n in range(senders):
-            connection = socket.socket(socket.AF_UNIX)
-            connection.connect(path)
-            reader = connection.makefile("rb")
-            connection.sendall(b'{"authToken":{"userId":"sender%d","authToken":"-"}}\n' % n)
-            connection.sendall(b'{"chatStart":{"cookie":"s","invitees":[{"userId":"peer%d"}],"isOneToOne":true}}\n' % n)
-            chat = None
-            for line in reader:
-                if line.startswith(b'{"listAdd":{"type":"chat","cookie"'):
-                    chat = json.loads(line)["listAdd"]["elements"][0]["chatId"]
-                    break
-            connections.append((connection, reader, chat))
+            if peers_online:
+                discard(connect(path, "peer%d" % n)[1])
+            connection, reader = connect(path, "sender%d" % n)
+            connections.append((connection, reader, started_chat(connection, reader, ["peer%d" % n])))
         counts = [0] * senders
         done = threading.Barrier(senders + 1)
 
@@ -164,17 +198,48 @@ def many_senders(senders=50, each=2000):
         payloads = [b"".join(send_line(chat, k) for k in range(each)) for (_, _, chat) in connections]
         for thread in threads:
             thread.start()
+        engine_before = engine_seconds(process)
         start = time.perf_counter()
         writers = [threading.Thread(target=c.sendall, args=(p,)) for (c, _, _), p in zip(connections, payloads)]
         for writer in writers:
             writer.start()
         done.wait()
         seconds = time.perf_counter() - start
+        engine = engine_seconds(process) - engine_before
         for connection, _, _ in connections:
             connection.close()
         process.terminate()
         process.wait()
-    return senders * each / seconds, seconds
+    return senders * each / seconds, seconds, engine / (senders * each) * 1e6
+
+
+def group_sends(members=50, sends=2000):
+    """One session pipelining `sends` messages into a chat of `members`, every one of them
+    connected: each message is rendered, encoded and delivered for each member, and
+    changes each member's chat. Returns sends/s and the engine thread's CPU time per send
+    (µs)."""
+    with tempfile.TemporaryDirectory() as data:
+        process, path = serve_unix(data)
+        for n in range(members - 1):
+            discard(connect(path, "member%d" % n)[1])
+        connection, reader = connect(path, "sender")
+        chat = started_chat(connection, reader, ["member%d" % n for n in range(members - 1)], one_to_one=False)
+        engine_before = engine_seconds(process)
+        start = time.perf_counter()
+        connection.sendall(b"".join(send_line(chat, k) for k in range(sends)))
+        sent = 0
+        while sent < sends:
+            line = reader.readline()
+            if not line:
+                raise RuntimeError("the service ended the session")
+            if line.startswith(b'{"listAdd":{"type":"chatMessage"'):
+                sent += line.count(b'"state":"Sent"')
+        seconds = time.perf_counter() - start
+        engine = engine_seconds(process) - engine_before
+        connection.close()
+        process.terminate()
+        process.wait()
+    return sends / seconds, engine / sends * 1e6
 
 
 def million(count=1_000_000):
@@ -385,8 +450,14 @@ def rows():
     reference_rate, _ = reference()
     table.append(("engine: reference Python+SQLite peer", "durable sends/s (5,000)", f"{reference_rate:,.0f}"))
     table.append(("engine: chatcore vs reference", "ratio", f"{rate / reference_rate:.1f}×"))
-    rate, seconds = many_senders()
+    rate, seconds, _ = many_senders()
     table.append(("engine: 50 senders on a Unix socket", "durable sends/s (100,000)", f"{rate:,.0f}"))
+    rate, seconds, engine = many_senders(senders=40, each=2500, peers_online=True)
+    table.append(("engine: 40 senders, recipients online", "durable sends/s (100,000)", f"{rate:,.0f}"))
+    table.append(("engine: 40 senders, recipients online", "engine thread CPU per send", f"{engine:.1f} µs"))
+    rate, engine = group_sends()
+    table.append(("engine: a chat of 50, all online", "durable sends/s (2,000)", f"{rate:,.0f}"))
+    table.append(("engine: a chat of 50, all online", "engine thread CPU per send", f"{engine:.0f} µs"))
     p50, p99 = latency()
     table.append(("engine: one at a time, request → Sent", "p50 / p99 latency", f"{p50 * 1000:.2f} / {p99 * 1000:.2f} ms"))
     big = million()
