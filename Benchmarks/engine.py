@@ -373,12 +373,6 @@ def scale(users=1000, chats=1000, messages=1_000_000):
     with tempfile.TemporaryDirectory() as data:
         process, path = serve_unix(data)
 
-        def connect(user):
-            connection = socket.socket(socket.AF_UNIX)
-            connection.connect(path)
-            connection.sendall(b'{"authToken":{"userId":"%s","authToken":"-"}}\n' % user.encode())
-            return connection
-
         def finish(connection, cookie):
             """Reads (discarding) until the answer to the marker request that ends what was
             sent: everything before it is done."""
@@ -396,7 +390,7 @@ def scale(users=1000, chats=1000, messages=1_000_000):
         start = time.perf_counter()
         for chat in range(chats):
             members = [f"u{(chat * 5 + k) % users}" for k in range(5)]
-            starter = connect(members[0])
+            starter, _ = connect(path, members[0])
             starter.sendall(json.dumps({"chatStart": {"cookie": "s", "subject": f"chat {chat}", "invitees": [{"userId": m} for m in members[1:]]}}).encode() + b"\n")
             lines = []
             for n in range(per_chat):
