@@ -192,6 +192,9 @@ extension Engine {
     func willChange(_ range: ClosedRange<Int64>, of chat: ChatRecord, notSentBy user: Int64, someoneSees: Bool,
                     _ changes: PendingChanges, renderedNow: [Int64: [Int64: ChatMessage]] = [:]) throws {
         if range.count <= Engine.largeRange {
+            // Nothing to read when this request recorded them all already: a new message
+            // delivered to each member of a group is recorded for the first of them.
+            if range.allSatisfy({ changes.messageIndex.contains(Batch.RowKey(chat: chat.number, item: $0)) }) { return }
             for message in try loadMessages(in: chat, range) where message.sender != user {
                 willChange(message, in: chat, changes, renderedNow: renderedNow[message.id])
             }
