@@ -103,6 +103,9 @@ extension Engine {
         guard !messages.isEmpty else { return }
         // As every online viewer sees them now: the delivery below changes them from this.
         var renderedNow: [Int64: [Int64: ChatMessage]] = [:]
+        // What the last session without a cookie was sent, in one event: members who see
+        // the messages alike (in a group, all but their sender) get its bytes again.
+        var lastAlike: [ChatMessage]?
         for member in chat.members.values where member.isActive && isOnline(member.user) {
             let visible = messages.filter { $0.id >= member.joinedAt }
             guard !visible.isEmpty else { continue }
@@ -110,6 +113,12 @@ extension Engine {
             for (message, element) in zip(visible, elements) { renderedNow[message.id, default: [:]][member.user] = element }
             for session in sessions(of: member.user) {
                 let cookie = session === answering?.session ? answering?.cookie : nil
+                if cookie == nil && elements.count <= Engine.chunkSize {
+                    let sameAsLast = lastAlike.map { $0 == elements } ?? false
+                    batch.emit(.listAdd(.chatMessage(ListAddChatMessage(elements: elements))), to: session, sameAsLast: sameAsLast)
+                    lastAlike = elements
+                    continue
+                }
                 for chunk in elements.chunked(Engine.chunkSize) {
                     batch.emit(.listAdd(.chatMessage(ListAddChatMessage(cookie: cookie, elements: chunk))), to: session)
                 }
