@@ -114,25 +114,31 @@ class Client:
         got = []
         deadline = time.time() + timeout
         while True:
-            try:
-                event = self.events.get(timeout=max(0.01, min(0.1, deadline - time.time())))
-            except queue.Empty:
-                if self.closed.is_set() and self.events.empty():
-                    raise ConnectionEnded(f"the connection ended before the answer to {cookie!r}: {got}") from None
-                if time.time() >= deadline:
-                    raise
-                continue
+            event = self._next(deadline, lambda: f"the answer to {cookie!r}: {got}")
             got.append(event)
             if ends_answer(event, cookie):
                 return got
 
     def next_event(self, matching, timeout=30):
-        """The next event for which `matching` is true (those before it are passed over)."""
+        """The next event for which `matching` is true (those before it are passed over).
+        Raises as `answer` does."""
         deadline = time.time() + timeout
         while True:
-            event = self.events.get(timeout=max(0.01, deadline - time.time()))
+            event = self._next(deadline, lambda: "the event waited for")
             if matching(event):
                 return event
+
+    def _next(self, deadline, waited_for):
+        """The next event read: `queue.Empty` at `deadline`, `ConnectionEnded` as soon as
+        the connection ended with nothing left to read (`waited_for()` says what did not come)."""
+        while True:
+            try:
+                return self.events.get(timeout=max(0.01, min(0.1, deadline - time.time())))
+            except queue.Empty:
+                if self.closed.is_set() and self.events.empty():
+                    raise ConnectionEnded(f"the connection ended before {waited_for()}") from None
+                if time.time() >= deadline:
+                    raise
 
     def request(self, message):
         self.send(message)

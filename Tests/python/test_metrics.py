@@ -12,6 +12,7 @@ import urllib.request
 from chatcore_harness import scrape
 from conftest import BOUND_SCALE, chatcore_binary
 
+
 def requests_of(samples):
     return {dict(labels)["request"]: int(value) for (name, labels), value in samples.items() if name == "chatcore_requests_total" and value}
 
