@@ -324,7 +324,7 @@ final class Batch {
 
     /// The event `emit(_:to:sameAsLast:)` encoded last, as encoded (before a session's own
     /// uri is replaced in its copy).
-    private var lastAlike = JSONWriter(capacity: 1024)
+    private var alikeBytes = JSONWriter(capacity: 1024)
 
     /// Emits an event that other sessions may receive alike. With `sameAsLast`, the caller
     /// knows it equal to the event of the last call: its bytes are copied, not encoded
@@ -332,13 +332,13 @@ final class Batch {
     /// sixth of a send into a chat of 100).
     func emit(_ event: Event, to session: EngineSession, sameAsLast: Bool) {
         if !sameAsLast {
-            lastAlike.removeAll()
-            event.encode(to: &lastAlike)
+            alikeBytes.removeAll()
+            event.encode(to: &alikeBytes)
         }
         ServiceMetrics.count(event)
         let output = self.output(of: session)
         let start = output.writer.count
-        lastAlike.withBytes { output.writer.appendLines($0) }
+        alikeBytes.withBytes { output.writer.appendLines($0) }
         appended(to: output, from: start)
     }
 
