@@ -196,11 +196,16 @@ struct Serve: AsyncParsableCommand {
         let directory = URL(fileURLWithPath: try dataDir ?? Serve.defaultDataDirectory(), isDirectory: true)
         // Metrics are served from the start, while this node waits for the store or
         // relays to the node that decides too (`chatcore_deciding`).
+        // The metrics and the sockets share one group of event loops, made for the first.
         var group: MultiThreadedEventLoopGroup?
-        if let registry, let metrics, case .tcp(let host, let port)? = ListenAddress(metrics) {
-            // The sockets, when there are, share this group (made here first).
+        func eventLoops() -> MultiThreadedEventLoopGroup {
+            if let group { return group }
             let loops = MultiThreadedEventLoopGroup(numberOfThreads: listen.isEmpty ? 1 : System.coreCount)
             group = loops
+            return loops
+        }
+        if let registry, let metrics, case .tcp(let host, let port)? = ListenAddress(metrics) {
+            let loops = eventLoops()
             let endpoint = MetricsEndpoint(registry: registry) {
                 ServiceMetrics.storeBytes.record(Serve.bytes(in: directory))
             }
@@ -300,9 +305,7 @@ struct Serve: AsyncParsableCommand {
         if store.isShared, listen.isEmpty { listening = ["127.0.0.1:0"] }
         let relayedOnly = listen.isEmpty && !listening.isEmpty
         if !listening.isEmpty {
-            let loops = group ?? MultiThreadedEventLoopGroup(numberOfThreads: listen.isEmpty ? 1 : System.coreCount)
-            group = loops
-            let sockets = SocketServer(group: loops, engine: engine, authenticator: authenticator,
+            let sockets = SocketServer(group: eventLoops(), engine: engine, authenticator: authenticator,
                                       limits: .init(session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
                                                     maxOutputTotal: outputTotalLimit,
                                                     maxSessions: Serve.sessionsThatFit(maxSessions, relaying: store.isShared, logger: logger), idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil,
