@@ -10,7 +10,9 @@ import Wire
 /// that caused it. When a commit fails, `failAll` keeps only what is durable: the events
 /// of items committed earlier in the batch (`commitSoFar`) and answers that never
 /// depended on the store (decode failures); each request that was not committed gets
-/// exactly one `Internal` answer in its place.
+/// exactly one `Internal` answer in its place. When a commit conflicts with another
+/// node's, `takeBack` keeps only the durable events and hands back the work taken since,
+/// to be decided again.
 final class Batch {
     var store = StoreBatch()
     /// Records changed by the batch: written at commit by the columns that changed.
@@ -129,6 +131,9 @@ final class Batch {
     /// this one neither answers it nor, if its commit fails, refuses it.
     func answeredLater() {
         items[items.count - 1] = .internal
+        // Everything before it is durable (the search committed it), and it changes
+        // nothing: it is never decided again, and its answer comes once.
+        committedItems = items.count
     }
 
     /// Call before the current item changes who `session` is (its identity, user or
@@ -215,6 +220,9 @@ final class Batch {
         dirtyEndpoints[endpoint.id] = nil
         removedEndpoints.insert(endpoint.id)
     }
+
+    /// The chats changed since the batch was last committed (`Engine.collect`).
+    var changedChats: Set<Int64> { uncommittedChats }
 
     /// Whether the store lacks something this batch changed in `chat`.
     func hasUncommittedChanges(in chat: Int64) -> Bool {
@@ -383,7 +391,22 @@ final class Batch {
     }
 
     func finish(_ session: EngineSession) {
-        finished[ObjectIdentifier(output(of: session).session), default: 0] += 1
+        let key = ObjectIdentifier(output(of: session).session)
+        finished[key, default: 0] += 1
+        finishedBy.append((items.count, key))
+    }
+
+    // MARK: when the commit fails
+
+    /// The work the batch took, in order, with the number of the first item each began
+    /// (`takeBack`).
+    private var taken: [(item: Int, work: Engine.Work)] = []
+    /// The item each count in `finished` was added for.
+    private var finishedBy: [(item: Int, key: ObjectIdentifier)] = []
+
+    /// The engine takes `work` into the batch (it is decided again if the commit conflicts).
+    func took(_ work: Engine.Work) {
+        taken.append((items.count, work))
     }
 
     /// The commit failed: keeps only what is durable or never depended on the store,
@@ -391,6 +414,31 @@ final class Batch {
     /// whose setup the uncommitted items changed, latest change first, with what each
     /// was before (the caller puts them back).
     func failAll(reason: String) -> [(session: EngineSession, before: EngineSession.Setup)] {
+        keepDurableOutput(answering: reason)
+        return dropUncommitted()
+    }
+
+    /// The commit conflicted (`StoreFailure.Kind.conflict`): the uncommitted work is
+    /// decided again, on what the store has now, so nothing of it is kept (no answer, no
+    /// event, no close, nothing that waited for the commit); what is durable keeps its
+    /// events. Returns that work in order, and the sessions whose setup it changed, as
+    /// `failAll` does.
+    func takeBack() -> (work: [Engine.Work], setups: [(session: EngineSession, before: EngineSession.Setup)]) {
+        let durable = committedItems
+        keepDurableOutput(answering: nil)
+        for entry in finishedBy where entry.item >= durable {
+            finished[entry.key]! -= 1
+        }
+        finishedBy.removeAll { $0.item >= durable }
+        let work = taken.filter { $0.item >= durable }.map(\.work)
+        taken = []
+        return (work, dropUncommitted())
+    }
+
+    /// Keeps each session's events of durable items and, when answering (`reason`), the
+    /// answers that never depended on the store, with one `Internal` answer for each
+    /// uncommitted request.
+    private func keepDurableOutput(answering reason: String?) {
         let durable = committedItems
         for key in order {
             let output = outputs[key]!
@@ -399,12 +447,12 @@ final class Batch {
                 for entry in output.entries {
                     switch entry {
                     case .begin(let item):
-                        guard item >= durable, case .request(let name, let cookie, let line) = items[item] else { continue }
+                        guard let reason, item >= durable, case .request(let name, let cookie, let line) = items[item] else { continue }
                         ServiceMetrics.failed(name, error: ErrorCode.internal.rawValue)
                         ProtocolError(.internal, reason).requestFailed(request: name, cookie: cookie, line: line).encode(to: &kept)
                     case .event(let start, let end, let item):
                         var keep = item < durable
-                        if case .answered = items[item] { keep = true }
+                        if reason != nil, case .answered = items[item] { keep = true }
                         if keep { kept.appendLines(UnsafeRawBufferPointer(rebasing: built[start..<end])) }
                     }
                 }
@@ -412,6 +460,12 @@ final class Batch {
             output.writer = kept
             output.entries = []
         }
+    }
+
+    /// Drops what the uncommitted items would have written and done; returns the sessions
+    /// whose setup they changed, latest change first, with what each was before.
+    private func dropUncommitted() -> [(session: EngineSession, before: EngineSession.Setup)] {
+        let durable = committedItems
         // What the uncommitted rows would have released stays; what their requests
         // opened is let go.
         afterCommit = []

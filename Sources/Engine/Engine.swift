@@ -103,10 +103,13 @@ public final class Engine: @unchecked Sendable {
     private var lastSequence: Int64 = 0
     /// Commits that failed while the batch after them was being decided (the first failed;
     /// those after it were decided on memory holding its changes, so they fail with it,
-    /// and so does the batch being decided, at its end).
+    /// and so does the batch being decided, at its end). No commits: the batch being
+    /// decided conflicted committing what it had so far (`commitSoFar`).
     private var failedCommit: (commits: [Commit], error: Error)?
     /// The number of the batch being decided (its pins in the cache).
     private var batchNumber = 0
+    /// Commits that conflicted since the last one that was applied (`redo`).
+    private var conflictsInARow = 0
 
     /// How many endpoints one user may have at once: registered ones and sessions that
     /// have not registered (docs/protocol.md §3, `--max-endpoints`).
@@ -183,7 +186,9 @@ public final class Engine: @unchecked Sendable {
         chatsOfUser = [:]
         lastChatNumber = 0
         for row in directory.chats {
-            chats[row.number] = ChatRecord(row)
+            let chat = ChatRecord(row)
+            chat.version = directory.chatVersions[row.number] ?? 0
+            chats[row.number] = chat
             lastChatNumber = max(lastChatNumber, row.number)
         }
         for row in directory.members {
@@ -421,7 +426,8 @@ public final class Engine: @unchecked Sendable {
             if taken > 0 { ServiceMetrics.batchSize.record(taken) }
             // The sessions whose answers came back go on at once, not at the next look.
             if answeredOutside { takeUnparkedWork(batch: batch) }
-            end(batch, barriers: barriers, committingLater: !stopping)
+            // A batch decided again (its commit conflicted) is taken again, `stop` with it.
+            if end(batch, barriers: barriers, stopping: stopping) { stopping = false }
             cache.trim()
         }
         // The thread object holds this engine through its closure: let go of it.
@@ -465,8 +471,12 @@ public final class Engine: @unchecked Sendable {
     /// waits for the commit: `commitIfChanged`), so when this commit fails every batch
     /// after it fails with it. A batch that something waits for (removing files, starting
     /// attachment copies), and the last one, are committed while the engine waits.
-    private func end(_ batch: Batch, barriers: [@Sendable () -> Void], committingLater: Bool) {
-        let later = committingLater && !batch.hasActionsAfterCommit
+    ///
+    /// When a commit conflicts (another node committed first to a chat it changes), the
+    /// batches that failed with it are decided again instead (`redo`). Returns whether they
+    /// were: their work, and `stop` when `stopping`, is then in the inbox again.
+    private func end(_ batch: Batch, barriers: [@Sendable () -> Void], stopping: Bool) -> Bool {
+        let later = !stopping && !batch.hasActionsAfterCommit
         settleFinished()
         if later {
             while inFlight.count >= commitsInFlight && failedCommit == nil { settleOldest() }
@@ -475,22 +485,30 @@ public final class Engine: @unchecked Sendable {
         }
         if let failed = failedCommit {
             failedCommit = nil
+            if redo(failed.commits.map { ($0.batch, $0.barriers) } + [(batch, barriers)], stopping: stopping, after: failed.error) {
+                return true
+            }
             fail([batch] + failed.commits.reversed().map(\.batch), with: failed.error)
             for commit in failed.commits { deliver(commit.batch, then: commit.barriers) }
             deliver(batch, then: barriers)
-            return
+            return false
         }
         guard later else {
-            commit(batch)
+            do {
+                try writeChanges(batch)
+            } catch {
+                if redo([(batch, barriers)], stopping: stopping, after: error) { return true }
+                fail([batch], with: error)
+            }
             deliver(batch, then: barriers)
-            return
+            return false
         }
         let counters = collect(batch)
         batch.takeAsWritten()
         if batch.store.isEmpty && inFlight.isEmpty {
             batch.committed()
             deliver(batch, then: barriers)
-            return
+            return false
         }
         // The store applies it only after the last commit in flight, and only if that is.
         batch.store.follows = inFlight.last { !$0.rows.isEmpty }?.rows.sequence
@@ -499,7 +517,7 @@ public final class Engine: @unchecked Sendable {
         // A batch that wrote nothing behind commits in flight waits for them, in order.
         guard !commit.rows.isEmpty else {
             commit.finish()
-            return
+            return false
         }
         let store = self.store
         committer.async { [self] in
@@ -514,6 +532,7 @@ public final class Engine: @unchecked Sendable {
             // Wakes the engine when it waits for work: the events are due.
             put(.committed)
         }
+        return false
     }
 
     /// Waits for the oldest batch in flight, then delivers its events. When its commit
@@ -530,7 +549,10 @@ public final class Engine: @unchecked Sendable {
             inFlight = []
             return
         }
-        if !commit.rows.isEmpty { ServiceMetrics.committed(in: commit.took) }
+        if !commit.rows.isEmpty {
+            ServiceMetrics.committed(in: commit.took)
+            conflictsInARow = 0
+        }
         wrote(commit.batch, counters: commit.counters)
         deliver(commit.batch, then: commit.barriers)
     }
@@ -577,6 +599,7 @@ public final class Engine: @unchecked Sendable {
         // Between work items the cache gives back what it holds beyond its budget (never
         // what this batch changed): a request sees one record per message while it runs.
         cache.trim()
+        batch.took(item)
         switch item {
         case .request(let request, let line, let session):
             batch.finish(session)
@@ -668,6 +691,7 @@ public final class Engine: @unchecked Sendable {
                 throw error
             }
             ServiceMetrics.committed(in: ContinuousClock.now - started)
+            conflictsInARow = 0
             wrote(batch, counters: counters)
         } else {
             batch.committed()
@@ -679,6 +703,13 @@ public final class Engine: @unchecked Sendable {
     private func collect(_ batch: Batch) -> StoreCounters {
         let counters = StoreCounters(changeSeq: changeSeq, searchRow: lastSearchRow)
         batch.collectRows(counters: counters == storedCounters ? nil : counters)
+        // Each chat changed is decided on the version memory has; the next commit expects
+        // the one after (a commit in flight that fails makes memory be read again).
+        batch.store.chatVersions = batch.changedChats.sorted().compactMap { number in
+            guard let chat = chats[number] else { return nil }
+            defer { chat.version += 1 }
+            return ChatVersion(chat: number, version: chat.version)
+        }
         if !batch.store.isEmpty {
             lastSequence += 1
             batch.store.sequence = lastSequence
@@ -695,12 +726,14 @@ public final class Engine: @unchecked Sendable {
 
     /// Commits what the batch changed so far (before reading from the store), after the
     /// batch before it. If that fails, the batch keeps its rows: its final commit fails
-    /// again and answers all.
+    /// again and answers all. If it conflicted, the batch is decided again at its end
+    /// (`redo`), whatever its final commit would do, and nothing more of it reads the store.
     func commitSoFar(_ batch: Batch) throws {
         try settleBeforeReading()
         do {
             try writeChanges(batch)
         } catch {
+            if (error as? StoreFailure)?.kind == .conflict { failedCommit = ([], error) }
             throw ProtocolError(.internal, Engine.storeFailure(error))
         }
     }
@@ -723,13 +756,58 @@ public final class Engine: @unchecked Sendable {
         "the store failed to commit the change, so nothing of this request was done (\(error))"
     }
 
-    private func commit(_ batch: Batch) {
+    /// Decides the work of `batches` (oldest first, each with the barriers waiting for
+    /// it) again, when their commit conflicted (`StoreFailure.Kind.conflict`: another node
+    /// committed first to a chat they change): memory is read again from the store, each
+    /// batch keeps only its durable events (`Batch.takeBack`) and delivers them, and its
+    /// other work goes back to the front of the inbox, in order, ahead of everything that
+    /// came later, so the next batch decides it on what the store has now. Work parked
+    /// behind it (a session whose client was slow) follows it there, except that of
+    /// sessions waiting for a search's answer (their work was never in these batches);
+    /// barriers and `stop` come last. Returns false, having done nothing, when the
+    /// failure is no conflict, when commits conflicted `maxRedos` times in a row (the
+    /// caller answers `Internal`), or when the store cannot be read.
+    private func redo(_ batches: [(batch: Batch, barriers: [@Sendable () -> Void])], stopping: Bool, after error: Error) -> Bool {
+        guard (error as? StoreFailure)?.kind == .conflict, conflictsInARow < Engine.maxRedos else { return false }
         do {
-            try writeChanges(batch)
+            try reload()
         } catch {
-            fail([batch], with: error)
+            return false
         }
+        conflictsInARow += 1
+        ServiceMetrics.commitConflicts.increment()
+        logger.info("a commit conflicted with another node's: deciding its requests again", metadata: ["error": "\(error)"])
+        var work: [[Work]] = []
+        for (batch, _) in batches.reversed() {
+            let (taken, setups) = batch.takeBack()
+            for (session, before) in setups {
+                unregister(session)
+                session.setup = before
+                if let user = session.user, session.isOpen { sessionsByUser[user, default: []].append(session) }
+            }
+            work.insert(taken, at: 0)
+        }
+        for (batch, _) in batches { batch.deliver() }
+        var again = work.flatMap { $0 }
+        var released = 0
+        parkedOrder.removeAll { key in
+            guard let entry = parked[key], !awaitingOutside.contains(key) else { return false }
+            again += entry.work
+            released += entry.work.count
+            parked[key] = nil
+            return true
+        }
+        again += batches.flatMap(\.barriers).map { Work.barrier($0) }
+        if stopping { again.append(.stop) }
+        inbox.putBack(again)
+        // Counted as parked until they are in the inbox (`drain` looks at both).
+        parkedCount.subtract(released, ordering: .releasing)
+        return true
     }
+
+    /// How many commits in a row may conflict and be decided again before the batch is
+    /// answered `Internal`.
+    static let maxRedos = 8
 
     /// The commit of `batches` (the latest first) failed. Nothing since their last
     /// commit is durable: none of their events may be seen, every request they held gets

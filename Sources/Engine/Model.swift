@@ -260,6 +260,9 @@ final class ChatRecord {
     var lastTimestamp: Int64?
     /// The row as the store has it (nil: not stored yet).
     var stored: ChatRow?
+    /// The version the next commit that changes the chat expects the store to have
+    /// (`StoreBatch.chatVersions`; 0: not stored yet).
+    var version: Int64 = 0
 
     init(number: Int64, subject: String, isOneToOne: Bool, invitePolicy: InvitePolicy, data: JSONValue?) {
         self.number = number

@@ -18,8 +18,12 @@ public enum ServiceMetrics {
     public static let batchSize = Recorder(label: "chatcore_batch_items", aggregate: true)
     /// One batch's transaction: from the start of the write to its synced commit.
     public static let commitDuration = Timer(label: "chatcore_commit_duration_seconds")
-    /// Commits that failed (the batch's requests were answered Internal).
+    /// Commits that failed (the batch's requests were answered Internal, or decided again
+    /// when the commit conflicted).
     public static let commitFailures = Counter(label: "chatcore_commit_failures_total")
+    /// Commits that conflicted with another node's (`StoreFailure.Kind.conflict`): their
+    /// requests were decided again.
+    public static let commitConflicts = Counter(label: "chatcore_commit_conflicts_total")
     /// Bytes handed to the transports, every session together.
     public static let outputBytes = Counter(label: "chatcore_output_bytes_total")
     /// Bytes of the store's files (the database, its write-ahead log, the search index).
@@ -86,7 +90,7 @@ public enum ServiceMetrics {
     /// Makes every metric at once (after the bootstrap), so that a scrape shows each one,
     /// at zero until it moves.
     public static func register() {
-        _ = (sessions, sessionsOpened, batchSize, commitDuration, commitFailures, outputBytes, storeBytes)
+        _ = (sessions, sessionsOpened, batchSize, commitDuration, commitFailures, commitConflicts, outputBytes, storeBytes)
         _ = (deciding, relayedConnections, relayedConnectionsAccepted)
         _ = (byRequest, unknownRequest)
     }

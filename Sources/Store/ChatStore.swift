@@ -123,6 +123,11 @@ public struct StoreFailure: Error, CustomStringConvertible, Sendable {
         /// the commit was applied, and what this process holds in memory may be behind
         /// the store. The service must stop.
         case superseded
+        /// Another process committed first to a chat this batch changes (its version moved
+        /// on: `StoreBatch.chatVersions`): nothing of the commit was applied, and what this
+        /// process holds of that chat is behind the store. Read the store again and decide
+        /// the batch's requests again.
+        case conflict
         /// Anything else: nothing of the commit was applied.
         case other
     }

@@ -297,8 +297,23 @@ public struct StoreDirectory: Sendable {
     public var chats: [ChatRow] = []
     public var members: [MemberRow] = []
     public var counters = StoreCounters()
+    /// Each chat's version (`StoreBatch.chatVersions`), for a store that several deciding
+    /// processes share; a chat left out has version 0. Empty for a store only one process
+    /// writes (SQLite).
+    public var chatVersions: [Int64: Int64] = [:]
 
     public init() {}
+}
+
+/// A chat and the version a decision about it was made on (`StoreBatch.chatVersions`).
+public struct ChatVersion: Sendable, Equatable {
+    public var chat: Int64
+    public var version: Int64
+
+    public init(chat: Int64, version: Int64) {
+        self.chat = chat
+        self.version = version
+    }
 }
 
 /// A row written with only some of its columns.
@@ -339,6 +354,13 @@ public struct StoreBatch: Sendable {
     public var blobUses: [String: Int64] = [:]
     /// The counters as they now are (nil: unchanged).
     public var counters: StoreCounters?
+    /// Every chat the batch changes (its row, members, messages or their states), with the
+    /// version the decision was made on (0: a chat the store does not have yet). A store
+    /// that several deciding processes share applies the batch only if each chat is still
+    /// at that version, and moves it on by one; otherwise nothing of it is applied and the
+    /// commit fails with `StoreFailure.Kind.conflict`. A store only one process writes
+    /// (SQLite) has nothing to compare them with and ignores them.
+    public var chatVersions: [ChatVersion] = []
     /// This commit's place among the engine's commits (increasing; not stored).
     public var sequence: Int64 = 0
     /// The commit still in flight that this one follows (`ChatStore.commitsInFlight`), if

@@ -61,6 +61,18 @@ final class EngineHarness {
         engine.put(work(name, json))
     }
 
+    /// Opens session `name` without authenticating it (`authentication`).
+    func open(_ name: String) {
+        let sink = RecordingSink()
+        sessions[name] = (engine.openSession(transport: .tcp, sink: sink), sink)
+    }
+
+    /// The work that authenticates session `name` as `user` (for `engine.put(together:)`).
+    func authentication(_ name: String, as user: String) -> Engine.Work {
+        line += 1
+        return .authenticate(userId: user, cookie: nil, line: line, announce: true, session: sessions[name]!.handle)
+    }
+
     /// Submits requests (session name, line) that the engine takes into one batch.
     func submitTogether(_ requests: [(String, String)]) {
         engine.put(together: requests.map { work($0.0, $0.1) })
@@ -82,7 +94,8 @@ final class EngineHarness {
         store.release.signal()
     }
 
-    private func work(_ name: String, _ json: String) -> Engine.Work {
+    /// The work of request line `json` from session `name`.
+    func work(_ name: String, _ json: String) -> Engine.Work {
         let handle = sessions[name]!.handle
         line += 1
         let bytes = Array(json.utf8)
@@ -177,16 +190,33 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     let commitsInFlight: Int
     private let outcomes = CommitOutcomes()
 
-    init(_ inner: ChatStore, commitsInFlight: Int = 1) {
+    /// While set, every commit conflicts (`StoreFailure.Kind.conflict`); when `conflictOnce`
+    /// is set, the next commit does (and it is cleared).
+    let conflicting = Atomic<Bool>(false)
+    let conflictOnce = Atomic<Bool>(false)
+    let conflicts = Atomic<Int>(0)
+    /// With `versioned`, the store keeps each chat's version and refuses a commit decided
+    /// on an older one, as PostgreSQL's does for several deciding nodes: two engines on it
+    /// are two nodes.
+    private let versioned: Bool
+    private let versionsLock = NSLock()
+    private var versions: [Int64: Int64] = [:]
+
+    init(_ inner: ChatStore, commitsInFlight: Int = 1, versioned: Bool = false) {
         self.inner = inner
         self.commitsInFlight = commitsInFlight
+        self.versioned = versioned
     }
 
     struct InjectedFailure: Error, CustomStringConvertible {
         var description: String { "database or disk is full (injected)" }
     }
 
-    func loadDirectory() throws -> StoreDirectory { try inner.loadDirectory() }
+    func loadDirectory() throws -> StoreDirectory {
+        var directory = try inner.loadDirectory()
+        if versioned { directory.chatVersions = versionsLock.withLock { versions } }
+        return directory
+    }
     func messages(chat: Int64, in ids: ClosedRange<Int64>) throws -> [MessageRow] { try inner.messages(chat: chat, in: ids) }
     func messages(chat: Int64, ids: [Int64]) throws -> [MessageRow] { try inner.messages(chat: chat, ids: ids) }
     func messageIds(chat: Int64, matching filter: MessageFilter, from start: Int64, ascending: Bool, limit: Int) throws -> [Int64] {
@@ -222,6 +252,10 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     }
 
     private func commitOrFail(_ batch: StoreBatch) throws {
+        if conflictOnce.exchange(false, ordering: .relaxed) || conflicting.load(ordering: .relaxed) {
+            conflicts.add(1, ordering: .relaxed)
+            throw StoreFailure(.conflict, "another node committed first (injected)")
+        }
         if failOnce.exchange(false, ordering: .relaxed) {
             failedCommits.add(1, ordering: .relaxed)
             throw InjectedFailure()
@@ -230,6 +264,15 @@ final class FailingStore: ChatStore, @unchecked Sendable {
             failedCommits.add(1, ordering: .relaxed)
             throw InjectedFailure()
         }
+        guard versioned else { return try inner.commit(batch) }
+        // Compared, applied and moved on at once, as a row lock would.
+        versionsLock.lock()
+        defer { versionsLock.unlock() }
+        for claim in batch.chatVersions where versions[claim.chat, default: 0] != claim.version {
+            conflicts.add(1, ordering: .relaxed)
+            throw StoreFailure(.conflict, "chat \(claim.chat) is at version \(versions[claim.chat, default: 0]), not \(claim.version)")
+        }
         try inner.commit(batch)
+        for claim in batch.chatVersions { versions[claim.chat] = claim.version + 1 }
     }
 }

@@ -1,0 +1,152 @@
+import Foundation
+import GRDB
+import SQLiteStore
+import Store
+import XCTest
+@testable import Engine
+
+/// A commit that conflicts (`StoreFailure.Kind.conflict`: another node committed first to
+/// a chat the batch changes) is not answered `Internal`: memory is read again from the
+/// store and the batch's requests are decided again, in order, each answered once, with
+/// nothing of the first decision seen.
+final class ConflictTests: XCTestCase {
+    private static func send(_ content: String, cookie: String, chat: String = "1") -> String {
+        #"{"chatMessageSend":{"chatId":"\#(chat)","tag":"Text","content":"\#(content)","cookie":"\#(cookie)"}}"#
+    }
+
+    /// The message ids and contents each `listAdd` of a chat message carries, in order.
+    private static func added(_ events: [[String: Any]]) -> [String] {
+        events.compactMap { event in
+            guard let add = event["listAdd"] as? [String: Any], add["type"] as? String == "chatMessage",
+                  let element = (add["elements"] as? [[String: Any]])?.first, element["tag"] as? String == "Text" else { return nil }
+            return "\(element["messageId"]!):\(element["content"]!)"
+        }
+    }
+
+    private static func failures(_ events: [[String: Any]]) -> [String] {
+        events.compactMap { event in
+            (event["requestFailed"] as? [String: Any]).map { "\($0["cookie"] ?? "-"):\($0["error"]!)" }
+        }
+    }
+
+    private func listed(_ h: EngineHarness, as name: String) -> [String] {
+        let lines = h.send(name, #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":20}}}"#)
+        let objects = lines.map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
+        return objects.flatMap { ($0["listChunk"] as? [String: Any])?["elements"] as? [[String: Any]] ?? [] }
+            .filter { $0["tag"] as? String == "Text" }.map { "\($0["messageId"]!):\($0["content"]!)" }
+    }
+
+    /// Alice ("a") and Bob ("b") in chat 1 (its Join is message 1); the events so far taken.
+    private func aliceAndBobInAChat(_ store: FailingStore) throws -> EngineHarness {
+        let h = try EngineHarness(store: store)
+        h.connect("a", as: "alice")
+        h.connect("b", as: "bob")
+        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
+        _ = h.events("b")
+        return h
+    }
+
+    /// Two engines on one store are two deciding nodes: a send decided on a chat the other
+    /// node has moved on since is decided again, with the next id the store leaves.
+    func testASendIntoAChatAnotherNodeChangedIsDecidedAgainOnWhatTheStoreHas() throws {
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()), versioned: true)
+        let nodeA = try aliceAndBobInAChat(store)
+        XCTAssertEqual(Self.added(nodeA.objects("a")), [])
+        XCTAssertEqual(Self.added(nodeA.send("a", Self.send("one", cookie: "1")).map(Self.object)), ["2:one"])
+        let nodeB = try EngineHarness(store: store)
+        nodeB.connect("b", as: "bob")
+        XCTAssertEqual(Self.added(nodeB.send("b", Self.send("from node B", cookie: "b")).map(Self.object)), ["3:from node B"])
+        // Node A still has 2 as the chat's last message.
+        let alice = nodeA.send("a", Self.send("two", cookie: "2")).map(Self.object)
+        XCTAssertEqual(Self.failures(alice), [], "\(alice)")
+        XCTAssertEqual(Self.added(alice), ["4:two"], "\(alice)")
+        XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 1)
+        // Bob on node A sees Alice's message once, with the id it was stored with.
+        XCTAssertEqual(Self.added(nodeA.objects("b")), ["2:one", "4:two"])
+        // Node A read the chat again: it lists node B's message from the store. (Node B
+        // does not follow node A's commits yet: docs/several-deciding-nodes.md, step 4.)
+        XCTAssertEqual(listed(nodeA, as: "a"), ["2:one", "3:from node B", "4:two"])
+        // And both go on from there.
+        XCTAssertEqual(Self.added(nodeA.send("a", Self.send("three", cookie: "3")).map(Self.object)), ["5:three"])
+        XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 1)
+    }
+
+    /// Every request of the batch is decided again, in order: each answered once (a line
+    /// that is no request too), and a session it authenticated is authenticated once.
+    func testEveryWorkItemOfAConflictingBatchIsDecidedAgainOnceInOrder() throws {
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
+        let h = try aliceAndBobInAChat(store)
+        h.open("x")
+        store.conflictOnce.store(true, ordering: .relaxed)
+        h.engine.put(together: [
+            h.work("a", Self.send("m1", cookie: "c1")),
+            h.work("a", #"{"nonsense":{"cookie":"u"}}"#),
+            h.work("b", Self.send("m2", cookie: "c2")),
+            h.authentication("x", as: "xavier"),
+            h.work("a", Self.send("m3", cookie: "c3")),
+            h.work("x", #"{"identitiesGet":{"cookie":"who","appUserIds":["xavier"]}}"#),
+        ])
+        let alice = h.objects("a")
+        let bob = h.objects("b")
+        let xavier = h.events("x")
+        XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 1)
+        XCTAssertEqual(Self.failures(alice), ["u:UnknownRequest"], "\(alice)")
+        XCTAssertEqual(Self.failures(bob), [], "\(bob)")
+        XCTAssertEqual(Self.added(alice), ["2:m1", "3:m2", "4:m3"], "\(alice)")
+        XCTAssertEqual(Self.added(bob), ["2:m1", "3:m2", "4:m3"], "\(bob)")
+        // The decode failure's answer comes between m1's and m2's, where it was sent.
+        let order = alice.compactMap { event -> String? in
+            if event["requestFailed"] != nil { return "failed" }
+            return Self.added([event]).first
+        }
+        XCTAssertEqual(order, ["2:m1", "failed", "3:m2", "4:m3"])
+        XCTAssertEqual(xavier.filter { $0.contains(#""authTokenResult""#) || $0.contains(#""setupState""#) && $0.contains("Success") }.count >= 1, true, "\(xavier)")
+        XCTAssertEqual(xavier.filter { $0.contains(#""identities""#) }.count, 1, "\(xavier)")
+        XCTAssertFalse(xavier.joined().contains("NotAuthenticated"), "\(xavier)")
+        XCTAssertEqual(listed(h, as: "a"), ["2:m1", "3:m2", "4:m3"])
+    }
+
+    /// A search commits what its batch decided before it; when that commit conflicts, the
+    /// batch is decided again whole, and the search answers once, finding the message.
+    func testASearchWhoseCommitConflictedIsAnsweredOnce() throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("engine-tests-\(UUID())")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
+        let h = try EngineHarness(store: store, searchIndex: try SQLiteSearchIndex(directory: directory))
+        h.connect("a", as: "alice")
+        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
+        store.conflictOnce.store(true, ordering: .relaxed)
+        h.engine.put(together: [
+            h.work("a", Self.send("findable", cookie: "c1")),
+            h.work("a", #"{"search":{"cookie":"q","text":"findable"}}"#),
+            h.work("a", Self.send("after", cookie: "c2")),
+        ])
+        let alice = h.objects("a")
+        XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 1)
+        XCTAssertEqual(Self.failures(alice), [], "\(alice)")
+        XCTAssertEqual(Self.added(alice), ["2:findable", "3:after"], "\(alice)")
+        let results = alice.compactMap { $0["searchResult"] as? [String: Any] }
+        XCTAssertEqual(results.count, 1, "\(alice)")
+        XCTAssertEqual((results.first?["messages"] as? [[String: Any]])?.map { "\($0["messageId"]!)" }, ["2"])
+    }
+
+    /// Conflicting again and again (the chat is that busy on other nodes), the batch is
+    /// answered `Internal` after `Engine.maxRedos` tries, and nothing of it is kept.
+    func testACommitThatKeepsConflictingIsAnsweredInternalOnce() throws {
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
+        let h = try aliceAndBobInAChat(store)
+        store.conflicting.store(true, ordering: .relaxed)
+        let alice = h.send("a", Self.send("busy", cookie: "c1")).map(Self.object)
+        XCTAssertEqual(Self.failures(alice), ["c1:Internal"], "\(alice)")
+        XCTAssertEqual(alice.count, 1, "\(alice)")
+        XCTAssertEqual(store.conflicts.load(ordering: .relaxed), Engine.maxRedos + 1)
+        XCTAssertEqual(h.events("b"), [])
+        store.conflicting.store(false, ordering: .relaxed)
+        XCTAssertEqual(Self.added(h.send("a", Self.send("calm", cookie: "c2")).map(Self.object)), ["2:calm"])
+    }
+
+    private static func object(_ line: String) -> [String: Any] {
+        try! JSONSerialization.jsonObject(with: Data(line.utf8)) as! [String: Any]
+    }
+}
