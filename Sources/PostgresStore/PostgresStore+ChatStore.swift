@@ -33,6 +33,10 @@ extension PostgresStore: ChatStore {
                 counters[name] = value
             }
             directory.counters = StoreCounters(changeSeq: counters["changeSeq"] ?? 0, searchRow: counters["searchRow"] ?? 0)
+            for row in try run(connection, "SELECT chat, version FROM chat_version") {
+                let (chat, version) = try row.decode((Int64, Int64).self)
+                directory.chatVersions[chat] = version
+            }
             return directory
         }
     }
@@ -276,7 +280,10 @@ extension PostgresStore: ChatStore {
                     // predecessor was applied by the time it starts.
                     let statement = OneStatement(connection: connection, store: self)
                     write(batch, statement)
-                    try statement.send { binds in fence(&binds) }
+                    try statement.send { binds in
+                        let fence = fence(&binds)
+                        return PostgresStore.claim(batch.chatVersions, &binds).map { fence + ", " + $0 } ?? fence
+                    }
                 }
             }
             applied = true
@@ -290,6 +297,9 @@ extension PostgresStore: ChatStore {
             }
             if error.serverInfo?[.sqlState] == PostgresStore.supersededState {
                 throw StoreFailure(.superseded, supersededReason)
+            }
+            if let state = error.serverInfo?[.sqlState], PostgresStore.conflictStates.contains(state) {
+                throw StoreFailure(.conflict, "PostgreSQL: \(PostgresStore.describe(error))")
             }
             throw StoreFailure(.other, "PostgreSQL: \(PostgresStore.describe(error))")
         } catch {
@@ -315,10 +325,10 @@ extension PostgresStore: ChatStore {
         guard outcomes.wait(for: follows) else {
             throw StoreFailure(.other, "the commit before it failed, and this one was decided after it: nothing of it was applied")
         }
-        if !rest.isEmpty {
+        if !rest.isEmpty || !rest.chatVersions.isEmpty {
             let second = OneStatement(connection: connection, store: self)
             write(rest, second)
-            try second.send { _ in "SELECT 1" }
+            try second.send { binds in PostgresStore.claim(rest.chatVersions, &binds).map { "SELECT " + $0 } ?? "SELECT 1" }
         }
         try run(connection, "COMMIT")
     }

@@ -463,6 +463,19 @@ public final class PostgresStore: @unchecked Sendable {
         "SELECT chatcore_fence(\(binds.add(lock.withLock { epoch })))"
     }
 
+    /// The clause that moves on the versions of the chats a batch changes, or raises
+    /// `conflictState` (`chatcore_claim`); nil when it changes none.
+    static func claim(_ versions: [ChatVersion], _ binds: inout Binds) -> String? {
+        guard !versions.isEmpty else { return nil }
+        return "chatcore_claim(\(binds.add(versions.map(\.chat)))::bigint[], \(binds.add(versions.map(\.version)))::bigint[])"
+    }
+
+    /// SQLSTATEs of a commit that lost to another node's and may be decided again: the
+    /// claim's (`chatcore_claim`), a key another node inserted first (unique_violation),
+    /// and two commits that locked each other's chats (deadlock_detected) or were
+    /// serialised (serialization_failure).
+    static let conflictStates: Set<String> = ["CCC01", "23505", "40P01", "40001"]
+
     /// The SQLSTATE of a failed fence.
     static let supersededState = "CCW01"
 
@@ -728,6 +741,35 @@ public final class PostgresStore: @unchecked Sendable {
             // `searchIndexUpTo`; later ones are added by their commits.
             #"INSERT INTO counter (name, value) SELECT 'searchIndexFrom', value FROM counter WHERE name = 'searchRow'"#,
             #"INSERT INTO counter (name, value) VALUES ('searchIndexUpTo', 0)"#,
+        ]),
+        ("v6-chat-versions", [
+            // Each chat's version (`StoreBatch.chatVersions`), in a table of its own: a
+            // commit's clauses may not touch one row twice, and the chat's row is written
+            // by another clause. A chat the store does not have yet is at 0.
+            "CREATE TABLE chat_version (chat bigint PRIMARY KEY, version bigint NOT NULL)",
+            #"INSERT INTO chat_version (chat, version) SELECT "number", 1 FROM chat"#,
+            // Moves each chat on from the version the commit was decided on, or raises
+            // `CCC01` (the commit conflicts) when another commit moved one first. The
+            // UPDATE takes the rows' locks: a commit on the same chat from another node
+            // waits for this one, then finds the version moved.
+            """
+            CREATE FUNCTION chatcore_claim(chats bigint[], expected bigint[]) RETURNS void LANGUAGE plpgsql AS $$
+            DECLARE
+                moved bigint;
+                made bigint;
+            BEGIN
+                UPDATE chat_version v SET version = v.version + 1 FROM unnest(chats, expected) AS c(chat, version)
+                    WHERE v.chat = c.chat AND v.version = c.version AND c.version > 0;
+                GET DIAGNOSTICS moved = ROW_COUNT;
+                INSERT INTO chat_version (chat, version) SELECT c.chat, 1 FROM unnest(chats, expected) AS c(chat, version)
+                    WHERE c.version = 0 ON CONFLICT (chat) DO NOTHING;
+                GET DIAGNOSTICS made = ROW_COUNT;
+                IF moved + made <> cardinality(chats) THEN
+                    RAISE EXCEPTION 'another chatcore node committed first to a chat this commit changes' USING ERRCODE = 'CCC01';
+                END IF;
+            END
+            $$
+            """,
         ]),
     ]
 
