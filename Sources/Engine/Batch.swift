@@ -391,22 +391,30 @@ final class Batch {
     }
 
     func finish(_ session: EngineSession) {
-        let key = ObjectIdentifier(output(of: session).session)
-        finished[key, default: 0] += 1
-        finishedBy.append((items.count, key))
+        finished[ObjectIdentifier(output(of: session).session), default: 0] += 1
     }
 
     // MARK: when the commit fails
 
+    /// What the engine took from its inbox for this batch (`took(inboxIndex:)` refers to
+    /// it: kept whole, the work is not copied item by item).
+    var inboxWork: [Engine.Work] = []
     /// The work the batch took, in order, with the number of the first item each began
-    /// (`takeBack`).
-    private var taken: [(item: Int, work: Engine.Work)] = []
-    /// The item each count in `finished` was added for.
-    private var finishedBy: [(item: Int, key: ObjectIdentifier)] = []
+    /// (`takeBack`): an index into `inboxWork`, or (below 0) into `takenElsewhere`.
+    private var taken: [(item: Int, index: Int)] = []
+    /// Work taken from elsewhere than the inbox (parked work let go).
+    private var takenElsewhere: [Engine.Work] = []
 
-    /// The engine takes `work` into the batch (it is decided again if the commit conflicts).
+    /// The engine takes `inboxWork[index]` into the batch (it is decided again if the
+    /// commit conflicts).
+    func took(inboxIndex index: Int) {
+        taken.append((items.count, index))
+    }
+
+    /// The engine takes `work`, which is not from `inboxWork`, into the batch.
     func took(_ work: Engine.Work) {
-        taken.append((items.count, work))
+        takenElsewhere.append(work)
+        taken.append((items.count, -takenElsewhere.count))
     }
 
     /// The commit failed: keeps only what is durable or never depended on the store,
@@ -426,12 +434,14 @@ final class Batch {
     func takeBack() -> (work: [Engine.Work], setups: [(session: EngineSession, before: EngineSession.Setup)]) {
         let durable = committedItems
         keepDurableOutput(answering: nil)
-        for entry in finishedBy where entry.item >= durable {
-            finished[entry.key]! -= 1
+        let work = taken.filter { $0.item >= durable }.map { $0.index >= 0 ? inboxWork[$0.index] : takenElsewhere[-$0.index - 1] }
+        // A session's work that is decided again is finished again then.
+        for item in work {
+            if let session = item.session { finished[ObjectIdentifier(session)]! -= 1 }
         }
-        finishedBy.removeAll { $0.item >= durable }
-        let work = taken.filter { $0.item >= durable }.map(\.work)
         taken = []
+        takenElsewhere = []
+        inboxWork = []
         return (work, dropUncommitted())
     }
 

@@ -99,6 +99,8 @@ public final class Engine: @unchecked Sendable {
     private var inFlight: [Commit] = []
     /// How many batches may be in flight at once.
     private let commitsInFlight: Int
+    /// Whether commits carry the versions of the chats they change (`ChatStore`).
+    private let comparesChatVersions: Bool
     /// The last commit's `StoreBatch.sequence`.
     private var lastSequence: Int64 = 0
     /// Commits that failed while the batch after them was being decided (the first failed;
@@ -159,6 +161,7 @@ public final class Engine: @unchecked Sendable {
         self.searchIndex = searchIndex
         self.store = store
         self.commitsInFlight = max(1, store.commitsInFlight)
+        self.comparesChatVersions = store.comparesChatVersions
         self.logger = logger
         self.clock = clock
         self.attachments = attachments
@@ -399,6 +402,7 @@ public final class Engine: @unchecked Sendable {
             let work = inbox.take(limit: Engine.batchLimit, waitingAtMost: parked.isEmpty ? nil : 0.02)
             batchNumber += 1
             let batch = Batch(cache: cache, number: batchNumber)
+            batch.inboxWork = work
             var barriers: [@Sendable () -> Void] = []
             takeUnparkedWork(batch: batch)
             var answeredOutside = false
@@ -417,9 +421,9 @@ public final class Engine: @unchecked Sendable {
                     continue
                 case .searchFound:
                     answeredOutside = true
-                    take(item, batch: batch)
+                    take(item, batch: batch, inboxIndex: index)
                 default:
-                    take(item, batch: batch)
+                    take(item, batch: batch, inboxIndex: index)
                 }
                 taken += 1
             }
@@ -576,8 +580,9 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// Decides one work item into the batch, or parks it behind the session's earlier
-    /// work while the session's client has too much output to take.
-    private func take(_ item: Work, batch: Batch) {
+    /// work while the session's client has too much output to take. `inboxIndex`: where it
+    /// is in `batch.inboxWork` (nil: it comes from elsewhere).
+    private func take(_ item: Work, batch: Batch, inboxIndex: Int? = nil) {
         if let session = item.session, session.isOpen {
             let key = ObjectIdentifier(session)
             if parked[key] != nil {
@@ -599,7 +604,11 @@ public final class Engine: @unchecked Sendable {
         // Between work items the cache gives back what it holds beyond its budget (never
         // what this batch changed): a request sees one record per message while it runs.
         cache.trim()
-        batch.took(item)
+        if let inboxIndex {
+            batch.took(inboxIndex: inboxIndex)
+        } else {
+            batch.took(item)
+        }
         switch item {
         case .request(let request, let line, let session):
             batch.finish(session)
@@ -705,10 +714,12 @@ public final class Engine: @unchecked Sendable {
         batch.collectRows(counters: counters == storedCounters ? nil : counters)
         // Each chat changed is decided on the version memory has; the next commit expects
         // the one after (a commit in flight that fails makes memory be read again).
-        batch.store.chatVersions = batch.changedChats.sorted().compactMap { number in
-            guard let chat = chats[number] else { return nil }
-            defer { chat.version += 1 }
-            return ChatVersion(chat: number, version: chat.version)
+        if comparesChatVersions {
+            batch.store.chatVersions = batch.changedChats.sorted().compactMap { number in
+                guard let chat = chats[number] else { return nil }
+                defer { chat.version += 1 }
+                return ChatVersion(chat: number, version: chat.version)
+            }
         }
         if !batch.store.isEmpty {
             lastSequence += 1

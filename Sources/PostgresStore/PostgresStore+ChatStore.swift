@@ -261,6 +261,9 @@ extension PostgresStore: ChatStore {
     /// its own) and waits for it before writing the rest (`commit`).
     public var commitsInFlight: Int { 2 }
 
+    /// Yes: `chatcore_claim` moves them on in each commit, or refuses it.
+    public var comparesChatVersions: Bool { true }
+
     public func commit(_ batch: StoreBatch) throws {
         var applied = batch.isEmpty
         defer { outcomes.record(batch.sequence, applied: applied) }

@@ -75,11 +75,18 @@ public protocol ChatStore: AnyObject, Sendable {
     /// meanwhile (inserting its new messages), but applies it only once the one it
     /// follows is durable, and not at all if that one failed.
     var commitsInFlight: Int { get }
+
+    /// Whether commits are compared with the chats' versions (`StoreBatch.chatVersions`):
+    /// a store that several deciding processes share. One that only this process writes
+    /// (SQLite) has nothing to compare them with, and the engine leaves them out.
+    var comparesChatVersions: Bool { get }
 }
 
 extension ChatStore {
     /// One: each commit starts once the one before it returned.
     public var commitsInFlight: Int { 1 }
+
+    public var comparesChatVersions: Bool { false }
 }
 
 /// Which messages a match looks for (docs/protocol.md §8 criteria, in store words).

@@ -358,8 +358,8 @@ public struct StoreBatch: Sendable {
     /// version the decision was made on (0: a chat the store does not have yet). A store
     /// that several deciding processes share applies the batch only if each chat is still
     /// at that version, and moves it on by one; otherwise nothing of it is applied and the
-    /// commit fails with `StoreFailure.Kind.conflict`. A store only one process writes
-    /// (SQLite) has nothing to compare them with and ignores them.
+    /// commit fails with `StoreFailure.Kind.conflict`. Empty for a store only one process
+    /// writes (SQLite: `ChatStore.comparesChatVersions`).
     public var chatVersions: [ChatVersion] = []
     /// This commit's place among the engine's commits (increasing; not stored).
     public var sequence: Int64 = 0

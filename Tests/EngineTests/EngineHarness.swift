@@ -199,6 +199,7 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     /// on an older one, as PostgreSQL's does for several deciding nodes: two engines on it
     /// are two nodes.
     private let versioned: Bool
+    var comparesChatVersions: Bool { versioned }
     private let versionsLock = NSLock()
     private var versions: [Int64: Int64] = [:]
 
