@@ -21,7 +21,7 @@ final class CommitsInFlightTests: XCTestCase {
 
     /// Holds the commit of `first`, submits `next`, waits until the engine has handed
     /// `next`'s commit over too (both in flight), runs `whileBoth`, then lets them go.
-    fileprivate func commitBehind(_ first: [(String, String)], then next: [(String, String)], in h: EngineHarness, store: FailingStore,
+    private func commitBehind(_ first: [(String, String)], then next: [(String, String)], in h: EngineHarness, store: FailingStore,
                               whileBoth: () -> Void = {}) {
         let begun = store.commitsBegun.load(ordering: .relaxed)
         store.holding.store(true, ordering: .relaxed)
@@ -58,37 +58,27 @@ final class CommitsInFlightTests: XCTestCase {
         XCTAssertTrue(again.first?.contains(#""messageId":"3""#) ?? false, "\(again)")
     }
 
+    /// Alice's "first" (c1) as one batch; then Alice's "second" (c2) and Bob's "third" (c3).
+    private static let first = [("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)]
+    private static let secondAndThird = [
+        ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c2"}}"#),
+        ("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"third","cookie":"c3"}}"#),
+    ]
+
     func testABatchBehindACommitThatFailsFailsWithItAndNothingOfEitherIsSeen() throws {
         let (h, store) = try aliceAndBobInAChat()
-        commitBehind([("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)],
-                     then: [
-                        ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c2"}}"#),
-                        ("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"third","cookie":"c3"}}"#),
-                     ],
-                     in: h, store: store,
+        commitBehind(Self.first, then: Self.secondAndThird, in: h, store: store,
                      // Only the first commit fails: the one behind it would go through.
                      whileBoth: { store.failOnce.store(true, ordering: .relaxed) })
         FailedCommitTests.assertFirstSecondAndThirdFailedTogether(h, store)
     }
-}
 
-extension CommitsInFlightTests {
     /// The commit in flight conflicts (another node committed to the chat first): the batch
     /// behind it fails with it, and both are decided again, in order, each request answered
     /// once, as if nothing had happened.
     func testBatchesBehindACommitThatConflictsAreDecidedAgainInOrder() throws {
-        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()), commitsInFlight: 2)
-        let h = try EngineHarness(store: store)
-        h.connect("a", as: "alice")
-        h.connect("b", as: "bob")
-        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
-        _ = h.events("b")
-        commitBehind([("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)],
-                     then: [
-                        ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c2"}}"#),
-                        ("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"third","cookie":"c3"}}"#),
-                     ],
-                     in: h, store: store,
+        let (h, store) = try aliceAndBobInAChat()
+        commitBehind(Self.first, then: Self.secondAndThird, in: h, store: store,
                      whileBoth: { store.conflictOnce.store(true, ordering: .relaxed) })
         let alice = h.events("a")
         let bob = h.events("b")

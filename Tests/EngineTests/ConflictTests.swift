@@ -109,11 +109,8 @@ final class ConflictTests: XCTestCase {
     /// A search commits what its batch decided before it; when that commit conflicts, the
     /// batch is decided again whole, and the search answers once, finding the message.
     func testASearchWhoseCommitConflictedIsAnsweredOnce() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("engine-tests-\(UUID())")
-        defer { try? FileManager.default.removeItem(at: directory) }
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
-        let h = try EngineHarness(store: store, searchIndex: try SQLiteSearchIndex(directory: directory))
+        let h = try EngineHarness.withSearchIndex(store, for: self)
         h.connect("a", as: "alice")
         h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
         store.conflictOnce.store(true, ordering: .relaxed)

@@ -7,6 +7,7 @@ import SQLiteStore
 import Store
 import Synchronization
 import Wire
+import XCTest
 @testable import Engine
 
 /// The engine in-process: a real SQLite store (in memory unless a file is given), a
@@ -125,6 +126,17 @@ final class EngineHarness {
     /// The events as JSON objects.
     func objects(_ name: String) -> [[String: Any]] {
         events(name).map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
+    }
+}
+
+extension EngineHarness {
+    /// A harness on `store` with a search index in a directory of its own, removed when
+    /// `test` ends.
+    static func withSearchIndex(_ store: ChatStore, for test: XCTestCase) throws -> EngineHarness {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("engine-tests-\(UUID())")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        test.addTeardownBlock { try? FileManager.default.removeItem(at: directory) }
+        return try EngineHarness(store: store, searchIndex: try SQLiteSearchIndex(directory: directory))
     }
 }
 

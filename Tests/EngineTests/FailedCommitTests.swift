@@ -48,11 +48,8 @@ final class FailedCommitTests: XCTestCase {
     }
 
     func testAnswersCommittedBeforeTheFailureStand() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("engine-tests-\(UUID())")
-        defer { try? FileManager.default.removeItem(at: directory) }
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
-        let h = try EngineHarness(store: store, searchIndex: try SQLiteSearchIndex(directory: directory))
+        let h = try EngineHarness.withSearchIndex(store, for: self)
         h.connect("a", as: "alice")
         h.connect("b", as: "bob")
         h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)

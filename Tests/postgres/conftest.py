@@ -1,3 +1,4 @@
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -39,6 +40,20 @@ def start(cluster, database, scratch, *arguments, url=None, environment=None):
         assert time.time() < deadline, "chatcore did not listen"
         time.sleep(0.05)
     return process, socket_path
+
+
+@contextlib.contextmanager
+def user_on(cluster, database, scratch, user="alice"):
+    """A node on `database` with `user` connected (the client is yielded); at the end the
+    client leaves and the node stops cleanly."""
+    from chatcore_harness import Client, auth
+    process, path = start(cluster, database, scratch)
+    assert path is not None, process.stderr.read().decode()
+    client = Client(path)
+    auth(client, user)
+    yield client
+    client.close()
+    assert stop(process) == 0
 
 
 def chat_with_bob(client, subject):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import chat_with_bob, real_binary, start, stop
+from conftest import chat_with_bob, real_binary, start, stop, user_on
 from postgres_cluster import postgres_bin
 from chatcore_harness import Client, auth, body, small_tmpfs
 
@@ -179,14 +179,9 @@ def test_a_store_of_the_previous_release_is_migrated_and_each_writer_takes_the_n
     cluster.psql("DROP FUNCTION chatcore_fence(bigint); DROP TABLE writer_epoch, writer_beat; DELETE FROM chatcore_migration WHERE name = 'v3-writer-epoch'",
                  database="epoch")
     for expected in ("1", "2"):
-        process, socket_path = start(cluster, "epoch", scratch)
-        assert socket_path is not None, process.stderr.read().decode()
-        client = Client(socket_path)
-        auth(client, "alice")
-        sent = client.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "again", "cookie": "again"}})
-        assert any("listAdd" in e and body(e).get("cookie") == "again" for e in sent), sent
-        client.close()
-        assert stop(process) == 0
+        with user_on(cluster, "epoch", scratch) as client:
+            sent = client.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "again", "cookie": "again"}})
+            assert any("listAdd" in e and body(e).get("cookie") == "again" for e in sent), sent
         assert cluster.psql("SELECT epoch FROM writer_epoch", database="epoch").strip() == expected
     assert cluster.psql("SELECT name FROM chatcore_migration ORDER BY name", database="epoch").split() == [
         "v1-chatcore", "v2-writer-address", "v3-writer-epoch", "v4-node-credential", "v5-search-in-the-database", "v6-chat-versions"]
