@@ -224,6 +224,11 @@ final class Batch {
     /// The chats changed since the batch was last committed (`Engine.collect`).
     var changedChats: Set<Int64> { uncommittedChats }
 
+    /// Whether the batch made users or changed endpoints since it was last committed.
+    var changedUsersOrEndpoints: Bool {
+        !store.newUsers.isEmpty || !dirtyEndpoints.isEmpty || !removedEndpoints.isEmpty
+    }
+
     /// Whether the store lacks something this batch changed in `chat`.
     func hasUncommittedChanges(in chat: Int64) -> Bool {
         uncommittedChats.contains(chat)

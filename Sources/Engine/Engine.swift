@@ -188,6 +188,14 @@ public final class Engine: @unchecked Sendable {
         chats = [:]
         chatsOfUser = [:]
         lastChatNumber = 0
+        install(directory)
+        cache.removeAll()
+        typing = [:]
+        try refillSearchIndex()
+    }
+
+    /// The directory's chats with their memberships, and its counters, into memory.
+    private func install(_ directory: StoreDirectory) {
         for row in directory.chats {
             let chat = ChatRecord(row)
             chat.version = directory.chatVersions[row.number] ?? 0
@@ -202,9 +210,35 @@ public final class Engine: @unchecked Sendable {
         changeSeq = directory.counters.changeSeq
         lastSearchRow = directory.counters.searchRow
         storedCounters = directory.counters
-        cache.removeAll()
-        typing = [:]
-        try refillSearchIndex()
+    }
+
+    /// What memory must read again after `batches` failed to commit: the chats they changed
+    /// since they were last committed, or everything (nil) when they made users or changed
+    /// endpoints. Asked before the batches drop what they changed (`Batch.failAll`).
+    private static func uncommitted(_ batches: [Batch]) -> Set<Int64>? {
+        guard !batches.contains(where: \.changedUsersOrEndpoints) else { return nil }
+        return batches.reduce(into: []) { $0.formUnion($1.changedChats) }
+    }
+
+    /// Makes memory what the store has after a failed commit, reading only the chats that
+    /// commit changed (`uncommitted`): their records, memberships and versions, and the
+    /// counters; their messages leave the cache. The rest of memory never held anything
+    /// the commit had, so it stays (a directory of a million chats is not read again for
+    /// one chat's conflict). `nil`: everything (`reload`).
+    private func readAgain(_ numbers: Set<Int64>?) throws {
+        guard let numbers else { return try reload() }
+        let directory = try store.loadChats(numbers.sorted())
+        cache.remove(chats: numbers)
+        for number in numbers {
+            guard let old = chats.removeValue(forKey: number) else { continue }
+            for (user, member) in old.members where member.isActive {
+                chatsOfUser[user]?.remove(number)
+                if chatsOfUser[user]?.isEmpty == true { chatsOfUser[user] = nil }
+            }
+        }
+        // A chat the batches made is not in the store: its number is free again.
+        if directory.chats.count < numbers.count && numbers.contains(lastChatNumber) { lastChatNumber = chats.keys.max() ?? 0 }
+        install(directory)
     }
 
     /// How many chats and users the engine knows (logged at start-up).
@@ -781,7 +815,7 @@ public final class Engine: @unchecked Sendable {
     private func redo(_ batches: [(batch: Batch, barriers: [@Sendable () -> Void])], stopping: Bool, after error: Error) -> Bool {
         guard (error as? StoreFailure)?.kind == .conflict, conflictsInARow < Engine.maxRedos else { return false }
         do {
-            try reload()
+            try readAgain(Engine.uncommitted(batches.map(\.batch)))
         } catch {
             return false
         }
@@ -823,10 +857,11 @@ public final class Engine: @unchecked Sendable {
     /// The commit of `batches` (the latest first) failed. Nothing since their last
     /// commit is durable: none of their events may be seen, every request they held gets
     /// one Internal answer, sessions they authenticated are unauthenticated again (the
-    /// latest change undone first), and memory is rebuilt from the store, so no number
-    /// handed out by them is remembered.
+    /// latest change undone first), and memory of what they changed is read again from the
+    /// store (`readAgain`), so no number handed out by them is remembered.
     private func fail(_ batches: [Batch], with error: Error) {
         logger.error("commit failed: the requests of the batch are answered with Internal", metadata: ["error": "\(error)"])
+        let uncommitted = Engine.uncommitted(batches)
         for batch in batches {
             for (session, before) in batch.failAll(reason: Engine.storeFailure(error)) {
                 unregister(session)
@@ -846,7 +881,7 @@ public final class Engine: @unchecked Sendable {
             return
         }
         do {
-            try reload()
+            try readAgain(uncommitted)
         } catch {
             // Memory and store may now disagree: serving on could announce what is
             // not durable. Every answer decided so far is delivered by the caller's

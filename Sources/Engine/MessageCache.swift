@@ -123,6 +123,19 @@ final class MessageCache {
         }
     }
 
+    /// Forgets the records of these chats, pinned or not (memory of them is read again).
+    func remove(chats: Set<Int64>) {
+        var node = oldest
+        while let current = node {
+            node = current.newer
+            guard chats.contains(current.key.chat) else { continue }
+            unlink(current)
+            nodes[current.key] = nil
+            pinned[current.key] = nil
+            bytes -= current.size
+        }
+    }
+
     func removeAll() {
         nodes.removeAll()
         pinned.removeAll()

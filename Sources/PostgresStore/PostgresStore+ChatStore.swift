@@ -20,25 +20,48 @@ extension PostgresStore: ChatStore {
                 let (id, user, description, nickname, isLegacyDelegate, ordinal) = try $0.decode((Int64, Int64, String, String, Bool, Int64).self)
                 return EndpointRow(id: id, user: user, description: description, nickname: nickname, isLegacyDelegate: isLegacyDelegate, ordinal: ordinal)
             }
-            directory.chats = try run(connection, "SELECT \(Columns.chat) FROM chat ORDER BY \"number\"").map {
-                let (number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage, lastActivity) =
-                    try $0.decode((Int64, String, Bool, String, Bool, String?, Int64, Int64).self)
-                return ChatRow(number: number, subject: subject, isOneToOne: isOneToOne, invitePolicy: invitePolicy, isDefunct: isDefunct, data: data,
-                               lastMessage: lastMessage, lastActivity: lastActivity)
-            }
+            directory.chats = try run(connection, "SELECT \(Columns.chat) FROM chat ORDER BY \"number\"").map(PostgresStore.chat)
             directory.members = try run(connection, "SELECT \(Columns.member) FROM member ORDER BY chat, \"user\"").map(PostgresStore.member)
-            var counters: [String: Int64] = [:]
-            for row in try run(connection, "SELECT name, value FROM counter") {
-                let (name, value) = try row.decode((String, Int64).self)
-                counters[name] = value
-            }
-            directory.counters = StoreCounters(changeSeq: counters["changeSeq"] ?? 0, searchRow: counters["searchRow"] ?? 0)
-            for row in try run(connection, "SELECT chat, version FROM chat_version") {
-                let (chat, version) = try row.decode((Int64, Int64).self)
-                directory.chatVersions[chat] = version
-            }
+            try readCountersAndVersions(into: &directory, connection)
             return directory
         }
+    }
+
+    public func loadChats(_ numbers: [Int64]) throws -> StoreDirectory {
+        try withConnection { connection in
+            var directory = StoreDirectory()
+            var binds = Binds()
+            let wanted = binds.add(numbers)
+            directory.chats = try run(connection, "SELECT \(Columns.chat) FROM chat WHERE \"number\" = ANY(\(wanted)::bigint[]) ORDER BY \"number\"", binds)
+                .map(PostgresStore.chat)
+            directory.members = try run(connection, "SELECT \(Columns.member) FROM member WHERE chat = ANY(\(wanted)::bigint[]) ORDER BY chat, \"user\"", binds)
+                .map(PostgresStore.member)
+            try readCountersAndVersions(into: &directory, connection, chats: numbers)
+            return directory
+        }
+    }
+
+    /// The counters, and the versions of `chats` (nil: of every chat).
+    private func readCountersAndVersions(into directory: inout StoreDirectory, _ connection: PostgresConnection, chats: [Int64]? = nil) throws {
+        var counters: [String: Int64] = [:]
+        for row in try run(connection, "SELECT name, value FROM counter") {
+            let (name, value) = try row.decode((String, Int64).self)
+            counters[name] = value
+        }
+        directory.counters = StoreCounters(changeSeq: counters["changeSeq"] ?? 0, searchRow: counters["searchRow"] ?? 0)
+        var binds = Binds()
+        let sql = chats.map { "SELECT chat, version FROM chat_version WHERE chat = ANY(\(binds.add($0))::bigint[])" } ?? "SELECT chat, version FROM chat_version"
+        for row in try run(connection, sql, binds) {
+            let (chat, version) = try row.decode((Int64, Int64).self)
+            directory.chatVersions[chat] = version
+        }
+    }
+
+    static func chat(_ row: PostgresRow) throws -> ChatRow {
+        let (number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage, lastActivity) =
+            try row.decode((Int64, String, Bool, String, Bool, String?, Int64, Int64).self)
+        return ChatRow(number: number, subject: subject, isOneToOne: isOneToOne, invitePolicy: invitePolicy, isDefunct: isDefunct, data: data,
+                       lastMessage: lastMessage, lastActivity: lastActivity)
     }
 
     /// Column lists, in the order the readers below decode them.

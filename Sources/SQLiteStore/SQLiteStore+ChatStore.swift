@@ -13,12 +13,26 @@ extension SQLiteStore: ChatStore {
             directory.endpoints = try EndpointRow.order(Column("ordinal")).fetchAll(db)
             directory.chats = try ChatRow.order(Column("number")).fetchAll(db)
             directory.members = try MemberRow.order(Column("chat"), Column("user")).fetchAll(db)
-            let counters = try Dictionary(uniqueKeysWithValues: Row.fetchAll(db, sql: "SELECT name, value FROM counter").map {
-                (String.fromDatabaseValue($0[0]) ?? "", Int64.fromDatabaseValue($0[1]) ?? 0)
-            })
-            directory.counters = StoreCounters(changeSeq: counters["changeSeq"] ?? 0, searchRow: counters["searchRow"] ?? 0)
+            directory.counters = try counters(db)
             return directory
         }
+    }
+
+    public func loadChats(_ numbers: [Int64]) throws -> StoreDirectory {
+        try pool.read { db in
+            var directory = StoreDirectory()
+            directory.chats = try ChatRow.filter(numbers.contains(Column("number"))).order(Column("number")).fetchAll(db)
+            directory.members = try MemberRow.filter(numbers.contains(Column("chat"))).order(Column("chat"), Column("user")).fetchAll(db)
+            directory.counters = try counters(db)
+            return directory
+        }
+    }
+
+    private func counters(_ db: Database) throws -> StoreCounters {
+        let counters = try Dictionary(uniqueKeysWithValues: Row.fetchAll(db, sql: "SELECT name, value FROM counter").map {
+            (String.fromDatabaseValue($0[0]) ?? "", Int64.fromDatabaseValue($0[1]) ?? 0)
+        })
+        return StoreCounters(changeSeq: counters["changeSeq"] ?? 0, searchRow: counters["searchRow"] ?? 0)
     }
 
     // MARK: messages

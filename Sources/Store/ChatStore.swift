@@ -15,6 +15,11 @@ public protocol ChatStore: AnyObject, Sendable {
     /// Users, endpoints, chats with their memberships, and the counters, as last committed.
     func loadDirectory() throws -> StoreDirectory
 
+    /// `loadDirectory` for the chats with these numbers only (no users, no endpoints): the
+    /// chats the store has of them with their memberships and versions, and the counters.
+    /// What memory reads again after a commit that failed, when it changed only chats.
+    func loadChats(_ numbers: [Int64]) throws -> StoreDirectory
+
     // MARK: messages
 
     /// The messages of `chat` whose ids are in `ids`, ascending (ids that do not exist are

@@ -61,6 +61,9 @@ final class ConflictTests: XCTestCase {
         XCTAssertEqual(Self.failures(alice), [], "\(alice)")
         XCTAssertEqual(Self.added(alice), ["4:two"], "\(alice)")
         XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 1)
+        // Node A read chat 1 again, not its whole directory (once per node, at its start).
+        XCTAssertEqual(store.chatLoads.load(ordering: .relaxed), 1)
+        XCTAssertEqual(store.directoryLoads.load(ordering: .relaxed), 2)
         // Bob on node A sees Alice's message once, with the id it was stored with.
         XCTAssertEqual(Self.added(nodeA.objects("b")), ["2:one", "4:two"])
         // Node A read the chat again: it lists node B's message from the store. (Node B

@@ -225,9 +225,21 @@ final class FailingStore: ChatStore, @unchecked Sendable {
         var description: String { "database or disk is full (injected)" }
     }
 
+    /// How often memory was read whole, and how often only some chats of it.
+    let directoryLoads = Atomic<Int>(0)
+    let chatLoads = Atomic<Int>(0)
+
     func loadDirectory() throws -> StoreDirectory {
+        directoryLoads.add(1, ordering: .relaxed)
         var directory = try inner.loadDirectory()
         if versioned { directory.chatVersions = versionsLock.withLock { versions } }
+        return directory
+    }
+
+    func loadChats(_ numbers: [Int64]) throws -> StoreDirectory {
+        chatLoads.add(1, ordering: .relaxed)
+        var directory = try inner.loadChats(numbers)
+        if versioned { directory.chatVersions = versionsLock.withLock { versions.filter { numbers.contains($0.key) } } }
         return directory
     }
     func messages(chat: Int64, in ids: ClosedRange<Int64>) throws -> [MessageRow] { try inner.messages(chat: chat, in: ids) }

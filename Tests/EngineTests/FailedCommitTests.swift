@@ -121,3 +121,68 @@ final class FailedCommitTests: XCTestCase {
         XCTAssertTrue(answer.joined().contains("NotAuthenticated"), "\(answer)")
     }
 }
+
+/// Memory after a failed commit: only what the commit changed is read again.
+extension FailedCommitTests {
+    /// Alice in chat 1 with Bob and chat 2 with Carol; a send into chat 1 fails. Only chat
+    /// 1 is read again (not the whole directory), chat 2 is as it was, and chat 1 goes on
+    /// from what the store has.
+    func testAFailedCommitReadsOnlyTheChatsItChangedAgain() throws {
+        let (h, store) = try aliceAndBobInAChat()
+        h.connect("c", as: "carol")
+        h.send("a", #"{"chatStart":{"cookie":"s2","invitees":[{"userId":"carol"}],"subject":"g"}}"#)
+        h.send("a", #"{"chatMessageSend":{"chatId":"2","tag":"Text","content":"to carol"}}"#)
+        let loads = store.directoryLoads.load(ordering: .relaxed)
+        store.failOnce.store(true, ordering: .relaxed)
+        let failed = h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"lost","cookie":"l"}}"#)
+        XCTAssertTrue(failed.count == 1 && failed[0].contains(#""error":"Internal""#), "\(failed)")
+        XCTAssertEqual(store.directoryLoads.load(ordering: .relaxed), loads, "the whole directory was read again")
+        XCTAssertEqual(store.chatLoads.load(ordering: .relaxed), 1)
+        let one = h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"kept"}}"#)
+        XCTAssertTrue(one.first?.contains(#""messageId":"2""#) ?? false, "\(one)")
+        let two = h.send("a", #"{"chatMessageSend":{"chatId":"2","tag":"Text","content":"again"}}"#)
+        XCTAssertTrue(two.first?.contains(#""messageId":"3""#) ?? false, "\(two)")
+        let chats = h.send("a", #"{"requestListAll":{"type":"chat","cookie":"all"}}"#).joined()
+        XCTAssertTrue(chats.contains(#""chatId":"1""#) && chats.contains(#""chatId":"2""#), chats)
+    }
+
+    /// A message recalled by a commit that failed is not recalled: its record, changed in
+    /// memory, is read again (not kept from the cache).
+    func testAMessageChangedByAFailedCommitIsAsTheStoreHasIt() throws {
+        let (h, store) = try aliceAndBobInAChat()
+        h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"kept"}}"#)
+        store.failOnce.store(true, ordering: .relaxed)
+        let failed = h.send("a", #"{"chatMessageDestroy":{"chatId":"1","messageId":2,"cookie":"d"}}"#)
+        XCTAssertTrue(failed.count == 1 && failed[0].contains(#""error":"Internal""#), "\(failed)")
+        let listed = h.send("a", #"{"requestListElements":{"type":"chatMessage","cookie":"m","elements":[{"chatId":"1","messageId":"2"}]}}"#).joined()
+        XCTAssertTrue(listed.contains(#""content":"kept""#), listed)
+        XCTAssertFalse(listed.contains("Recalled"), listed)
+    }
+
+    /// A chat started by a commit that failed is not remembered: the next chat takes its
+    /// number, and nobody is in the failed one.
+    func testAChatStartedByAFailedCommitLeavesItsNumberFree() throws {
+        let (h, store) = try aliceAndBobInAChat()
+        store.failOnce.store(true, ordering: .relaxed)
+        let failed = h.send("a", #"{"chatStart":{"cookie":"lost","invitees":[{"userId":"bob"}],"subject":"lost"}}"#)
+        XCTAssertTrue(failed.count == 1 && failed[0].contains(#""error":"Internal""#), "\(failed)")
+        XCTAssertEqual(store.chatLoads.load(ordering: .relaxed), 1)
+        let started = h.send("a", #"{"chatStart":{"cookie":"s2","invitees":[{"userId":"bob"}],"subject":"kept"}}"#).joined()
+        XCTAssertTrue(started.contains(#""chatId":"2""#) && started.contains(#""subject":"kept""#), started)
+        let chats = h.send("b", #"{"requestListAll":{"type":"chat","cookie":"all"}}"#).joined()
+        XCTAssertFalse(chats.contains(#""subject":"lost""#), chats)
+        XCTAssertFalse(chats.contains(#""chatId":"3""#), chats)
+    }
+
+    /// A commit that made a user fails: the whole directory is read again (users are not
+    /// read one by one), and the next new user takes the number.
+    func testAFailedCommitThatMadeAUserReadsEverythingAgain() throws {
+        let (h, store) = try harness()
+        h.connect("a", as: "alice")
+        let loads = store.directoryLoads.load(ordering: .relaxed)
+        store.failOnce.store(true, ordering: .relaxed)
+        h.connect("x", as: "xavier")
+        XCTAssertEqual(store.directoryLoads.load(ordering: .relaxed), loads + 1)
+        XCTAssertEqual(store.chatLoads.load(ordering: .relaxed), 0)
+    }
+}
