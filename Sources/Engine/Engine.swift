@@ -110,8 +110,15 @@ public final class Engine: @unchecked Sendable {
     private var failedCommit: (commits: [Commit], error: Error)?
     /// The number of the batch being decided (its pins in the cache).
     private var batchNumber = 0
-    /// Commits that conflicted since the last one that was applied (`redo`).
-    private var conflictsInARow = 0
+    /// Since the last commit that was applied: the chats read again after conflicts (nil:
+    /// everything was), and how many conflicts found nothing more to read (`redo`).
+    private var readAfterConflicts: Set<Int64>? = []
+    private var repeatedConflicts = 0
+    /// Batches still to be decided one work item each, after a conflict that found nothing
+    /// more to read: the work is decided again a little at a time, so that each commit
+    /// touches as few chats as it can, and work on chats other nodes leave alone goes
+    /// through while another node keeps moving one of them on.
+    private var singleItemBatches = 0
 
     /// How many endpoints one user may have at once: registered ones and sessions that
     /// have not registered (docs/protocol.md §3, `--max-endpoints`).
@@ -433,7 +440,8 @@ public final class Engine: @unchecked Sendable {
         var stopping = false
         while !stopping {
             // While sessions wait for their clients to read, look again every 20 ms.
-            let work = inbox.take(limit: Engine.batchLimit, waitingAtMost: parked.isEmpty ? nil : 0.02)
+            let work = inbox.take(limit: singleItemBatches > 0 ? 1 : Engine.batchLimit, waitingAtMost: parked.isEmpty ? nil : 0.02)
+            singleItemBatches = max(0, singleItemBatches - 1)
             batchNumber += 1
             let batch = Batch(cache: cache, number: batchNumber)
             batch.inboxWork = work
@@ -589,7 +597,7 @@ public final class Engine: @unchecked Sendable {
         }
         if !commit.rows.isEmpty {
             ServiceMetrics.committed(in: commit.took)
-            conflictsInARow = 0
+            conflictsResolved()
         }
         wrote(commit.batch, counters: commit.counters)
         deliver(commit.batch, then: commit.barriers)
@@ -734,7 +742,7 @@ public final class Engine: @unchecked Sendable {
                 throw error
             }
             ServiceMetrics.committed(in: ContinuousClock.now - started)
-            conflictsInARow = 0
+            conflictsResolved()
             wrote(batch, counters: counters)
         } else {
             batch.committed()
@@ -810,16 +818,21 @@ public final class Engine: @unchecked Sendable {
     /// behind it (a session whose client was slow) follows it there, except that of
     /// sessions waiting for a search's answer (their work was never in these batches);
     /// barriers and `stop` come last. Returns false, having done nothing, when the
-    /// failure is no conflict, when commits conflicted `maxRedos` times in a row (the
-    /// caller answers `Internal`), or when the store cannot be read.
+    /// failure is no conflict, when the store cannot be read, or when `maxRedos`
+    /// conflicts found nothing more to read since a commit was last applied (the chats
+    /// were read again and other nodes moved them on again: the caller answers `Internal`).
+    /// A conflict on chats not read yet is progress: a node whose memory of many chats is
+    /// behind meets them one batch at a time, and is not refused for it.
     private func redo(_ batches: [(batch: Batch, barriers: [@Sendable () -> Void])], stopping: Bool, after error: Error) -> Bool {
-        guard (error as? StoreFailure)?.kind == .conflict, conflictsInARow < Engine.maxRedos else { return false }
+        let uncommitted = Engine.uncommitted(batches.map(\.batch))
+        let repeated = readAfterConflicts.map { read in uncommitted?.isSubset(of: read) ?? false } ?? true
+        guard (error as? StoreFailure)?.kind == .conflict, !repeated || repeatedConflicts < Engine.maxRedos else { return false }
         do {
-            try readAgain(Engine.uncommitted(batches.map(\.batch)))
+            try readAgain(uncommitted)
         } catch {
             return false
         }
-        conflictsInARow += 1
+        readAfterConflicts = uncommitted.flatMap { chats in readAfterConflicts?.union(chats) }
         ServiceMetrics.commitConflicts.increment()
         logger.info("a commit conflicted with another node's: deciding its requests again", metadata: ["error": "\(error)"])
         var work: [[Work]] = []
@@ -844,15 +857,25 @@ public final class Engine: @unchecked Sendable {
         }
         again += batches.flatMap(\.barriers).map { Work.barrier($0) }
         if stopping { again.append(.stop) }
+        if repeated {
+            repeatedConflicts += 1
+            singleItemBatches = again.count
+        }
         inbox.putBack(again)
         // Counted as parked until they are in the inbox (`drain` looks at both).
         parkedCount.subtract(released, ordering: .releasing)
         return true
     }
 
-    /// How many commits in a row may conflict and be decided again before the batch is
-    /// answered `Internal`.
+    /// How many conflicts that found nothing more to read may be decided again before the
+    /// batch is answered `Internal` (`redo`).
     static let maxRedos = 8
+
+    /// A commit was applied: conflicts start over.
+    private func conflictsResolved() {
+        readAfterConflicts = []
+        repeatedConflicts = 0
+    }
 
     /// The commit of `batches` (the latest first) failed. Nothing since their last
     /// commit is durable: none of their events may be seen, every request they held gets

@@ -3,10 +3,16 @@
 its decisions were made on, and a commit that finds one moved on is decided again on what
 the database has then, instead of being answered Internal. "Another node" here is SQL run
 beside the node, committing what a second deciding node would."""
+import random
+import socket
+import threading
+import time
+
 import pytest
 
-from conftest import chat_with_bob, user_on
+from conftest import chat_with_bob, start, stop, user_on
 from postgres_cluster import postgres_bin
+from chatcore_harness import Client, auth, scrape
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
@@ -80,3 +86,71 @@ def test_a_store_from_before_chat_versions_gets_them(cluster, scratch):
         assert cluster.psql(f"SELECT version FROM chat_version WHERE chat = {chat}", database="m").strip() == "1"
         assert send(alice, chat, "after the migration", "1") == (["2"], [])
         assert cluster.psql(f"SELECT version FROM chat_version WHERE chat = {chat}", database="m").strip() == "2"
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_sends_under_conflicts_are_each_answered_once_in_order(cluster, scratch):
+    """Eight senders pipeline 300 sends each (in rounds of 30) into their chats while
+    "another node" moves those chats' versions on (before each round, and every 20 ms):
+    commits conflict and are decided again, under load, with two commits in flight. Every send is answered once, Sent, and each chat's
+    ids follow the sender's order with no gap."""
+    cluster.create_database("load")
+    port = free_port()
+    process, path = start(cluster, "load", scratch, "--metrics", f"127.0.0.1:{port}")
+    assert path is not None, process.stderr.read().decode()
+    senders, each = 8, 300
+    clients, chats = [], []
+    for n in range(senders):
+        client = Client(path)
+        auth(client, f"sender{n}")
+        chats.append(chat_with_bob(client, f"load {n}"))
+        clients.append(client)
+    bumping = threading.Event()
+
+    def bump():
+        while not bumping.is_set():
+            cluster.psql(f"UPDATE chat_version SET version = version + 1 WHERE chat = {random.choice(chats)}", database="load")
+            time.sleep(0.02)
+
+    bumper = threading.Thread(target=bump)
+    bumper.start()
+    try:
+        # In rounds, each after every chat's version moved on (the round's first commits
+        # must conflict), with the bumper moving them on at any time besides.
+        for first in range(0, each, 30):
+            cluster.psql(f"UPDATE chat_version SET version = version + 1 WHERE chat IN ({', '.join(chats)})", database="load")
+            round_ = range(first, first + 30)
+            for client, chat in zip(clients, chats):
+                client.send(*[{"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"m{k}", "cookie": f"c{k}"}} for k in round_])
+            for client in clients:
+                for k in round_:
+                    answer = client.answer(f"c{k}", timeout=120)
+                    assert "listAdd" in answer[-1] and answer[-1]["listAdd"]["elements"][0]["state"] == "Sent", answer[-1]
+                    assert not any("requestFailed" in event for event in answer), answer
+    finally:
+        bumping.set()
+        bumper.join()
+    conflicts = scrape(port)[("chatcore_commit_conflicts_total", frozenset())]
+    assert conflicts >= each // 30, "commits did not conflict: the test did not test anything"
+    for client, chat in zip(clients, chats):
+        assert texts_all(client, chat) == [(str(k + 2), f"m{k}") for k in range(each)]
+        client.close()
+    assert stop(process) == 0
+
+
+def texts_all(client, chat):
+    """Every Text message of the chat (in windows of 100), as (id, content)."""
+    found, start_at = [], 1
+    while True:
+        events = client.request({"requestListMatching": {"type": "chatMessage", "cookie": f"w{start_at}", "criteria": {"chatId": chat},
+                                                         "window": {"messageId": start_at, "before": 0, "after": 99}}})
+        page = [element for event in events if "listChunk" in event for element in event["listChunk"]["elements"]]
+        found += [(element["messageId"], element.get("content")) for element in page if element["tag"] == "Text"]
+        if not page or int(page[-1]["messageId"]) < start_at + 99:
+            return found
+        start_at = int(page[-1]["messageId"]) + 1
