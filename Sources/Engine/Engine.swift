@@ -838,11 +838,7 @@ public final class Engine: @unchecked Sendable {
         var work: [[Work]] = []
         for (batch, _) in batches.reversed() {
             let (taken, setups) = batch.takeBack()
-            for (session, before) in setups {
-                unregister(session)
-                session.setup = before
-                if let user = session.user, session.isOpen { sessionsByUser[user, default: []].append(session) }
-            }
+            putBack(setups)
             work.insert(taken, at: 0)
         }
         for (batch, _) in batches { batch.deliver() }
@@ -871,6 +867,16 @@ public final class Engine: @unchecked Sendable {
     /// batch is answered `Internal` (`redo`).
     static let maxRedos = 8
 
+    /// Sessions whose setup uncommitted work changed are as they were before it (`setups`:
+    /// the latest change first).
+    private func putBack(_ setups: [(session: EngineSession, before: EngineSession.Setup)]) {
+        for (session, before) in setups {
+            unregister(session)
+            session.setup = before
+            if let user = session.user, session.isOpen { sessionsByUser[user, default: []].append(session) }
+        }
+    }
+
     /// A commit was applied: conflicts start over.
     private func conflictsResolved() {
         readAfterConflicts = []
@@ -886,11 +892,7 @@ public final class Engine: @unchecked Sendable {
         logger.error("commit failed: the requests of the batch are answered with Internal", metadata: ["error": "\(error)"])
         let uncommitted = Engine.uncommitted(batches)
         for batch in batches {
-            for (session, before) in batch.failAll(reason: Engine.storeFailure(error)) {
-                unregister(session)
-                session.setup = before
-                if let user = session.user, session.isOpen { sessionsByUser[user, default: []].append(session) }
-            }
+            putBack(batch.failAll(reason: Engine.storeFailure(error)))
         }
         if let failure = error as? StoreFailure, failure.stopsTheService {
             // SQLite keeps the connection in an error state after an I/O error, and
