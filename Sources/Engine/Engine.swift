@@ -755,8 +755,9 @@ public final class Engine: @unchecked Sendable {
         let counters = StoreCounters(changeSeq: changeSeq, searchRow: lastSearchRow)
         batch.collectRows(counters: counters == storedCounters ? nil : counters)
         // Each chat changed is decided on the version memory has; the next commit expects
-        // the one after (a commit in flight that fails makes memory be read again).
-        if comparesChatVersions {
+        // the one after (a commit in flight that fails makes memory be read again). A
+        // batch that writes nothing is not committed, so it moves no version on.
+        if comparesChatVersions && !batch.store.isEmpty {
             batch.store.chatVersions = batch.changedChats.sorted().compactMap { number in
                 guard let chat = chats[number] else { return nil }
                 defer { chat.version += 1 }

@@ -464,7 +464,7 @@ public final class PostgresStore: @unchecked Sendable {
     }
 
     /// The clause that moves on the versions of the chats a batch changes, or raises
-    /// `conflictState` (`chatcore_claim`); nil when it changes none.
+    /// `CCC01` (`chatcore_claim`); nil when it changes none.
     static func claim(_ versions: [ChatVersion], _ binds: inout Binds) -> String? {
         guard !versions.isEmpty else { return nil }
         return "chatcore_claim(\(binds.add(versions.map(\.chat)))::bigint[], \(binds.add(versions.map(\.version)))::bigint[])"

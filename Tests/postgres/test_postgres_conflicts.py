@@ -12,7 +12,7 @@ import pytest
 
 from conftest import chat_with_bob, start, stop, user_on
 from postgres_cluster import postgres_bin
-from chatcore_harness import Client, auth, scrape
+from chatcore_harness import Client, auth, body, scrape
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
@@ -154,3 +154,61 @@ def texts_all(client, chat):
         if not page or int(page[-1]["messageId"]) < start_at + 99:
             return found
         start_at = int(page[-1]["messageId"]) + 1
+
+
+def test_a_node_alone_never_conflicts(cluster, scratch):
+    """Versions move only with what is committed: one node alone, whatever its requests do
+    (and do not change), never meets a conflict of its own making."""
+    cluster.create_database("alone")
+    port = free_port()
+    process, path = start(cluster, "alone", scratch, "--metrics", f"127.0.0.1:{port}")
+    assert path is not None, process.stderr.read().decode()
+    alice, bob = Client(path), Client(path)
+    auth(alice, "alice")
+    auth(bob, "bob")
+    started = alice.request({"chatStart": {"cookie": "s", "invitees": [{"userId": "bob"}, {"userId": "carol"}], "subject": "all"}})
+    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    one_to_one = chat_with_bob(alice, "pair")
+    def sent_id(client, request):
+        answer = client.request(request)
+        return next(e["listAdd"]["elements"][0]["messageId"] for e in answer if "listAdd" in e and body(e).get("cookie") == body(request)["cookie"])
+
+    one = sent_id(alice, {"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "one", "cookie": "one"}})
+    three = sent_id(alice, {"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "three", "cookie": "three",
+                                                "ref": [{"tag": "Quote", "messageId": one}]}})
+    requests = [
+        {"chatMessageSend": {"chatId": one_to_one, "tag": "Text", "content": "two"}},
+        {"chatTyping": {"chatId": chat}},
+        {"requestListChange": {"type": "chat", "elements": [{"chatId": chat, "localData": {"pinned": True}}]}},
+        {"participantPromote": {"chatId": chat, "userUri": "bbmpim://user/id/2"}},
+        {"participantDemote": {"chatId": chat, "userUri": "bbmpim://user/id/2"}},
+        {"chatMessageDelete": {"chatId": chat, "id": one}},
+        {"chatMessageDestroy": {"chatId": chat, "messageId": three}},
+        {"chatHide": {"chatIds": [one_to_one]}},
+        # What changes nothing: hidden again, the same local data, a demoted member demoted.
+        {"chatHide": {"chatIds": [one_to_one]}},
+        {"requestListChange": {"type": "chat", "elements": [{"chatId": chat, "localData": {"pinned": True}}]}},
+        {"participantDemote": {"chatId": chat, "userUri": "bbmpim://user/id/2"}},
+        {"endpointUpdate": {"description": "laptop", "nickname": "l", "cookie": "e"}},
+        {"search": {"text": "two", "cookie": "q"}},
+    ]
+    def all_done(client, requests):
+        """Sends `requests` and waits until they are answered (most answer nothing)."""
+        client.send(*requests, {"identitiesGet": {"cookie": "done", "appUserIds": ["alice"]}})
+        answer = client.answer("done")
+        assert [event for event in answer if "requestFailed" in event] == []
+
+    # Pipelined sends from both: batches are decided while the one before commits (two
+    # commits in flight, the second written by two statements).
+    for client in (alice, bob):
+        client.send(*[{"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"burst {n}", "cookie": f"burst{n}"}} for n in range(300)])
+    for client in (alice, bob):
+        client.answer("burst299")
+    all_done(alice, requests)
+    all_done(bob, [{"chatMessageRead": {"chatId": chat, "messageId": three}}] * 2  # the second moves nothing
+             + [{"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "four"}}, {"chatLeave": {"chatIds": [chat]}}])
+    all_done(alice, [{"chatInvite": {"chatId": chat, "invitees": [{"userId": "bob"}]}}])
+    assert scrape(port)[("chatcore_commit_conflicts_total", frozenset())] == 0
+    alice.close()
+    bob.close()
+    assert stop(process) == 0
