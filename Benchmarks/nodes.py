@@ -35,9 +35,10 @@ from procstat import cpu_seconds, thread_seconds  # noqa: E402
 QUIET = ["--log-level", "warning"]
 
 
-def start_node(scratch, name, store=None):
+def start_node(scratch, name, store=None, *arguments):
     path = os.path.join(scratch, name + ".sock")
     command = [str(CHATCORE), "serve", "--data-dir", os.path.join(scratch, name), "--listen", "unix:" + path, "--insecure-no-auth"] + QUIET
+    command += list(arguments)
     if store:
         command += ["--store", store]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
@@ -108,22 +109,24 @@ def client_seconds():
 
 def receive(session, count):
     """Reads `session`'s events until `count` messages were added to its lists (its own
-    sends answered, or others' received)."""
+    sends answered, or others' received), or requests refused."""
     for line in session.reader:
-        if line.startswith(b'{"listAdd":{"type":"chatMessage"'):
+        if line.startswith(b'{"listAdd":{"type":"chatMessage"') or line.startswith(b'{"requestFailed"'):
             count -= 1
             if count == 0:
                 return
 
 
-def sends(paths, senders=40, each=1500, usage=None):
+def sends(paths, senders=40, each=1500, usage=None, before_sends=None):
     """Durable sends/s; with `usage` (node pids, cluster) also the cores each side used:
     nodes, PostgreSQL, clients, and the share of the wall time the deciding node's (the
-    first's) engine thread was on a core."""
+    first's) engine thread was on a core. `before_sends` runs once the chats exist, and
+    what it made is ended (`terminate`) once the sends are answered."""
     sessions = []
     for n in range(senders):
         session = Session(paths[n % len(paths)], f"sender{n}")
         sessions.append((session, session.start_chat(f"peer{n}")))
+    made = before_sends() if before_sends else None
     readers = [threading.Thread(target=receive, args=(s, each)) for s, _ in sessions]
     for reader in readers:
         reader.start()
@@ -137,6 +140,8 @@ def sends(paths, senders=40, each=1500, usage=None):
     for reader in readers:
         reader.join()
     seconds = time.perf_counter() - started
+    if made is not None:
+        made.terminate()
     if measured:
         # PostgreSQL's processes again: a backend that started during the sends (the
         # node's second commit connection) counts whole.
@@ -260,6 +265,65 @@ def headroom(connections=(1, 2, 4), seconds=5):
             tps = next(line for line in done.stdout.splitlines() if line.startswith("tps"))
             rates.append((count, float(tps.split()[2]) * 64))
     return rates
+
+
+CONFLICT_HEADER = (f"{'another node moves chats on':<30} {'durable sends/s':>16} {'commits decided again/s':>24}"
+                   f" {'sends answered Internal':>24}")
+
+
+def conflict_rows(rates=(0, 100, 1000)):
+    """One PostgreSQL node, 40 senders into 40 chats, while "another node" (a loop in
+    PostgreSQL) moves a random one of those chats' versions on `rate` times a second:
+    each commit of the node on a chat moved since it read it conflicts, and its batch is
+    decided again (docs/several-deciding-nodes.md, step 3). What that costs in sends/s."""
+    if postgres_bin() is None:
+        return []
+    table = []
+    for rate in rates:
+        with Cluster(settings=("shared_buffers=256MB",)) as cluster, tempfile.TemporaryDirectory() as scratch:
+            database = cluster.create_database(f"conflicts{rate}")
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            process, path = start_node(scratch, "node", cluster.database_url(database), "--metrics", f"127.0.0.1:{port}")
+            if rate:
+                # Started once the senders' chats exist (40 of them, numbered from 1).
+                def move():
+                    return subprocess.Popen(["psql", "-h", cluster.socket_directory, "-p", str(cluster.port), "-U", Cluster.USER, "-d", database,
+                                             "-qAt", "-c", "SET synchronous_commit = off", "-c", "DO $$ BEGIN FOR i IN 1..100000000 LOOP "
+                                             "UPDATE chat_version SET version = version + 1 WHERE chat = 1 + floor(random() * 40)::bigint; "
+                                             f"COMMIT; PERFORM pg_sleep({1 / rate}); END LOOP; END $$"],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            rate_sent = sends([path], before_sends=move if rate else None)
+            seconds = 40 * 1500 / rate_sent
+            samples = metrics(port)
+            if rate:
+                cluster.psql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE query LIKE '%chat_version SET version%' AND pid <> pg_backend_pid()",
+                             database)
+            process.terminate()
+            process.wait()
+            internal = sum(value for name, value in samples.items() if name.startswith("chatcore_request_failures_total{")
+                           and 'request="chatMessageSend"' in name and 'error="Internal"' in name)
+            table.append((rate, rate_sent, samples.get("chatcore_commit_conflicts_total", 0) / seconds, internal))
+    return table
+
+
+def metrics(port):
+    """The node's metrics, by name with labels, as numbers."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for sample in text.splitlines():
+        if sample and not sample.startswith("#"):
+            name, value = sample.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def conflict_line(rate, sent, redone, internal):
+    moves = "no" if rate == 0 else f"{rate:,} times a second"
+    return f"{moves:<30} {sent:>16,.0f} {redone:>24,.0f} {internal:>24,.0f}"
 
 
 HEADER = (f"{'store, nodes':<22} {'durable sends/s (60,000)':>26} {'request → Sent p50/p99':>24} {'cross-node delivery p50/p99':>28}"

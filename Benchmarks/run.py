@@ -120,6 +120,10 @@ def nodes_table():
     for row in nodes.rows():
         print(nodes.line(*row))
     nodes.print_headroom()
+    print("\nOne PostgreSQL node while another node moves its chats on (each commit on a moved chat conflicts and is decided again)")
+    print(nodes.CONFLICT_HEADER)
+    for row in nodes.conflict_rows():
+        print(nodes.conflict_line(*row))
 
 
 def codec_table():

@@ -111,14 +111,15 @@ public final class Engine: @unchecked Sendable {
     /// The number of the batch being decided (its pins in the cache).
     private var batchNumber = 0
     /// Since the last commit that was applied: the chats read again after conflicts (nil:
-    /// everything was), and how many conflicts found nothing more to read (`redo`).
+    /// everything was), and how many conflicts found nothing more to read with batches of
+    /// one work item (`redo`).
     private var readAfterConflicts: Set<Int64>? = []
     private var repeatedConflicts = 0
-    /// Batches still to be decided one work item each, after a conflict that found nothing
-    /// more to read: the work is decided again a little at a time, so that each commit
-    /// touches as few chats as it can, and work on chats other nodes leave alone goes
-    /// through while another node keeps moving one of them on.
-    private var singleItemBatches = 0
+    /// How many work items a batch takes now. A conflict that found nothing more to read
+    /// divides it by four (a smaller batch touches fewer chats, and is decided and committed
+    /// sooner: less time for another node to move one of them on); each applied commit
+    /// doubles it again, up to `batchLimit`.
+    private var batchLimitNow = Engine.batchLimit
 
     /// How many endpoints one user may have at once: registered ones and sessions that
     /// have not registered (docs/protocol.md §3, `--max-endpoints`).
@@ -440,8 +441,7 @@ public final class Engine: @unchecked Sendable {
         var stopping = false
         while !stopping {
             // While sessions wait for their clients to read, look again every 20 ms.
-            let work = inbox.take(limit: singleItemBatches > 0 ? 1 : Engine.batchLimit, waitingAtMost: parked.isEmpty ? nil : 0.02)
-            singleItemBatches = max(0, singleItemBatches - 1)
+            let work = inbox.take(limit: batchLimitNow, waitingAtMost: parked.isEmpty ? nil : 0.02)
             batchNumber += 1
             let batch = Batch(cache: cache, number: batchNumber)
             batch.inboxWork = work
@@ -818,12 +818,13 @@ public final class Engine: @unchecked Sendable {
     /// came later, so the next batch decides it on what the store has now. Work parked
     /// behind it (a session whose client was slow) follows it there, except that of
     /// sessions waiting for a search's answer (their work was never in these batches);
-    /// barriers and `stop` come last. Returns false, having done nothing, when the
-    /// failure is no conflict, when the store cannot be read, or when `maxRedos`
-    /// conflicts found nothing more to read since a commit was last applied (the chats
-    /// were read again and other nodes moved them on again: the caller answers `Internal`).
-    /// A conflict on chats not read yet is progress: a node whose memory of many chats is
-    /// behind meets them one batch at a time, and is not refused for it.
+    /// barriers and `stop` come last. A conflict on chats not read yet is progress: a node
+    /// whose memory of many chats is behind meets them one batch at a time. One on chats
+    /// just read again (another node moved them on again) makes batches smaller
+    /// (`batchLimitNow`). Returns false, having done nothing, when the failure is no
+    /// conflict, when the store cannot be read, or when `maxRedos` such conflicts came
+    /// with batches of one work item, since a commit was last applied (the caller answers
+    /// `Internal`).
     private func redo(_ batches: [(batch: Batch, barriers: [@Sendable () -> Void])], stopping: Bool, after error: Error) -> Bool {
         let uncommitted = Engine.uncommitted(batches.map(\.batch))
         let repeated = readAfterConflicts.map { read in uncommitted?.isSubset(of: read) ?? false } ?? true
@@ -855,8 +856,10 @@ public final class Engine: @unchecked Sendable {
         again += batches.flatMap(\.barriers).map { Work.barrier($0) }
         if stopping { again.append(.stop) }
         if repeated {
-            repeatedConflicts += 1
-            singleItemBatches = again.count
+            // Smaller batches are progress too: only conflicts of one work item at a time
+            // count toward answering `Internal`.
+            if batchLimitNow == 1 { repeatedConflicts += 1 }
+            batchLimitNow = max(1, batchLimitNow / 4)
         }
         inbox.putBack(again)
         // Counted as parked until they are in the inbox (`drain` looks at both).
@@ -864,8 +867,8 @@ public final class Engine: @unchecked Sendable {
         return true
     }
 
-    /// How many conflicts that found nothing more to read may be decided again before the
-    /// batch is answered `Internal` (`redo`).
+    /// How many conflicts that found nothing more to read, with batches of one work item,
+    /// may be decided again before the batch is answered `Internal` (`redo`).
     static let maxRedos = 8
 
     /// Sessions whose setup uncommitted work changed are as they were before it (`setups`:
@@ -878,10 +881,11 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    /// A commit was applied: conflicts start over.
+    /// A commit was applied: conflicts start over, and batches grow again.
     private func conflictsResolved() {
         readAfterConflicts = []
         repeatedConflicts = 0
+        if batchLimitNow < Engine.batchLimit { batchLimitNow = min(Engine.batchLimit, batchLimitNow * 2) }
     }
 
     /// The commit of `batches` (the latest first) failed. Nothing since their last
