@@ -29,8 +29,10 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHATCORE = ROOT / ".build" / "release" / "chatcore"
 sys.path.insert(0, str(ROOT / "Tests" / "postgres"))
-from postgres_cluster import Cluster, postgres_bin  # noqa: E402
+sys.path.insert(0, str(ROOT / "Tests" / "python"))
+from postgres_cluster import Cluster, free_port, postgres_bin  # noqa: E402
 from procstat import cpu_seconds, thread_seconds  # noqa: E402
+from chatcore_harness import scrape  # noqa: E402
 
 QUIET = ["--log-level", "warning"]
 
@@ -282,9 +284,7 @@ def conflict_rows(rates=(0, 100, 1000)):
     for rate in rates:
         with Cluster(settings=("shared_buffers=256MB",)) as cluster, tempfile.TemporaryDirectory() as scratch:
             database = cluster.create_database(f"conflicts{rate}")
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                port = probe.getsockname()[1]
+            port = free_port()
             process, path = start_node(scratch, "node", cluster.database_url(database), "--metrics", f"127.0.0.1:{port}")
             if rate:
                 # Started once the senders' chats exist (40 of them, numbered from 1).
@@ -296,29 +296,15 @@ def conflict_rows(rates=(0, 100, 1000)):
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             rate_sent = sends([path], before_sends=move if rate else None)
             seconds = 40 * 1500 / rate_sent
-            samples = metrics(port)
+            samples = scrape(port)
             if rate:
                 cluster.psql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE query LIKE '%chat_version SET version%' AND pid <> pg_backend_pid()",
                              database)
             process.terminate()
             process.wait()
-            internal = sum(value for name, value in samples.items() if name.startswith("chatcore_request_failures_total{")
-                           and 'request="chatMessageSend"' in name and 'error="Internal"' in name)
-            table.append((rate, rate_sent, samples.get("chatcore_commit_conflicts_total", 0) / seconds, internal))
+            internal = samples.get(("chatcore_request_failures_total", frozenset({("request", "chatMessageSend"), ("error", "Internal")})), 0)
+            table.append((rate, rate_sent, samples[("chatcore_commit_conflicts_total", frozenset())] / seconds, internal))
     return table
-
-
-def metrics(port):
-    """The node's metrics, by name with labels, as numbers."""
-    import urllib.request
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    samples = {}
-    for sample in text.splitlines():
-        if sample and not sample.startswith("#"):
-            name, value = sample.rsplit(" ", 1)
-            samples[name] = float(value)
-    return samples
 
 
 def conflict_line(rate, sent, redone, internal):

@@ -26,6 +26,13 @@ def postgres_bin():
     return os.path.dirname(versions[-1]) if versions else None
 
 
+def free_port():
+    """A loopback TCP port no one listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 class Cluster:
     USER = "chatcore"
 
@@ -71,9 +78,7 @@ class Cluster:
         listen = "''"
         if self.tcp:
             listen = "127.0.0.1"
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                self.port = probe.getsockname()[1]
+            self.port = free_port()
         options = (f"-k {self.directory} -c listen_addresses={listen} -c port={self.port} -c max_connections=400 "
                    + " ".join(f"-c {s}" for s in self.settings))
         subprocess.run(self._as_owner([os.path.join(self.bin, "pg_ctl"), "-D", data, "-o", options,
