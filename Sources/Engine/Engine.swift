@@ -709,16 +709,18 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    /// The parked work that `takeUnparkedWork` takes, still counted as parked.
-    private func unparkedWork() -> [Work] {
+    /// The parked work that `takeUnparkedWork` takes, still counted as parked; with
+    /// `whateverTheBacklog`, that of every session not waiting for an answer from outside
+    /// (`redo`).
+    private func unparkedWork(whateverTheBacklog: Bool = false) -> [Work] {
         guard !parked.isEmpty else { return [] }
         var released: [Work] = []
-        let shuttingDown = isShuttingDown
+        let everyone = whateverTheBacklog || isShuttingDown
         parkedOrder.removeAll { key in
             guard let entry = parked[key] else { return true }
             guard !awaitingOutside.contains(key) else { return false }
             let backlog = entry.session.sink?.backlog ?? 0
-            guard shuttingDown || !entry.session.isOpen || backlog <= outputMark / 2 else { return false }
+            guard everyone || !entry.session.isOpen || backlog <= outputMark / 2 else { return false }
             released += entry.work
             parked[key] = nil
             return true
@@ -845,14 +847,8 @@ public final class Engine: @unchecked Sendable {
         }
         for (batch, _) in batches { batch.deliver() }
         var again = work.flatMap { $0 }
-        var released = 0
-        parkedOrder.removeAll { key in
-            guard let entry = parked[key], !awaitingOutside.contains(key) else { return false }
-            again += entry.work
-            released += entry.work.count
-            parked[key] = nil
-            return true
-        }
+        let released = unparkedWork(whateverTheBacklog: true)
+        again += released
         again += batches.flatMap(\.barriers).map { Work.barrier($0) }
         if stopping { again.append(.stop) }
         if repeated {
@@ -863,7 +859,7 @@ public final class Engine: @unchecked Sendable {
         }
         inbox.putBack(again)
         // Counted as parked until they are in the inbox (`drain` looks at both).
-        parkedCount.subtract(released, ordering: .releasing)
+        parkedCount.subtract(released.count, ordering: .releasing)
         return true
     }
 
