@@ -11,12 +11,7 @@ import XCTest
 final class CommitsInFlightTests: XCTestCase {
     private func aliceAndBobInAChat() throws -> (EngineHarness, FailingStore) {
         let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()), commitsInFlight: 2)
-        let h = try EngineHarness(store: store)
-        h.connect("a", as: "alice")
-        h.connect("b", as: "bob")
-        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
-        _ = h.events("b")
-        return (h, store)
+        return (try EngineHarness.aliceAndBobInAChat(on: store), store)
     }
 
     /// Holds the commit of `first`, submits `next`, waits until the engine has handed

@@ -36,21 +36,11 @@ final class ConflictTests: XCTestCase {
             .filter { $0["tag"] as? String == "Text" }.map { "\($0["messageId"]!):\($0["content"]!)" }
     }
 
-    /// Alice ("a") and Bob ("b") in chat 1 (its Join is message 1); the events so far taken.
-    private func aliceAndBobInAChat(_ store: FailingStore) throws -> EngineHarness {
-        let h = try EngineHarness(store: store)
-        h.connect("a", as: "alice")
-        h.connect("b", as: "bob")
-        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
-        _ = h.events("b")
-        return h
-    }
-
     /// Two engines on one store are two deciding nodes: a send decided on a chat the other
     /// node has moved on since is decided again, with the next id the store leaves.
     func testASendIntoAChatAnotherNodeChangedIsDecidedAgainOnWhatTheStoreHas() throws {
         let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()), versioned: true)
-        let nodeA = try aliceAndBobInAChat(store)
+        let nodeA = try EngineHarness.aliceAndBobInAChat(on: store)
         XCTAssertEqual(Self.added(nodeA.objects("a")), [])
         XCTAssertEqual(Self.added(nodeA.send("a", Self.send("one", cookie: "1")).map(Self.object)), ["2:one"])
         let nodeB = try EngineHarness(store: store)
@@ -78,7 +68,7 @@ final class ConflictTests: XCTestCase {
     /// that is no request too), and a session it authenticated is authenticated once.
     func testEveryWorkItemOfAConflictingBatchIsDecidedAgainOnceInOrder() throws {
         let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
-        let h = try aliceAndBobInAChat(store)
+        let h = try EngineHarness.aliceAndBobInAChat(on: store)
         h.open("x")
         store.conflictOnce.store(true, ordering: .relaxed)
         h.engine.put(together: [
@@ -136,7 +126,7 @@ final class ConflictTests: XCTestCase {
     /// batches of one work item, and nothing of it is kept.
     func testACommitThatKeepsConflictingIsAnsweredInternalOnce() throws {
         let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
-        let h = try aliceAndBobInAChat(store)
+        let h = try EngineHarness.aliceAndBobInAChat(on: store)
         store.conflicting.store(true, ordering: .relaxed)
         let alice = h.send("a", Self.send("busy", cookie: "c1")).map(Self.object)
         XCTAssertEqual(Self.failures(alice), ["c1:Internal"], "\(alice)")

@@ -130,6 +130,17 @@ final class EngineHarness {
 }
 
 extension EngineHarness {
+    /// A harness on `store` where Alice ("a") started chat 1 with Bob ("b"): its Join is
+    /// message 1, and Bob's events so far are taken.
+    static func aliceAndBobInAChat(on store: ChatStore) throws -> EngineHarness {
+        let h = try EngineHarness(store: store)
+        h.connect("a", as: "alice")
+        h.connect("b", as: "bob")
+        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
+        _ = h.events("b")
+        return h
+    }
+
     /// A harness on `store` with a search index in a directory of its own, removed when
     /// `test` ends.
     static func withSearchIndex(_ store: ChatStore, for test: XCTestCase) throws -> EngineHarness {

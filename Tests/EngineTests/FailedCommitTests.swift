@@ -15,12 +15,8 @@ final class FailedCommitTests: XCTestCase {
 
     /// Alice ("a") and Bob ("b") in chat 1, which Alice started; Bob's events so far taken.
     private func aliceAndBobInAChat() throws -> (EngineHarness, FailingStore) {
-        let (h, store) = try harness()
-        h.connect("a", as: "alice")
-        h.connect("b", as: "bob")
-        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
-        _ = h.events("b")
-        return (h, store)
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
+        return (try EngineHarness.aliceAndBobInAChat(on: store), store)
     }
 
     func testEveryRequestOfAFailedBatchIsAnsweredOnceAndNothingIsSeen() throws {

@@ -4,14 +4,13 @@ its decisions were made on, and a commit that finds one moved on is decided agai
 the database has then, instead of being answered Internal. "Another node" here is SQL run
 beside the node, committing what a second deciding node would."""
 import random
-import socket
 import threading
 import time
 
 import pytest
 
 from conftest import chat_with_bob, start, stop, user_on
-from postgres_cluster import postgres_bin
+from postgres_cluster import free_port, postgres_bin
 from chatcore_harness import Client, auth, body, scrape
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
@@ -28,13 +27,6 @@ def send(client, chat, content, cookie):
 def chat_element(client, chat):
     events = client.request({"requestListElements": {"type": "chat", "cookie": "e", "elements": [{"chatId": chat}]}})
     return next(event["listChunk"]["elements"][0] for event in events if "listChunk" in event)
-
-
-def texts(client, chat):
-    events = client.request({"requestListMatching": {"type": "chatMessage", "cookie": "w", "criteria": {"chatId": chat},
-                                                     "window": {"messageId": 1, "before": 0, "after": 20}}})
-    return [(element["messageId"], element.get("content")) for event in events if "listChunk" in event
-            for element in event["listChunk"]["elements"] if element["tag"] == "Text"]
 
 
 def test_a_send_into_a_chat_another_node_moved_on_is_decided_again_on_what_the_database_has(cluster, scratch):
@@ -88,12 +80,6 @@ def test_a_store_from_before_chat_versions_gets_them(cluster, scratch):
         assert cluster.psql(f"SELECT version FROM chat_version WHERE chat = {chat}", database="m").strip() == "2"
 
 
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_sends_under_conflicts_are_each_answered_once_in_order(cluster, scratch):
     """Eight senders pipeline 300 sends each (in rounds of 30) into their chats while
     "another node" moves those chats' versions on (before each round, and every 20 ms):
@@ -138,12 +124,12 @@ def test_sends_under_conflicts_are_each_answered_once_in_order(cluster, scratch)
     conflicts = scrape(port)[("chatcore_commit_conflicts_total", frozenset())]
     assert conflicts >= each // 30, "commits did not conflict: the test did not test anything"
     for client, chat in zip(clients, chats):
-        assert texts_all(client, chat) == [(str(k + 2), f"m{k}") for k in range(each)]
+        assert texts(client, chat) == [(str(k + 2), f"m{k}") for k in range(each)]
         client.close()
     assert stop(process) == 0
 
 
-def texts_all(client, chat):
+def texts(client, chat):
     """Every Text message of the chat (in windows of 100), as (id, content)."""
     found, start_at = [], 1
     while True:
