@@ -74,6 +74,7 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
                     + #"JOIN message m ON m.chat = u.chat AND m.id = u.id AND m."searchRow" = u."row" ON CONFLICT (chat, id) DO NOTHING) "#
                     + #"UPDATE counter SET value = greatest(value, \#(binds.add(last))) WHERE name = 'searchIndexUpTo'"#
                 _ = try store.run(connection, sql, binds)
+                try store.confirmCommitted(connection)
             }
         } catch {
             lock.withLock { failure = error }

@@ -4,8 +4,9 @@ import Store
 
 /// `ChatStore` on PostgreSQL: the same tables and indexes as the SQLite store (columns
 /// keep the engine's names, quoted), the same reads by index, and one transaction per
-/// batch, committed (synchronous_commit: the server's WAL is flushed) before `commit`
-/// returns. Rows are written many per statement.
+/// batch, committed (synchronous_commit: the server's WAL is flushed, and the commit is
+/// confirmed: `confirmCommitted`) before `commit` returns. Rows are written many per
+/// statement.
 extension PostgresStore: ChatStore {
     // MARK: start-up
 
@@ -300,16 +301,18 @@ extension PostgresStore: ChatStore {
                     // answered, so each statement of a commit would cost a round trip. A
                     // batch is therefore written as one statement: its writes are
                     // data-modifying WITH clauses of the fence's SELECT, one implicit
-                    // transaction, durable when answered. Those clauses all see the store
-                    // as it was before the statement, not one another's rows, so each
-                    // writes rows no other clause touches (`write`). So is a batch whose
-                    // predecessor was applied by the time it starts.
+                    // transaction, durable once confirmed (`confirmCommitted`). Those
+                    // clauses all see the store as it was before the statement, not one
+                    // another's rows, so each writes rows no other clause touches
+                    // (`write`). So is a batch whose predecessor was applied by the time
+                    // it starts.
                     let statement = OneStatement(connection: connection, store: self)
                     write(batch, statement)
                     try statement.send { binds in
                         let fence = fence(&binds)
                         return PostgresStore.claim(batch.chatVersions, &binds).map { fence + ", " + $0 } ?? fence
                     }
+                    try confirmCommitted(connection)
                 }
             }
             applied = true

@@ -526,6 +526,19 @@ public final class PostgresStore: @unchecked Sendable {
         try wait(for: connection.query(PostgresQuery(unsafeSQL: sql, binds: binds.bindings), logger: logger), on: connection)
     }
 
+    /// Returns once the implicit transaction of the statement just answered on `connection`
+    /// is committed, and throws when it is not. PostgreSQL commits it when it reaches the
+    /// statement's Sync, after it sent the statement's CommandComplete, and postgres-nio
+    /// answers the statement at CommandComplete: a commit refused at that point (a
+    /// deferred constraint, the server stopped or out of disk) reaches the client only as
+    /// an error after the answer, which closes the connection. An empty statement is sent
+    /// only once the server said it is ready for the next (ReadyForQuery, after the
+    /// commit): it is answered only if the commit was. One round trip more per write that
+    /// must be durable: without it a send could be announced `Sent` and never be stored.
+    func confirmCommitted(_ connection: PostgresConnection) throws {
+        try run(connection, "")
+    }
+
     /// Bound values of one statement; `add` returns the placeholder that names each.
     struct Binds {
         var bindings = PostgresBindings()
@@ -784,6 +797,7 @@ public final class PostgresStore: @unchecked Sendable {
                 INSERT INTO writer_node (id, address, credential, since) VALUES (1, \(binds.add(address)), \(binds.add(credential)), now())
                 ON CONFLICT (id) DO UPDATE SET address = EXCLUDED.address, credential = EXCLUDED.credential, since = EXCLUDED.since
                 """, binds)
+            try confirmCommitted(connection)
         }
     }
 

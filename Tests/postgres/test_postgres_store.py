@@ -165,6 +165,35 @@ def test_a_statement_failing_inside_a_commit_applies_nothing_of_it(cluster, scra
     assert stop(process) == 0
 
 
+def test_a_commit_that_fails_at_its_end_is_not_announced(cluster, scratch):
+    # A commit's statement runs as one implicit transaction, which PostgreSQL commits only
+    # when it reaches the statement's Sync, after it has said the statement is complete.
+    # A deferred trigger refuses the transaction there (as a server stopped at that moment
+    # ends it): the send must be answered Internal, not Sent, and its id stays free.
+    cluster.create_database("late")
+    process, socket_path = start(cluster, "late", scratch)
+    alice = Client(socket_path)
+    auth(alice, "alice")
+    chat = chat_with_bob(alice, "late faults")
+    cluster.psql("""
+        CREATE FUNCTION refuse_late() RETURNS trigger AS $$
+        BEGIN IF NEW.content = 'late boom' THEN RAISE EXCEPTION 'refused at commit on purpose'; END IF; RETURN NULL; END $$ LANGUAGE plpgsql;
+        CREATE CONSTRAINT TRIGGER refuse_late AFTER INSERT ON message DEFERRABLE INITIALLY DEFERRED
+            FOR EACH ROW EXECUTE FUNCTION refuse_late();
+        """, database="late")
+    before = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "before", "cookie": "before"}})
+    before_id = int(next(body(e)["elements"][0]["messageId"] for e in before if "listAdd" in e and body(e).get("cookie") == "before"))
+    alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "late boom", "cookie": "boom"}})
+    assert _outcome(alice, "boom") == "Internal"
+    after = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
+    after_id = int(next(body(e)["elements"][0]["messageId"] for e in after if "listAdd" in e and body(e).get("cookie") == "after"))
+    assert after_id == before_id + 1, "the refused message's id was not kept"
+    alice.close()
+    assert stop(process) == 0
+    rows = cluster.psql(f"SELECT id, content FROM message WHERE chat = {int(chat)} AND tag = 'Text' ORDER BY id", database="late").strip().split("\n")
+    assert rows == [f"{before_id}|before", f"{after_id}|after"]
+
+
 def test_a_store_of_the_previous_release_is_migrated_and_each_writer_takes_the_next_epoch(cluster, scratch):
     cluster.create_database("epoch")
     process, socket_path = start(cluster, "epoch", scratch)
