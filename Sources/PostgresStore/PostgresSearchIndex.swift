@@ -73,8 +73,7 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
                 let sql = #"WITH added AS (INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", u.keys FROM \#(rows) "#
                     + #"JOIN message m ON m.chat = u.chat AND m.id = u.id AND m."searchRow" = u."row" ON CONFLICT (chat, id) DO NOTHING) "#
                     + #"UPDATE counter SET value = greatest(value, \#(binds.add(last))) WHERE name = 'searchIndexUpTo'"#
-                _ = try store.run(connection, sql, binds)
-                try store.confirmCommitted(connection)
+                try store.runCommitted(connection, PostgresQuery(unsafeSQL: sql, binds: binds.bindings))
             }
         } catch {
             lock.withLock { failure = error }

@@ -5,7 +5,7 @@ import Store
 /// `ChatStore` on PostgreSQL: the same tables and indexes as the SQLite store (columns
 /// keep the engine's names, quoted), the same reads by index, and one transaction per
 /// batch, committed (synchronous_commit: the server's WAL is flushed, and the commit is
-/// confirmed: `confirmCommitted`) before `commit` returns. Rows are written many per
+/// confirmed: `runCommitted`) before `commit` returns. Rows are written many per
 /// statement.
 extension PostgresStore: ChatStore {
     // MARK: start-up
@@ -301,18 +301,17 @@ extension PostgresStore: ChatStore {
                     // answered, so each statement of a commit would cost a round trip. A
                     // batch is therefore written as one statement: its writes are
                     // data-modifying WITH clauses of the fence's SELECT, one implicit
-                    // transaction, durable once confirmed (`confirmCommitted`). Those
+                    // transaction, durable once confirmed (`runCommitted`). Those
                     // clauses all see the store as it was before the statement, not one
                     // another's rows, so each writes rows no other clause touches
                     // (`write`). So is a batch whose predecessor was applied by the time
                     // it starts.
                     let statement = OneStatement(connection: connection, store: self)
                     write(batch, statement)
-                    try statement.send { binds in
+                    try statement.send(committing: true) { binds in
                         let fence = fence(&binds)
                         return PostgresStore.claim(batch.chatVersions, &binds).map { fence + ", " + $0 } ?? fence
                     }
-                    try confirmCommitted(connection)
                 }
             }
             applied = true
@@ -679,11 +678,17 @@ final class OneStatement {
     }
 
     /// Sends the clauses as the WITH clauses of `main` (made with the same parameters) and
-    /// waits for its answer.
-    func send(main: (inout PostgresStore.Binds) -> String) throws {
+    /// waits for its answer; `committing`: outside a transaction block, until it is
+    /// committed (`PostgresStore.runCommitted`).
+    func send(committing: Bool = false, main: (inout PostgresStore.Binds) -> String) throws {
         var binds = shared
         let query = main(&binds)
         let sql = clauses.isEmpty ? query : "WITH " + clauses.enumerated().map { "w\($0) AS (\($1))" }.joined(separator: ", ") + " " + query
-        _ = try store.wait(for: connection.query(PostgresQuery(unsafeSQL: sql, binds: binds.bindings), logger: store.logger), on: connection)
+        let statement = PostgresQuery(unsafeSQL: sql, binds: binds.bindings)
+        if committing {
+            try store.runCommitted(connection, statement)
+        } else {
+            _ = try store.wait(for: connection.query(statement, logger: store.logger), on: connection)
+        }
     }
 }

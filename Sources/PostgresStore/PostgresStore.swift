@@ -526,17 +526,24 @@ public final class PostgresStore: @unchecked Sendable {
         try wait(for: connection.query(PostgresQuery(unsafeSQL: sql, binds: binds.bindings), logger: logger), on: connection)
     }
 
-    /// Returns once the implicit transaction of the statement just answered on `connection`
-    /// is committed, and throws when it is not. PostgreSQL commits it when it reaches the
-    /// statement's Sync, after it sent the statement's CommandComplete, and postgres-nio
-    /// answers the statement at CommandComplete: a commit refused at that point (a
-    /// deferred constraint, the server stopped or out of disk) reaches the client only as
-    /// an error after the answer, which closes the connection. An empty statement is sent
-    /// only once the server said it is ready for the next (ReadyForQuery, after the
-    /// commit): it is answered only if the commit was. One round trip more per write that
-    /// must be durable: without it a send could be announced `Sent` and never be stored.
-    func confirmCommitted(_ connection: PostgresConnection) throws {
-        try run(connection, "")
+    /// Runs one statement that writes, as its own (implicit) transaction, and returns its
+    /// rows once that transaction is committed; throws when it is not. PostgreSQL commits
+    /// it when it reaches the statement's Sync, after it sent the statement's
+    /// CommandComplete, and postgres-nio answers the statement at CommandComplete: a
+    /// commit refused at that point (a deferred constraint, the server stopped or out of
+    /// disk) reaches the client only as an error after the answer, which closes the
+    /// connection. So an empty statement is queued behind it: postgres-nio sends it only
+    /// once the server said it is ready for the next (ReadyForQuery, after the commit),
+    /// and it is answered only if the commit was. Queued at once, not after the answer,
+    /// it costs the server one more round trip but the caller no more waiting than that.
+    /// Without it a send could be announced `Sent` and never be stored.
+    @discardableResult
+    func runCommitted(_ connection: PostgresConnection, _ query: PostgresQuery) throws -> PostgresQueryResult {
+        let answer = connection.query(query, logger: logger)
+        let confirmation = connection.query(PostgresQuery(unsafeSQL: ""), logger: logger)
+        let rows = try wait(for: answer, on: connection)
+        _ = try wait(for: confirmation, on: connection)
+        return rows
     }
 
     /// Bound values of one statement; `add` returns the placeholder that names each.
@@ -793,11 +800,10 @@ public final class PostgresStore: @unchecked Sendable {
     public func advertise(_ address: String, credential: String) throws {
         try withConnection { connection in
             var binds = Binds()
-            try run(connection, """
+            try runCommitted(connection, PostgresQuery(unsafeSQL: """
                 INSERT INTO writer_node (id, address, credential, since) VALUES (1, \(binds.add(address)), \(binds.add(credential)), now())
                 ON CONFLICT (id) DO UPDATE SET address = EXCLUDED.address, credential = EXCLUDED.credential, since = EXCLUDED.since
-                """, binds)
-            try confirmCommitted(connection)
+                """, binds: binds.bindings))
         }
     }
 
