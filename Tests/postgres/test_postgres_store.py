@@ -188,10 +188,19 @@ def test_a_commit_that_fails_at_its_end_is_not_announced(cluster, scratch):
     after = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
     after_id = int(next(body(e)["elements"][0]["messageId"] for e in after if "listAdd" in e and body(e).get("cookie") == "after"))
     assert after_id == before_id + 1, "the refused message's id was not kept"
+    # Behind a commit still running (held by a slow insert), a batch commits in a
+    # transaction block of its own, whose COMMIT reports the refusal.
+    _slow_inserts(cluster, "late")
+    alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "slow one", "cookie": "slow"}})
+    time.sleep(0.3)
+    alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "late boom", "cookie": "behind"}})
+    assert (_outcome(alice, "slow"), _outcome(alice, "behind")) == ("listAdd", "Internal")
+    last = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "last", "cookie": "last"}})
+    assert any("listAdd" in e and body(e).get("cookie") == "last" for e in last), last
     alice.close()
     assert stop(process) == 0
     rows = cluster.psql(f"SELECT id, content FROM message WHERE chat = {int(chat)} AND tag = 'Text' ORDER BY id", database="late").strip().split("\n")
-    assert rows == [f"{before_id}|before", f"{after_id}|after"]
+    assert rows == [f"{before_id}|before", f"{after_id}|after", f"{after_id + 1}|slow one", f"{after_id + 2}|last"]
 
 
 def test_a_store_of_the_previous_release_is_migrated_and_each_writer_takes_the_next_epoch(cluster, scratch):
