@@ -54,15 +54,15 @@ public final class FollowerProxy: @unchecked Sendable {
     }
 
     /// Stops accepting and closes every relayed connection (and its relay), and waits
-    /// until the listeners are closed (their addresses can be bound again). Once: later
-    /// calls do nothing.
+    /// until the listeners (their addresses can be bound again) and the connections are
+    /// closed: the event loops go on serving the node. Once: later calls do nothing.
     public func stop() {
         let (listening, open) = lock.withLock { () -> ([Channel], [Channel]) in
             defer { listeners = []; connections = [:] }
             return (listeners, Array(connections.values))
         }
-        for channel in open { channel.close(promise: nil) }
         for listener in listening { try? listener.close().wait() }
+        for channel in open { try? channel.close().wait() }
     }
 
     private func track(_ channel: Channel) {

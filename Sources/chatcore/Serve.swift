@@ -238,7 +238,7 @@ struct Serve: AsyncParsableCommand {
                     logger.critical("\(held); a node that is not the writer relays either its standard input/output (without --listen) or its socket connections (with --listen, without --user), not both")
                     throw ExitCode(1)
                 }
-                let lock = try await follow(held.location, logger: logger)
+                let lock = try await follow(held.location, loops: eventLoops(), logger: logger)
                 store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, writerLock: lock)
             }
         } catch let exit as ExitCode {
@@ -457,10 +457,10 @@ struct Serve: AsyncParsableCommand {
     }
 
     /// While another node holds the store's writer lock, relays every connection to it
-    /// (FollowerProxy); returns once this node holds the lock (the writer stopped or
-    /// died), with the relayed connections closed and the addresses free again.
-    private func follow(_ location: PostgresStore.Location, logger: Logger) async throws -> PostgresStore.WriterLock {
-        let loops = MultiThreadedEventLoopGroup(numberOfThreads: System.coreCount)
+    /// (FollowerProxy) on `loops`, the event loops the metrics use and the node's own
+    /// sockets will; returns once this node holds the lock (the writer stopped or died),
+    /// with the relayed connections closed and the addresses free again.
+    private func follow(_ location: PostgresStore.Location, loops: MultiThreadedEventLoopGroup, logger: Logger) async throws -> PostgresStore.WriterLock {
         let proxy = FollowerProxy(group: loops, writer: {
             PostgresStore.WriterLock.writerAddress(location: location, logger: logger).flatMap(ListenAddress.init)
         }, logger: logger)
@@ -492,7 +492,6 @@ struct Serve: AsyncParsableCommand {
         // A signal from now on waits for the writer's stop (it is kept until that is set).
         Serve.signalSources.holdNextTermination()
         proxy.stop()
-        try await loops.shutdownGracefully()
         logger.info("this node holds the writer lock now: serving by itself (relayed clients connect again)")
         return lock
     }

@@ -750,9 +750,17 @@ def test_a_relaying_node_serves_metrics_and_says_whether_it_decides(cluster, scr
     def value(node, name):
         return scrape(port_of(node))[(name, frozenset())]
 
+    def event_loop_groups(node):
+        # NIO names its event-loop threads NIO-ELT-<group>-#<thread>: the metrics and the
+        # relayed sockets share one group (PostgreSQL's connections use NIO's singleton).
+        tasks = f"/proc/{node.process.pid}/task"
+        names = [open(f"{tasks}/{task}/comm").read().strip() for task in os.listdir(tasks)]
+        return {name.split("-")[2] for name in names if name.startswith("NIO-ELT-")}
+
     writer, relay = two_nodes(cluster, scratch, "metrics", "--metrics", "127.0.0.1:0")
     assert value(writer, "chatcore_deciding") == 1
     assert value(relay, "chatcore_deciding") == 0
+    assert len(event_loop_groups(relay)) == 1, event_loop_groups(relay)
     assert value(relay, "chatcore_relayed_connections") == 0
     alice = Client(relay.socket)
     auth(alice, "alice")
@@ -765,4 +773,5 @@ def test_a_relaying_node_serves_metrics_and_says_whether_it_decides(cluster, scr
     writer.process.wait()
     relay.wait_until_logged("this node is the writer")
     assert value(relay, "chatcore_deciding") == 1
+    assert len(event_loop_groups(relay)) == 1, event_loop_groups(relay)
     assert relay.stop() == 0
