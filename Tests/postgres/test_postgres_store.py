@@ -136,6 +136,75 @@ def test_postgresql_restarted_under_load_loses_and_duplicates_nothing(cluster, s
     assert count_after > 0
 
 
+def test_postgresql_restarted_under_pipelined_load_keeps_every_send_announced(cluster, scratch):
+    # As above, with three users pipelining bursts into two chats each, so that two
+    # commits may be in flight (the one behind in a transaction block of its own) when
+    # the server goes. Whatever was announced Sent is stored once, with the id it was
+    # announced with, and each sender saw its ids in order; each chat's ids are
+    # consecutive. A send answered Internal may be stored (its commit's answer was lost
+    # with the connection: "not confirmed"), but only once. The moment of the restart
+    # decides which commit it hits: the deterministic guards of a commit refused at its
+    # end are test_a_commit_that_fails_at_its_end_is_not_announced's.
+    cluster.create_database("pipelined")
+    process, socket_path = start(cluster, "pipelined", scratch)
+    users = ["alice", "bob", "carol"]
+    clients = {user: Client(socket_path) for user in users}
+    for user, client in clients.items():
+        auth(client, user)
+    chats = [chat_with_bob(clients["alice"], "ab"), _started(clients["carol"], "alice", "ca"), _started(clients["bob"], "carol", "bc")]
+    member_of = {"alice": chats[:2], "bob": [chats[0], chats[2]], "carol": chats[1:]}
+    announced = {user: [] for user in users}
+    stop_sending = threading.Event()
+
+    def run(user):
+        client = clients[user]
+        n = 0
+        while not stop_sending.is_set():
+            burst = []
+            for _ in range(20):
+                burst.append((f"{user}{n}", member_of[user][n % 2], f"{user}-{n}"))
+                n += 1
+            client.send(*({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": content, "cookie": cookie}} for cookie, chat, content in burst))
+            for cookie, chat, content in burst:
+                answers = [e for e in client.answer(cookie, timeout=60) if body(e).get("cookie") == cookie]
+                assert len(answers) == 1, answers
+                name, value = next(iter(answers[0].items()))
+                if name == "listAdd":
+                    announced[user].append((chat, content, int(value["elements"][0]["messageId"])))
+                else:
+                    assert value["error"] == "Internal", value
+
+    threads = [threading.Thread(target=run, args=(user,)) for user in users]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    cluster.pg_ctl("-m", "fast", "-w", "restart")
+    time.sleep(2.0)
+    stop_sending.set()
+    for thread in threads:
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+    assert process.poll() is None, "chatcore went on after the restart"
+    for client in clients.values():
+        client.close()
+    assert stop(process) == 0
+
+    rows = cluster.psql("SELECT chat, id, content FROM message WHERE tag = 'Text' ORDER BY chat, id", database="pipelined").splitlines()
+    stored = [(row.split("|")[0], int(row.split("|")[1]), row.split("|")[2]) for row in rows]
+    where = {content: (chat, message_id) for chat, message_id, content in stored}
+    assert len(where) == len(stored), "no message stored twice"
+    for user in users:
+        assert len(announced[user]) > 0
+        for chat, content, message_id in announced[user]:
+            assert where.get(content) == (chat, message_id), (content, chat, message_id, where.get(content))
+        for chat in member_of[user]:
+            ids = [message_id for c, _, message_id in announced[user] if c == chat]
+            assert ids == sorted(ids), (user, chat)
+    for chat in chats:
+        ids = [message_id for c, message_id, _ in stored if c == chat]
+        assert ids == list(range(ids[0], ids[0] + len(ids))), (chat, "ids consecutive")
+
+
 def test_a_statement_failing_inside_a_commit_applies_nothing_of_it(cluster, scratch):
     # A trigger makes PostgreSQL refuse one message in the middle of a batch's statements
     # (which are all sent before any answer is read): the whole batch is answered
