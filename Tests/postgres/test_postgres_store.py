@@ -145,34 +145,19 @@ def test_postgresql_restarted_under_pipelined_load_keeps_every_send_announced(cl
     # with the connection: "not confirmed"), but only once. The moment of the restart
     # decides which commit it hits: the deterministic guards of a commit refused at its
     # end are test_a_commit_that_fails_at_its_end_is_not_announced's.
-    cluster.create_database("pipelined")
-    process, socket_path = start(cluster, "pipelined", scratch)
-    users = ["alice", "bob", "carol"]
-    clients = {user: Client(socket_path) for user in users}
-    for user, client in clients.items():
-        auth(client, user)
-    chats = [chat_with_bob(clients["alice"], "ab"), _started(clients["carol"], "alice", "ca"), _started(clients["bob"], "carol", "bc")]
-    member_of = {"alice": chats[:2], "bob": [chats[0], chats[2]], "carol": chats[1:]}
+    process, clients, chats, member_of = _three_users_in_three_chats(cluster, "pipelined", scratch)
+    users = list(clients)
     announced = {user: [] for user in users}
     stop_sending = threading.Event()
 
     def run(user):
-        client = clients[user]
         n = 0
         while not stop_sending.is_set():
-            burst = []
-            for _ in range(20):
-                burst.append((f"{user}{n}", member_of[user][n % 2], f"{user}-{n}"))
-                n += 1
-            client.send(*({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": content, "cookie": cookie}} for cookie, chat, content in burst))
-            for cookie, chat, content in burst:
-                answers = [e for e in client.answer(cookie, timeout=60) if body(e).get("cookie") == cookie]
-                assert len(answers) == 1, answers
-                name, value = next(iter(answers[0].items()))
-                if name == "listAdd":
-                    announced[user].append((chat, content, int(value["elements"][0]["messageId"])))
-                else:
-                    assert value["error"] == "Internal", value
+            burst = [(f"{user}{k}", member_of[user][k % 2], f"{user}-{k}") for k in range(n, n + 20)]
+            n += 20
+            for (_, chat, content), message_id in zip(burst, _send_burst(clients[user], burst)):
+                if message_id is not None:
+                    announced[user].append((chat, content, message_id))
 
     threads = [threading.Thread(target=run, args=(user,)) for user in users]
     for thread in threads:
@@ -239,10 +224,7 @@ def test_a_commit_that_fails_at_its_end_is_not_announced(cluster, scratch):
     # when it reaches the statement's Sync, after it has said the statement is complete.
     # A deferred trigger refuses the transaction there (as a server stopped at that moment
     # ends it): the send must be answered Internal, not Sent, and its id stays free.
-    cluster.create_database("late")
-    process, socket_path = start(cluster, "late", scratch)
-    alice = Client(socket_path)
-    auth(alice, "alice")
+    process, alice = _alice_on(cluster, "late", scratch)
     chat = chat_with_bob(alice, "late faults")
     cluster.psql("""
         CREATE FUNCTION refuse_late() RETURNS trigger AS $$
@@ -250,12 +232,13 @@ def test_a_commit_that_fails_at_its_end_is_not_announced(cluster, scratch):
         CREATE CONSTRAINT TRIGGER refuse_late AFTER INSERT ON message DEFERRABLE INITIALLY DEFERRED
             FOR EACH ROW EXECUTE FUNCTION refuse_late();
         """, database="late")
-    before = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "before", "cookie": "before"}})
-    before_id = int(next(body(e)["elements"][0]["messageId"] for e in before if "listAdd" in e and body(e).get("cookie") == "before"))
-    alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "late boom", "cookie": "boom"}})
-    assert _outcome(alice, "boom") == "Internal"
-    after = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
-    after_id = int(next(body(e)["elements"][0]["messageId"] for e in after if "listAdd" in e and body(e).get("cookie") == "after"))
+    def sent(content):
+        """The id `content` was announced Sent with, or None (answered Internal)."""
+        return _send_burst(alice, [(content, chat, content)])[0]
+
+    before_id = sent("before")
+    assert sent("late boom") is None
+    after_id = sent("after")
     assert after_id == before_id + 1, "the refused message's id was not kept"
     # Behind a commit still running (held by a slow insert), a batch commits in a
     # transaction block of its own, whose COMMIT reports the refusal.
@@ -264,8 +247,7 @@ def test_a_commit_that_fails_at_its_end_is_not_announced(cluster, scratch):
     time.sleep(0.3)
     alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "late boom", "cookie": "behind"}})
     assert (_outcome(alice, "slow"), _outcome(alice, "behind")) == ("listAdd", "Internal")
-    last = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "last", "cookie": "last"}})
-    assert any("listAdd" in e and body(e).get("cookie") == "last" for e in last), last
+    assert sent("last") == after_id + 2
     alice.close()
     assert stop(process) == 0
     rows = cluster.psql(f"SELECT id, content FROM message WHERE chat = {int(chat)} AND tag = 'Text' ORDER BY id", database="late").strip().split("\n")
@@ -477,21 +459,43 @@ def _started(client, invitee, subject):
     return next(body(e)["elements"][0]["chatId"] for e in events if "listAdd" in e and body(e).get("cookie") == subject)
 
 
+def _three_users_in_three_chats(cluster, database, scratch):
+    """chatcore serving a new database `database`, with alice, bob and carol connected and
+    three chats, each user in two: (process, clients by user, chats, each user's chats)."""
+    cluster.create_database(database)
+    process, socket_path = start(cluster, database, scratch)
+    clients = {user: Client(socket_path) for user in ("alice", "bob", "carol")}
+    for user, client in clients.items():
+        auth(client, user)
+    chats = [chat_with_bob(clients["alice"], "ab"), _started(clients["carol"], "alice", "ca"), _started(clients["bob"], "carol", "bc")]
+    return process, clients, chats, {"alice": chats[:2], "bob": [chats[0], chats[2]], "carol": chats[1:]}
+
+
+def _send_burst(client, burst):
+    """Pipelines the sends of `burst` ((cookie, chat, content) each), then reads their
+    answers, one each: the messageId each was announced Sent with, or None for Internal."""
+    client.send(*({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": content, "cookie": cookie}} for cookie, chat, content in burst))
+    ids = []
+    for cookie, _, _ in burst:
+        answers = [e for e in client.answer(cookie, timeout=60) if body(e).get("cookie") == cookie]
+        assert len(answers) == 1, answers
+        name, value = next(iter(answers[0].items()))
+        if name == "listAdd":
+            ids.append(int(value["elements"][0]["messageId"]))
+        else:
+            assert value["error"] == "Internal", value
+            ids.append(None)
+    return ids
+
+
 def test_random_statement_failures_under_pipelined_load_keep_every_answer_true(cluster, scratch):
     # Two commits in flight, and PostgreSQL refuses about one message in a hundred (a
     # trigger), so batches fail while the next is committing behind them. Three users
     # pipeline sends into three chats. Whatever was answered Sent is stored with the id it
     # was announced with; whatever was answered Internal is not stored; every send has
     # one answer; each chat's ids are 1..N; and each sender saw its Sent ids in order.
-    cluster.create_database("chaos")
-    process, socket_path = start(cluster, "chaos", scratch)
-    users = ["alice", "bob", "carol"]
-    clients = {user: Client(socket_path) for user in users}
-    for user, client in clients.items():
-        auth(client, user)
-    chats = [chat_with_bob(clients["alice"], "ab"),
-             _started(clients["carol"], "alice", "ca"),
-             _started(clients["bob"], "carol", "bc")]
+    process, clients, chats, member_of = _three_users_in_three_chats(cluster, "chaos", scratch)
+    users = list(clients)
     cluster.psql("""
         CREATE FUNCTION refuse_some() RETURNS trigger AS $$
         BEGIN
@@ -501,28 +505,14 @@ def test_random_statement_failures_under_pipelined_load_keep_every_answer_true(c
         END $$ LANGUAGE plpgsql;
         CREATE TRIGGER refuse_some BEFORE INSERT ON message FOR EACH ROW EXECUTE FUNCTION refuse_some();
         """, database="chaos")
-    member_of = {"alice": chats[:2], "bob": [chats[0], chats[2]], "carol": chats[1:]}
     outcomes = {user: [] for user in users}
 
     def run(user):
-        client = clients[user]
-        for burst in range(15):
-            cookies = []
-            for k in range(20):
-                n = burst * 20 + k
-                chat = member_of[user][n % 2]
-                content = f"{user}-{n}" + (" refuse" if n % 97 == 13 + len(user) else "")
-                cookies.append((f"{user}{n}", chat, content))
-                client.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": content, "cookie": f"{user}{n}"}})
-            for cookie, chat, content in cookies:
-                answers = [e for e in client.answer(cookie, timeout=60) if body(e).get("cookie") == cookie]
-                assert len(answers) == 1, answers
-                name, value = next(iter(answers[0].items()))
-                if name == "listAdd":
-                    outcomes[user].append((chat, content, int(value["elements"][0]["messageId"])))
-                else:
-                    assert value["error"] == "Internal", value
-                    outcomes[user].append((chat, content, None))
+        for start_at in range(0, 300, 20):
+            burst = [(f"{user}{n}", member_of[user][n % 2], f"{user}-{n}" + (" refuse" if n % 97 == 13 + len(user) else ""))
+                     for n in range(start_at, start_at + 20)]
+            for (_, chat, content), message_id in zip(burst, _send_burst(clients[user], burst)):
+                outcomes[user].append((chat, content, message_id))
 
     threads = [threading.Thread(target=run, args=(user,)) for user in users]
     for thread in threads:
