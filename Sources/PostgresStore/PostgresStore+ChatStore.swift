@@ -308,7 +308,7 @@ extension PostgresStore: ChatStore {
                     // it starts.
                     let statement = OneStatement(connection: connection, store: self)
                     write(batch, statement)
-                    try statement.send(committing: true) { binds in
+                    try statement.commit { binds in
                         let fence = fence(&binds)
                         return PostgresStore.claim(batch.chatVersions, &binds).map { fence + ", " + $0 } ?? fence
                     }
@@ -654,8 +654,8 @@ struct NullableArray<Element: PostgresArrayEncodable & PostgresNonThrowingEncoda
 }
 
 /// The writes of one commit, kept as the WITH clauses of one statement that `send(main:)`
-/// sends: their parameters are numbered across all of them (take each clause's `binds()`
-/// from here and hand them back with `add`).
+/// or `commit(main:)` sends: their parameters are numbered across all of them (take each
+/// clause's `binds()` from here and hand them back with `add`).
 final class OneStatement {
     let connection: PostgresConnection
     let store: PostgresStore
@@ -677,18 +677,22 @@ final class OneStatement {
         clauses.append(sql)
     }
 
-    /// Sends the clauses as the WITH clauses of `main` (made with the same parameters) and
-    /// waits for its answer; `committing`: outside a transaction block, until it is
-    /// committed (`PostgresStore.runCommitted`).
-    func send(committing: Bool = false, main: (inout PostgresStore.Binds) -> String) throws {
+    /// The clauses as the WITH clauses of `main` (made with the same parameters).
+    private func statement(_ main: (inout PostgresStore.Binds) -> String) -> PostgresQuery {
         var binds = shared
         let query = main(&binds)
         let sql = clauses.isEmpty ? query : "WITH " + clauses.enumerated().map { "w\($0) AS (\($1))" }.joined(separator: ", ") + " " + query
-        let statement = PostgresQuery(unsafeSQL: sql, binds: binds.bindings)
-        if committing {
-            try store.runCommitted(connection, statement)
-        } else {
-            _ = try store.wait(for: connection.query(statement, logger: store.logger), on: connection)
-        }
+        return PostgresQuery(unsafeSQL: sql, binds: binds.bindings)
+    }
+
+    /// Sends the statement inside a transaction block and waits for its answer.
+    func send(main: (inout PostgresStore.Binds) -> String) throws {
+        _ = try store.wait(for: connection.query(statement(main), logger: store.logger), on: connection)
+    }
+
+    /// Sends the statement as a transaction of its own and waits until it is committed
+    /// (`PostgresStore.runCommitted`).
+    func commit(main: (inout PostgresStore.Binds) -> String) throws {
+        try store.runCommitted(connection, statement(main))
     }
 }
