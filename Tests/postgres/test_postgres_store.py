@@ -83,27 +83,19 @@ def test_one_process_writes_a_database_and_one_that_cannot_relay_says_why(cluste
 
 
 def test_postgresql_restarted_under_load_loses_and_duplicates_nothing(cluster, scratch):
-    cluster.create_database("restart")
-    process, socket_path = start(cluster, "restart", scratch)
-    alice = Client(socket_path)
-    auth(alice, "alice")
+    process, alice = _alice_on(cluster, "restart", scratch)
     chat = chat_with_bob(alice, "load")
 
-    sent, failed = {}, []
+    sent = {}
     stop_sending = threading.Event()
 
     def send_all():
         number = 0
         while not stop_sending.is_set() and number < 4000:
             number += 1
-            alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"m{number}", "cookie": f"s{number}"}})
-            for event in alice.answer(f"s{number}", timeout=60):
-                name, value = next(iter(event.items()))
-                if name == "listAdd" and value.get("cookie") == f"s{number}":
-                    sent[f"m{number}"] = value["elements"][0]["messageId"]
-                elif name == "requestFailed":
-                    assert value["error"] == "Internal", value
-                    failed.append(f"m{number}")
+            message_id = _send_burst(alice, [(f"s{number}", chat, f"m{number}")])[0]
+            if message_id is not None:
+                sent[f"m{number}"] = str(message_id)
 
     sender = threading.Thread(target=send_all)
     sender.start()
