@@ -51,7 +51,7 @@ extension Engine {
     func user(for target: InviteeTarget, batch: Batch) -> Int64 {
         switch target {
         case .existing(let number): number
-        case .new(let userId): users.ensure(userId: userId, batch: &batch.store).number
+        case .new(let userId): users.ensure(userId: userId, batch: &batch.store) { newNumber(for: .user, after: $0) }.number
         }
     }
 
@@ -99,8 +99,9 @@ extension Engine {
             return failed(.invalidParameter, "'subject' is required unless 'isOneToOne' is true")
         }
 
-        lastChatNumber += 1
-        let chat = ChatRecord(number: lastChatNumber, subject: request.subject ?? "", isOneToOne: isOneToOne,
+        let number = newNumber(for: .chat, after: lastChatNumber)
+        lastChatNumber = max(lastChatNumber, number)
+        let chat = ChatRecord(number: number, subject: request.subject ?? "", isOneToOne: isOneToOne,
                               invitePolicy: request.invitePolicy ?? .participantsOnly, data: request.data)
         chats[chat.number] = chat
         let starter = MemberRecord(user: user, isAdmin: true, joinedAt: 1)

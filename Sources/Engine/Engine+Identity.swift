@@ -15,7 +15,7 @@ extension Engine {
             }
         } else {
             batch.willChangeSetup(of: session)
-            session.identity = users.ensure(userId: userId, batch: &batch.store).number
+            session.identity = users.ensure(userId: userId, batch: &batch.store) { newNumber(for: .user, after: $0) }.number
         }
         let user = session.identity!
         var setUpNow = false

@@ -249,6 +249,22 @@ public final class Engine: @unchecked Sendable {
         install(directory)
     }
 
+    /// The number of a new chat or user: the store's (`ChatStore.takeNumber`), which no
+    /// other deciding process takes, or the one after `last`, the highest memory knows,
+    /// when this process numbers them itself. When the store cannot give one, `last + 1`
+    /// too, and the commit judges it: it fails as taking the number did (the store is
+    /// unreachable), or conflicts when another process has that number (and the request
+    /// is decided again), or stores it.
+    func newNumber(for kind: NumberedKind, after last: Int64) -> Int64 {
+        do {
+            if let number = try store.takeNumber(for: kind) { return number }
+        } catch {
+            logger.warning("the store gave no number for a new \(kind.rawValue): the commit judges the next one memory has",
+                           metadata: ["error": "\(error)"])
+        }
+        return last + 1
+    }
+
     /// How many chats and users the engine knows (logged at start-up).
     public var chatCount: Int { chats.count }
     public var userCount: Int { users.byNumber.count }

@@ -27,10 +27,11 @@ struct UserDirectory {
     func find(regId: Int64) -> UserRecord? { byRegId[regId].flatMap { byNumber[$0] } }
     func find(uri: String) -> UserRecord? { UserRecord.number(fromURI: uri).flatMap { byNumber[$0] } }
 
-    /// The user with this id, created (and added to the batch) when new.
-    mutating func ensure(userId: String, batch: inout StoreBatch) -> UserRecord {
+    /// The user with this id, created (and added to the batch) when new, with the number
+    /// `number` gives after the highest one known.
+    mutating func ensure(userId: String, batch: inout StoreBatch, number: (_ after: Int64) -> Int64) -> UserRecord {
         if let existing = find(userId: userId) { return existing }
-        let user = UserRecord(number: lastNumber + 1, userId: userId, regId: RegId.derive(userId))
+        let user = UserRecord(number: number(lastNumber), userId: userId, regId: RegId.derive(userId))
         insert(user)
         batch.newUsers.append(user)
         return user

@@ -288,6 +288,18 @@ extension PostgresStore: ChatStore {
     /// Yes: `chatcore_claim` moves them on in each commit, or refuses it.
     public var comparesChatVersions: Bool { true }
 
+    /// The next value of the kind's sequence (`v7-numbers`): never another node's, and
+    /// not given again when the commit it was taken for fails.
+    public func takeNumber(for kind: NumberedKind) throws -> Int64? {
+        let sequence = switch kind {
+        case .chat: "chat_number"
+        case .user: "user_number"
+        }
+        return try withConnection { connection in
+            try run(connection, "SELECT nextval('\(sequence)')").first?.decode(Int64.self)
+        }
+    }
+
     public func commit(_ batch: StoreBatch) throws {
         var applied = batch.isEmpty
         defer { outcomes.record(batch.sequence, applied: applied) }

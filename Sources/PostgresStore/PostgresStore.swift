@@ -791,6 +791,15 @@ public final class PostgresStore: @unchecked Sendable {
             $$
             """,
         ]),
+        ("v7-numbers", [
+            // New chats' and users' numbers (`takeNumber`): deciding nodes that numbered
+            // them from memory would take the same one, and one of them would conflict.
+            // Each sequence goes on after the highest number stored.
+            "CREATE SEQUENCE chat_number AS bigint",
+            #"SELECT setval('chat_number', coalesce((SELECT max("number") FROM chat), 0) + 1, false)"#,
+            "CREATE SEQUENCE user_number AS bigint",
+            #"SELECT setval('user_number', coalesce((SELECT max("number") FROM "user"), 0) + 1, false)"#,
+        ]),
     ]
 
     /// Says where this node (the writer) accepts connections, for the other nodes, and

@@ -85,6 +85,18 @@ public protocol ChatStore: AnyObject, Sendable {
     /// a store that several deciding processes share. One that only this process writes
     /// (SQLite) has nothing to compare them with, and the engine leaves them out.
     var comparesChatVersions: Bool { get }
+
+    /// A number for a new chat or user that no other process deciding on this store takes
+    /// (PostgreSQL: a sequence), or nil when this process numbers them itself, after the
+    /// highest it has read (SQLite, which one process writes). A number taken for a commit
+    /// that then fails is not given again: numbers may have gaps, never repeats.
+    func takeNumber(for kind: NumberedKind) throws -> Int64?
+}
+
+/// What the store may number (`ChatStore.takeNumber`).
+public enum NumberedKind: String, Sendable {
+    case chat
+    case user
 }
 
 extension ChatStore {
@@ -92,6 +104,8 @@ extension ChatStore {
     public var commitsInFlight: Int { 1 }
 
     public var comparesChatVersions: Bool { false }
+
+    public func takeNumber(for kind: NumberedKind) throws -> Int64? { nil }
 }
 
 /// Which messages a match looks for (docs/protocol.md §8 criteria, in store words).

@@ -64,6 +64,39 @@ final class ConflictTests: XCTestCase {
         XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 1)
     }
 
+    /// The chatIds of the chats `listAdd`s gave the session.
+    private static func startedChats(_ events: [[String: Any]]) -> [String] {
+        events.compactMap { event in
+            guard let add = event["listAdd"] as? [String: Any], add["type"] as? String == "chat",
+                  let element = (add["elements"] as? [[String: Any]])?.first else { return nil }
+            return element["chatId"] as? String
+        }
+    }
+
+    /// Two nodes each start a chat with a user new to both. With numbers from the store
+    /// (PostgreSQL's sequences: `ChatStore.takeNumber`) they take different ones and
+    /// neither commit conflicts; numbered from each node's memory, both would take chat 2
+    /// and user 3, and node B's commit would conflict and be decided again.
+    func testNodesTakeNewChatsAndUsersNumbersFromTheStoreWithoutConflicting() throws {
+        for numbering in [true, false] {
+            let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()), versioned: true, numbering: numbering)
+            let nodeA = try EngineHarness.aliceAndBobInAChat(on: store)
+            let nodeB = try EngineHarness(store: store)
+            nodeB.connect("b", as: "bob")
+            let alice = nodeA.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"carol"}],"subject":"on A"}}"#).map(Self.object)
+            let bob = nodeB.send("b", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"dave"}],"subject":"on B"}}"#).map(Self.object)
+            XCTAssertEqual(Self.startedChats(alice), ["2"], "\(alice)")
+            XCTAssertEqual(Self.startedChats(bob), ["3"], "\(bob)")
+            XCTAssertEqual(Self.failures(alice) + Self.failures(bob), [])
+            XCTAssertEqual(store.conflicts.load(ordering: .relaxed), numbering ? 0 : 1, "numbering: \(numbering)")
+            // Alice, bob, carol, dave: four users, each once, whichever node made them.
+            let users = try store.loadDirectory().users.map { "\($0.number):\($0.userId)" }
+            XCTAssertEqual(users, ["1:alice", "2:bob", "3:carol", "4:dave"], "numbering: \(numbering)")
+            // Taken: alice, bob and chat 1 at node A's start, then a user and a chat each.
+            XCTAssertEqual(store.numbersTaken.load(ordering: .relaxed), numbering ? 7 : 0)
+        }
+    }
+
     /// Every request of the batch is decided again, in order: each answered once (a line
     /// that is no request too), and a session it authenticated is authenticated once.
     func testEveryWorkItemOfAConflictingBatchIsDecidedAgainOnceInOrder() throws {

@@ -226,10 +226,32 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     private let versionsLock = NSLock()
     private var versions: [Int64: Int64] = [:]
 
-    init(_ inner: ChatStore, commitsInFlight: Int = 1, versioned: Bool = false) {
+    /// With `numbering`, new chats and users take their numbers from the store, as from
+    /// PostgreSQL's sequences (`takeNumber`): the next after the highest the store held
+    /// when it was made or handed out since.
+    private let numbering: Bool
+    private let numbersLock = NSLock()
+    private var lastNumbers: [NumberedKind: Int64]?
+    let numbersTaken = Atomic<Int>(0)
+
+    init(_ inner: ChatStore, commitsInFlight: Int = 1, versioned: Bool = false, numbering: Bool = false) {
         self.inner = inner
         self.commitsInFlight = commitsInFlight
         self.versioned = versioned
+        self.numbering = numbering
+    }
+
+    func takeNumber(for kind: NumberedKind) throws -> Int64? {
+        guard numbering else { return nil }
+        numbersTaken.add(1, ordering: .relaxed)
+        return try numbersLock.withLock {
+            if lastNumbers == nil {
+                let directory = try inner.loadDirectory()
+                lastNumbers = [.chat: directory.chats.map(\.number).max() ?? 0, .user: directory.users.map(\.number).max() ?? 0]
+            }
+            lastNumbers![kind, default: 0] += 1
+            return lastNumbers![kind]!
+        }
     }
 
     struct InjectedFailure: Error, CustomStringConvertible {

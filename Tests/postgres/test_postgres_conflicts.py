@@ -198,3 +198,49 @@ def test_a_node_alone_never_conflicts(cluster, scratch):
     alice.close()
     bob.close()
     assert stop(process) == 0
+
+
+def started_chat(events):
+    """The chatId of the chat a chatStart's answer added."""
+    return next(event["listAdd"]["elements"][0]["chatId"] for event in events if event.get("listAdd", {}).get("type") == "chat")
+
+
+def test_new_chats_and_users_take_numbers_no_other_node_takes(cluster, scratch):
+    """Numbers for new chats and users come from sequences in the database, which every
+    deciding node takes from: a chat and a user another node made do not make this node's
+    next ones conflict (numbered from memory, it would take the same ones). A store from
+    before the sequences gets them, going on after the highest numbers stored."""
+    cluster.create_database("numbers")
+    port = free_port()
+    process, path = start(cluster, "numbers", scratch, "--metrics", f"127.0.0.1:{port}")
+    assert path is not None, process.stderr.read().decode()
+    alice = Client(path)
+    auth(alice, "alice")
+    assert chat_with_bob(alice, "first") == "1"
+    # Another node makes user 3 (carol) and chat 2, numbered as every node numbers them.
+    cluster.psql("""
+        BEGIN;
+        INSERT INTO "user" ("number", "userId", "regId") VALUES (nextval('user_number'), 'carol', 333);
+        INSERT INTO chat ("number", subject, "isOneToOne", "invitePolicy", "isDefunct", "lastMessage", "lastActivity")
+            VALUES (nextval('chat_number'), 'on another node', false, 'ParticipantsOnly', false, 0, 0);
+        INSERT INTO chat_version (chat, version) SELECT max("number"), 1 FROM chat;
+        COMMIT;
+        """, database="numbers")
+    started = alice.request({"chatStart": {"cookie": "d", "invitees": [{"userId": "dave"}], "subject": "second"}})
+    assert [event for event in started if "requestFailed" in event] == []
+    assert started_chat(started) == "3"
+    assert scrape(port)[("chatcore_commit_conflicts_total", frozenset())] == 0
+    users = cluster.psql('SELECT "number", "userId" FROM "user" ORDER BY "number"', database="numbers").split()
+    assert users == ["1|alice", "2|bob", "3|carol", "4|dave"]
+    alice.close()
+    assert stop(process) == 0
+
+    # A store from before the sequences: they go on after what it holds.
+    cluster.psql("""
+        DROP SEQUENCE chat_number; DROP SEQUENCE user_number;
+        DELETE FROM chatcore_migration WHERE name = 'v7-numbers';
+        """, database="numbers")
+    with user_on(cluster, "numbers", scratch) as alice:
+        started = alice.request({"chatStart": {"cookie": "e", "invitees": [{"userId": "erin"}], "subject": "after the migration"}})
+        assert started_chat(started) == "4"
+    assert cluster.psql('SELECT "number" FROM "user" WHERE "userId" = \'erin\'', database="numbers").strip() == "5"
