@@ -260,7 +260,9 @@ extension Engine {
 
     /// The change feed (§4): messages of the user's chats whose latest change
     /// is after `since`, oldest change first. A message's latest change is the later of its
-    /// own (`changeSeq`) and of the marks that moved over it (range changes).
+    /// own (`changeSeq`) and of the marks that moved over it (range changes). Positions are
+    /// per slot (`FeedSlots`, one per process deciding on the store) and so is the token;
+    /// the answer takes each slot's changes in order, slot after slot.
     func listChanges(_ request: RequestListChanges, user: Int64, batch: Batch) throws -> Event {
         let scope: [ChatRecord]
         if let chatId = request.chatId {
@@ -269,9 +271,9 @@ extension Engine {
             scope = chatsOf(user)
         }
         guard let token = request.since else {
-            return .listChanges(ListChanges(cookie: request.cookie, changed: [], token: String(changeSeq), hasMore: false))
+            return .listChanges(ListChanges(cookie: request.cookie, changed: [], token: FeedToken(try feedNow()).description, hasMore: false))
         }
-        guard let since = Int64(token), since >= 0, since <= changeSeq else {
+        guard let since = FeedToken(token) else {
             throw ProtocolError.invalid("'since' \(token) is not a token this service gave out")
         }
         let limit = Int(request.limit ?? 100)
@@ -281,22 +283,61 @@ extension Engine {
             try commitIfChanged(chat, batch: batch)
             scoped[chat.number] = (chat, member.joinedAt)
         }
-        var found = try changes(in: scoped, after: since, limit: limit + 1)
-        let hasMore = found.count > limit
-        if hasMore { found.removeLast(found.count - limit) }
-        let changed = found.map { renderMessage($0.message, in: $0.chat, for: user) }
-        let next = hasMore ? found.last!.seq : changeSeq
-        return .listChanges(ListChanges(cookie: request.cookie, changed: changed, token: String(next), hasMore: hasMore))
+        let now = FeedToken(try feedNow())
+        guard since.positions.indices.allSatisfy({ since[$0] <= now[$0] }) else {
+            throw ProtocolError.invalid("'since' \(token) is not a token this service gave out")
+        }
+        var found: [(seq: Int64, chat: ChatRecord, message: MessageRecord)] = []
+        var next = now
+        var hasMore = false
+        for slot in 0..<FeedSlots.count where since[slot] < now[slot] {
+            guard !hasMore else {
+                next[slot] = since[slot]
+                continue
+            }
+            let base = FeedSlots.base(of: slot)
+            var page = try changes(in: scoped, after: base + since[slot], upTo: base + now[slot], limit: limit - found.count + 1)
+            if found.count + page.count > limit {
+                hasMore = true
+                page.removeLast(found.count + page.count - limit)
+                next[slot] = (page.last?.seq).map { $0 - base } ?? since[slot]
+            }
+            found += page
+        }
+        // A message changed by two slots since may be found in each: it is given once.
+        var given: Set<Batch.RowKey> = []
+        let changed = found.filter { given.insert(Batch.RowKey(chat: $0.chat.number, item: $0.message.id)).inserted }
+            .map { renderMessage($0.message, in: $0.chat, for: user) }
+        return .listChanges(ListChanges(cookie: request.cookie, changed: changed, token: next.description, hasMore: hasMore))
+    }
+
+    /// Every slot's last position: this process's as memory has it (its decisions, whose
+    /// commits a read waits for), the others' as the store has them committed. A store
+    /// only this process writes has no other slots.
+    private func feedNow() throws -> [Int64] {
+        var positions = [Int64](repeating: 0, count: FeedSlots.count)
+        if comparesChatVersions {
+            let stored: [Int: Int64]
+            do {
+                stored = try store.feedPositions()
+            } catch {
+                throw unreadable(error)
+            }
+            for (slot, position) in stored where slot != feedSlot { positions[slot] = position - FeedSlots.base(of: slot) }
+        }
+        positions[feedSlot] = changeSeq - FeedSlots.base(of: feedSlot)
+        return positions
     }
 
     /// Up to `limit` messages of `chats` (each from its `firstId`) whose latest change is
-    /// after `since`, with that position, ascending.
-    private func changes(in chats: [Int64: (chat: ChatRecord, firstId: Int64)], after since: Int64,
+    /// after `since` and at most `upTo`, both in one slot, with that position, ascending.
+    private func changes(in chats: [Int64: (chat: ChatRecord, firstId: Int64)], after since: Int64, upTo: Int64,
                          limit: Int) throws -> [(seq: Int64, chat: ChatRecord, message: MessageRecord)] {
+        let slot = FeedSlots.slot(of: since)
         let numbers = chats.keys.sorted()
         let ranges: [RangeChangeRow]
         do {
-            ranges = try store.rangeChanges(chats: numbers, after: since)
+            ranges = try store.rangeChanges(chats: numbers, after: since).filter { FeedSlots.slot(of: $0.firstSeq) == slot }
         } catch {
             throw unreadable(error)
         }
@@ -322,8 +363,11 @@ extension Engine {
                     throw unreadable(error)
                 }
                 ownIndex = 0
-                ownDone = own.isEmpty
                 if let last = own.last { ownAfter = last.changeSeq }
+                // Past `upTo`: another slot's, or not yet committed everywhere this read looks.
+                let inReach = own.prefix { $0.changeSeq <= upTo }
+                ownDone = own.isEmpty || inReach.count < own.count
+                own = Array(inReach)
                 // One read per chat for the page, not one per message.
                 for (number, page) in Dictionary(grouping: own, by: \.chat) {
                     if let (chat, firstId) = chats[number] {
@@ -338,7 +382,7 @@ extension Engine {
             var best: (range: Int, seq: Int64)?
             for (index, range) in ranges.enumerated() where rangeCursor[index] <= range.lastId {
                 let seq = range.seq(of: rangeCursor[index])!
-                if best == nil || seq < best!.seq { best = (index, seq) }
+                if seq <= upTo && (best == nil || seq < best!.seq) { best = (index, seq) }
             }
             if let candidate = candidateOwn, best == nil || candidate.changeSeq < best!.seq {
                 ownIndex += 1
@@ -350,8 +394,11 @@ extension Engine {
                 let range = ranges[index]
                 let id = rangeCursor[index]
                 rangeCursor[index] += 1
+                // A change of the message's own in another slot is neither before nor after
+                // this one: the message counts here too.
                 guard let (chat, _) = chats[range.chat], rangeSeq(of: id, in: range.chat) == seq,
-                      let message = try loadMessage(id, in: chat), message.changeSeq < seq else { continue }
+                      let message = try loadMessage(id, in: chat),
+                      message.changeSeq < seq || FeedSlots.slot(of: message.changeSeq) != slot else { continue }
                 result.append((seq, chat, message))
             } else {
                 break
@@ -384,4 +431,42 @@ extension Collection {
 extension Engine {
     /// No user has this number: lists rendered for it are empty.
     static let nobody: Int64 = 0
+}
+
+/// A change feed token (`since`): the position read up to in each slot (`FeedSlots`),
+/// counted from the slot's base, written "p0.p1…" without the slots after the last that
+/// has one: with one slot, the plain number the feed always gave.
+struct FeedToken: CustomStringConvertible {
+    private(set) var positions: [Int64]
+
+    init(_ positions: [Int64]) {
+        self.positions = positions
+    }
+
+    init?(_ text: String) {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count <= FeedSlots.count else { return nil }
+        var positions: [Int64] = []
+        for part in parts {
+            guard !part.isEmpty, part.allSatisfy({ $0.isASCII && $0.isNumber }), let position = Int64(part),
+                  position < FeedSlots.base(of: 1) else { return nil }
+            positions.append(position)
+        }
+        self.positions = positions
+    }
+
+    /// The slot's position (0 for a slot the token does not name).
+    subscript(slot: Int) -> Int64 {
+        get { slot < positions.count ? positions[slot] : 0 }
+        set {
+            if slot >= positions.count { positions += [Int64](repeating: 0, count: slot - positions.count + 1) }
+            positions[slot] = newValue
+        }
+    }
+
+    var description: String {
+        var shown = positions
+        while shown.count > 1 && shown.last == 0 { shown.removeLast() }
+        return shown.isEmpty ? "0" : shown.map(String.init).joined(separator: ".")
+    }
 }

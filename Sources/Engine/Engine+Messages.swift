@@ -75,9 +75,9 @@ extension Engine {
             }
         }
         if let content, !message.isSystem {
-            lastSearchRow += 1
-            message.searchRow = lastSearchRow
-            batch.searchAdds.append(SearchEntry(row: lastSearchRow, chat: chat.number, id: message.id, text: content))
+            message.searchRow = newNumber(for: .searchRow, after: lastSearchRow)
+            lastSearchRow = max(lastSearchRow, message.searchRow)
+            batch.searchAdds.append(SearchEntry(row: message.searchRow, chat: chat.number, id: message.id, text: content))
         }
         batch.changed(message)
         batch.changed(chat)

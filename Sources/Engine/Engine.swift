@@ -99,8 +99,9 @@ public final class Engine: @unchecked Sendable {
     private var inFlight: [Commit] = []
     /// How many batches may be in flight at once.
     private let commitsInFlight: Int
-    /// Whether commits carry the versions of the chats they change (`ChatStore`).
-    private let comparesChatVersions: Bool
+    /// Whether commits carry the versions of the chats they change (`ChatStore`): several
+    /// processes may decide on the store (and the feed has their slots too).
+    let comparesChatVersions: Bool
     /// The last commit's `StoreBatch.sequence`.
     private var lastSequence: Int64 = 0
     /// Commits that failed while the batch after them was being decided (the first failed;
@@ -136,10 +137,16 @@ public final class Engine: @unchecked Sendable {
     /// The chats each user takes part in now.
     var chatsOfUser: [Int64: Set<Int64>] = [:]
     var lastChatNumber: Int64 = 0
-    /// The change feed's position: every message change takes the next number.
+    /// The change feed's position: every message change takes the next number of this
+    /// process's slot (`feedSlot`).
     var changeSeq: Int64 = 0
+    /// Where this process numbers its changes in the feed (`FeedSlots`): 0 unless several
+    /// processes decide on one store.
+    let feedSlot: Int
     /// The newest message's row in the search index.
     var lastSearchRow: Int64 = 0
+    /// What is left of the blocks of numbers taken from the store (`newNumber`).
+    private var numbersTaken: [NumberedKind: ClosedRange<Int64>] = [:]
     /// The counters as the store has them.
     private var storedCounters = StoreCounters()
     /// The messages in memory: the hot ones, up to a budget.
@@ -161,10 +168,13 @@ public final class Engine: @unchecked Sendable {
     public var onFatalStoreError: (@Sendable (String) -> Void)?
 
     /// `clock` gives message timestamps (seconds since 1970); tests pass a fixed one.
-    /// `cacheBytes` bounds the messages kept in memory.
+    /// `cacheBytes` bounds the messages kept in memory. `feedSlot`: where this process
+    /// numbers its changes in the feed, one slot per process deciding on the store.
     public init(store: ChatStore, logger: Logger, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil,
-                attachmentsDirectory: String? = nil, cacheBytes: Int = Engine.defaultCacheBytes,
+                attachmentsDirectory: String? = nil, cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int = 0,
                 clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }) throws {
+        precondition((0..<FeedSlots.count).contains(feedSlot), "a feed slot is below \(FeedSlots.count)")
+        self.feedSlot = feedSlot
         self.cache = MessageCache(budget: cacheBytes)
         self.searchIndex = searchIndex
         self.store = store
@@ -215,9 +225,9 @@ public final class Engine: @unchecked Sendable {
             chat.members[row.user] = MemberRecord(row)
             if row.isActive { chatsOfUser[row.user, default: []].insert(row.chat) }
         }
-        changeSeq = directory.counters.changeSeq
+        changeSeq = directory.feedPositions[feedSlot] ?? FeedSlots.base(of: feedSlot)
         lastSearchRow = directory.counters.searchRow
-        storedCounters = directory.counters
+        storedCounters = StoreCounters(changeSeq: changeSeq, slot: feedSlot, searchRow: lastSearchRow)
     }
 
     /// What memory must read again after `batches` failed to commit: the chats they changed
@@ -249,15 +259,22 @@ public final class Engine: @unchecked Sendable {
         install(directory)
     }
 
-    /// The number of a new chat or user: the store's (`ChatStore.takeNumber`), which no
-    /// other deciding process takes, or the one after `last`, the highest memory knows,
-    /// when this process numbers them itself. When the store cannot give one, `last + 1`
-    /// too, and the commit judges it: it fails as taking the number did (the store is
-    /// unreachable), or conflicts when another process has that number (and the request
-    /// is decided again), or stores it.
+    /// The number of a new chat, user or search row: the store's (`ChatStore.takeNumbers`,
+    /// kept a block at a time), which no other deciding process takes, or the one after
+    /// `last`, the highest memory knows, when this process numbers them itself. When the
+    /// store cannot give one, `last + 1` too, and the commit judges it: it fails as taking
+    /// the number did (the store is unreachable), or conflicts when another process has
+    /// that number (and the request is decided again), or stores it.
     func newNumber(for kind: NumberedKind, after last: Int64) -> Int64 {
+        if let block = numbersTaken[kind], let number = block.first {
+            numbersTaken[kind] = block.count > 1 ? (number + 1)...block.upperBound : nil
+            return number
+        }
         do {
-            if let number = try store.takeNumber(for: kind) { return number }
+            if let block = try store.takeNumbers(for: kind) {
+                numbersTaken[kind] = block.count > 1 ? (block.lowerBound + 1)...block.upperBound : nil
+                return block.lowerBound
+            }
         } catch {
             logger.warning("the store gave no number for a new \(kind.rawValue): the commit judges the next one memory has",
                            metadata: ["error": "\(error)"])
@@ -770,7 +787,7 @@ public final class Engine: @unchecked Sendable {
     /// Turns what the batch changed into its store rows, numbered as the next commit when
     /// there are any (`StoreBatch.sequence`); returns the counters they hold.
     private func collect(_ batch: Batch) -> StoreCounters {
-        let counters = StoreCounters(changeSeq: changeSeq, searchRow: lastSearchRow)
+        let counters = StoreCounters(changeSeq: changeSeq, slot: feedSlot, searchRow: lastSearchRow)
         batch.collectRows(counters: counters == storedCounters ? nil : counters)
         // Each chat changed is decided on the version memory has; the next commit expects
         // the one after (a commit in flight that fails makes memory be read again). A

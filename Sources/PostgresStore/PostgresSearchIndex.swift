@@ -33,11 +33,13 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
 
     /// What the refill left to add, from what it has added so far (`searchIndexUpTo`):
     /// below `searchIndexFrom` while a searchable message there is still missing, and
-    /// else the store's last search row (nothing is missing).
+    /// else the store's last search row (nothing is missing: the search rows' sequence's,
+    /// which `loadDirectory` gives too).
     public func indexedUpTo() throws -> Int64 {
         try store.withConnection { connection in
             var counters: [String: Int64] = [:]
-            for row in try store.run(connection, "SELECT name, value FROM counter WHERE name IN ('searchIndexFrom', 'searchIndexUpTo', 'searchRow')") {
+            for row in try store.run(connection, "SELECT name, value FROM counter WHERE name IN ('searchIndexFrom', 'searchIndexUpTo') "
+                                     + "UNION ALL SELECT 'searchRow', last_value FROM search_row") {
                 let (name, value) = try row.decode((String, Int64).self)
                 counters[name] = value
             }

@@ -49,7 +49,10 @@ extension PostgresStore: ChatStore {
             let (name, value) = try row.decode((String, Int64).self)
             counters[name] = value
         }
-        directory.counters = StoreCounters(changeSeq: counters["changeSeq"] ?? 0, searchRow: counters["searchRow"] ?? 0)
+        // The last search row is the sequence's (`v7-numbers`): every row taken is at most that.
+        counters["searchRow"] = try run(connection, "SELECT last_value FROM search_row").first?.decode(Int64.self)
+        directory.counters = StoreCounters(named: counters)
+        directory.feedPositions = FeedSlots.positions(in: counters)
         var binds = Binds()
         let sql = chats.map { "SELECT chat, version FROM chat_version WHERE chat = ANY(\(binds.add($0))::bigint[])" } ?? "SELECT chat, version FROM chat_version"
         for row in try run(connection, sql, binds) {
@@ -238,6 +241,17 @@ extension PostgresStore: ChatStore {
         }
     }
 
+    public func feedPositions() throws -> [Int: Int64] {
+        try withConnection { connection in
+            var counters: [String: Int64] = [:]
+            for row in try run(connection, "SELECT name, value FROM counter WHERE name LIKE 'changeSeq%'") {
+                let (name, value) = try row.decode((String, Int64).self)
+                counters[name] = value
+            }
+            return FeedSlots.positions(in: counters)
+        }
+    }
+
     public func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow] {
         guard !chats.isEmpty else { return [] }
         var binds = Binds()
@@ -289,14 +303,19 @@ extension PostgresStore: ChatStore {
     public var comparesChatVersions: Bool { true }
 
     /// The next value of the kind's sequence (`v7-numbers`): never another node's, and
-    /// not given again when the commit it was taken for fails.
-    public func takeNumber(for kind: NumberedKind) throws -> Int64? {
-        let sequence = switch kind {
-        case .chat: "chat_number"
-        case .user: "user_number"
+    /// not given again when the commit it was taken for fails. Chats and users one at a
+    /// time; search rows `searchRowBlock` at a time (the sequence moves on by that much).
+    public func takeNumbers(for kind: NumberedKind) throws -> ClosedRange<Int64>? {
+        let (sequence, block): (String, Int64) = switch kind {
+        case .chat: ("chat_number", 1)
+        case .user: ("user_number", 1)
+        case .searchRow: ("search_row", PostgresStore.searchRowBlock)
         }
         return try withConnection { connection in
-            try run(connection, "SELECT nextval('\(sequence)')").first?.decode(Int64.self)
+            try run(connection, "SELECT nextval('\(sequence)')").first.map { row in
+                let last = try row.decode(Int64.self)
+                return (last - block + 1)...last
+            }
         }
     }
 
@@ -586,9 +605,11 @@ extension PostgresStore: ChatStore {
         }
         if let counters = batch.counters {
             var binds = statement.binds()
+            // Not `searchRow`: its sequence keeps it (`takeNumbers`).
+            let named = counters.named.filter { $0.name != "searchRow" }
             statement.add("""
-                UPDATE counter SET value = CASE name WHEN 'changeSeq' THEN \(binds.add(counters.changeSeq)) ELSE \(binds.add(counters.searchRow)) END
-                WHERE name IN ('changeSeq', 'searchRow')
+                INSERT INTO counter (name, value) SELECT * FROM unnest(\(binds.add(named.map(\.name)))::text[], \(binds.add(named.map(\.value)))::bigint[])
+                ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value
                 """, binds)
         }
     }

@@ -589,6 +589,9 @@ public final class PostgresStore: @unchecked Sendable {
     /// Named, append-only migrations, applied in order under a transaction-level advisory
     /// lock (two processes starting at once do not both apply one). Never edit one that
     /// has shipped: add the next.
+    /// How many search rows a node takes at once (`takeNumbers`).
+    static let searchRowBlock: Int64 = 1024
+
     static let migrations: [(name: String, sql: [String])] = [
         ("v1-chatcore", [
             """
@@ -792,13 +795,18 @@ public final class PostgresStore: @unchecked Sendable {
             """,
         ]),
         ("v7-numbers", [
-            // New chats' and users' numbers (`takeNumber`): deciding nodes that numbered
-            // them from memory would take the same one, and one of them would conflict.
-            // Each sequence goes on after the highest number stored.
+            // New chats' and users' numbers, and search rows (`takeNumbers`): deciding
+            // nodes that numbered them from memory would take the same ones. Each sequence
+            // goes on after the highest number stored. The search rows' moves on by a block
+            // at a time, and its last value replaces the counter `searchRow`, which every
+            // commit of every node would otherwise write.
             "CREATE SEQUENCE chat_number AS bigint",
             #"SELECT setval('chat_number', coalesce((SELECT max("number") FROM chat), 0) + 1, false)"#,
             "CREATE SEQUENCE user_number AS bigint",
             #"SELECT setval('user_number', coalesce((SELECT max("number") FROM "user"), 0) + 1, false)"#,
+            "CREATE SEQUENCE search_row AS bigint MINVALUE 0 INCREMENT BY \(searchRowBlock)",
+            #"SELECT setval('search_row', greatest((SELECT value FROM counter WHERE name = 'searchRow'), (SELECT coalesce(max("searchRow"), 0) FROM message)))"#,
+            "DELETE FROM counter WHERE name = 'searchRow'",
         ]),
     ]
 

@@ -13,7 +13,7 @@ extension SQLiteStore: ChatStore {
             directory.endpoints = try EndpointRow.order(Column("ordinal")).fetchAll(db)
             directory.chats = try ChatRow.order(Column("number")).fetchAll(db)
             directory.members = try MemberRow.order(Column("chat"), Column("user")).fetchAll(db)
-            directory.counters = try counters(db)
+            try readCounters(into: &directory, db)
             return directory
         }
     }
@@ -23,16 +23,25 @@ extension SQLiteStore: ChatStore {
             var directory = StoreDirectory()
             directory.chats = try ChatRow.filter(numbers.contains(Column("number"))).order(Column("number")).fetchAll(db)
             directory.members = try MemberRow.filter(numbers.contains(Column("chat"))).order(Column("chat"), Column("user")).fetchAll(db)
-            directory.counters = try counters(db)
+            try readCounters(into: &directory, db)
             return directory
         }
     }
 
-    private func counters(_ db: Database) throws -> StoreCounters {
-        let counters = try Dictionary(uniqueKeysWithValues: Row.fetchAll(db, sql: "SELECT name, value FROM counter").map {
+    private func readCounters(into directory: inout StoreDirectory, _ db: Database) throws {
+        let counters = try namedCounters(db)
+        directory.counters = StoreCounters(named: counters)
+        directory.feedPositions = FeedSlots.positions(in: counters)
+    }
+
+    private func namedCounters(_ db: Database) throws -> [String: Int64] {
+        try Dictionary(uniqueKeysWithValues: Row.fetchAll(db, sql: "SELECT name, value FROM counter").map {
             (String.fromDatabaseValue($0[0]) ?? "", Int64.fromDatabaseValue($0[1]) ?? 0)
         })
-        return StoreCounters(changeSeq: counters["changeSeq"] ?? 0, searchRow: counters["searchRow"] ?? 0)
+    }
+
+    public func feedPositions() throws -> [Int: Int64] {
+        try pool.read { db in FeedSlots.positions(in: try namedCounters(db)) }
     }
 
     // MARK: messages
@@ -340,8 +349,7 @@ extension SQLiteStore: ChatStore {
         }
         if let counters = batch.counters {
             let set = try db.cachedStatement(sql: "INSERT INTO counter (name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value")
-            try set.execute(arguments: ["changeSeq", counters.changeSeq])
-            try set.execute(arguments: ["searchRow", counters.searchRow])
+            for counter in counters.named { try set.execute(arguments: [counter.name, counter.value]) }
         }
     }
 }

@@ -51,6 +51,9 @@ public protocol ChatStore: AnyObject, Sendable {
     /// oldest first.
     func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow]
 
+    /// Every feed slot's last committed position (`FeedSlots`), as committed now.
+    func feedPositions() throws -> [Int: Int64]
+
     /// Which of these search hits `user` may still find, as the store has them now: the
     /// message holds the hit's search row (a recalled message holds none, so a hit from
     /// an index that missed the recall is left out) and `user` did not delete it for
@@ -86,17 +89,19 @@ public protocol ChatStore: AnyObject, Sendable {
     /// (SQLite) has nothing to compare them with, and the engine leaves them out.
     var comparesChatVersions: Bool { get }
 
-    /// A number for a new chat or user that no other process deciding on this store takes
-    /// (PostgreSQL: a sequence), or nil when this process numbers them itself, after the
-    /// highest it has read (SQLite, which one process writes). A number taken for a commit
-    /// that then fails is not given again: numbers may have gaps, never repeats.
-    func takeNumber(for kind: NumberedKind) throws -> Int64?
+    /// Numbers for new chats, users or search rows that no other process deciding on this
+    /// store takes (PostgreSQL: a sequence), one or a block of them, ascending; or nil when
+    /// this process numbers them itself, after the highest it has read (SQLite, which one
+    /// process writes). A number taken for a commit that then fails, or left over when the
+    /// process stops, is not given again: numbers may have gaps, never repeats.
+    func takeNumbers(for kind: NumberedKind) throws -> ClosedRange<Int64>?
 }
 
-/// What the store may number (`ChatStore.takeNumber`).
+/// What the store may number (`ChatStore.takeNumbers`).
 public enum NumberedKind: String, Sendable {
     case chat
     case user
+    case searchRow
 }
 
 extension ChatStore {
@@ -105,7 +110,7 @@ extension ChatStore {
 
     public var comparesChatVersions: Bool { false }
 
-    public func takeNumber(for kind: NumberedKind) throws -> Int64? { nil }
+    public func takeNumbers(for kind: NumberedKind) throws -> ClosedRange<Int64>? { nil }
 }
 
 /// Which messages a match looks for (docs/protocol.md §8 criteria, in store words).

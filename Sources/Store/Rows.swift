@@ -277,16 +277,58 @@ public struct RangeChangeRow: Sendable, Equatable {
     }
 }
 
+/// Where each deciding process's changes sit in the change feed
+/// (docs/several-deciding-nodes.md): a process numbers its changes in its own slot, the
+/// 2^56 positions above `base(of:)`, and commits them in order, so whatever a snapshot
+/// shows of one slot is everything of it up to some position. A feed token holds one
+/// position per slot. One process alone (and every SQLite store) is slot 0, whose
+/// positions are the plain numbers the feed always had.
+public enum FeedSlots {
+    /// How many slots a store may have: a token of that many positions fits in the 256
+    /// bytes a token may take.
+    public static let count = 8
+
+    /// The position before the slot's first.
+    public static func base(of slot: Int) -> Int64 { Int64(slot) << 56 }
+
+    public static func slot(of position: Int64) -> Int { Int(position >> 56) }
+
+    /// The counter a slot's last committed position is kept in.
+    public static func counterName(of slot: Int) -> String { slot == 0 ? "changeSeq" : "changeSeq.\(slot)" }
+
+    /// Every slot's last committed position, from the store's counters by name.
+    public static func positions(in counters: [String: Int64]) -> [Int: Int64] {
+        var positions: [Int: Int64] = [:]
+        for slot in 0..<count {
+            if let position = counters[counterName(of: slot)] { positions[slot] = position }
+        }
+        return positions
+    }
+}
+
 /// Counters kept with the data they count.
 public struct StoreCounters: Sendable, Equatable {
-    /// The change feed's position: every message change takes the next number.
+    /// The change feed's position the committing process's slot (`slot`) has got to:
+    /// every message change it makes takes the next number. Read from the store: slot 0's.
     public var changeSeq: Int64
+    public var slot: Int
     /// The newest message's row in the search index.
     public var searchRow: Int64
 
-    public init(changeSeq: Int64 = 0, searchRow: Int64 = 0) {
+    public init(changeSeq: Int64 = 0, slot: Int = 0, searchRow: Int64 = 0) {
         self.changeSeq = changeSeq
+        self.slot = slot
         self.searchRow = searchRow
+    }
+
+    /// The counters the store has by name (slot 0's position).
+    public init(named counters: [String: Int64]) {
+        self.init(changeSeq: counters[FeedSlots.counterName(of: 0)] ?? 0, searchRow: counters["searchRow"] ?? 0)
+    }
+
+    /// What a commit writes: each counter by name.
+    public var named: [(name: String, value: Int64)] {
+        [(FeedSlots.counterName(of: slot), changeSeq), ("searchRow", searchRow)]
     }
 }
 
@@ -297,6 +339,8 @@ public struct StoreDirectory: Sendable {
     public var chats: [ChatRow] = []
     public var members: [MemberRow] = []
     public var counters = StoreCounters()
+    /// Every feed slot's last committed position (`FeedSlots`).
+    public var feedPositions: [Int: Int64] = [:]
     /// Each chat's version (`StoreBatch.chatVersions`), for a store that several deciding
     /// processes share; a chat left out has version 0. Empty for a store only one process
     /// writes (SQLite).

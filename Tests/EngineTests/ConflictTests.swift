@@ -74,7 +74,7 @@ final class ConflictTests: XCTestCase {
     }
 
     /// Two nodes each start a chat with a user new to both. With numbers from the store
-    /// (PostgreSQL's sequences: `ChatStore.takeNumber`) they take different ones and
+    /// (PostgreSQL's sequences: `ChatStore.takeNumbers`) they take different ones and
     /// neither commit conflicts; numbered from each node's memory, both would take chat 2
     /// and user 3, and node B's commit would conflict and be decided again.
     func testNodesTakeNewChatsAndUsersNumbersFromTheStoreWithoutConflicting() throws {
@@ -94,6 +94,33 @@ final class ConflictTests: XCTestCase {
             XCTAssertEqual(users, ["1:alice", "2:bob", "3:carol", "4:dave"], "numbering: \(numbering)")
             // Taken: alice, bob and chat 1 at node A's start, then a user and a chat each.
             XCTAssertEqual(store.numbersTaken.load(ordering: .relaxed), numbering ? 7 : 0)
+        }
+    }
+
+    /// Search rows come from the store a block at a time (four here): two nodes sending
+    /// into one chat never give two messages one row, and each node's rows go up.
+    func testNodesTakeSearchRowsInBlocksNoOtherNodeTakes() throws {
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()), versioned: true, numbering: true)
+        let nodeA = try EngineHarness.aliceAndBobInAChat(on: store)
+        let nodeB = try EngineHarness(store: store)
+        nodeB.connect("b", as: "bob")
+        var sentBy: [String: String] = [:]
+        for n in 1...6 {
+            for (node, session) in [(nodeA, "a"), (nodeB, "b")] {
+                let content = "\(session)\(n)"
+                XCTAssertEqual(Self.failures(node.send(session, Self.send(content, cookie: content)).map(Self.object)), [])
+                sentBy[content] = session
+            }
+        }
+        let rows = try store.messages(chat: 1, in: 1...100).filter { $0.tag == "Text" }
+        XCTAssertEqual(rows.count, 12)
+        XCTAssertEqual(Set(rows.map(\.searchRow)).count, 12, "\(rows.map(\.searchRow))")
+        for session in ["a", "b"] {
+            let own = rows.filter { sentBy[$0.content!] == session }.map(\.searchRow)
+            XCTAssertEqual(own, own.sorted(), session)
+            // Node A's first block was 1...4, node B's 5...8 (its first send conflicted and
+            // was decided again: the row it took first is not given again).
+            XCTAssertTrue((session == "a" ? 1...4 : 5...8).contains(own.first!), "\(session): \(own)")
         }
     }
 

@@ -21,14 +21,14 @@ final class EngineHarness {
     private var line = 0
 
     init(store: ChatStore? = nil, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil, attachmentsDirectory: String? = nil,
-         cacheBytes: Int = Engine.defaultCacheBytes, clock: TestClock = TestClock(1_700_000_000)) throws {
+         cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int = 0, clock: TestClock = TestClock(1_700_000_000)) throws {
         let store = try store ?? SQLiteStore(writer: DatabaseQueue())
         self.store = store
         self.clock = clock
         var logger = Logger(label: "engine-tests")
         logger.logLevel = .critical
         engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments,
-                            attachmentsDirectory: attachmentsDirectory, cacheBytes: cacheBytes, clock: { clock.now })
+                            attachmentsDirectory: attachmentsDirectory, cacheBytes: cacheBytes, feedSlot: feedSlot, clock: { clock.now })
         engine.start()
     }
 
@@ -226,9 +226,9 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     private let versionsLock = NSLock()
     private var versions: [Int64: Int64] = [:]
 
-    /// With `numbering`, new chats and users take their numbers from the store, as from
-    /// PostgreSQL's sequences (`takeNumber`): the next after the highest the store held
-    /// when it was made or handed out since.
+    /// With `numbering`, new chats, users and search rows take their numbers from the
+    /// store, as from PostgreSQL's sequences (`takeNumbers`): the next after the highest
+    /// the store held when it was made or handed out since; search rows four at a time.
     private let numbering: Bool
     private let numbersLock = NSLock()
     private var lastNumbers: [NumberedKind: Int64]?
@@ -241,16 +241,18 @@ final class FailingStore: ChatStore, @unchecked Sendable {
         self.numbering = numbering
     }
 
-    func takeNumber(for kind: NumberedKind) throws -> Int64? {
+    func takeNumbers(for kind: NumberedKind) throws -> ClosedRange<Int64>? {
         guard numbering else { return nil }
         numbersTaken.add(1, ordering: .relaxed)
         return try numbersLock.withLock {
             if lastNumbers == nil {
                 let directory = try inner.loadDirectory()
-                lastNumbers = [.chat: directory.chats.map(\.number).max() ?? 0, .user: directory.users.map(\.number).max() ?? 0]
+                lastNumbers = [.chat: directory.chats.map(\.number).max() ?? 0, .user: directory.users.map(\.number).max() ?? 0,
+                               .searchRow: directory.counters.searchRow]
             }
-            lastNumbers![kind, default: 0] += 1
-            return lastNumbers![kind]!
+            let first = lastNumbers![kind]! + 1
+            lastNumbers![kind]! += kind == .searchRow ? 4 : 1
+            return first...lastNumbers![kind]!
         }
     }
 
@@ -286,6 +288,7 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     }
     func changedMessages(chats: [Int64], after seq: Int64, limit: Int) throws -> [MessageChangeRow] { try inner.changedMessages(chats: chats, after: seq, limit: limit) }
     func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow] { try inner.rangeChanges(chats: chats, after: seq) }
+    func feedPositions() throws -> [Int: Int64] { try inner.feedPositions() }
     func blobUses(_ blob: String) throws -> Int64 { try inner.blobUses(blob) }
     func searchable(by user: Int64, among hits: [SearchHit]) throws -> Set<SearchHit> {
         try inner.searchable(by: user, among: hits)

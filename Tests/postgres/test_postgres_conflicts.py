@@ -205,11 +205,23 @@ def started_chat(events):
     return next(event["listAdd"]["elements"][0]["chatId"] for event in events if event.get("listAdd", {}).get("type") == "chat")
 
 
-def test_new_chats_and_users_take_numbers_no_other_node_takes(cluster, scratch):
-    """Numbers for new chats and users come from sequences in the database, which every
-    deciding node takes from: a chat and a user another node made do not make this node's
-    next ones conflict (numbered from memory, it would take the same ones). A store from
-    before the sequences gets them, going on after the highest numbers stored."""
+def search_row(cluster, database, content):
+    return int(cluster.psql(f"SELECT \"searchRow\" FROM message WHERE content = '{content}'", database=database).strip())
+
+
+def found(client, text):
+    """The message ids a search for `text` finds."""
+    answer = client.request({"search": {"cookie": "q", "text": text}})
+    return [m["messageId"] for event in answer if "searchResult" in event for m in event["searchResult"].get("messages", [])]
+
+
+def test_new_chats_users_and_search_rows_take_numbers_no_other_node_takes(cluster, scratch):
+    """Numbers for new chats and users, and search rows, come from sequences in the
+    database, which every deciding node takes from: a chat and a user another node made do
+    not make this node's next ones conflict (numbered from memory, it would take the same
+    ones), and search rows are taken a block at a time, never given twice, also across a
+    restart. A store from before the sequences gets them, going on after the highest
+    numbers stored."""
     cluster.create_database("numbers")
     port = free_port()
     process, path = start(cluster, "numbers", scratch, "--metrics", f"127.0.0.1:{port}")
@@ -232,15 +244,64 @@ def test_new_chats_and_users_take_numbers_no_other_node_takes(cluster, scratch):
     assert scrape(port)[("chatcore_commit_conflicts_total", frozenset())] == 0
     users = cluster.psql('SELECT "number", "userId" FROM "user" ORDER BY "number"', database="numbers").split()
     assert users == ["1|alice", "2|bob", "3|carol", "4|dave"]
+
+    # Search rows: the node's first block is 1-1024; another node takes the next.
+    assert send(alice, "3", "first text", "t1") == (["2"], [])
+    assert search_row(cluster, "numbers", "first text") == 1
+    assert cluster.psql("SELECT nextval('search_row')", database="numbers").strip() == "2048"
+    assert send(alice, "3", "second text", "t2") == (["3"], [])
+    assert search_row(cluster, "numbers", "second text") == 2
     alice.close()
     assert stop(process) == 0
+    # Restarted, the node takes a new block, after the other node's; search finds all.
+    with user_on(cluster, "numbers", scratch) as alice:
+        assert send(alice, "3", "third text", "t3") == (["4"], [])
+        assert search_row(cluster, "numbers", "third text") == 2049
+        assert sorted(found(alice, "text")) == ["2", "3", "4"]
 
     # A store from before the sequences: they go on after what it holds.
     cluster.psql("""
-        DROP SEQUENCE chat_number; DROP SEQUENCE user_number;
+        DROP SEQUENCE chat_number; DROP SEQUENCE user_number; DROP SEQUENCE search_row;
+        INSERT INTO counter (name, value) VALUES ('searchRow', 2049);
         DELETE FROM chatcore_migration WHERE name = 'v7-numbers';
         """, database="numbers")
     with user_on(cluster, "numbers", scratch) as alice:
         started = alice.request({"chatStart": {"cookie": "e", "invitees": [{"userId": "erin"}], "subject": "after the migration"}})
         assert started_chat(started) == "4"
+        assert send(alice, "4", "fourth text", "t4") == (["2"], [])
+        assert sorted(found(alice, "text")) == ["2", "2", "3", "4"]
     assert cluster.psql('SELECT "number" FROM "user" WHERE "userId" = \'erin\'', database="numbers").strip() == "5"
+    assert search_row(cluster, "numbers", "fourth text") == 2050
+    assert cluster.psql("SELECT count(*) FROM counter WHERE name = 'searchRow'", database="numbers").strip() == "0"
+
+
+def feed(client, since):
+    """requestListChanges for chat messages: (the ids changed, the token)."""
+    request = {"type": "chatMessage", "cookie": "feed", **({"since": since} if since is not None else {})}
+    answer = next(event for event in client.request({"requestListChanges": request}) if "listChanges" in event or "requestFailed" in event)
+    if "requestFailed" in answer:
+        return answer["requestFailed"]["error"], None
+    return [element["messageId"] for element in answer["listChanges"]["changed"]], answer["listChanges"]["token"]
+
+
+def test_a_feed_token_holds_a_position_for_each_deciding_node(cluster, scratch):
+    """Each deciding node numbers its changes in a slot of its own (slot 0 while one node
+    decides, whose token is the plain number it always was): a change another node
+    committed in slot 1 (its own counter, `changeSeq.1`, moved in the same commit) is in
+    this node's feed, and the token then holds both positions."""
+    cluster.create_database("slots")
+    with user_on(cluster, "slots", scratch) as alice:
+        chat = chat_with_bob(alice, "feed")
+        assert send(alice, chat, "one", "1") == (["2"], [])
+        changed, start = feed(alice, None)
+        assert changed == [] and start.isdigit()
+        cluster.psql(f"""
+            BEGIN;
+            INSERT INTO counter (name, value) VALUES ('changeSeq.1', (1::bigint << 56) + 1);
+            UPDATE message SET "changeSeq" = (1::bigint << 56) + 1 WHERE chat = {chat} AND id = 2;
+            COMMIT;
+            """, database="slots")
+        assert feed(alice, start) == (["2"], start + ".1")
+        assert feed(alice, start + ".1") == ([], start + ".1")
+        assert feed(alice, start + ".2") == ("InvalidParameter", None)
+        assert sorted(feed(alice, "0")[0]) == ["1", "2"]

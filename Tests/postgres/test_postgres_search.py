@@ -54,9 +54,12 @@ def test_a_store_from_before_the_index_gets_its_old_messages_indexed_once(cluste
     ids = [_send(alice, chat, text, f"m{n}") for n, text in enumerate(TEXTS)]
     alice.close()
     assert stop(process) == 0
-    # What the release before the index left: no index, no migration of it.
+    # What the release before the index left: no index, no migration of it, and none of
+    # the later sequences (v7), but the counter of search rows they replaced.
     cluster.psql("DROP TABLE message_search; DELETE FROM counter WHERE name LIKE 'searchIndex%'; "
-                 "DELETE FROM chatcore_migration WHERE name = 'v5-search-in-the-database'", database="old")
+                 "INSERT INTO counter (name, value) SELECT 'searchRow', max(\"searchRow\") FROM message; "
+                 "DROP SEQUENCE chat_number, user_number, search_row; "
+                 "DELETE FROM chatcore_migration WHERE name IN ('v5-search-in-the-database', 'v7-numbers')", database="old")
 
     process, alice = _alice_on(cluster, scratch, "old")
     found, expected = _searches(alice, ids)
