@@ -439,18 +439,24 @@ public final class PostgresStore: @unchecked Sendable {
     /// holds a share lock on the row, so what this process reads next includes it, and
     /// every commit of the previous writer that reaches the row later fails its fence.
     private func takeEpoch(_ connection: PostgresConnection) throws -> Int64 {
-        let rows = try run(connection, "UPDATE writer_epoch SET epoch = epoch + 1, since = now() WHERE id = 1 RETURNING epoch")
+        // One statement, so one transaction: the next epoch, this node's first beat, and
+        // the previous writer's address gone, at once. Where the previous writer accepted
+        // connections is not where this one will: relaying nodes wait for this writer's own
+        // address (`advertise`, once it serves) instead of relaying to the old one, or to a
+        // new process bound there that is not serving yet, with the old credential; with
+        // three statements, a relaying node could read the old address after the epoch
+        // moved on.
+        var binds = Binds()
+        let rows = try runCommitted(connection, PostgresQuery(unsafeSQL: """
+            WITH taken AS (UPDATE writer_epoch SET epoch = epoch + 1, since = now() WHERE id = 1 RETURNING epoch),
+            beat AS (INSERT INTO writer_beat (id, node, epoch, beat) SELECT 1, \(binds.add(PostgresStore.nodeName)), epoch, now() FROM taken
+                     ON CONFLICT (id) DO UPDATE SET node = EXCLUDED.node, epoch = EXCLUDED.epoch, beat = EXCLUDED.beat),
+            gone AS (DELETE FROM writer_node)
+            SELECT epoch FROM taken
+            """, binds: binds.bindings))
         guard let taken = try rows.first?.decode(Int64.self) else {
             throw OpenError(description: "the store \(location) has no writer_epoch row: it was changed by hand")
         }
-        var binds = Binds()
-        try run(connection, "INSERT INTO writer_beat (id, node, epoch, beat) VALUES (1, \(binds.add(PostgresStore.nodeName)), \(binds.add(taken)), now()) "
-                + "ON CONFLICT (id) DO UPDATE SET node = EXCLUDED.node, epoch = EXCLUDED.epoch, beat = EXCLUDED.beat", binds)
-        // Where the previous writer accepted connections is not where this one will:
-        // relaying nodes wait for this writer's own address (`advertise`, once it serves)
-        // instead of relaying to the old one, or to a new process bound there that is not
-        // serving yet, with the old credential.
-        try run(connection, "DELETE FROM writer_node")
         logger.debug("took the writer epoch", metadata: ["epoch": "\(taken)"])
         return taken
     }
