@@ -205,6 +205,9 @@ def started_chat(events):
     return next(event["listAdd"]["elements"][0]["chatId"] for event in events if event.get("listAdd", {}).get("type") == "chat")
 
 
+SEARCH_ROW_BLOCK = 16_384  # PostgresStore.searchRowBlock
+
+
 def search_row(cluster, database, content):
     return int(cluster.psql(f"SELECT \"searchRow\" FROM message WHERE content = '{content}'", database=database).strip())
 
@@ -245,10 +248,10 @@ def test_new_chats_users_and_search_rows_take_numbers_no_other_node_takes(cluste
     users = cluster.psql('SELECT "number", "userId" FROM "user" ORDER BY "number"', database="numbers").split()
     assert users == ["1|alice", "2|bob", "3|carol", "4|dave"]
 
-    # Search rows: the node's first block is 1-1024; another node takes the next.
+    # Search rows: the node's first block is 1 to BLOCK; another node takes the next.
     assert send(alice, "3", "first text", "t1") == (["2"], [])
     assert search_row(cluster, "numbers", "first text") == 1
-    assert cluster.psql("SELECT nextval('search_row')", database="numbers").strip() == "2048"
+    assert cluster.psql("SELECT nextval('search_row')", database="numbers").strip() == str(2 * SEARCH_ROW_BLOCK)
     assert send(alice, "3", "second text", "t2") == (["3"], [])
     assert search_row(cluster, "numbers", "second text") == 2
     alice.close()
@@ -256,13 +259,13 @@ def test_new_chats_users_and_search_rows_take_numbers_no_other_node_takes(cluste
     # Restarted, the node takes a new block, after the other node's; search finds all.
     with user_on(cluster, "numbers", scratch) as alice:
         assert send(alice, "3", "third text", "t3") == (["4"], [])
-        assert search_row(cluster, "numbers", "third text") == 2049
+        assert search_row(cluster, "numbers", "third text") == 2 * SEARCH_ROW_BLOCK + 1
         assert sorted(found(alice, "text")) == ["2", "3", "4"]
 
     # A store from before the sequences: they go on after what it holds.
     cluster.psql("""
         DROP SEQUENCE chat_number; DROP SEQUENCE user_number; DROP SEQUENCE search_row;
-        INSERT INTO counter (name, value) VALUES ('searchRow', 2049);
+        INSERT INTO counter (name, value) SELECT 'searchRow', max("searchRow") FROM message;
         DELETE FROM chatcore_migration WHERE name = 'v7-numbers';
         """, database="numbers")
     with user_on(cluster, "numbers", scratch) as alice:
@@ -271,7 +274,7 @@ def test_new_chats_users_and_search_rows_take_numbers_no_other_node_takes(cluste
         assert send(alice, "4", "fourth text", "t4") == (["2"], [])
         assert sorted(found(alice, "text")) == ["2", "2", "3", "4"]
     assert cluster.psql('SELECT "number" FROM "user" WHERE "userId" = \'erin\'', database="numbers").strip() == "5"
-    assert search_row(cluster, "numbers", "fourth text") == 2050
+    assert search_row(cluster, "numbers", "fourth text") == 2 * SEARCH_ROW_BLOCK + 2
     assert cluster.psql("SELECT count(*) FROM counter WHERE name = 'searchRow'", database="numbers").strip() == "0"
 
 
