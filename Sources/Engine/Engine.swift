@@ -169,10 +169,12 @@ public final class Engine: @unchecked Sendable {
 
     /// `clock` gives message timestamps (seconds since 1970); tests pass a fixed one.
     /// `cacheBytes` bounds the messages kept in memory. `feedSlot`: where this process
-    /// numbers its changes in the feed, one slot per process deciding on the store.
+    /// numbers its changes in the feed, one slot per process deciding on the store (nil:
+    /// the store's, `ChatStore.feedSlot`).
     public init(store: ChatStore, logger: Logger, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil,
-                attachmentsDirectory: String? = nil, cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int = 0,
+                attachmentsDirectory: String? = nil, cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int? = nil,
                 clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }) throws {
+        let feedSlot = feedSlot ?? store.feedSlot
         precondition((0..<FeedSlots.count).contains(feedSlot), "a feed slot is below \(FeedSlots.count)")
         self.feedSlot = feedSlot
         self.cache = MessageCache(budget: cacheBytes)

@@ -177,6 +177,8 @@ public final class PostgresStore: @unchecked Sendable {
     /// The writer epoch this process took when it became the writer; every commit checks
     /// that it is still the database's (under `lock`).
     private var epoch: Int64 = 0
+    /// `feedSlot` (under `lock`).
+    private var slot = 0
     /// Called (on another thread) when another process became the database's
     /// writer while this one was serving: its memory may be behind the store, so it
     /// must stop. Without it, the next commit fails and stops the service.
@@ -218,6 +220,7 @@ public final class PostgresStore: @unchecked Sendable {
                 let taken = try takeEpoch(connection)
                 lock.withLock { epoch = taken }
             }
+            try takeFeedSlot()
             startBeating()
         } catch let error as OpenError {
             shutDown()
@@ -230,6 +233,29 @@ public final class PostgresStore: @unchecked Sendable {
             throw OpenError(description: "cannot open the store \(location): \(PostgresStore.describe(error))")
         }
     }
+
+    /// This node's feed slot (`FeedSlots`, `ChatStore.feedSlot`): the first one no other
+    /// node holds, by an advisory lock of the session that holds the writer lock, so it is
+    /// held exactly as long as the writer lock is. While one node decides that is slot 0
+    /// (the one before it let go of it with the writer lock), unless something else holds
+    /// it; with several deciding nodes (docs/several-deciding-nodes.md) each gets its own.
+    public var feedSlot: Int { lock.withLock { slot } }
+
+    private func takeFeedSlot() throws {
+        guard let holder = lock.withLock({ lockHolder }) else { return }
+        for slot in 0..<FeedSlots.count {
+            let rows = try run(holder, "SELECT pg_try_advisory_lock(\(PostgresStore.feedSlotLockKey + Int64(slot)))")
+            if try rows.first?.decode(Bool.self) == true {
+                lock.withLock { self.slot = slot }
+                if slot != 0 { logger.info("another node holds feed slot 0: this node numbers its changes in another", metadata: ["feedSlot": "\(slot)"]) }
+                return
+            }
+        }
+        throw OpenError(description: "every one of the \(FeedSlots.count) feed slots of \(location) is held: another node must stop first")
+    }
+
+    /// The advisory lock of feed slot 0; slot `s`'s is this plus `s`.
+    static let feedSlotLockKey: Int64 = writerLockKey + 0x100
 
     /// Another process holds the writer lock of the database.
     public struct WriterLockHeld: Error, CustomStringConvertible {
@@ -390,6 +416,14 @@ public final class PostgresStore: @unchecked Sendable {
             guard current == held else {
                 try? connection.close().wait()
                 throw StoreFailure(.superseded, supersededReason)
+            }
+            // The feed slot went with the old connection too: this node's changes go on
+            // numbered in it, so it must be the same one.
+            let slot = lock.withLock { self.slot }
+            let retaken = try? run(connection, "SELECT pg_try_advisory_lock(\(PostgresStore.feedSlotLockKey + Int64(slot)))").first?.decode(Bool.self)
+            guard retaken == true else {
+                try? connection.close().wait()
+                throw StoreFailure(.superseded, "another node took feed slot \(slot), in which this node numbers its changes")
             }
             // Beat at once: after a long restart of the server the last beat is old, and
             // a waiting node would take this writer for a silent one.

@@ -95,6 +95,11 @@ public protocol ChatStore: AnyObject, Sendable {
     /// process writes). A number taken for a commit that then fails, or left over when the
     /// process stops, is not given again: numbers may have gaps, never repeats.
     func takeNumbers(for kind: NumberedKind) throws -> ClosedRange<Int64>?
+
+    /// The feed slot this process numbers its changes in (`FeedSlots`), which no other
+    /// process deciding on the store has while this one does: 0 for a store only this
+    /// process writes.
+    var feedSlot: Int { get }
 }
 
 /// What the store may number (`ChatStore.takeNumbers`).
@@ -111,6 +116,8 @@ extension ChatStore {
     public var comparesChatVersions: Bool { false }
 
     public func takeNumbers(for kind: NumberedKind) throws -> ClosedRange<Int64>? { nil }
+
+    public var feedSlot: Int { 0 }
 }
 
 /// Which messages a match looks for (docs/protocol.md §8 criteria, in store words).

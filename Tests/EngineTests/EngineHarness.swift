@@ -21,7 +21,7 @@ final class EngineHarness {
     private var line = 0
 
     init(store: ChatStore? = nil, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil, attachmentsDirectory: String? = nil,
-         cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int = 0, clock: TestClock = TestClock(1_700_000_000)) throws {
+         cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int? = nil, clock: TestClock = TestClock(1_700_000_000)) throws {
         let store = try store ?? SQLiteStore(writer: DatabaseQueue())
         self.store = store
         self.clock = clock

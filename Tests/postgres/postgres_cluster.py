@@ -123,3 +123,24 @@ class Cluster:
             pass
         shutil.rmtree(self.directory, ignore_errors=True)
         self.directory = None
+
+
+class PsqlSession:
+    """A psql process the test keeps open (to hold locks: in a transaction, or advisory
+    ones, which last as long as the session): each `run` goes to it at once, in order."""
+
+    def __init__(self, cluster, database):
+        self.process = subprocess.Popen(["psql", "-h", cluster.socket_directory, "-p", str(cluster.port), "-U", cluster.USER, "-d", database,
+                                         "-qAt", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+    def run(self, sql):
+        self.process.stdin.write(sql + "\n")
+        self.process.stdin.flush()
+
+    def end(self):
+        """Ends the session; every statement it ran must have succeeded."""
+        self.process.stdin.close()
+        assert self.process.wait(timeout=10) == 0
+
+    def kill(self):
+        self.process.kill()

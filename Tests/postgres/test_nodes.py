@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import chat_with_bob, real_binary
-from postgres_cluster import postgres_bin
+from postgres_cluster import PsqlSession, postgres_bin
 from chatcore_harness import Client, auth, body, connect_when_serving, scrape
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
@@ -85,27 +85,6 @@ def wait_for(check, what, timeout=20):
         assert time.time() < deadline, what
         time.sleep(0.05)
     return found
-
-
-class PsqlSession:
-    """A psql process the test keeps open (to hold locks in a transaction): each `run`
-    goes to it at once, in order."""
-
-    def __init__(self, cluster, database):
-        self.process = subprocess.Popen(["psql", "-h", cluster.socket_directory, "-p", str(cluster.port), "-U", cluster.USER, "-d", database,
-                                         "-qAt", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-
-    def run(self, sql):
-        self.process.stdin.write(sql + "\n")
-        self.process.stdin.flush()
-
-    def end(self):
-        """Ends the session; every statement it ran must have succeeded."""
-        self.process.stdin.close()
-        assert self.process.wait(timeout=10) == 0
-
-    def kill(self):
-        self.process.kill()
 
 
 # Random per store (regIds, endpoint ids) or per second (timestamps): left out when the

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import chat_with_bob, start, stop, user_on
-from postgres_cluster import free_port, postgres_bin
+from postgres_cluster import PsqlSession, free_port, postgres_bin
 from chatcore_harness import Client, auth, body, scrape
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
@@ -308,3 +308,45 @@ def test_a_feed_token_holds_a_position_for_each_deciding_node(cluster, scratch):
         assert feed(alice, start + ".1") == ([], start + ".1")
         assert feed(alice, start + ".2") == ("InvalidParameter", None)
         assert sorted(feed(alice, "0")[0]) == ["1", "2"]
+
+
+FEED_SLOT_0_LOCK = 0x6368_6174_636f_7265 + 0x100  # PostgresStore.feedSlotLockKey
+
+
+def test_a_node_numbers_its_changes_in_the_first_feed_slot_no_other_node_holds(cluster, scratch):
+    """A deciding node holds its feed slot by an advisory lock while it is the writer. With
+    slot 0 held by another (here a psql session, as another deciding node would), the node
+    takes slot 1: its changes are numbered there (counter `changeSeq.1`) and its tokens
+    name both slots. Started again with slot 0 free, it takes slot 0 again, and a token
+    from either run still finds every change after it."""
+    cluster.create_database("slot")
+    with user_on(cluster, "slot", scratch) as alice:
+        chat = chat_with_bob(alice, "slots")
+        assert send(alice, chat, "in slot 0", "a") == (["2"], [])
+        _, before = feed(alice, None)
+    assert before.isdigit()
+
+    holder = PsqlSession(cluster, "slot")
+    try:
+        holder.run(f"SELECT pg_advisory_lock({FEED_SLOT_0_LOCK});")
+        deadline = time.time() + 10
+        while cluster.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted", database="slot").strip() != "1":
+            assert time.time() < deadline, "the test did not get feed slot 0's lock"
+            time.sleep(0.05)
+        with user_on(cluster, "slot", scratch) as alice:
+            assert send(alice, chat, "in slot 1", "b") == (["3"], [])
+            changed, in_slot_1 = feed(alice, before)
+            assert changed == ["3"]
+            slot_0, slot_1 = in_slot_1.split(".")
+            assert slot_0 == before and int(slot_1) > 0
+            assert cluster.psql("SELECT value - (1::bigint << 56) FROM counter WHERE name = 'changeSeq.1'", database="slot").strip() == slot_1
+    finally:
+        holder.kill()
+
+    with user_on(cluster, "slot", scratch) as alice:
+        assert send(alice, chat, "slot 0 again", "c") == (["4"], [])
+        changed, after = feed(alice, in_slot_1)
+        assert changed == ["4"]
+        assert after.split(".")[1] == slot_1 and int(after.split(".")[0]) > int(before)
+        assert sorted(feed(alice, before)[0]) == ["3", "4"]
+        assert feed(alice, after) == ([], after)
