@@ -49,9 +49,15 @@ def user_on(cluster, database, scratch, user="alice"):
     from chatcore_harness import Client, auth
     process, path = start(cluster, database, scratch)
     assert path is not None, process.stderr.read().decode()
-    client = Client(path)
-    auth(client, user)
-    yield client
+    try:
+        client = Client(path)
+        auth(client, user)
+        yield client
+    except BaseException:
+        # A failed test leaves no node behind (it would hold the binary and the database).
+        process.kill()
+        process.wait()
+        raise
     client.close()
     assert stop(process) == 0
 
