@@ -46,6 +46,15 @@ extension Engine {
     enum InviteeTarget {
         case existing(Int64)
         case new(String)
+
+        var isNew: Bool {
+            if case .new = self { true } else { false }
+        }
+    }
+
+    /// Takes numbers for the new users among `targets` in one round trip to the store.
+    private func reserveNumbers(for targets: [InviteeTarget]) {
+        reserveNumbers(for: .user, count: targets.filter(\.isNew).count)
     }
 
     func user(for target: InviteeTarget, batch: Batch) -> Int64 {
@@ -99,6 +108,7 @@ extension Engine {
             return failed(.invalidParameter, "'subject' is required unless 'isOneToOne' is true")
         }
 
+        reserveNumbers(for: targets)
         let number = newNumber(for: .chat, after: lastChatNumber)
         lastChatNumber = max(lastChatNumber, number)
         let chat = ChatRecord(number: number, subject: request.subject ?? "", isOneToOne: isOneToOne,
@@ -195,6 +205,7 @@ extension Engine {
                 ? "'invitees[0]' is already a participant of chat '\(chat.chatId)'"
                 : "every invitee is already a participant of chat '\(chat.chatId)'")
         }
+        reserveNumbers(for: fresh)
         let changes = PendingChanges()
         willChange(chat, changes)
         let existing = chat.activeMembers

@@ -305,17 +305,27 @@ extension PostgresStore: ChatStore {
     /// The next value of the kind's sequence (`v7-numbers`): never another node's, and
     /// not given again when the commit it was taken for fails. Chats and users one at a
     /// time; search rows `searchRowBlock` at a time (the sequence moves on by that much).
-    public func takeNumbers(for kind: NumberedKind) throws -> ClosedRange<Int64>? {
+    public func takeNumbers(for kind: NumberedKind, count: Int) throws -> [ClosedRange<Int64>]? {
         let (sequence, block): (String, Int64) = switch kind {
         case .chat: ("chat_number", 1)
         case .user: ("user_number", 1)
         case .searchRow: ("search_row", PostgresStore.searchRowBlock)
         }
+        let calls = max(1, (Int64(count) + block - 1) / block)
+        var binds = Binds()
+        let sql = "SELECT nextval('\(sequence)') FROM generate_series(1, \(binds.add(calls)))"
         return try withConnection { connection in
-            try run(connection, "SELECT nextval('\(sequence)')").first.map { row in
-                let last = try row.decode(Int64.self)
-                return (last - block + 1)...last
+            // Each value ends a block; another node's calls may come between them.
+            var ranges: [ClosedRange<Int64>] = []
+            for last in try run(connection, sql, binds).map({ try $0.decode(Int64.self) }).sorted() {
+                let first = last - block + 1
+                if let previous = ranges.last, previous.upperBound + 1 == first {
+                    ranges[ranges.count - 1] = previous.lowerBound...last
+                } else {
+                    ranges.append(first...last)
+                }
             }
+            return ranges
         }
     }
 

@@ -89,12 +89,13 @@ public protocol ChatStore: AnyObject, Sendable {
     /// (SQLite) has nothing to compare them with, and the engine leaves them out.
     var comparesChatVersions: Bool { get }
 
-    /// Numbers for new chats, users or search rows that no other process deciding on this
-    /// store takes (PostgreSQL: a sequence), one or a block of them, ascending; or nil when
-    /// this process numbers them itself, after the highest it has read (SQLite, which one
-    /// process writes). A number taken for a commit that then fails, or left over when the
-    /// process stops, is not given again: numbers may have gaps, never repeats.
-    func takeNumbers(for kind: NumberedKind) throws -> ClosedRange<Int64>?
+    /// At least `count` numbers for new chats, users or search rows that no other process
+    /// deciding on this store takes (PostgreSQL: a sequence), ascending, in one round trip;
+    /// or nil when this process numbers them itself, after the highest it has read (SQLite,
+    /// which one process writes). A number taken for a commit that then fails, or left
+    /// over when the process stops, is not given again: numbers may have gaps, never
+    /// repeats.
+    func takeNumbers(for kind: NumberedKind, count: Int) throws -> [ClosedRange<Int64>]?
 
     /// The feed slot this process numbers its changes in (`FeedSlots`), which no other
     /// process deciding on the store has while this one does: 0 for a store only this
@@ -115,7 +116,7 @@ extension ChatStore {
 
     public var comparesChatVersions: Bool { false }
 
-    public func takeNumbers(for kind: NumberedKind) throws -> ClosedRange<Int64>? { nil }
+    public func takeNumbers(for kind: NumberedKind, count: Int) throws -> [ClosedRange<Int64>]? { nil }
 
     public var feedSlot: Int { 0 }
 }

@@ -94,6 +94,10 @@ final class ConflictTests: XCTestCase {
             XCTAssertEqual(users, ["1:alice", "2:bob", "3:carol", "4:dave"], "numbering: \(numbering)")
             // Taken: alice, bob and chat 1 at node A's start, then a user and a chat each.
             XCTAssertEqual(store.numbersTaken.load(ordering: .relaxed), numbering ? 7 : 0)
+            // Three new invitees: their numbers are taken at once (and the chat's).
+            nodeA.send("a", #"{"chatStart":{"cookie":"t","invitees":[{"userId":"erin"},{"userId":"frank"},{"userId":"grace"}],"subject":"three"}}"#)
+            XCTAssertEqual(store.numbersTaken.load(ordering: .relaxed), numbering ? 9 : 0)
+            XCTAssertEqual(try store.loadDirectory().users.suffix(3).map { "\($0.number):\($0.userId)" }, ["5:erin", "6:frank", "7:grace"])
         }
     }
 

@@ -241,7 +241,7 @@ final class FailingStore: ChatStore, @unchecked Sendable {
         self.numbering = numbering
     }
 
-    func takeNumbers(for kind: NumberedKind) throws -> ClosedRange<Int64>? {
+    func takeNumbers(for kind: NumberedKind, count: Int) throws -> [ClosedRange<Int64>]? {
         guard numbering else { return nil }
         numbersTaken.add(1, ordering: .relaxed)
         return try numbersLock.withLock {
@@ -251,8 +251,8 @@ final class FailingStore: ChatStore, @unchecked Sendable {
                                .searchRow: directory.counters.searchRow]
             }
             let first = lastNumbers![kind]! + 1
-            lastNumbers![kind]! += kind == .searchRow ? 4 : 1
-            return first...lastNumbers![kind]!
+            lastNumbers![kind]! += kind == .searchRow ? 4 * ((Int64(count) + 3) / 4) : Int64(count)
+            return [first...lastNumbers![kind]!]
         }
     }
 
