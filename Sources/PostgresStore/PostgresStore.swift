@@ -626,15 +626,17 @@ public final class PostgresStore: @unchecked Sendable {
 
     // MARK: migrations
 
-    /// Named, append-only migrations, applied in order under a transaction-level advisory
-    /// lock (two processes starting at once do not both apply one). Never edit one that
-    /// has shipped: add the next.
     /// How many search rows a node takes at once (`takeNumbers`): a round trip on the
     /// engine thread every 16,384 messages (with 1,024, 59 of them in the benchmark's
     /// 60,000 sends, under load), and what is left of a block when the node stops is a gap
-    /// no larger than a search's first window (`PostgresSearchIndex.firstWindow`).
+    /// no larger than a search's first window (`PostgresSearchIndex.firstWindow`). It is
+    /// the increment of the sequence `search_row` (`v7-numbers`): changing it is a
+    /// migration that alters the sequence.
     static let searchRowBlock: Int64 = 16_384
 
+    /// Named, append-only migrations, applied in order under a transaction-level advisory
+    /// lock (two processes starting at once do not both apply one). Never edit one that
+    /// has shipped: add the next.
     static let migrations: [(name: String, sql: [String])] = [
         ("v1-chatcore", [
             """
@@ -847,7 +849,8 @@ public final class PostgresStore: @unchecked Sendable {
             #"SELECT setval('chat_number', coalesce((SELECT max("number") FROM chat), 0) + 1, false)"#,
             "CREATE SEQUENCE user_number AS bigint",
             #"SELECT setval('user_number', coalesce((SELECT max("number") FROM "user"), 0) + 1, false)"#,
-            "CREATE SEQUENCE search_row AS bigint MINVALUE 0 INCREMENT BY \(searchRowBlock)",
+            // INCREMENT BY is `searchRowBlock`, written out: a migration's text never changes.
+            "CREATE SEQUENCE search_row AS bigint MINVALUE 0 INCREMENT BY 16384",
             #"SELECT setval('search_row', greatest((SELECT value FROM counter WHERE name = 'searchRow'), (SELECT coalesce(max("searchRow"), 0) FROM message)))"#,
             "DELETE FROM counter WHERE name = 'searchRow'",
         ]),
