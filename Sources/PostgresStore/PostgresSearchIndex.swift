@@ -37,12 +37,7 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
     /// which `loadDirectory` gives too).
     public func indexedUpTo() throws -> Int64 {
         try store.withConnection { connection in
-            var counters: [String: Int64] = [:]
-            for row in try store.run(connection, "SELECT name, value FROM counter WHERE name IN ('searchIndexFrom', 'searchIndexUpTo') "
-                                     + "UNION ALL SELECT 'searchRow', last_value FROM search_row") {
-                let (name, value) = try row.decode((String, Int64).self)
-                counters[name] = value
-            }
+            let counters = try store.counters(connection)
             let from = counters["searchIndexFrom"] ?? 0
             let upTo = counters["searchIndexUpTo"] ?? 0
             lock.withLock { addedByCommitsAfter = from }

@@ -42,15 +42,20 @@ extension PostgresStore: ChatStore {
         }
     }
 
-    /// The counters, and the versions of `chats` (nil: of every chat).
-    private func readCountersAndVersions(into directory: inout StoreDirectory, _ connection: PostgresConnection, chats: [Int64]? = nil) throws {
+    /// The counters by name, in one round trip: the rows of `counter`, and `searchRow`, the
+    /// search rows' sequence's last value (`v7-numbers`: every row taken is at most that).
+    func counters(_ connection: PostgresConnection) throws -> [String: Int64] {
         var counters: [String: Int64] = [:]
-        for row in try run(connection, "SELECT name, value FROM counter") {
+        for row in try run(connection, "SELECT name, value FROM counter UNION ALL SELECT 'searchRow', last_value FROM search_row") {
             let (name, value) = try row.decode((String, Int64).self)
             counters[name] = value
         }
-        // The last search row is the sequence's (`v7-numbers`): every row taken is at most that.
-        counters["searchRow"] = try run(connection, "SELECT last_value FROM search_row").first?.decode(Int64.self)
+        return counters
+    }
+
+    /// The counters, and the versions of `chats` (nil: of every chat).
+    private func readCountersAndVersions(into directory: inout StoreDirectory, _ connection: PostgresConnection, chats: [Int64]? = nil) throws {
+        let counters = try counters(connection)
         directory.counters = StoreCounters(named: counters)
         directory.feedPositions = FeedSlots.positions(in: counters)
         var binds = Binds()
@@ -242,14 +247,7 @@ extension PostgresStore: ChatStore {
     }
 
     public func feedPositions() throws -> [Int: Int64] {
-        try withConnection { connection in
-            var counters: [String: Int64] = [:]
-            for row in try run(connection, "SELECT name, value FROM counter WHERE name LIKE 'changeSeq%'") {
-                let (name, value) = try row.decode((String, Int64).self)
-                counters[name] = value
-            }
-            return FeedSlots.positions(in: counters)
-        }
+        try withConnection { connection in FeedSlots.positions(in: try counters(connection)) }
     }
 
     public func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow] {
@@ -614,11 +612,11 @@ extension PostgresStore: ChatStore {
                 """, binds)
         }
         if let counters = batch.counters {
+            // This node's feed slot's position only: the search rows' sequence keeps the
+            // last search row (`takeNumbers`).
             var binds = statement.binds()
-            // Not `searchRow`: its sequence keeps it (`takeNumbers`).
-            let named = counters.named.filter { $0.name != "searchRow" }
             statement.add("""
-                INSERT INTO counter (name, value) SELECT * FROM unnest(\(binds.add(named.map(\.name)))::text[], \(binds.add(named.map(\.value)))::bigint[])
+                INSERT INTO counter (name, value) VALUES (\(binds.add(FeedSlots.counterName(of: counters.slot))), \(binds.add(counters.changeSeq)))
                 ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value
                 """, binds)
         }

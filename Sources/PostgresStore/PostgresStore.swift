@@ -244,14 +244,18 @@ public final class PostgresStore: @unchecked Sendable {
     private func takeFeedSlot() throws {
         guard let holder = lock.withLock({ lockHolder }) else { return }
         for slot in 0..<FeedSlots.count {
-            let rows = try run(holder, "SELECT pg_try_advisory_lock(\(PostgresStore.feedSlotLockKey + Int64(slot)))")
-            if try rows.first?.decode(Bool.self) == true {
+            if try lockFeedSlot(slot, on: holder) {
                 lock.withLock { self.slot = slot }
                 if slot != 0 { logger.info("another node holds feed slot 0: this node numbers its changes in another", metadata: ["feedSlot": "\(slot)"]) }
                 return
             }
         }
         throw OpenError(description: "every one of the \(FeedSlots.count) feed slots of \(location) is held: another node must stop first")
+    }
+
+    /// Takes feed slot `slot`'s advisory lock for `connection`'s session, if no other holds it.
+    private func lockFeedSlot(_ slot: Int, on connection: PostgresConnection) throws -> Bool {
+        try run(connection, "SELECT pg_try_advisory_lock(\(PostgresStore.feedSlotLockKey + Int64(slot)))").first?.decode(Bool.self) == true
     }
 
     /// The advisory lock of feed slot 0; slot `s`'s is this plus `s`.
@@ -420,8 +424,7 @@ public final class PostgresStore: @unchecked Sendable {
             // The feed slot went with the old connection too: this node's changes go on
             // numbered in it, so it must be the same one.
             let slot = lock.withLock { self.slot }
-            let retaken = try? run(connection, "SELECT pg_try_advisory_lock(\(PostgresStore.feedSlotLockKey + Int64(slot)))").first?.decode(Bool.self)
-            guard retaken == true else {
+            guard (try? lockFeedSlot(slot, on: connection)) == true else {
                 try? connection.close().wait()
                 throw StoreFailure(.superseded, "another node took feed slot \(slot), in which this node numbers its changes")
             }
