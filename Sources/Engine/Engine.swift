@@ -268,7 +268,7 @@ public final class Engine: @unchecked Sendable {
     /// the number did (the store is unreachable), or conflicts when another process has
     /// that number (and the request is decided again), or stores it.
     func newNumber(for kind: NumberedKind, after last: Int64) -> Int64 {
-        reserveNumbers(for: kind, count: 1)
+        if numbersTaken[kind]?.isEmpty ?? true { reserveNumbers(for: kind, count: 1) }
         guard var ranges = numbersTaken[kind], let first = ranges.first else { return last + 1 }
         if first.count > 1 {
             ranges[0] = (first.lowerBound + 1)...first.upperBound
