@@ -62,10 +62,22 @@ def user_on(cluster, database, scratch, user="alice"):
     assert stop(process) == 0
 
 
+def started_chat(events):
+    """The chatId of the chat a chatStart's answer added (events of an earlier request,
+    such as a participant's listAdd, may come before it)."""
+    return next(event["listAdd"]["elements"][0]["chatId"] for event in events if event.get("listAdd", {}).get("type") == "chat")
+
+
 def chat_with_bob(client, subject):
     """The client's user starts a chat with bob; returns its chatId."""
-    started = client.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": subject}})
-    return started[0]["listAdd"]["elements"][0]["chatId"]
+    return started_chat(client.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": subject}}))
+
+
+def search_ids(client, text, cookie="q"):
+    """The ids of the messages a search for `text` finds (its answer is the last event), sorted."""
+    from chatcore_harness import body
+    answer = client.request({"search": {"cookie": cookie, "text": text}})
+    return sorted(key["messageId"] for key in body(answer[-1])["messages"])
 
 
 def stop(process):

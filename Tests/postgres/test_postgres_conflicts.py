@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import chat_with_bob, start, stop, user_on
+from conftest import chat_with_bob, search_ids, start, started_chat, stop, user_on
 from postgres_cluster import PsqlSession, free_port, postgres_bin
 from chatcore_harness import Client, auth, body, scrape
 
@@ -153,7 +153,7 @@ def test_a_node_alone_never_conflicts(cluster, scratch):
     auth(alice, "alice")
     auth(bob, "bob")
     started = alice.request({"chatStart": {"cookie": "s", "invitees": [{"userId": "bob"}, {"userId": "carol"}], "subject": "all"}})
-    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    chat = started_chat(started)
     one_to_one = chat_with_bob(alice, "pair")
     def sent_id(client, request):
         answer = client.request(request)
@@ -200,22 +200,11 @@ def test_a_node_alone_never_conflicts(cluster, scratch):
     assert stop(process) == 0
 
 
-def started_chat(events):
-    """The chatId of the chat a chatStart's answer added."""
-    return next(event["listAdd"]["elements"][0]["chatId"] for event in events if event.get("listAdd", {}).get("type") == "chat")
-
-
 SEARCH_ROW_BLOCK = 16_384  # PostgresStore.searchRowBlock
 
 
 def search_row(cluster, database, content):
     return int(cluster.psql(f"SELECT \"searchRow\" FROM message WHERE content = '{content}'", database=database).strip())
-
-
-def found(client, text):
-    """The message ids a search for `text` finds."""
-    answer = client.request({"search": {"cookie": "q", "text": text}})
-    return [m["messageId"] for event in answer if "searchResult" in event for m in event["searchResult"].get("messages", [])]
 
 
 def test_new_chats_users_and_search_rows_take_numbers_no_other_node_takes(cluster, scratch):
@@ -260,7 +249,7 @@ def test_new_chats_users_and_search_rows_take_numbers_no_other_node_takes(cluste
     with user_on(cluster, "numbers", scratch) as alice:
         assert send(alice, "3", "third text", "t3") == (["4"], [])
         assert search_row(cluster, "numbers", "third text") == 2 * SEARCH_ROW_BLOCK + 1
-        assert sorted(found(alice, "text")) == ["2", "3", "4"]
+        assert search_ids(alice, "text") == ["2", "3", "4"]
 
     # A store from before the sequences: they go on after what it holds.
     cluster.psql("""
@@ -272,7 +261,7 @@ def test_new_chats_users_and_search_rows_take_numbers_no_other_node_takes(cluste
         started = alice.request({"chatStart": {"cookie": "e", "invitees": [{"userId": "erin"}], "subject": "after the migration"}})
         assert started_chat(started) == "4"
         assert send(alice, "4", "fourth text", "t4") == (["2"], [])
-        assert sorted(found(alice, "text")) == ["2", "2", "3", "4"]
+        assert search_ids(alice, "text") == ["2", "2", "3", "4"]
     assert cluster.psql('SELECT "number" FROM "user" WHERE "userId" = \'erin\'', database="numbers").strip() == "5"
     assert search_row(cluster, "numbers", "fourth text") == 2 * SEARCH_ROW_BLOCK + 2
     assert cluster.psql("SELECT count(*) FROM counter WHERE name = 'searchRow'", database="numbers").strip() == "0"

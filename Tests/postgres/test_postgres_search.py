@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import chat_with_bob, real_binary, start, stop
+from conftest import chat_with_bob, real_binary, search_ids, start, stop
 from postgres_cluster import postgres_bin
 from chatcore_harness import Client, auth, body
 
@@ -24,11 +24,6 @@ TEXTS = ["Le café est prêt", "ΟΔΥΣΣΕΥΣ came home", "party time 🎉", 
 def _send(client, chat, content, cookie):
     sent = client.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": content, "cookie": cookie}})
     return next(body(e)["elements"][0]["messageId"] for e in sent if "listAdd" in e and body(e).get("cookie") == cookie)
-
-
-def _search(client, text, cookie="q"):
-    answer = client.request({"search": {"cookie": cookie, "text": text}})
-    return sorted(key["messageId"] for key in body(answer[-1])["messages"])
 
 
 def _alice_on(cluster, scratch, database):
@@ -44,7 +39,7 @@ def _searches(client, ids):
     """What each query finds, against what it should (by the ids of TEXTS)."""
     queries = {"CAFÉ": [ids[0]], "é": [ids[0]], "οδυσσευσ": [ids[1]], "🎉": [ids[2]], "y t": [ids[2]], "OLD": [ids[3]],
                "ok": [ids[4]], "o": sorted([ids[1], ids[3], ids[4]]), "missing": []}
-    return {query: _search(client, query) for query in queries}, queries
+    return {query: search_ids(client, query) for query in queries}, queries
 
 
 def test_a_store_from_before_the_index_gets_its_old_messages_indexed_once(cluster, scratch):
@@ -65,7 +60,7 @@ def test_a_store_from_before_the_index_gets_its_old_messages_indexed_once(cluste
     found, expected = _searches(alice, ids)
     assert found == expected
     newer = _send(alice, chat, "a newer café", "new")
-    assert _search(alice, "café") == sorted([ids[0], newer])
+    assert search_ids(alice, "café") == sorted([ids[0], newer])
     alice.close()
     assert stop(process) == 0
     assert b"the search index lacks messages" in process.stderr.read()
@@ -73,7 +68,7 @@ def test_a_store_from_before_the_index_gets_its_old_messages_indexed_once(cluste
 
     # Indexed once: the next start has nothing to add.
     process, alice = _alice_on(cluster, scratch, "old")
-    assert _search(alice, "café") == sorted([ids[0], newer])
+    assert search_ids(alice, "café") == sorted([ids[0], newer])
     alice.close()
     assert stop(process) == 0
     assert b"the search index lacks messages" not in process.stderr.read()
@@ -85,9 +80,9 @@ def test_a_recall_takes_the_message_out_of_the_index_in_its_own_commit(cluster, 
     chat = chat_with_bob(alice, "secrets")
     secret = _send(alice, chat, "the launch code is swordfish", "s")
     kept = _send(alice, chat, "the launch is at noon", "k")
-    assert _search(alice, "launch") == sorted([secret, kept])
+    assert search_ids(alice, "launch") == sorted([secret, kept])
     alice.send({"chatMessageDestroy": {"chatId": chat, "messageId": secret}})  # no answer: the search after it is
-    assert _search(alice, "launch") == [kept]
+    assert search_ids(alice, "launch") == [kept]
     rows = cluster.psql("SELECT id FROM message_search ORDER BY id", database="recall").split()
     assert secret not in rows and kept in rows
     alice.close()
@@ -132,9 +127,9 @@ def test_a_message_with_too_many_keys_is_still_found(cluster, scratch):
     text = _random_text(20_000, rng)
     long = _send(alice, chat, text, "long")
     short = _send(alice, chat, "short and sweet", "short")
-    assert _search(alice, text[12_345:12_360].upper()) == [long]
-    assert _search(alice, "sweet") == [short]
-    assert _search(alice, "zzzzqqqq") == []
+    assert search_ids(alice, text[12_345:12_360].upper()) == [long]
+    assert search_ids(alice, "sweet") == [short]
+    assert search_ids(alice, "zzzzqqqq") == []
     assert cluster.psql(f"SELECT array_length(keys, 1) FROM message_search WHERE id = {long}", database="long").strip() == "2"
     alice.close()
     assert stop(process) == 0
@@ -184,6 +179,6 @@ def test_commits_after_the_refill_leave_its_record_alone(cluster, scratch):
     before = cluster.psql("SELECT xmin FROM counter WHERE name = 'searchIndexUpTo'", database="record").strip()
     ids = [_send(alice, chat, f"message {n}", f"m{n}") for n in range(20)]
     assert cluster.psql("SELECT xmin FROM counter WHERE name = 'searchIndexUpTo'", database="record").strip() == before
-    assert _search(alice, "message 7") == [ids[7]]
+    assert search_ids(alice, "message 7") == [ids[7]]
     alice.close()
     assert stop(process) == 0

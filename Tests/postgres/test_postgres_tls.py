@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import start
+from conftest import start, started_chat
 from postgres_cluster import Cluster, postgres_bin
 from chatcore_harness import Client, auth
 
@@ -102,7 +102,7 @@ def test_verify_full_with_the_right_ca_serves_over_tls(tls_cluster, scratch):
     client = Client(socket_path)
     auth(client, "alice")
     started = client.request({"chatStart": {"cookie": "s", "invitees": [{"userId": "bob"}], "isOneToOne": True}})
-    chat = started[0]["listAdd"]["elements"][0]["chatId"]
+    chat = started_chat(started)
     sent = client.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "over TLS", "cookie": "m"}})
     assert [e["listAdd"]["elements"][0]["content"] for e in sent if e.get("listAdd", {}).get("cookie") == "m"] == ["over TLS"]
     client.close()
