@@ -857,6 +857,34 @@ public final class PostgresStore: @unchecked Sendable {
             #"SELECT setval('search_row', greatest((SELECT value FROM counter WHERE name = 'searchRow'), (SELECT coalesce(max("searchRow"), 0) FROM message)))"#,
             "DELETE FROM counter WHERE name = 'searchRow'",
         ]),
+        ("v8-claims-in-chat-order", [
+            // v6's claim locked the version rows in whatever order its plan read them, so
+            // two commits claiming overlapping chats in different orders could each hold
+            // one the other waits for, until PostgreSQL broke the deadlock after
+            // `deadlock_timeout` (a second). Locking them in chat order first, every commit
+            // waits only for commits that hold a lower chat, never in a circle; a row
+            // another commit moved on while this one waited is then found moved (each
+            // statement of the function reads what is committed when it starts).
+            """
+            CREATE OR REPLACE FUNCTION chatcore_claim(chats bigint[], expected bigint[]) RETURNS void LANGUAGE plpgsql AS $$
+            DECLARE
+                moved bigint;
+                made bigint;
+            BEGIN
+                PERFORM 1 FROM chat_version WHERE chat = ANY(chats) ORDER BY chat FOR UPDATE;
+                UPDATE chat_version v SET version = v.version + 1 FROM unnest(chats, expected) AS c(chat, version)
+                    WHERE v.chat = c.chat AND v.version = c.version AND c.version > 0;
+                GET DIAGNOSTICS moved = ROW_COUNT;
+                INSERT INTO chat_version (chat, version) SELECT c.chat, 1 FROM unnest(chats, expected) AS c(chat, version)
+                    WHERE c.version = 0 ORDER BY c.chat ON CONFLICT (chat) DO NOTHING;
+                GET DIAGNOSTICS made = ROW_COUNT;
+                IF moved + made <> cardinality(chats) THEN
+                    RAISE EXCEPTION 'another chatcore node committed first to a chat this commit changes' USING ERRCODE = 'CCC01';
+                END IF;
+            END
+            $$
+            """,
+        ]),
     ]
 
     /// Says where this node (the writer) accepts connections, for the other nodes, and

@@ -129,9 +129,11 @@ class PsqlSession:
     """A psql process the test keeps open (to hold locks: in a transaction, or advisory
     ones, which last as long as the session): each `run` goes to it at once, in order."""
 
-    def __init__(self, cluster, database):
+    def __init__(self, cluster, database, keep_errors=False):
+        """`keep_errors`: what the session writes to stderr is kept (`errors`), not shown."""
         self.process = subprocess.Popen(["psql", "-h", cluster.socket_directory, "-p", str(cluster.port), "-U", cluster.USER, "-d", database,
-                                         "-qAt", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+                                         "-qAt", "-v", "ON_ERROR_STOP=1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE if keep_errors else None, text=True)
 
     def run(self, sql):
         self.process.stdin.write(sql + "\n")
@@ -141,6 +143,12 @@ class PsqlSession:
         """Ends the session; every statement it ran must have succeeded."""
         self.process.stdin.close()
         assert self.process.wait(timeout=10) == 0
+
+    def errors(self):
+        """Ends the session (with `keep_errors`); what it wrote to stderr, and its exit status."""
+        self.process.stdin.close()
+        errors = self.process.stderr.read()
+        return errors, self.process.wait(timeout=10)
 
     def kill(self):
         self.process.kill()

@@ -72,12 +72,59 @@ def test_a_store_from_before_chat_versions_gets_them(cluster, scratch):
         chat = chat_with_bob(alice, "before")
     cluster.psql("""
         DROP TABLE chat_version; DROP FUNCTION chatcore_claim(bigint[], bigint[]);
-        DELETE FROM chatcore_migration WHERE name = 'v6-chat-versions';
+        DELETE FROM chatcore_migration WHERE name IN ('v6-chat-versions', 'v8-claims-in-chat-order');
         """, database="m")
     with user_on(cluster, "m", scratch) as alice:
         assert cluster.psql(f"SELECT version FROM chat_version WHERE chat = {chat}", database="m").strip() == "1"
         assert send(alice, chat, "after the migration", "1") == (["2"], [])
         assert cluster.psql(f"SELECT version FROM chat_version WHERE chat = {chat}", database="m").strip() == "2"
+
+
+def waiting_for_a_lock(cluster, database, query_contains):
+    """Waits until a session running a statement with this text waits for a row lock."""
+    deadline = time.time() + 10
+    while cluster.psql(f"SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%{query_contains}%'",
+                       database=database).strip() != "1":
+        assert time.time() < deadline, f"no session running {query_contains} waited for a lock"
+        time.sleep(0.02)
+
+
+def test_commits_claiming_the_same_chats_in_other_orders_wait_for_each_other_without_deadlock(cluster, scratch):
+    """Two deciding nodes' commits may claim overlapping chats, each listing them in its own
+    order. The claim locks them in chat order, so one waits for the other and then finds
+    the versions it moved on (CCC01, decided again at once), never a deadlock that
+    PostgreSQL breaks only after a second (40P01). Here node A holds chat 1001, node B
+    claims 1002 and 1001 (1002 first, and first in the table too, so a claim that locked
+    in list or table order would take it and wait for 1001), then A claims 1002 too."""
+    cluster.create_database("order")
+    with user_on(cluster, "order", scratch):
+        pass
+    cluster.psql("INSERT INTO chat_version (chat, version) VALUES (1002, 1), (1001, 1)", database="order")
+    a = PsqlSession(cluster, "order", keep_errors=True)
+    b = PsqlSession(cluster, "order", keep_errors=True)
+    try:
+        a.run("\\set VERBOSITY verbose")
+        b.run("\\set VERBOSITY verbose")
+        a.run("BEGIN; SELECT chatcore_claim('{1001}', '{1}');")
+        deadline = time.time() + 10
+        while cluster.psql("SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' AND query LIKE '%{1001}%'",
+                           database="order").strip() != "1":
+            assert time.time() < deadline, "node A's claim did not run"
+            time.sleep(0.02)
+        b.run("SELECT chatcore_claim('{1002,1001}', '{1,1}');")
+        waiting_for_a_lock(cluster, "order", "{1002,1001}")
+        started = time.time()
+        a.run("SELECT chatcore_claim('{1002}', '{1}'); COMMIT;")
+        a_errors, a_status = a.errors()
+        b_errors, b_status = b.errors()
+        waited = time.time() - started
+    finally:
+        a.kill()
+        b.kill()
+    assert (a_status, a_errors) == (0, "")
+    assert b_status != 0 and "CCC01" in b_errors and "40P01" not in b_errors, b_errors
+    assert waited < 0.8, f"the claims waited {waited:.2f} s: PostgreSQL broke a deadlock"
+    assert cluster.psql("SELECT chat, version FROM chat_version WHERE chat > 1000 ORDER BY chat", database="order").split() == ["1001|2", "1002|2"]
 
 
 def test_sends_under_conflicts_are_each_answered_once_in_order(cluster, scratch):
