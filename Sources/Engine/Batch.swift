@@ -27,6 +27,7 @@ final class Batch {
     private var blobDeltas: [String: Int64] = [:]
     private var dirtyEndpoints: [Int64: EndpointRecord] = [:]
     private var removedEndpoints: Set<Int64> = []
+    private var removedEndpointUsers: Set<Int64> = []
     /// Chats with changes the store does not have yet.
     private var uncommittedChats: Set<Int64> = []
     /// What was written by the last collect, to become the records' `stored` rows.
@@ -219,6 +220,7 @@ final class Batch {
     func removed(_ endpoint: EndpointRecord) {
         dirtyEndpoints[endpoint.id] = nil
         removedEndpoints.insert(endpoint.id)
+        removedEndpointUsers.insert(endpoint.user)
     }
 
     /// The chats changed since the batch was last committed (`Engine.collect`).
@@ -286,6 +288,7 @@ final class Batch {
         store.blobUses = blobDeltas.filter { $0.value != 0 }
         store.endpoints = dirtyEndpoints.values.map(\.row)
         store.removedEndpoints = Array(removedEndpoints)
+        store.endpointUsers = removedEndpointUsers.sorted()
         store.counters = counters
     }
 
@@ -316,6 +319,7 @@ final class Batch {
         blobDeltas = [:]
         dirtyEndpoints = [:]
         removedEndpoints = []
+        removedEndpointUsers = []
         uncommittedChats = []
         cache.unpin(through: number)
         committedItems = max(committedItems, current)

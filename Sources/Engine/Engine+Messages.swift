@@ -134,7 +134,7 @@ extension Engine {
                        renderedNow: [Int64: [Int64: ChatMessage]] = [:]) throws {
         let last = chat.lastMessage
         let receiving = chat.members.values.filter { member in
-            member.isActive && member.deliveredUpTo < last && isOnline(member.user) && (user == nil || member.user == user)
+            member.isActive && member.deliveredUpTo < last && isConnectedAnywhere(member.user) && (user == nil || member.user == user)
         }
         // Every message as it was before any mark moves, then the marks.
         for member in receiving {
@@ -375,6 +375,13 @@ extension Engine {
 
     func startTyping(_ request: ChatTyping, user: Int64, batch: Batch) throws {
         let (chat, _) = try chat(request.chatId, of: user)
+        typingStarted(user, in: chat, batch: batch)
+        tellOthers(.typing(user: user, chat: chat.number))
+    }
+
+    /// `user` is typing in `chat` (here or on another node): members are told when they
+    /// were not typing there yet, and it ends `typingSeconds` from now unless said again.
+    func typingStarted(_ user: Int64, in chat: ChatRecord, batch: Batch) {
         let entry = TypingEntry(user: user, chat: chat.number)
         let isNew = typing[entry] == nil
         typing[entry] = monotonicSeconds() + Engine.typingSeconds
@@ -426,6 +433,7 @@ extension Engine {
         for member in chat.members.values where member.isActive {
             for other in sessions(of: member.user) where other !== session { batch.emit(event, to: other) }
         }
+        tellOthers(.chatEvent(user: user, chat: chat.number, tag: request.tag, data: request.data?.json))
     }
 }
 

@@ -299,6 +299,17 @@ extension Engine {
             ref: field(old.ref, new.ref), refBy: field(old.refBy, new.refBy), timestamp: field(old.timestamp, new.timestamp))
     }
 
+    /// Every field of `new` as a change, for a viewer whose old rendering is unknown
+    /// (a field without a value is null).
+    func everything(_ new: ChatMessage) -> ChatMessageChange {
+        func given<T>(_ value: T?) -> Nullable<T> { value.map { .value($0) } ?? .null }
+        return ChatMessageChange(
+            chatId: new.chatId, messageId: new.messageId, senderUri: .value(new.senderUri), tag: .value(new.tag), content: given(new.content),
+            data: given(new.data), localData: given(new.localData), thumb: given(new.thumb), file: given(new.file), fileSize: given(new.fileSize),
+            fileState: given(new.fileState), flags: given(new.flags), state: given(new.state), stateIsPartial: given(new.stateIsPartial),
+            recall: given(new.recall), ref: given(new.ref), refBy: given(new.refBy), timestamp: given(new.timestamp))
+    }
+
     func difference(_ old: Chat, _ new: Chat) -> ChatChange? {
         guard old != new else { return nil }
         return ChatChange(

@@ -35,6 +35,12 @@ public final class Engine: @unchecked Sendable {
         case stop
         /// The committer finished the batch handed to it.
         case committed
+        /// Another deciding process committed or said something (`othersActed`): what it
+        /// did is followed before the batch that takes this (`followOthers`).
+        case othersActed
+        /// Members connected here may not have been marked delivered what another process
+        /// committed in these chats (it decided before it knew they were connected).
+        case deliverFollowed(chats: [Int64])
 
         /// The session whose input this is (kept in order behind its parked work).
         var session: EngineSession? {
@@ -109,8 +115,10 @@ public final class Engine: @unchecked Sendable {
     /// and so does the batch being decided, at its end). No commits: the batch being
     /// decided conflicted committing what it had so far (`commitSoFar`).
     private var failedCommit: (commits: [Commit], error: Error)?
+    /// Whether a commit failed and its batches wait to be decided again or answered (`end`).
+    var hasFailedCommit: Bool { failedCommit != nil }
     /// The number of the batch being decided (its pins in the cache).
-    private var batchNumber = 0
+    private(set) var batchNumber = 0
     /// Since the last commit that was applied: the chats read again after conflicts (nil:
     /// everything was), and how many conflicts found nothing more to read with batches of
     /// one work item (`redo`).
@@ -151,6 +159,21 @@ public final class Engine: @unchecked Sendable {
     private var storedCounters = StoreCounters()
     /// The messages in memory: the hot ones, up to a budget.
     let cache: MessageCache
+    /// Whether other processes decide on the store beside this one (`ChatStore.othersDecide`):
+    /// what they do is followed before each batch (`followOthers`).
+    let followsOthers: Bool
+    /// How far what the other deciding processes did has been followed.
+    var followCursor: FollowCursor?
+    /// Users with a session on another deciding process (they are delivered to as if
+    /// connected here).
+    var onlineElsewhere: Set<Int64> = []
+    /// Users whose sessions here came or went since the others were last told, and who
+    /// the others were told has a session here (`announcePresence`).
+    var presenceChanged: Set<Int64> = []
+    var announcedOnline: Set<Int64> = []
+    /// Per feed slot of another process, the position up to which its changes were
+    /// followed (read whole: where the store was then).
+    var followedFeed: [Int: Int64] = [:]
     /// Who is typing where, and when that expires (seconds on the monotonic clock).
     var typing: [TypingEntry: Double] = [:]
     var tickScheduled = false
@@ -182,10 +205,14 @@ public final class Engine: @unchecked Sendable {
         self.store = store
         self.commitsInFlight = max(1, store.commitsInFlight)
         self.comparesChatVersions = store.comparesChatVersions
+        self.followsOthers = store.othersDecide
         self.logger = logger
         self.clock = clock
         self.attachments = attachments
         self.attachmentsDirectory = attachmentsDirectory
+        // From here on: what the others commit while memory is read is followed again
+        // (reading a chat again is harmless), never missed.
+        if followsOthers { followCursor = try store.othersActivity(besides: feedSlot, after: nil)?.cursor }
         try reload()
     }
 
@@ -194,7 +221,7 @@ public final class Engine: @unchecked Sendable {
 
     /// Reads what is per user and per chat from the store (never every message): at
     /// start-up, and after a failed commit, when memory must be what the store has.
-    private func reload() throws {
+    func reload() throws {
         let directory = try store.loadDirectory()
         users = UserDirectory(directory.users)
         endpoints = [:]
@@ -211,6 +238,7 @@ public final class Engine: @unchecked Sendable {
         install(directory)
         cache.removeAll()
         typing = [:]
+        followedFeed = directory.feedPositions
         try refillSearchIndex()
     }
 
@@ -245,10 +273,14 @@ public final class Engine: @unchecked Sendable {
     /// counters; their messages leave the cache. The rest of memory never held anything
     /// the commit had, so it stays (a directory of a million chats is not read again for
     /// one chat's conflict). `nil`: everything (`reload`).
-    private func readAgain(_ numbers: Set<Int64>?) throws {
+    func readAgain(_ numbers: Set<Int64>?, droppingOnly messages: [Int64: Set<Int64>]? = nil) throws {
         guard let numbers else { return try reload() }
         let directory = try store.loadChats(numbers.sorted())
-        cache.remove(chats: numbers)
+        if let messages {
+            for (chat, ids) in messages { cache.remove(chat: chat, ids: ids) }
+        } else {
+            cache.remove(chats: numbers)
+        }
         for number in numbers {
             guard let old = chats.removeValue(forKey: number) else { continue }
             for (user, member) in old.members where member.isActive {
@@ -305,7 +337,7 @@ public final class Engine: @unchecked Sendable {
 
     public var isShuttingDown: Bool { shuttingDown.load(ordering: .acquiring) }
 
-    private func storeIsBroken(_ error: Error) {
+    func storeIsBroken(_ error: Error) {
         guard brokenStore == nil else { return }
         brokenStore = error
         let reason = switch (error as? StoreFailure)?.kind {
@@ -412,6 +444,12 @@ public final class Engine: @unchecked Sendable {
         inbox.put(.tick)
     }
 
+    /// Another deciding process committed or said something: the engine follows it before
+    /// its next batch (a store that hears of it calls this so that an idle engine does).
+    public func othersActed() {
+        inbox.put(.othersActed)
+    }
+
     /// Hands work made off the engine thread to it.
     func put(_ work: Work) {
         inbox.put(work)
@@ -487,6 +525,7 @@ public final class Engine: @unchecked Sendable {
         while !stopping {
             // While sessions wait for their clients to read, look again every 20 ms.
             let work = inbox.take(limit: batchLimitNow, waitingAtMost: parked.isEmpty ? nil : 0.02)
+            if followsOthers { followOthers() }
             batchNumber += 1
             let batch = Batch(cache: cache, number: batchNumber)
             batch.inboxWork = work
@@ -504,7 +543,7 @@ public final class Engine: @unchecked Sendable {
                     barriers.append(body)
                 case .stop:
                     stopping = true
-                case .committed:
+                case .committed, .othersActed:
                     continue
                 case .searchFound:
                     answeredOutside = true
@@ -517,6 +556,8 @@ public final class Engine: @unchecked Sendable {
             if taken > 0 { ServiceMetrics.batchSize.record(taken) }
             // The sessions whose answers came back go on at once, not at the next look.
             if answeredOutside { takeUnparkedWork(batch: batch) }
+            // Before its events reach anyone, the others know who is connected here now.
+            if followsOthers { announcePresence() }
             // A batch decided again (its commit conflicted) is taken again, `stop` with it.
             if end(batch, barriers: barriers, stopping: stopping) { stopping = false }
             cache.trim()
@@ -649,7 +690,7 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// Waits for every batch in flight (see `settleOldest`).
-    private func settle() {
+    func settle() {
         while !inFlight.isEmpty { settleOldest() }
     }
 
@@ -735,7 +776,10 @@ public final class Engine: @unchecked Sendable {
             awaitingOutside.remove(ObjectIdentifier(session))
             guard session.isOpen else { return }
             searchFound(request, line: line, chatIds: chatIds, user: user, hits: hits, session: session, batch: batch)
-        case .barrier, .stop, .committed:
+        case .deliverFollowed(let numbers):
+            batch.begin(.internal, session: nil)
+            deliverFollowed(numbers, batch: batch)
+        case .barrier, .stop, .committed, .othersActed:
             break
         }
     }
@@ -814,6 +858,7 @@ public final class Engine: @unchecked Sendable {
         if !batch.store.isEmpty {
             lastSequence += 1
             batch.store.sequence = lastSequence
+            batch.store.feedSlot = feedSlot
         }
         return counters
     }
@@ -918,7 +963,10 @@ public final class Engine: @unchecked Sendable {
         for (session, before) in setups {
             unregister(session)
             session.setup = before
-            if let user = session.user, session.isOpen { sessionsByUser[user, default: []].append(session) }
+            if let user = session.user, session.isOpen {
+                sessionsByUser[user, default: []].append(session)
+                presenceChanged.insert(user)
+            }
         }
     }
 
@@ -990,6 +1038,7 @@ public final class Engine: @unchecked Sendable {
         guard let user = session.user else { return }
         sessionsByUser[user]?.removeAll { $0 === session }
         if sessionsByUser[user]?.isEmpty == true { sessionsByUser[user] = nil }
+        presenceChanged.insert(user)
     }
 }
 

@@ -136,6 +136,18 @@ final class MessageCache {
         }
     }
 
+    /// Forgets these records of `chat`, pinned or not.
+    func remove(chat: Int64, ids: Set<Int64>) {
+        for id in ids {
+            let key = Key(chat: chat, id: id)
+            guard let node = nodes[key] else { continue }
+            unlink(node)
+            nodes[key] = nil
+            pinned[key] = nil
+            bytes -= node.size
+        }
+    }
+
     func removeAll() {
         nodes.removeAll()
         pinned.removeAll()

@@ -23,6 +23,11 @@ struct UserDirectory {
 
     subscript(number: Int64) -> UserRecord? { byNumber[number] }
 
+    /// A user another deciding process made (known already: nothing changes).
+    mutating func learn(_ user: UserRecord) {
+        if byNumber[user.number] == nil { insert(user) }
+    }
+
     func find(userId: String) -> UserRecord? { byUserId[ExactText(userId)].flatMap { byNumber[$0] } }
     func find(regId: Int64) -> UserRecord? { byRegId[regId].flatMap { byNumber[$0] } }
     func find(uri: String) -> UserRecord? { UserRecord.number(fromURI: uri).flatMap { byNumber[$0] } }

@@ -101,6 +101,30 @@ public protocol ChatStore: AnyObject, Sendable {
     /// process deciding on the store has while this one does: 0 for a store only this
     /// process writes.
     var feedSlot: Int { get }
+
+    // MARK: several deciding processes
+
+    /// Whether other processes decide on this store beside this one now: the engine then
+    /// follows what they do (`othersActivity`) before each batch it decides, and tells
+    /// them who is connected to it (`announceOnline`) and what its sessions say that is
+    /// never stored (`announce`).
+    var othersDecide: Bool { get }
+
+    /// What the other deciding processes did after `cursor` (a new cursor: from now on):
+    /// their commits (each slot's in the order they were applied), the users those made
+    /// or changed the endpoints of, who is connected to them now, and their transient
+    /// events. Nil when the store no longer has all of it (memory must be read again
+    /// whole).
+    /// `slot` is the asking process's feed slot: its own doings are left out.
+    func othersActivity(besides slot: Int, after cursor: FollowCursor?) throws -> OthersActivity?
+
+    /// `joined` now have a session on the process in feed slot `slot`, and `left` no
+    /// longer have one.
+    func announceOnline(slot: Int, joined: [Int64], left: [Int64]) throws
+
+    /// Hands a transient event of the sessions of the process in feed slot `slot` to the
+    /// other deciding processes.
+    func announce(_ event: TransientEvent, slot: Int) throws
 }
 
 /// What the store may number (`ChatStore.takeNumbers`).
@@ -119,6 +143,16 @@ extension ChatStore {
     public func takeNumbers(for kind: NumberedKind, count: Int) throws -> [ClosedRange<Int64>]? { nil }
 
     public var feedSlot: Int { 0 }
+
+    public var othersDecide: Bool { false }
+
+    public func othersActivity(besides slot: Int, after cursor: FollowCursor?) throws -> OthersActivity? {
+        OthersActivity(cursor: cursor ?? FollowCursor())
+    }
+
+    public func announceOnline(slot: Int, joined: [Int64], left: [Int64]) throws {}
+
+    public func announce(_ event: TransientEvent, slot: Int) throws {}
 }
 
 /// Which messages a match looks for (docs/protocol.md §8 criteria, in store words).

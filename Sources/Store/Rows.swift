@@ -378,6 +378,9 @@ public struct StoreBatch: Sendable {
     /// of them written).
     public var endpoints: [EndpointRow] = []
     public var removedEndpoints: [Int64] = []
+    /// The users whose endpoints `removedEndpoints` were (for the other deciding
+    /// processes, who follow whose endpoints changed: `FollowedCommit.users`).
+    public var endpointUsers: [Int64] = []
     public var newChats: [ChatRow] = []
     public var chatUpdates: [Update<ChatRow, ChatColumn>] = []
     /// New memberships, and members who come back (written whole).
@@ -405,6 +408,8 @@ public struct StoreBatch: Sendable {
     /// commit fails with `StoreFailure.Kind.conflict`. Empty for a store only one process
     /// writes (SQLite: `ChatStore.comparesChatVersions`).
     public var chatVersions: [ChatVersion] = []
+    /// The feed slot of the process committing it (`FeedSlots`; not stored).
+    public var feedSlot = 0
     /// This commit's place among the engine's commits (increasing; not stored).
     public var sequence: Int64 = 0
     /// The commit still in flight that this one follows (`ChatStore.commitsInFlight`), if

@@ -234,11 +234,55 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     private var lastNumbers: [NumberedKind: Int64]?
     let numbersTaken = Atomic<Int>(0)
 
-    init(_ inner: ChatStore, commitsInFlight: Int = 1, versioned: Bool = false, numbering: Bool = false) {
+    /// With `following` (and `versioned`), the engines on it follow one another
+    /// (`othersDecide`): it logs what each commit changed, who is connected to each feed
+    /// slot and the transient events, as a store several deciding nodes share does.
+    private let following: Bool
+    var othersDecide: Bool { following }
+    private let logLock = NSLock()
+    private var log: [FollowedCommit] = []
+    private var feedAt: [Int: Int64] = [:]
+    private var online: [Int: Set<Int64>] = [:]
+    private var transients: [(slot: Int, event: TransientEvent)] = []
+
+    init(_ inner: ChatStore, commitsInFlight: Int = 1, versioned: Bool = false, numbering: Bool = false, following: Bool = false) {
+        precondition(!following || versioned, "the engines follow the chats each commit claims")
         self.inner = inner
         self.commitsInFlight = commitsInFlight
         self.versioned = versioned
         self.numbering = numbering
+        self.following = following
+    }
+
+    func othersActivity(besides slot: Int, after cursor: FollowCursor?) throws -> OthersActivity? {
+        let (activity, users) = logLock.withLock { () -> (OthersActivity, Set<Int64>) in
+            var now = FollowCursor()
+            now.commits[0] = Int64(log.count)
+            now.transient[0] = Int64(transients.count)
+            var activity = OthersActivity(cursor: now)
+            activity.online = online.filter { $0.key != slot }.values.reduce(into: []) { $0.formUnion($1) }
+            guard let cursor else { return (activity, []) }
+            activity.commits = log[Int(cursor.commits[0] ?? 0)...].filter { $0.slot != slot }
+            activity.transient = transients[Int(cursor.transient[0] ?? 0)...].filter { $0.slot != slot }.map(\.event)
+            return (activity, Set(activity.commits.flatMap(\.users)))
+        }
+        guard !users.isEmpty else { return activity }
+        var withUsers = activity
+        let directory = try inner.loadDirectory()
+        withUsers.users = directory.users.filter { users.contains($0.number) }
+        withUsers.endpoints = directory.endpoints.filter { users.contains($0.user) }
+        return withUsers
+    }
+
+    func announceOnline(slot: Int, joined: [Int64], left: [Int64]) throws {
+        logLock.withLock {
+            online[slot, default: []].formUnion(joined)
+            online[slot, default: []].subtract(left)
+        }
+    }
+
+    func announce(_ event: TransientEvent, slot: Int) throws {
+        logLock.withLock { transients.append((slot, event)) }
     }
 
     func takeNumbers(for kind: NumberedKind, count: Int) throws -> [ClosedRange<Int64>]? {
@@ -333,7 +377,16 @@ final class FailingStore: ChatStore, @unchecked Sendable {
             conflicts.add(1, ordering: .relaxed)
             throw StoreFailure(.conflict, "chat \(claim.chat) is at version \(versions[claim.chat, default: 0]), not \(claim.version)")
         }
+        let feedAfter = following ? try logLock.withLock { try feedAt[batch.feedSlot] ?? inner.feedPositions()[batch.feedSlot] } : nil
         try inner.commit(batch)
+        if following {
+            let after = feedAfter ?? FeedSlots.base(of: batch.feedSlot)
+            let entry = FollowedCommit(of: batch, feedAfter: after)
+            logLock.withLock {
+                log.append(entry)
+                feedAt[batch.feedSlot] = entry.feedUpTo
+            }
+        }
         for claim in batch.chatVersions { versions[claim.chat] = claim.version + 1 }
     }
 }

@@ -1,0 +1,78 @@
+import Foundation
+import GRDB
+import SQLiteStore
+import Store
+import XCTest
+@testable import Engine
+
+/// Several deciding nodes that follow one another (docs/several-deciding-nodes.md, step 4):
+/// two engines on one store that logs what each commit changed are two nodes, each
+/// deciding for its own sessions and rendering the other's commits for them. A user on
+/// one and a user on the other see exactly what they would see on one engine.
+final class FollowingTests: XCTestCase {
+    private static func store() throws -> FailingStore {
+        FailingStore(try SQLiteStore(writer: DatabaseQueue()), versioned: true, numbering: true, following: true)
+    }
+
+    /// The scripted conversation of `Tests/postgres/test_nodes.py` and more (a group, an
+    /// admin, a mark moving over many messages at once, a recall, a private delete, a
+    /// leave), with alice's session on `alice` and bob's and carol's on `others` (one
+    /// harness or two); what each session received, in order.
+    private func conversation(alice: EngineHarness, others: EngineHarness) -> [String: [String]] {
+        let harnesses = ["a": alice, "b": others, "c": others]
+        var received: [String: [String]] = [:]
+        for (name, user) in [("a", "alice"), ("b", "bob"), ("c", "carol")] { received[name] = harnesses[name]!.connect(name, as: user) }
+        var step = 0
+        /// The acting session's request, then a request of each session (the acting one
+        /// first), so the others' events of it come before their answers.
+        func act(_ acting: String, _ request: String) {
+            received[acting]! += harnesses[acting]!.send(acting, request)
+            for name in [acting] + ["a", "b", "c"].filter({ $0 != acting }) {
+                step += 1
+                received[name]! += harnesses[name]!.send(name, #"{"identitiesGet":{"cookie":"sync\#(step)","appUserIds":["alice"]}}"#)
+            }
+        }
+        act("a", #"{"chatStart":{"cookie":"start","invitees":[{"userId":"bob"}],"subject":"plans"}}"#)
+        act("b", #"{"requestListAll":{"type":"chat","cookie":"chats"}}"#)
+        act("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"lunch?","cookie":"m1"}}"#)
+        act("b", #"{"chatTyping":{"chatId":"1"}}"#)
+        act("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"yes","cookie":"m2","ref":[{"tag":"Quote","messageId":"2"}]}}"#)
+        act("b", #"{"chatMessageRead":{"chatId":"1","messageId":"2"}}"#)
+        act("a", #"{"chatMessageRead":{"chatId":"1","messageId":"3"}}"#)
+        act("a", #"{"chatEventSend":{"chatId":"1","tag":"poke","data":{"n":1}}}"#)
+        act("b", #"{"chatMessageDestroy":{"chatId":"1","messageId":"3","cookie":"recall"}}"#)
+        act("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"all","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":50}}}"#)
+        act("a", #"{"requestListChange":{"type":"chatMessage","elements":[{"chatId":"1","messageId":"2","localData":{"seen":true}}]}}"#)
+        act("a", #"{"chatInvite":{"chatId":"1","invitees":[{"userId":"carol"}],"cookie":"invite"}}"#)
+        act("a", #"{"participantPromote":{"chatId":"1","userUri":"bbmpim://user/id/2","cookie":"promote"}}"#)
+        act("c", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"hi all","cookie":"m3"}}"#)
+        for n in 1...70 { act("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"\#(n)","cookie":"b\#(n)"}}"#) }
+        act("a", #"{"chatMessageRead":{"chatId":"1","messageId":"76"}}"#)
+        act("a", #"{"chatMessageDelete":{"chatId":"1","id":"2","cookie":"delete"}}"#)
+        act("b", #"{"chatLeave":{"chatIds":["1"]}}"#)
+        act("c", #"{"chatMessageRead":{"chatId":"1","messageId":"77"}}"#)
+        // Endpoint ids are drawn at random.
+        let endpointId = try! NSRegularExpression(pattern: #""endpointId","value":"[0-9]+""#)
+        return received.mapValues { lines in
+            lines.map { endpointId.stringByReplacingMatches(in: $0, range: NSRange($0.startIndex..., in: $0), withTemplate: #""endpointId","value":"*""#) }
+        }
+    }
+
+    func testUsersOnTwoDecidingNodesSeeWhatTheyWouldSeeOnOne() throws {
+        let single = try EngineHarness(store: try Self.store())
+        let onOne = conversation(alice: single, others: single)
+
+        let store = try Self.store()
+        let nodeA = try EngineHarness(store: store)
+        let nodeB = try EngineHarness(store: store, feedSlot: 1)
+        let onTwo = conversation(alice: nodeA, others: nodeB)
+
+        XCTAssertGreaterThan(onOne["b"]!.count, 20, "the conversation reached bob")
+        XCTAssertEqual(onTwo["a"]!, onOne["a"]!, "alice, on node A")
+        XCTAssertEqual(onTwo["b"]!, onOne["b"]!, "bob, on node B")
+        XCTAssertEqual(onTwo["c"]!, onOne["c"]!, "carol, on node B")
+        // Each node decided for its own sessions: nothing conflicted (each followed the
+        // other's commits before deciding on them).
+        XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 0)
+    }
+}
