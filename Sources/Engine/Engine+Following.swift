@@ -29,6 +29,7 @@ extension Engine {
         onlineElsewhere = activity.online
         guard !activity.isEmpty else {
             followCursor = activity.cursor
+            readAheadOfFollowing = []
             return
         }
         // What this process committed is applied first, so that reading the store again
@@ -37,12 +38,15 @@ extension Engine {
         settle()
         guard !hasFailedCommit else { return }
         followCursor = activity.cursor
+        // Everything memory read after a failed commit is followed now.
+        let coarse = readAheadOfFollowing
+        readAheadOfFollowing = []
         let batch = Batch(cache: cache, number: batchNumber)
         // What is followed is durable already: its events are sent whatever happens next.
         batch.begin(.answered, session: nil)
         learn(activity.users, endpoints: activity.endpoints)
         do {
-            try render(activity.commits, batch: batch)
+            try render(activity.commits, coarse: coarse, batch: batch)
         } catch {
             // Memory of those chats may be behind: a decision on one then conflicts and
             // reads it again. Their events are missing here.
@@ -94,10 +98,21 @@ extension Engine {
         return spans
     }
 
+    /// Memory of these chats (nil: of everything) was read again after a commit failed:
+    /// it may hold what the others committed since they were last followed.
+    func readAhead(_ numbers: Set<Int64>?) {
+        guard let numbers, let already = readAheadOfFollowing else {
+            readAheadOfFollowing = nil
+            return
+        }
+        readAheadOfFollowing = already.union(numbers)
+    }
+
     /// Makes memory of the chats `commits` changed what the store has, and sends this
-    /// process's sessions what changed for them.
-    private func render(_ commits: [FollowedCommit], batch: Batch) throws {
+    /// process's sessions what changed for them; those of `coarse` (nil: all) whole.
+    private func render(_ commits: [FollowedCommit], coarse: Set<Int64>?, batch: Batch) throws {
         let numbers = Set(commits.flatMap(\.chats)).sorted()
+        let isCoarse = { (number: Int64) in coarse?.contains(number) ?? true }
         let spans = Engine.spans(of: commits)
         defer {
             for (slot, span) in spans { followedFeed[slot] = max(followedFeed[slot] ?? FeedSlots.base(of: slot), span.upTo) }
@@ -137,7 +152,7 @@ extension Engine {
         var previous: [Int64: ChatRecord] = [:]
         var before: [Int64: [Int64: [Int64: ChatMessage]]] = [:]
         var whole: [Int64: Set<Int64>] = [:]
-        for number in numbers {
+        for number in numbers where !isCoarse(number) {
             guard let chat = chats[number] else { continue }
             previous[number] = chat
             guard chat.members.values.contains(where: { $0.isActive && isOnline($0.user) }) else { continue }
@@ -159,7 +174,17 @@ extension Engine {
         for number in numbers {
             guard let chat = chats[number] else { continue }
             let order = { (id: Int64) in positions[Batch.RowKey(chat: number, item: id)] ?? Int64.max }
-            try renderFollowed(chat, was: previous[number], before: before[number] ?? [:], whole: whole[number] ?? [], order: order, batch: batch)
+            if isCoarse(number) {
+                var inserted: Set<Int64> = []
+                var members: Set<Int64> = []
+                for commit in commits {
+                    inserted.formUnion(commit.inserted[number] ?? [])
+                    members.formUnion(commit.members[number] ?? [])
+                }
+                try renderCoarsely(chat, inserted: inserted, changed: changed[number] ?? [], members: members, order: order, batch: batch)
+            } else {
+                try renderFollowed(chat, was: previous[number], before: before[number] ?? [:], whole: whole[number] ?? [], order: order, batch: batch)
+            }
             if chat.activeMembers.contains(where: { isOnline($0.user) && $0.deliveredUpTo < chat.lastMessage }) { undelivered.append(number) }
         }
         // A member connected here whom the deciding node did not know connected is marked
@@ -253,6 +278,60 @@ extension Engine {
         for member in staying {
             guard let was = old.members[member.user], let change = difference(renderChat(old, for: was), renderChat(chat, for: member)) else { continue }
             emit(.listChange(.chat(ListChangeChat(elements: [change]))), toUser: member.user, batch: batch)
+        }
+    }
+
+    /// Sends the users connected here `chat` (read again) as the followed commits left it,
+    /// when memory cannot tell what it was before them (`readAheadOfFollowing`): a member
+    /// whose membership they changed gets the chat whole (or its removal), the others
+    /// the participants they changed, the messages they added, the ones they changed
+    /// whole, and the chat whole. Nothing is missed; more is sent than changed.
+    private func renderCoarsely(_ chat: ChatRecord, inserted: Set<Int64>, changed: Set<Int64>, members changedMembers: Set<Int64>,
+                                order: (Int64) -> Int64, batch: Batch) throws {
+        var staying: [MemberRecord] = []
+        for (user, member) in chat.members.sorted(by: { $0.key < $1.key }) where isOnline(user) {
+            if changedMembers.contains(user) {
+                if member.isActive {
+                    try introduce(chat, to: member, batch: batch)
+                } else {
+                    emit(.listRemove(.chat(ListRemoveChat(elements: [ChatKey(chatId: chat.chatId)]))), toUser: user, batch: batch)
+                }
+            } else if member.isActive {
+                staying.append(member)
+            }
+        }
+        guard !staying.isEmpty else { return }
+        let others = changedMembers.sorted().compactMap { chat.members[$0] }
+        for member in staying {
+            for other in others where other.user != member.user {
+                if other.isActive {
+                    emit(.listAdd(.chatParticipant(ListAddChatParticipant(elements: [renderParticipant(chat, other)]))), toUser: member.user, batch: batch)
+                } else {
+                    let key = ChatParticipantKey(chatId: chat.chatId, userUri: uri(other.user))
+                    emit(.listRemove(.chatParticipant(ListRemoveChatParticipant(elements: [key]))), toUser: member.user, batch: batch)
+                }
+            }
+        }
+        let posted = try loadMessages(in: chat, ids: inserted.sorted())
+        for sender in Set(posted.map(\.sender)).sorted() { stopTyping(user: sender, chat: chat, batch: batch) }
+        for member in staying {
+            let visible = posted.filter { $0.id >= member.joinedAt }
+            for chunk in visible.map({ renderMessage($0, in: chat, for: member.user) }).chunked(Engine.chunkSize) {
+                emit(.listAdd(.chatMessage(ListAddChatMessage(elements: chunk))), toUser: member.user, batch: batch)
+            }
+        }
+        let stayingUsers = Set(staying.map(\.user))
+        var messageChanges: [Int64: [ChatMessageChange]] = [:]
+        for message in try loadMessages(in: chat, ids: changed.subtracting(inserted).sorted { (order($0), $0) < (order($1), $1) }) {
+            for member in viewers(of: message, in: chat) where stayingUsers.contains(member.user) {
+                messageChanges[member.user, default: []].append(everything(renderMessage(message, in: chat, for: member.user)))
+            }
+        }
+        for member in staying {
+            for chunk in (messageChanges[member.user] ?? []).chunked(Engine.chunkSize) {
+                emit(.listChange(.chatMessage(ListChangeChatMessage(elements: chunk))), toUser: member.user, batch: batch)
+            }
+            emit(.listChange(.chat(ListChangeChat(elements: [everything(renderChat(chat, for: member))]))), toUser: member.user, batch: batch)
         }
     }
 

@@ -310,6 +310,15 @@ extension Engine {
             recall: given(new.recall), ref: given(new.ref), refBy: given(new.refBy), timestamp: given(new.timestamp))
     }
 
+    /// Every field of `new` as a change (`everything(_:)` for a message).
+    func everything(_ new: Chat) -> ChatChange {
+        func given<T>(_ value: T?) -> Nullable<T> { value.map { .value($0) } ?? .null }
+        return ChatChange(
+            chatId: new.chatId, subject: given(new.subject), state: given(new.state), flags: given(new.flags), lastMessage: given(new.lastMessage),
+            numMessages: given(new.numMessages), numUnread: given(new.numUnread), lastActivity: given(new.lastActivity),
+            invitePolicy: given(new.invitePolicy), data: given(new.data), localData: given(new.localData))
+    }
+
     func difference(_ old: Chat, _ new: Chat) -> ChatChange? {
         guard old != new else { return nil }
         return ChatChange(

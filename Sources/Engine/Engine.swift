@@ -174,6 +174,11 @@ public final class Engine: @unchecked Sendable {
     /// Per feed slot of another process, the position up to which its changes were
     /// followed (read whole: where the store was then).
     var followedFeed: [Int: Int64] = [:]
+    /// Chats memory read again after a commit of this process failed (nil: everything),
+    /// since the others were last followed: memory of them may already hold what the
+    /// others committed, so the next follow cannot tell what changed, and sends their
+    /// elements whole (`renderCoarsely`).
+    var readAheadOfFollowing: Set<Int64>? = []
     /// Who is typing where, and when that expires (seconds on the monotonic clock).
     var typing: [TypingEntry: Double] = [:]
     var tickScheduled = false
@@ -926,6 +931,7 @@ public final class Engine: @unchecked Sendable {
         } catch {
             return false
         }
+        if followsOthers { readAhead(uncommitted) }
         readAfterConflicts = uncommitted.flatMap { chats in readAfterConflicts?.union(chats) }
         ServiceMetrics.commitConflicts.increment()
         logger.info("a commit conflicted with another node's: deciding its requests again", metadata: ["error": "\(error)"])
@@ -999,6 +1005,7 @@ public final class Engine: @unchecked Sendable {
             storeIsBroken(failure)
             return
         }
+        if followsOthers { readAhead(uncommitted) }
         do {
             try readAgain(uncommitted)
         } catch {

@@ -22,14 +22,22 @@ public struct FollowedCommit: Sendable, Equatable {
     /// private state, their references' counts), by chat: a follower that does not hold
     /// one cannot tell what changed in it.
     public var rewritten: [Int64: [Int64]]
+    /// The messages it added, by chat.
+    public var inserted: [Int64: [Int64]]
+    /// The users whose membership it changed (joined, left, removed, made admin or not),
+    /// by chat.
+    public var members: [Int64: [Int64]]
 
-    public init(slot: Int, feedAfter: Int64, feedUpTo: Int64, chats: [Int64], users: [Int64] = [], rewritten: [Int64: [Int64]] = [:]) {
+    public init(slot: Int, feedAfter: Int64, feedUpTo: Int64, chats: [Int64], users: [Int64] = [], rewritten: [Int64: [Int64]] = [:],
+                inserted: [Int64: [Int64]] = [:], members: [Int64: [Int64]] = [:]) {
         self.slot = slot
         self.feedAfter = feedAfter
         self.feedUpTo = feedUpTo
         self.chats = chats
         self.users = users
         self.rewritten = rewritten
+        self.inserted = inserted
+        self.members = members
     }
 
     /// What a store that several processes decide on logs for `batch`, committed by the
@@ -43,9 +51,17 @@ public struct FollowedCommit: Sendable, Equatable {
         for update in batch.messageUpdates { rewritten[update.row.chat, default: []].insert(update.row.id) }
         for state in batch.privateStates { rewritten[state.chat, default: []].insert(state.id) }
         for count in batch.refCounts { rewritten[count.chat, default: []].insert(count.target) }
+        var inserted: [Int64: [Int64]] = [:]
+        for message in batch.newMessages { inserted[message.chat, default: []].append(message.id) }
+        var members: [Int64: Set<Int64>] = [:]
+        for member in batch.members { members[member.chat, default: []].insert(member.user) }
+        for update in batch.memberUpdates where !update.columns.isDisjoint(with: [.isActive, .isAdmin, .joinedAt]) {
+            members[update.row.chat, default: []].insert(update.row.user)
+        }
         self.init(slot: batch.feedSlot, feedAfter: feedAfter, feedUpTo: batch.counters?.changeSeq ?? feedAfter,
                   chats: batch.chatVersions.map(\.chat).sorted(), users: users.sorted(),
-                  rewritten: rewritten.mapValues { $0.sorted() })
+                  rewritten: rewritten.mapValues { $0.sorted() }, inserted: inserted.mapValues { $0.sorted() },
+                  members: members.mapValues { $0.sorted() })
     }
 }
 

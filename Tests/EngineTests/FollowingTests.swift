@@ -75,4 +75,55 @@ final class FollowingTests: XCTestCase {
         // other's commits before deciding on them).
         XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 0)
     }
+
+    /// The chatMessage ids each listAdd in `lines` carries, in order, and the requests
+    /// answered with a failure.
+    private static func added(_ lines: [String]) -> (ids: [Int64], failures: [String]) {
+        var ids: [Int64] = []
+        var failures: [String] = []
+        for line in lines {
+            let object = try! JSONSerialization.jsonObject(with: Data(line.utf8)) as! [String: Any]
+            if object["requestFailed"] != nil { failures.append(line) }
+            guard let add = object["listAdd"] as? [String: Any], add["type"] as? String == "chatMessage" else { continue }
+            for element in add["elements"] as! [[String: Any]] where element["tag"] as? String == "Text" {
+                ids.append(Int64(element["messageId"] as! String)!)
+            }
+        }
+        return (ids, failures)
+    }
+
+    /// Both nodes decide sends into one chat at once: commits conflict and are decided
+    /// again, and still every session sees every message once, in id order, and every
+    /// send is answered Sent with an id of its own, 2 to 81 with no gap.
+    func testConcurrentSendsIntoOneChatFromTwoDecidingNodesAreSeenOnceInOrderEverywhere() throws {
+        let store = try Self.store()
+        let nodeA = try EngineHarness(store: store)
+        let nodeB = try EngineHarness(store: store, feedSlot: 1)
+        nodeA.connect("a", as: "alice")
+        nodeB.connect("b", as: "bob")
+        nodeA.connect("a2", as: "bob")
+        nodeA.send("a", #"{"chatStart":{"cookie":"start","invitees":[{"userId":"bob"}],"subject":"race"}}"#)
+        nodeB.send("b", #"{"identitiesGet":{"cookie":"sync","appUserIds":["alice"]}}"#)
+        for name in ["a", "a2"] { _ = nodeA.events(name) }
+        _ = nodeB.events("b")
+        for round in 0..<8 {
+            for n in 0..<5 {
+                nodeA.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"a\#(round)-\#(n)","cookie":"a\#(round)-\#(n)"}}"#)
+                nodeB.submit("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"b\#(round)-\#(n)","cookie":"b\#(round)-\#(n)"}}"#)
+            }
+        }
+        var received: [String: [String]] = ["a": [], "a2": [], "b": []]
+        // Each node follows the other's last commits before answering these.
+        for step in 0..<3 {
+            for (harness, name) in [(nodeA, "a"), (nodeB, "b"), (nodeA, "a2")] {
+                received[name]! += harness.send(name, #"{"identitiesGet":{"cookie":"s\#(step)","appUserIds":["alice"]}}"#)
+            }
+        }
+        for (name, lines) in received {
+            let (ids, failures) = Self.added(lines)
+            XCTAssertEqual(failures, [], name)
+            XCTAssertEqual(ids, Array(2...81), "\(name): every message once, in id order")
+        }
+        XCTAssertGreaterThan(store.conflicts.load(ordering: .relaxed), 0, "the nodes' commits raced")
+    }
 }
