@@ -208,13 +208,13 @@ def rows():
         table.append(("SQLite, 1 node",) + row)
     if postgres_bin() is None:
         return table
-    for nodes in (1, 2, 4):
+    for nodes, deciding in ((1, False), (2, False), (4, False), (2, True), (4, True)):
         with Cluster(settings=("shared_buffers=256MB",)) as cluster, tempfile.TemporaryDirectory() as scratch:
-            database = cluster.create_database(f"bench{nodes}")
+            database = cluster.create_database(f"bench{nodes}{'d' if deciding else ''}")
             url = cluster.database_url(database)
             processes, paths = [], []
             for n in range(nodes):
-                process, path = start_node(scratch, f"node{n}", url)
+                process, path = start_node(scratch, f"node{n}", url, *(["--all-nodes-decide"] if deciding else []))
                 processes.append(process)
                 paths.append(path)
                 time.sleep(0.3)  # the first is the writer
@@ -222,7 +222,8 @@ def rows():
             for process in reversed(processes):
                 process.terminate()
                 process.wait()
-            table.append((f"PostgreSQL, {nodes} node{'s' if nodes > 1 else ''}",) + row)
+            name = f"PostgreSQL, {nodes} {'deciding ' if deciding else ''}node{'s' if nodes > 1 else ''}"
+            table.append((name,) + row)
     return table
 
 
@@ -312,7 +313,7 @@ def conflict_line(rate, sent, redone, internal):
     return f"{moves:<30} {sent:>16,.0f} {redone:>24,.0f} {internal:>24,.0f}"
 
 
-HEADER = (f"{'store, nodes':<22} {'durable sends/s (60,000)':>26} {'request → Sent p50/p99':>24} {'cross-node delivery p50/p99':>28}"
+HEADER = (f"{'store, nodes':<31} {'durable sends/s (60,000)':>26} {'request → Sent p50/p99':>24} {'cross-node delivery p50/p99':>28}"
           f" {'cores: nodes / PostgreSQL / clients':>36} {'engine thread busy → its bound':>32}")
 
 
@@ -323,7 +324,7 @@ def line(name, rate, sent, delivered, node_cores, database_cores, client_cores, 
     around it; a low estimate, as a busier engine decides larger batches)."""
     database = "-" if database_cores is None else f"{database_cores:.2f}"
     bound = f"{rate / engine_busy:>8,.0f}" if engine_busy > 0 else f"{'-':>8}"
-    return (f"{name:<22} {rate:>26,.0f} {sent[0]:>11.2f} / {sent[1]:.2f} ms {delivered[0]:>14.2f} / {delivered[1]:.2f} ms"
+    return (f"{name:<31} {rate:>26,.0f} {sent[0]:>11.2f} / {sent[1]:.2f} ms {delivered[0]:>14.2f} / {delivered[1]:.2f} ms"
             f" {node_cores:>19.2f} / {database:>4} / {client_cores:.2f} {engine_busy * 100:>20.0f}% → {bound}")
 
 

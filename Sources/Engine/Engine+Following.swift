@@ -46,7 +46,7 @@ extension Engine {
         batch.begin(.answered, session: nil)
         learn(activity.users, endpoints: activity.endpoints)
         do {
-            try render(activity.commits, coarse: coarse, batch: batch)
+            try render(activity.commits, chatsNow: activity.chats, coarse: coarse, batch: batch)
         } catch {
             // Memory of those chats may be behind: a decision on one then conflicts and
             // reads it again. Their events are missing here.
@@ -110,7 +110,8 @@ extension Engine {
 
     /// Makes memory of the chats `commits` changed what the store has, and sends this
     /// process's sessions what changed for them; those of `coarse` (nil: all) whole.
-    private func render(_ commits: [FollowedCommit], coarse: Set<Int64>?, batch: Batch) throws {
+    /// `chatsNow`: those chats as the commits left them (`OthersActivity.chats`).
+    private func render(_ commits: [FollowedCommit], chatsNow: StoreDirectory, coarse: Set<Int64>?, batch: Batch) throws {
         let numbers = Set(commits.flatMap(\.chats)).sorted()
         let isCoarse = { (number: Int64) in coarse?.contains(number) ?? true }
         let spans = Engine.spans(of: commits)
@@ -169,7 +170,7 @@ extension Engine {
                 before[number, default: [:]][message.id] = seen
             }
         }
-        try readAgain(Set(numbers), droppingOnly: changed)
+        replace(Set(numbers), with: chatsNow, droppingOnly: changed)
         var undelivered: [Int64] = []
         for number in numbers {
             guard let chat = chats[number] else { continue }

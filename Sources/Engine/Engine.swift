@@ -161,7 +161,7 @@ public final class Engine: @unchecked Sendable {
     let cache: MessageCache
     /// Whether other processes decide on the store beside this one (`ChatStore.othersDecide`):
     /// what they do is followed before each batch (`followOthers`).
-    let followsOthers: Bool
+    public let followsOthers: Bool
     /// How far what the other deciding processes did has been followed.
     var followCursor: FollowCursor?
     /// Users with a session on another deciding process (they are delivered to as if
@@ -278,9 +278,14 @@ public final class Engine: @unchecked Sendable {
     /// counters; their messages leave the cache. The rest of memory never held anything
     /// the commit had, so it stays (a directory of a million chats is not read again for
     /// one chat's conflict). `nil`: everything (`reload`).
-    func readAgain(_ numbers: Set<Int64>?, droppingOnly messages: [Int64: Set<Int64>]? = nil) throws {
+    func readAgain(_ numbers: Set<Int64>?) throws {
         guard let numbers else { return try reload() }
-        let directory = try store.loadChats(numbers.sorted())
+        replace(numbers, with: try store.loadChats(numbers.sorted()))
+    }
+
+    /// Memory of the chats `numbers` becomes `directory` (what the store has of them): their
+    /// messages leave the cache, or only `messages` of them.
+    func replace(_ numbers: Set<Int64>, with directory: StoreDirectory, droppingOnly messages: [Int64: Set<Int64>]? = nil) {
         if let messages {
             for (chat, ids) in messages { cache.remove(chat: chat, ids: ids) }
         } else {

@@ -13,6 +13,11 @@ extension PostgresStore: ChatStore {
     public func loadDirectory() throws -> StoreDirectory {
         try withConnection { connection in
             var directory = StoreDirectory()
+            // The versions before the rows: a chat's rows are then at least as new as its
+            // version, so a decision on them claims a version that is current or fails;
+            // read after them, a version could be newer than the rows, and a claim of it
+            // pass with what another node committed in between unseen.
+            try readCountersAndVersions(into: &directory, connection)
             directory.users = try run(connection, "SELECT \(Columns.user) FROM \"user\" ORDER BY \"number\"").map {
                 let (number, userId, regId) = try $0.decode((Int64, String, Int64).self)
                 return UserRecord(number: number, userId: userId, regId: regId)
@@ -23,23 +28,25 @@ extension PostgresStore: ChatStore {
             }
             directory.chats = try run(connection, "SELECT \(Columns.chat) FROM chat ORDER BY \"number\"").map(PostgresStore.chat)
             directory.members = try run(connection, "SELECT \(Columns.member) FROM member ORDER BY chat, \"user\"").map(PostgresStore.member)
-            try readCountersAndVersions(into: &directory, connection)
             return directory
         }
     }
 
     public func loadChats(_ numbers: [Int64]) throws -> StoreDirectory {
-        try withConnection { connection in
-            var directory = StoreDirectory()
+        try withConnection { connection in try loadChats(numbers, on: connection) }
+    }
+
+    func loadChats(_ numbers: [Int64], on connection: PostgresConnection) throws -> StoreDirectory {
+        var directory = StoreDirectory()
+            // The versions first (`loadDirectory` says why).
+            try readCountersAndVersions(into: &directory, connection, chats: numbers)
             var binds = Binds()
             let wanted = binds.add(numbers)
             directory.chats = try run(connection, "SELECT \(Columns.chat) FROM chat WHERE \"number\" = ANY(\(wanted)::bigint[]) ORDER BY \"number\"", binds)
                 .map(PostgresStore.chat)
             directory.members = try run(connection, "SELECT \(Columns.member) FROM member WHERE chat = ANY(\(wanted)::bigint[]) ORDER BY chat, \"user\"", binds)
                 .map(PostgresStore.member)
-            try readCountersAndVersions(into: &directory, connection, chats: numbers)
             return directory
-        }
     }
 
     /// The counters by name, in one round trip: the rows of `counter`, and `searchRow`, the
@@ -347,6 +354,7 @@ extension PostgresStore: ChatStore {
                     // it starts.
                     let statement = OneStatement(connection: connection, store: self)
                     write(batch, statement)
+                    logForOthers(batch, statement)
                     try statement.commit { binds in
                         let fence = fence(&binds)
                         return PostgresStore.claim(batch.chatVersions, &binds).map { fence + ", " + $0 } ?? fence
@@ -392,9 +400,10 @@ extension PostgresStore: ChatStore {
         guard outcomes.wait(for: follows) else {
             throw StoreFailure(.other, "the commit before it failed, and this one was decided after it: nothing of it was applied")
         }
-        if !rest.isEmpty || !rest.chatVersions.isEmpty {
+        if !rest.isEmpty || !rest.chatVersions.isEmpty || allNodesDecide {
             let second = OneStatement(connection: connection, store: self)
             write(rest, second)
+            logForOthers(batch, second)
             try second.send { binds in PostgresStore.claim(rest.chatVersions, &binds).map { "SELECT " + $0 } ?? "SELECT 1" }
         }
         try run(connection, "COMMIT")

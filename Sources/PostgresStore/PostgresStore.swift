@@ -179,6 +179,15 @@ public final class PostgresStore: @unchecked Sendable {
     private var epoch: Int64 = 0
     /// `feedSlot` (under `lock`).
     private var slot = 0
+    /// Whether every node on the database decides (`--all-nodes-decide`): each follows
+    /// the others' commits (`othersActivity`), and its commits are fenced by its feed
+    /// slot's epoch (`slotEpoch`), which a node that takes the slot after it moves on.
+    public let allNodesDecide: Bool
+    /// Whether this process holds the writer lock (else it decides beside the writer, and
+    /// says nothing of where it accepts connections: nobody relays to it).
+    public let isWriter: Bool
+    /// The epoch of its feed slot this process took with it (under `lock`).
+    private var slotEpoch: Int64 = 0
     /// Called (on another thread) when another process became the database's
     /// writer while this one was serving: its memory may be behind the store, so it
     /// must stop. Without it, the next commit fails and stops the service.
@@ -205,22 +214,35 @@ public final class PostgresStore: @unchecked Sendable {
     static let writerLockKey: Int64 = 0x6368_6174_636f_7265
 
     /// Opens the store as the database's writer: with the lock `writerLock` holds (taken
-    /// by `WriterLock.wait`), else taking it now or failing (`WriterLockHeld`).
-    public init(location: Location, logger: Logger, writerLock: WriterLock? = nil) throws {
+    /// by `WriterLock.wait`), else taking it now or failing (`WriterLockHeld`). With
+    /// `allNodesDecide`, every node decides: with `besideTheWriter`, this one opens it
+    /// without the writer lock, deciding beside the writer in a feed slot of its own.
+    public init(location: Location, logger: Logger, writerLock: WriterLock? = nil, allNodesDecide: Bool = false, besideTheWriter: Bool = false) throws {
         self.location = location
         self.logger = logger
+        self.allNodesDecide = allNodesDecide || besideTheWriter
+        self.isWriter = !besideTheWriter
         do {
-            if let writerLock {
-                hold(writerLock.connection)
+            if besideTheWriter {
+                let connection = try connect()
+                _ = try? run(connection, "SET synchronous_commit = off")
+                lock.withLock { lockHolder = connection }
+                try withConnection { connection in try migrate(connection) }
             } else {
-                try takeWriterLock()
-            }
-            try withConnection { connection in
-                try migrate(connection)
-                let taken = try takeEpoch(connection)
-                lock.withLock { epoch = taken }
+                if let writerLock {
+                    hold(writerLock.connection)
+                } else {
+                    try takeWriterLock()
+                }
+                try withConnection { connection in
+                    try migrate(connection)
+                    let taken = try takeEpoch(connection)
+                    lock.withLock { epoch = taken }
+                }
             }
             try takeFeedSlot()
+            if self.allNodesDecide { try takeSlotEpoch() }
+            if besideTheWriter { watchSlotLock() }
             startBeating()
         } catch let error as OpenError {
             shutDown()
@@ -256,6 +278,57 @@ public final class PostgresStore: @unchecked Sendable {
     /// Takes feed slot `slot`'s advisory lock for `connection`'s session, if no other holds it.
     private func lockFeedSlot(_ slot: Int, on connection: PostgresConnection) throws -> Bool {
         try run(connection, "SELECT pg_try_advisory_lock(\(PostgresStore.feedSlotLockKey + Int64(slot)))").first?.decode(Bool.self) == true
+    }
+
+    /// Moves this node's feed slot's epoch on (`allNodesDecide`): a node that held the
+    /// slot before can commit no more. What that node said of who was connected to it
+    /// goes.
+    private func takeSlotEpoch() throws {
+        let slot = Int64(feedSlot)
+        try withConnection { connection in
+            var binds = Binds()
+            let rows = try runCommitted(connection, PostgresQuery(unsafeSQL: """
+                WITH taken AS (UPDATE slot_epoch SET epoch = epoch + 1 WHERE slot = \(binds.add(slot))::int RETURNING epoch),
+                gone AS (DELETE FROM node_online WHERE slot = \(binds.add(slot))::int)
+                SELECT epoch FROM taken
+                """, binds: binds.bindings))
+            guard let taken = try rows.first?.decode(Int64.self) else {
+                throw OpenError(description: "the store \(location) has no slot_epoch row for feed slot \(slot): it was changed by hand")
+            }
+            lock.withLock { slotEpoch = taken }
+        }
+    }
+
+    /// A node deciding beside the writer holds its feed slot on a connection of its own:
+    /// when that closes (PostgreSQL restarted), it takes the slot again at once, and stops
+    /// if another node took it meanwhile (its epoch moved on).
+    private func watchSlotLock() {
+        guard let connection = lock.withLock({ lockHolder }) else { return }
+        connection.closeFuture.whenComplete { [weak self] _ in
+            guard let store = self else { return }
+            DispatchQueue.global().async {
+                guard !store.lock.withLock({ store.isShutDown }) else { return }
+                do {
+                    try store.takeSlotAgain()
+                } catch {
+                    store.logger.error("the feed slot could not be taken again", metadata: ["error": "\(error)"])
+                    store.onSuperseded?("\(error)")
+                }
+            }
+        }
+    }
+
+    private func takeSlotAgain() throws {
+        let connection = try connect()
+        let (slot, epoch) = lock.withLock { (self.slot, self.slotEpoch) }
+        var binds = Binds()
+        let current = try? run(connection, "SELECT epoch FROM slot_epoch WHERE slot = \(binds.add(Int64(slot)))::int", binds).first?.decode(Int64.self)
+        guard (try? lockFeedSlot(slot, on: connection)) == true, current == epoch else {
+            try? connection.close().wait()
+            throw StoreFailure(.superseded, "another node took feed slot \(slot), in which this node numbers its changes: this one stops")
+        }
+        lock.withLock { lockHolder = connection }
+        watchSlotLock()
     }
 
     /// The advisory lock of feed slot 0; slot `s`'s is this plus `s`.
@@ -460,7 +533,10 @@ public final class PostgresStore: @unchecked Sendable {
             while let store = self, !store.lock.withLock({ store.isShutDown }) {
                 if let connection = store.lock.withLock({ store.lockHolder }), !connection.isClosed {
                     do {
-                        try store.beat(on: connection)
+                        // Any deciding node trims, so that the log stays short when the
+                        // writer is gone.
+                        if store.isWriter { try store.beat(on: connection) }
+                        if store.allNodesDecide { try store.trimFollowed(on: connection) }
                     } catch {
                         store.logger.debug("a writer beat failed", metadata: ["error": "\(PostgresStore.describe(error))"])
                     }
@@ -503,7 +579,11 @@ public final class PostgresStore: @unchecked Sendable {
     /// the database's, and holds the row so the next writer's increment waits for the
     /// commit.
     func fence(_ binds: inout Binds) -> String {
-        "SELECT chatcore_fence(\(binds.add(lock.withLock { epoch })))"
+        let (epoch, slot, slotEpoch) = lock.withLock { (self.epoch, self.slot, self.slotEpoch) }
+        let slotFence = "chatcore_slot_fence(\(binds.add(Int64(slot)))::int, \(binds.add(slotEpoch)))"
+        guard isWriter else { return "SELECT " + slotFence }
+        let writerFence = "chatcore_fence(\(binds.add(epoch)))"
+        return "SELECT " + (allNodesDecide ? writerFence + ", " + slotFence : writerFence)
     }
 
     /// The clause that moves on the versions of the chats a batch changes, or raises
@@ -880,6 +960,44 @@ public final class PostgresStore: @unchecked Sendable {
                 GET DIAGNOSTICS made = ROW_COUNT;
                 IF moved + made <> cardinality(chats) THEN
                     RAISE EXCEPTION 'another chatcore node committed first to a chat this commit changes' USING ERRCODE = 'CCC01';
+                END IF;
+            END
+            $$
+            """,
+        ]),
+        ("v9-all-nodes-decide", [
+            // What each deciding node's commits changed, for the others to follow
+            // (`othersActivity`; docs/several-deciding-nodes.md): one row per commit,
+            // numbered in commit order per slot, kept a minute (`trimFollowed`).
+            """
+            CREATE TABLE node_commit (
+                "number" bigserial PRIMARY KEY, slot int NOT NULL, at timestamptz NOT NULL DEFAULT now(), "feedUpTo" bigint NOT NULL,
+                chats bigint[] NOT NULL, users bigint[] NOT NULL, "rewrittenChat" bigint[] NOT NULL, "rewrittenId" bigint[] NOT NULL,
+                "insertedChat" bigint[] NOT NULL, "insertedId" bigint[] NOT NULL, "memberChat" bigint[] NOT NULL, "memberUser" bigint[] NOT NULL)
+            """,
+            "CREATE INDEX node_commit_slot ON node_commit (slot, \"number\")",
+            "CREATE INDEX node_commit_at ON node_commit (at)",
+            // Per slot, the last row trimmed: a follower that had not read it fell behind.
+            "CREATE TABLE node_commit_trimmed (slot int PRIMARY KEY, \"upTo\" bigint NOT NULL)",
+            // Who has a session on the node of each slot.
+            "CREATE TABLE node_online (slot int NOT NULL, \"user\" bigint NOT NULL, PRIMARY KEY (slot, \"user\"))",
+            // Typing and chat events (never stored otherwise), kept a minute.
+            """
+            CREATE TABLE node_event (
+                "number" bigserial PRIMARY KEY, slot int NOT NULL, at timestamptz NOT NULL DEFAULT now(), kind text NOT NULL,
+                "user" bigint NOT NULL, chat bigint NOT NULL, tag text, data text)
+            """,
+            // Each feed slot's epoch: a node taking a slot moves it on, and the commits of
+            // a node that lost its slot fail (`CCW01`), as a writer's do after a takeover.
+            "CREATE TABLE slot_epoch (slot int PRIMARY KEY, epoch bigint NOT NULL)",
+            "INSERT INTO slot_epoch (slot, epoch) SELECT s, 0 FROM generate_series(0, 7) s",
+            """
+            CREATE FUNCTION chatcore_slot_fence(which int, expected bigint) RETURNS void LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM 1 FROM slot_epoch WHERE slot = which AND epoch = expected FOR SHARE;
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION 'another chatcore node took feed slot % (epoch % is not the current one)', which, expected
+                        USING ERRCODE = 'CCW01';
                 END IF;
             END
             $$

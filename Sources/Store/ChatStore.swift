@@ -111,10 +111,11 @@ public protocol ChatStore: AnyObject, Sendable {
     var othersDecide: Bool { get }
 
     /// What the other deciding processes did after `cursor` (a new cursor: from now on):
-    /// their commits (each slot's in the order they were applied), the users those made
-    /// or changed the endpoints of, who is connected to them now, and their transient
-    /// events. Nil when the store no longer has all of it (memory must be read again
-    /// whole).
+    /// their commits (each slot's in the order they were applied), the chats those
+    /// changed as they left them (`loadChats`, read with the commits in one snapshot: no
+    /// later commit shows in them), the users they made or changed the endpoints of, who
+    /// is connected to them now, and their transient events. Nil when the store no longer
+    /// has all of it (memory must be read again whole).
     /// `slot` is the asking process's feed slot: its own doings are left out.
     func othersActivity(besides slot: Int, after cursor: FollowCursor?) throws -> OthersActivity?
 

@@ -78,8 +78,10 @@ public enum TransientEvent: Sendable, Equatable {
 public struct FollowCursor: Sendable, Equatable {
     /// Per slot, how far its commits were read (in the store's own measure).
     public var commits: [Int: Int64] = [:]
-    /// How far the transient events were read (in the store's own measure).
+    /// Per slot, how far its transient events were read (in the store's own measure).
     public var transient: [Int: Int64] = [:]
+    /// Per slot, the feed position its last commit read had got to.
+    public var feed: [Int: Int64] = [:]
 
     public init() {}
 }
@@ -92,6 +94,9 @@ public struct OthersActivity: Sendable {
     /// every endpoint each of them has now.
     public var users: [UserRecord] = []
     public var endpoints: [EndpointRow] = []
+    /// The chats those commits changed, with their memberships and versions, as the store
+    /// has them with exactly those commits (read with them, in one snapshot).
+    public var chats = StoreDirectory()
     /// Who has a session on another deciding process now.
     public var online: Set<Int64> = []
     /// What their sessions said that is never stored, in order.

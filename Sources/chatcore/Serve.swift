@@ -51,6 +51,9 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("With --store postgres: the address other nodes relay their connections to while this node is the writer (HOST:PORT or unix:PATH). Default: the first --listen as bound (127.0.0.1 for 0.0.0.0). Without --listen the node listens on 127.0.0.1 on a free port for the sessions of other nodes on this machine, and advertises that.", valueName: "address"))
     var advertise: String?
 
+    @Flag(name: .long, help: "With --store postgres: every node decides for its own sessions, following the others' commits, instead of relaying its connections to the writer. Give it to every node of the database (experimental: docs/several-deciding-nodes.md).")
+    var allNodesDecide = false
+
     @Option(name: .long, help: ArgumentHelp("A file holding the PostgreSQL password of --store (trailing whitespace removed).", valueName: "file"))
     var storePasswordFile: String?
 
@@ -226,7 +229,11 @@ struct Serve: AsyncParsableCommand {
                 Serve.warnIfOthersMayRead(storePasswordFile, what: "--store-password-file: the database's password", logger: logger)
             }
             do {
-                store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger)
+                store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, allNodesDecide: allNodesDecide)
+            } catch is PostgresStore.WriterLockHeld where allNodesDecide {
+                // Another node is the writer: this one decides beside it.
+                store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, allNodesDecide: true,
+                                             besideTheWriter: true)
             } catch let held as PostgresStore.WriterLockHeld {
                 ServiceMetrics.deciding.record(0)
                 // Another node is the writer. Without --listen this node's one session is
@@ -286,6 +293,7 @@ struct Serve: AsyncParsableCommand {
         }
         engine.maxEndpoints = maxEndpoints
         engine.start()
+        if engine.followsOthers { Serve.followOthers(engine) }
         ServiceMetrics.deciding.record(1)
         logger.info("store ready", metadata: ["store": "\(store.description)", "dataDir": "\(directory.path)", "openedIn": "\(ContinuousClock.now - opening)",
                                               "chats": "\(engine.chatCount)", "users": "\(engine.userCount)",
@@ -319,7 +327,7 @@ struct Serve: AsyncParsableCommand {
                     let bound = channel.localAddress.map { "\($0)" } ?? text
                     logger.info(relayedOnly ? "listening for sessions relayed by other nodes" : "listening",
                                 metadata: ["address": "\(address)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
-                    if case .postgres(let database) = store, text == listening[0] {
+                    if case .postgres(let database) = store, database.isWriter, text == listening[0] {
                         let advertised = (relayedOnly ? nil : advertise) ?? Serve.reachable(address, port: channel.localAddress?.port)
                         let credential = Serve.nodeCredential()
                         authenticator.acceptNodeCredential(credential)
@@ -393,6 +401,22 @@ struct Serve: AsyncParsableCommand {
 
     /// A new writer's credential for the sessions other nodes relay to it started
     /// trusted: 32 random bytes, in hex.
+    /// How often a node that follows the other deciding nodes looks at what they did when
+    /// it has nothing else to do (before each batch it always does).
+    static let followInterval = DispatchTimeInterval.milliseconds(5)
+
+    /// Wakes the engine every `followInterval`, so that what the other nodes committed
+    /// reaches this node's idle sessions.
+    static func followOthers(_ engine: Engine) {
+        let timer = DispatchSource.makeTimerSource(queue: DispatchQueue.global())
+        timer.schedule(deadline: .now() + followInterval, repeating: followInterval)
+        timer.setEventHandler { engine.othersActed() }
+        timer.resume()
+        followTimer = timer
+    }
+
+    nonisolated(unsafe) static var followTimer: DispatchSourceTimer?
+
     static func nodeCredential() -> String {
         var generator = SystemRandomNumberGenerator()
         return (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()

@@ -211,7 +211,8 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     /// With more than one, a commit that follows another waits for it and fails when it
     /// failed, as PostgreSQL's does (the inner store then still commits one at a time).
     let commitsInFlight: Int
-    private let outcomes = CommitOutcomes()
+    /// Per feed slot: two engines on it (two nodes) number their commits alike.
+    private let outcomes = (0..<FeedSlots.count).map { _ in CommitOutcomes() }
 
     /// While set, every commit conflicts (`StoreFailure.Kind.conflict`); when `conflictOnce`
     /// is set, the next commit does (and it is cleared).
@@ -255,6 +256,9 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     }
 
     func othersActivity(besides slot: Int, after cursor: FollowCursor?) throws -> OthersActivity? {
+        // No commit lands while the log and its chats are read (one snapshot).
+        versionsLock.lock()
+        defer { versionsLock.unlock() }
         let (activity, users) = logLock.withLock { () -> (OthersActivity, Set<Int64>) in
             var now = FollowCursor()
             now.commits[0] = Int64(log.count)
@@ -266,12 +270,17 @@ final class FailingStore: ChatStore, @unchecked Sendable {
             activity.transient = transients[Int(cursor.transient[0] ?? 0)...].filter { $0.slot != slot }.map(\.event)
             return (activity, Set(activity.commits.flatMap(\.users)))
         }
-        guard !users.isEmpty else { return activity }
-        var withUsers = activity
+        var withChats = activity
+        let numbers = Set(activity.commits.flatMap(\.chats)).sorted()
+        if !numbers.isEmpty {
+            withChats.chats = try inner.loadChats(numbers)
+            withChats.chats.chatVersions = versions.filter { numbers.contains($0.key) }
+        }
+        guard !users.isEmpty else { return withChats }
         let directory = try inner.loadDirectory()
-        withUsers.users = directory.users.filter { users.contains($0.number) }
-        withUsers.endpoints = directory.endpoints.filter { users.contains($0.user) }
-        return withUsers
+        withChats.users = directory.users.filter { users.contains($0.number) }
+        withChats.endpoints = directory.endpoints.filter { users.contains($0.user) }
+        return withChats
     }
 
     func announceOnline(slot: Int, joined: [Int64], left: [Int64]) throws {
@@ -310,15 +319,19 @@ final class FailingStore: ChatStore, @unchecked Sendable {
 
     func loadDirectory() throws -> StoreDirectory {
         directoryLoads.add(1, ordering: .relaxed)
+        let read = versioned ? versionsLock.withLock { versions } : [:]
         var directory = try inner.loadDirectory()
-        if versioned { directory.chatVersions = versionsLock.withLock { versions } }
+        directory.chatVersions = read
         return directory
     }
 
     func loadChats(_ numbers: [Int64]) throws -> StoreDirectory {
         chatLoads.add(1, ordering: .relaxed)
+        // The versions first, as PostgreSQL's: a chat read after its version is at least
+        // that version (a commit on it since makes the next claim fail, never pass).
+        let read = versioned ? versionsLock.withLock { versions.filter { numbers.contains($0.key) } } : [:]
         var directory = try inner.loadChats(numbers)
-        if versioned { directory.chatVersions = versionsLock.withLock { versions.filter { numbers.contains($0.key) } } }
+        directory.chatVersions = read
         return directory
     }
     func messages(chat: Int64, in ids: ClosedRange<Int64>) throws -> [MessageRow] { try inner.messages(chat: chat, in: ids) }
@@ -344,12 +357,12 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     func commit(_ batch: StoreBatch) throws {
         commitsBegun.add(1, ordering: .relaxed)
         var applied = false
-        defer { outcomes.record(batch.sequence, applied: applied) }
+        defer { outcomes[batch.feedSlot].record(batch.sequence, applied: applied) }
         if holding.load(ordering: .relaxed) {
             held.signal()
             release.wait()
         }
-        if let follows = batch.follows, !outcomes.wait(for: follows) {
+        if let follows = batch.follows, !outcomes[batch.feedSlot].wait(for: follows) {
             throw InjectedFailure()
         }
         try commitOrFail(batch)

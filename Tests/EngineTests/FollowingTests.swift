@@ -11,7 +11,7 @@ import XCTest
 /// one and a user on the other see exactly what they would see on one engine.
 final class FollowingTests: XCTestCase {
     private static func store() throws -> FailingStore {
-        FailingStore(try SQLiteStore(writer: DatabaseQueue()), versioned: true, numbering: true, following: true)
+        FailingStore(try SQLiteStore(writer: DatabaseQueue()), commitsInFlight: 2, versioned: true, numbering: true, following: true)
     }
 
     /// The scripted conversation of `Tests/postgres/test_nodes.py` and more (a group, an

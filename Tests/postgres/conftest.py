@@ -1,5 +1,6 @@
 import contextlib
 import os
+import socket
 import pathlib
 import subprocess
 import sys
@@ -34,12 +35,27 @@ def start(cluster, database, scratch, *arguments, url=None, environment=None):
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                env=dict(os.environ, **(environment or {})))
     deadline = time.time() + 60
-    while not os.path.exists(socket_path):
+    while not accepting(socket_path):
         if process.poll() is not None:
             return process, None
         assert time.time() < deadline, "chatcore did not listen"
         time.sleep(0.05)
     return process, socket_path
+
+
+def accepting(socket_path):
+    """Whether something accepts connections on the Unix socket (its file appears when it
+    is bound, a moment before it listens: a connection then is refused)."""
+    if not os.path.exists(socket_path):
+        return False
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(socket_path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 @contextlib.contextmanager

@@ -266,7 +266,7 @@ def test_a_store_of_the_previous_release_is_migrated_and_each_writer_takes_the_n
         assert cluster.psql("SELECT epoch FROM writer_epoch", database="epoch").strip() == expected
     assert cluster.psql("SELECT name FROM chatcore_migration ORDER BY name", database="epoch").split() == [
         "v1-chatcore", "v2-writer-address", "v3-writer-epoch", "v4-node-credential", "v5-search-in-the-database", "v6-chat-versions",
-        "v7-numbers", "v8-claims-in-chat-order"]
+        "v7-numbers", "v8-claims-in-chat-order", "v9-all-nodes-decide"]
     contents = cluster.psql(f"SELECT content FROM message WHERE chat = {int(chat)} AND tag = 'Text' ORDER BY id", database="epoch").split("\n")
     assert [c for c in contents if c] == ["one", "again", "again"]
 
