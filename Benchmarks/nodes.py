@@ -6,7 +6,9 @@ the last).
 
 Senders are spread over the nodes round robin; a node that is not the writer relays its
 connections to the writer (README "Several nodes on PostgreSQL"), so this measures what the
-relay hop costs and shows that sends do not scale with nodes: one engine decides. The last
+relay hop costs and shows that sends do not scale with nodes: one engine decides. The
+last two rows start every node with `--all-nodes-decide` (each decides for its own
+sessions and follows the others' commits). The last
 column is how many cores the nodes, PostgreSQL and this benchmark's own clients used
 during the sends (from /proc and getrusage): when they add up to the machine's cores, the
 machine is the limit. The last is the deciding node's engine thread: the share of the

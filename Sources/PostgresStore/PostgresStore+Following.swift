@@ -41,20 +41,43 @@ extension PostgresStore {
     public func othersActivity(besides slot: Int, after cursor: FollowCursor?) throws -> OthersActivity? {
         try withConnection { connection in
             guard let cursor else { return try now(connection) }
-            // One snapshot: the chats as exactly the commits read left them.
-            try run(connection, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            do {
-                let activity = try othersActivity(besides: slot, after: cursor, on: connection)
-                try run(connection, "COMMIT")
-                return activity
-            } catch {
-                _ = try? run(connection, "ROLLBACK")
-                throw error
+            var activity = OthersActivity(cursor: cursor)
+            if try anythingNew(besides: slot, after: cursor, connection) {
+                // One snapshot: the chats as exactly the commits read left them.
+                try run(connection, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                do {
+                    guard let read = try commits(besides: slot, after: cursor, on: connection) else {
+                        try run(connection, "ROLLBACK")
+                        return nil
+                    }
+                    try run(connection, "COMMIT")
+                    activity = read
+                } catch {
+                    _ = try? run(connection, "ROLLBACK")
+                    throw error
+                }
             }
+            try readPresenceAndEvents(into: &activity, besides: slot, connection)
+            return activity
         }
     }
 
-    private func othersActivity(besides slot: Int, after cursor: FollowCursor, on connection: PostgresConnection) throws -> OthersActivity? {
+    /// Whether another node committed after `cursor`, or rows it had not read were
+    /// trimmed: one statement, when nothing happened (most of the looks of an idle node).
+    private func anythingNew(besides slot: Int, after cursor: FollowCursor, _ connection: PostgresConnection) throws -> Bool {
+        var binds = Binds()
+        let known = PostgresStore.known(cursor.commits, &binds)
+        return try run(connection, """
+            SELECT EXISTS (SELECT 1 FROM node_commit c LEFT JOIN \(known) ON k.slot = c.slot
+                           WHERE c.slot <> \(binds.add(Int64(slot)))::int AND c."number" > coalesce(k."number", 0))
+                OR EXISTS (SELECT 1 FROM node_commit_trimmed t LEFT JOIN \(PostgresStore.known(cursor.commits, &binds)) ON k.slot = t.slot
+                           WHERE t."upTo" > coalesce(k."number", 0))
+            """, binds).first?.decode(Bool.self) ?? true
+    }
+
+    /// The others' commits after `cursor` and the chats they changed, in the snapshot of
+    /// the transaction `connection` is in; nil when some were trimmed unread.
+    private func commits(besides slot: Int, after cursor: FollowCursor, on connection: PostgresConnection) throws -> OthersActivity? {
         do {
             for row in try run(connection, #"SELECT slot, "upTo" FROM node_commit_trimmed"#) {
                 let (trimmedSlot, upTo) = try row.decode((Int32, Int64).self)
@@ -97,6 +120,16 @@ extension PostgresStore {
                     return EndpointRow(id: id, user: user, description: description, nickname: nickname, isLegacyDelegate: isLegacyDelegate, ordinal: ordinal)
                 }
             }
+            activity.cursor = next
+            return activity
+        }
+    }
+
+    /// Who is connected to the other nodes, and their events after `activity.cursor`.
+    private func readPresenceAndEvents(into activity: inout OthersActivity, besides slot: Int, _ connection: PostgresConnection) throws {
+        do {
+            var next = activity.cursor
+            let cursor = activity.cursor
             var onlineBinds = Binds()
             activity.online = Set(try run(connection, "SELECT DISTINCT \"user\" FROM node_online WHERE slot <> \(onlineBinds.add(Int64(slot)))::int", onlineBinds)
                 .map { try $0.decode(Int64.self) })
@@ -116,7 +149,6 @@ extension PostgresStore {
                 }
             }
             activity.cursor = next
-            return activity
         }
     }
 
