@@ -246,16 +246,8 @@ extension Engine {
                 emit(.listAdd(.chatParticipant(ListAddChatParticipant(elements: participants))), toUser: member.user, batch: batch)
             }
         }
-        // New messages: their senders stopped typing when they sent them.
         if chat.lastMessage > old.lastMessage {
-            let posted = try loadMessages(in: chat, (old.lastMessage + 1)...chat.lastMessage)
-            for sender in Set(posted.map(\.sender)).sorted() { stopTyping(user: sender, chat: chat, batch: batch) }
-            for member in staying {
-                let visible = posted.filter { $0.id >= member.joinedAt }
-                for chunk in visible.map({ renderMessage($0, in: chat, for: member.user) }).chunked(Engine.chunkSize) {
-                    emit(.listAdd(.chatMessage(ListAddChatMessage(elements: chunk))), toUser: member.user, batch: batch)
-                }
-            }
+            announceFollowed(try loadMessages(in: chat, (old.lastMessage + 1)...chat.lastMessage), in: chat, to: staying, batch: batch)
         }
         // Changed messages, then the chat, as `publish` sends them.
         let stayingUsers = Set(staying.map(\.user))
@@ -271,11 +263,7 @@ extension Engine {
                 }
             }
         }
-        for member in staying {
-            for chunk in (messageChanges[member.user] ?? []).chunked(Engine.chunkSize) {
-                emit(.listChange(.chatMessage(ListChangeChatMessage(elements: chunk))), toUser: member.user, batch: batch)
-            }
-        }
+        emit(messageChanges, to: staying, batch: batch)
         for member in staying {
             guard let was = old.members[member.user], let change = difference(renderChat(old, for: was), renderChat(chat, for: member)) else { continue }
             emit(.listChange(.chat(ListChangeChat(elements: [change]))), toUser: member.user, batch: batch)
@@ -313,14 +301,7 @@ extension Engine {
                 }
             }
         }
-        let posted = try loadMessages(in: chat, ids: inserted.sorted())
-        for sender in Set(posted.map(\.sender)).sorted() { stopTyping(user: sender, chat: chat, batch: batch) }
-        for member in staying {
-            let visible = posted.filter { $0.id >= member.joinedAt }
-            for chunk in visible.map({ renderMessage($0, in: chat, for: member.user) }).chunked(Engine.chunkSize) {
-                emit(.listAdd(.chatMessage(ListAddChatMessage(elements: chunk))), toUser: member.user, batch: batch)
-            }
-        }
+        announceFollowed(try loadMessages(in: chat, ids: inserted.sorted()), in: chat, to: staying, batch: batch)
         let stayingUsers = Set(staying.map(\.user))
         var messageChanges: [Int64: [ChatMessageChange]] = [:]
         for message in try loadMessages(in: chat, ids: changed.subtracting(inserted).sorted { (order($0), $0) < (order($1), $1) }) {
@@ -328,11 +309,30 @@ extension Engine {
                 messageChanges[member.user, default: []].append(everything(renderMessage(message, in: chat, for: member.user)))
             }
         }
+        emit(messageChanges, to: staying, batch: batch)
         for member in staying {
-            for chunk in (messageChanges[member.user] ?? []).chunked(Engine.chunkSize) {
+            emit(.listChange(.chat(ListChangeChat(elements: [everything(renderChat(chat, for: member))]))), toUser: member.user, batch: batch)
+        }
+    }
+
+    /// Messages another node added, to the members who stay in the chat: their senders
+    /// stopped typing when they sent them.
+    private func announceFollowed(_ posted: [MessageRecord], in chat: ChatRecord, to staying: [MemberRecord], batch: Batch) {
+        for sender in Set(posted.map(\.sender)).sorted() { stopTyping(user: sender, chat: chat, batch: batch) }
+        for member in staying {
+            let visible = posted.filter { $0.id >= member.joinedAt }
+            for chunk in visible.map({ renderMessage($0, in: chat, for: member.user) }).chunked(Engine.chunkSize) {
+                emit(.listAdd(.chatMessage(ListAddChatMessage(elements: chunk))), toUser: member.user, batch: batch)
+            }
+        }
+    }
+
+    /// Each member's message changes, in order, as `publish` sends them.
+    private func emit(_ changes: [Int64: [ChatMessageChange]], to staying: [MemberRecord], batch: Batch) {
+        for member in staying {
+            for chunk in (changes[member.user] ?? []).chunked(Engine.chunkSize) {
                 emit(.listChange(.chatMessage(ListChangeChatMessage(elements: chunk))), toUser: member.user, batch: batch)
             }
-            emit(.listChange(.chat(ListChangeChat(elements: [everything(renderChat(chat, for: member))]))), toUser: member.user, batch: batch)
         }
     }
 

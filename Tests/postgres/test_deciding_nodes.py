@@ -1,15 +1,14 @@
 """Several deciding nodes on one PostgreSQL database (`--all-nodes-decide`): each node
 decides for its own sessions and follows the others' commits, instead of relaying its
 connections to the writer. Real processes on a real cluster."""
-import threading
 import time
 
 import pytest
 
-from conftest import chat_with_bob
 from postgres_cluster import postgres_bin
 from chatcore_harness import Client, auth, body
-from test_nodes import Node, _no_node_outlives_its_test, assert_kept, conversation, send_until_gone  # noqa: F401 (the fixture kills what a failed test left)
+from test_nodes import (Node, _no_node_outlives_its_test, alice_and_bob_in_a_chat, assert_kept, conversation,  # noqa: F401 (the fixture
+                        send_at_once, send_until_gone)                                                         # kills what a failed test left)
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
@@ -40,29 +39,19 @@ def test_users_on_two_deciding_nodes_see_what_they_would_see_on_one(cluster, scr
     assert a.stop() == 0
 
 
+def alice_and_bob(a, b, subject):
+    """alice on node `a` starts a chat with bob on node `b`, who has followed it; returns
+    both clients and the chat's id."""
+    alice, bob, chat = alice_and_bob_in_a_chat(a, b, subject)
+    bob.request({"identitiesGet": {"cookie": "joined", "appUserIds": ["bob"]}})
+    return alice, bob, chat
+
+
 def test_concurrent_sends_through_two_deciding_nodes_take_ids_one_to_n_and_reach_everyone_once_in_order(cluster, scratch):
     a, b = deciding_nodes(cluster, scratch, "race")
-    alice, bob = Client(a.socket), Client(b.socket)
-    auth(alice, "alice")
-    auth(bob, "bob")
-    chat = chat_with_bob(alice, "race")
-    bob.request({"identitiesGet": {"cookie": "joined", "appUserIds": ["bob"]}})
+    alice, bob, chat = alice_and_bob(a, b, "race")
     per_sender = 300
-    announced = {}
-
-    def send(client, name):
-        client.send(*[{"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"{name}{n}", "cookie": f"{name}{n}"}}
-                      for n in range(per_sender)])
-        for n in range(per_sender):
-            for event in client.answer(f"{name}{n}", timeout=120):
-                if "listAdd" in event and body(event).get("cookie") == f"{name}{n}":
-                    announced[f"{name}{n}"] = int(body(event)["elements"][0]["messageId"])
-
-    threads = [threading.Thread(target=send, args=(alice, "a")), threading.Thread(target=send, args=(bob, "b"))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=180)
+    announced = send_at_once(chat, {"a": alice, "b": bob}, per_sender)
     assert len(announced) == 2 * per_sender
     # Message 1 is bob's Join; the sends take 2..N+1, each once.
     assert sorted(announced.values()) == list(range(2, 2 + 2 * per_sender))
@@ -82,11 +71,7 @@ def test_concurrent_sends_through_two_deciding_nodes_take_ids_one_to_n_and_reach
 
 def test_sigkill_of_a_deciding_node_under_load_loses_nothing_announced_and_the_other_goes_on(cluster, scratch):
     a, b = deciding_nodes(cluster, scratch, "kill")
-    alice, bob = Client(a.socket), Client(b.socket)
-    auth(alice, "alice")
-    auth(bob, "bob")
-    chat = chat_with_bob(alice, "load")
-    bob.request({"identitiesGet": {"cookie": "joined", "appUserIds": ["bob"]}})
+    alice, bob, chat = alice_and_bob(a, b, "load")
     threads, announced = send_until_gone(chat, {"a": alice, "b": bob}, answer_timeout=10)
     time.sleep(1.5)
     a.process.kill()

@@ -340,14 +340,9 @@ def test_nodes_of_standard_input_output_only_serve_one_domain(cluster, scratch):
     assert again.process.wait(timeout=30) == 0
 
 
-def test_concurrent_sends_through_both_nodes_take_ids_one_to_n(cluster, scratch):
-    writer, relay = two_nodes(cluster, scratch, "ids")
-    alice, bob = Client(writer.socket), Client(relay.socket)
-    auth(alice, "alice")
-    auth(bob, "bob")
-    chat = chat_with_bob(alice, "race")
-    bob.request({"identitiesGet": {"cookie": "joined", "appUserIds": ["bob"]}})
-    per_sender = 500
+def send_at_once(chat, clients, per_sender):
+    """Each client (by name) pipelines `per_sender` sends into `chat`, all at once; returns
+    what each send was announced Sent as, content → messageId."""
     announced = {}
 
     def send(client, name):
@@ -358,11 +353,20 @@ def test_concurrent_sends_through_both_nodes_take_ids_one_to_n(cluster, scratch)
                 if "listAdd" in event and body(event).get("cookie") == f"{name}{n}":
                     announced[f"{name}{n}"] = int(body(event)["elements"][0]["messageId"])
 
-    threads = [threading.Thread(target=send, args=(alice, "a")), threading.Thread(target=send, args=(bob, "b"))]
+    threads = [threading.Thread(target=send, args=(client, name)) for name, client in clients.items()]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=180)
+    return announced
+
+
+def test_concurrent_sends_through_both_nodes_take_ids_one_to_n(cluster, scratch):
+    writer, relay = two_nodes(cluster, scratch, "ids")
+    alice, bob, chat = alice_and_bob_in_a_chat(writer, relay, "race")
+    bob.request({"identitiesGet": {"cookie": "joined", "appUserIds": ["bob"]}})
+    per_sender = 500
+    announced = send_at_once(chat, {"a": alice, "b": bob}, per_sender)
     assert len(announced) == 2 * per_sender
     ids = sorted(announced.values())
     # Message 1 is bob's Join; the sends take 2..N+1, each once.
