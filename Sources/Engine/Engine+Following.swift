@@ -4,9 +4,10 @@ import Store
 /// Following the other processes that decide on the store (docs/several-deciding-nodes.md,
 /// step 4). Before each batch, the engine reads what they did since it last looked
 /// (`ChatStore.othersActivity`): for the chats their commits changed it renders what its
-/// own connected users saw (from memory), reads those chats again from the store, renders
-/// them again and sends each viewer the difference, in the order one process sends them
-/// (memberships, then new messages, then changed messages, then the chat); it takes the
+/// own connected users saw (from memory), takes those chats as the commits left them (read
+/// with the commits, in one snapshot), renders them again and sends each viewer the
+/// difference, in the order one process sends them (memberships, then new messages, then
+/// changed messages, then the chat); it takes the
 /// users and endpoints they made, who is connected to them (a message for a user connected
 /// there is delivered as if the user were connected here), and their typing and chat events.
 /// It tells them in turn who is connected here and what its sessions said that is never
@@ -65,6 +66,8 @@ extension Engine {
         do {
             followCursor = try store.othersActivity(besides: feedSlot, after: nil)?.cursor
             try reload()
+            // What was committed between the cursor and the reading is in memory already.
+            readAheadOfFollowing = nil
         } catch {
             logger.critical("cannot read the store again after falling behind the other nodes: stopping", metadata: ["error": "\(error)"])
             storeIsBroken(error)

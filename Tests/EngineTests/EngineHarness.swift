@@ -283,7 +283,12 @@ final class FailingStore: ChatStore, @unchecked Sendable {
         return withChats
     }
 
+    /// While set, who is connected to each node is not passed on (as when a node decides
+    /// before it hears that a user connected to another).
+    let presenceHidden = Atomic<Bool>(false)
+
     func announceOnline(slot: Int, joined: [Int64], left: [Int64]) throws {
+        guard !presenceHidden.load(ordering: .relaxed) else { return }
         logLock.withLock {
             online[slot, default: []].formUnion(joined)
             online[slot, default: []].subtract(left)

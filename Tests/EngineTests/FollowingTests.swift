@@ -126,4 +126,55 @@ final class FollowingTests: XCTestCase {
         }
         XCTAssertGreaterThan(store.conflicts.load(ordering: .relaxed), 0, "the nodes' commits raced")
     }
+
+    private static func objects(_ lines: [String]) -> [[String: Any]] {
+        lines.map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
+    }
+
+    /// The chatMessage changes in `lines`.
+    private static func messageChanges(_ lines: [String]) -> [[String: Any]] {
+        objects(lines).compactMap { $0["listChange"] as? [String: Any] }.filter { $0["type"] as? String == "chatMessage" }
+            .flatMap { $0["elements"] as! [[String: Any]] }
+    }
+
+    /// A message the following node does not hold (here it holds none), which another node
+    /// rewrote, reaches its viewers there whole: the node cannot tell what changed in it.
+    func testAMessageAFollowingNodeDoesNotHoldReachesItsViewersWhole() throws {
+        let store = try Self.store()
+        let nodeA = try EngineHarness(store: store)
+        let nodeB = try EngineHarness(store: store, cacheBytes: 0, feedSlot: 1)
+        nodeA.connect("a", as: "alice")
+        nodeB.connect("b", as: "bob")
+        nodeA.send("a", #"{"chatStart":{"cookie":"start","invitees":[{"userId":"bob"}],"subject":"whole"}}"#)
+        nodeA.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"soon gone","cookie":"m"}}"#)
+        _ = nodeB.send("b", #"{"identitiesGet":{"cookie":"s1","appUserIds":["alice"]}}"#)
+        nodeA.send("a", #"{"chatMessageDestroy":{"chatId":"1","messageId":"2","cookie":"recall"}}"#)
+        let changes = Self.messageChanges(nodeB.send("b", #"{"identitiesGet":{"cookie":"s2","appUserIds":["alice"]}}"#))
+        let recalled = try XCTUnwrap(changes.first { $0["messageId"] as? String == "2" }, "\(changes)")
+        XCTAssertEqual(recalled["recall"] as? String, "Recalled")
+        XCTAssertTrue(recalled["content"] is NSNull, "\(recalled)")
+        // Whole: the fields that did not change are given too.
+        XCTAssertEqual(recalled["tag"] as? String, "Text")
+        XCTAssertEqual(recalled["senderUri"] as? String, "bbmpim://user/id/1")
+    }
+
+    /// A node that decided a send before it heard that the recipient is connected to
+    /// another node leaves it Sent; the recipient's node marks it delivered, and the
+    /// sender's node follows that: the sender sees Delivered.
+    func testARecipientConnectedToAnotherNodeIsMarkedDeliveredThereWhenTheSenderDidNotKnow() throws {
+        let store = try Self.store()
+        store.presenceHidden.store(true, ordering: .relaxed)
+        let nodeA = try EngineHarness(store: store)
+        let nodeB = try EngineHarness(store: store, feedSlot: 1)
+        nodeA.connect("a", as: "alice")
+        nodeB.connect("b", as: "bob")
+        nodeA.send("a", #"{"chatStart":{"cookie":"start","invitees":[{"userId":"bob"}],"subject":"late"}}"#)
+        let sent = nodeA.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"there?","cookie":"m"}}"#)
+        XCTAssertFalse(Self.messageChanges(sent).contains { $0["state"] as? String == "Delivered" }, "\(sent)")
+        // Node B follows the send, and marks it delivered to bob in a batch of its own.
+        nodeB.send("b", #"{"identitiesGet":{"cookie":"s1","appUserIds":["alice"]}}"#)
+        _ = nodeB.events("b")
+        let changes = Self.messageChanges(nodeA.send("a", #"{"identitiesGet":{"cookie":"s2","appUserIds":["alice"]}}"#))
+        XCTAssertTrue(changes.contains { $0["messageId"] as? String == "2" && $0["state"] as? String == "Delivered" }, "\(changes)")
+    }
 }
