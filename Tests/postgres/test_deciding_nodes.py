@@ -73,7 +73,12 @@ def test_sigkill_of_a_deciding_node_under_load_loses_nothing_announced_and_the_o
     a, b = deciding_nodes(cluster, scratch, "kill")
     alice, bob, chat = alice_and_bob(a, b, "load")
     threads, announced = send_until_gone(chat, {"a": alice, "b": bob}, answer_timeout=10)
-    time.sleep(1.5)
+    # Under load: killed once sends have gone through both (a sanitizer build is slow).
+    deadline = time.time() + 60
+    while len(announced) <= 50:
+        assert time.time() < deadline, "the sends did not go through"
+        time.sleep(0.1)
+    time.sleep(0.5)
     a.process.kill()
     a.process.wait()
     time.sleep(1)
