@@ -56,7 +56,7 @@ extension Engine {
         session.endpoint = endpoint
         session.user = user
         sessionsByUser[user, default: []].append(session)
-        presenceChanged.insert(user)
+        sessionsChanged(of: user)
         return true
     }
 

@@ -379,6 +379,13 @@ extension Engine {
         }
     }
 
+    /// A session of `user` came or went here: the other deciding nodes are told whether
+    /// the user is still connected here (`announcePresence`). Nothing is kept when no
+    /// other node decides.
+    func sessionsChanged(of user: Int64) {
+        if followsOthers { presenceChanged.insert(user) }
+    }
+
     /// Tells the other deciding nodes who came and went here since they were last told.
     func announcePresence() {
         guard !presenceChanged.isEmpty else { return }

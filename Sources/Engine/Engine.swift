@@ -976,7 +976,7 @@ public final class Engine: @unchecked Sendable {
             session.setup = before
             if let user = session.user, session.isOpen {
                 sessionsByUser[user, default: []].append(session)
-                presenceChanged.insert(user)
+                sessionsChanged(of: user)
             }
         }
     }
@@ -1050,7 +1050,7 @@ public final class Engine: @unchecked Sendable {
         guard let user = session.user else { return }
         sessionsByUser[user]?.removeAll { $0 === session }
         if sessionsByUser[user]?.isEmpty == true { sessionsByUser[user] = nil }
-        presenceChanged.insert(user)
+        sessionsChanged(of: user)
     }
 }
 

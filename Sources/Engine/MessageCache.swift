@@ -129,23 +129,23 @@ final class MessageCache {
         while let current = node {
             node = current.newer
             guard chats.contains(current.key.chat) else { continue }
-            unlink(current)
-            nodes[current.key] = nil
-            pinned[current.key] = nil
-            bytes -= current.size
+            forget(current)
         }
     }
 
     /// Forgets these records of `chat`, pinned or not.
     func remove(chat: Int64, ids: Set<Int64>) {
         for id in ids {
-            let key = Key(chat: chat, id: id)
-            guard let node = nodes[key] else { continue }
-            unlink(node)
-            nodes[key] = nil
-            pinned[key] = nil
-            bytes -= node.size
+            if let node = nodes[Key(chat: chat, id: id)] { forget(node) }
         }
+    }
+
+    /// Takes `node`'s record out of the cache, pinned or not.
+    private func forget(_ node: Node) {
+        unlink(node)
+        nodes[node.key] = nil
+        pinned[node.key] = nil
+        bytes -= node.size
     }
 
     func removeAll() {

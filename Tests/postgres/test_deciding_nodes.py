@@ -8,7 +8,7 @@ import pytest
 from postgres_cluster import postgres_bin
 from chatcore_harness import Client, auth, body
 from test_nodes import (Node, _no_node_outlives_its_test, alice_and_bob_in_a_chat, assert_kept, conversation,  # noqa: F401 (the fixture
-                        send_at_once, send_until_gone)                                                         # kills what a failed test left)
+                        conversation_on_one_node, send_at_once, send_until_gone)                              # kills what a failed test left)
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
@@ -23,11 +23,7 @@ def deciding_nodes(cluster, scratch, database, count=2):
 
 
 def test_users_on_two_deciding_nodes_see_what_they_would_see_on_one(cluster, scratch):
-    cluster.create_database("one")
-    single = Node(cluster.database_url("one"), scratch, "one")
-    on_one = conversation(single.socket, single.socket)
-    assert single.stop() == 0
-
+    on_one = conversation_on_one_node(cluster, scratch, "one")
     a, b = deciding_nodes(cluster, scratch, "deciding")
     on_two = conversation(a.socket, b.socket)
     assert on_two["alice"] == on_one["alice"]

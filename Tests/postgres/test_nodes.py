@@ -249,12 +249,17 @@ def _without_changed_activity(event):
     return event
 
 
-def test_users_on_two_nodes_see_what_they_would_see_on_one(cluster, scratch):
-    cluster.create_database("single")
-    single = Node(cluster.database_url("single"), scratch, "single")
+def conversation_on_one_node(cluster, scratch, database):
+    """What each user receives in the scripted conversation with both on one node."""
+    cluster.create_database(database)
+    single = Node(cluster.database_url(database), scratch, database)
     on_one = conversation(single.socket, single.socket)
     assert single.stop() == 0
+    return on_one
 
+
+def test_users_on_two_nodes_see_what_they_would_see_on_one(cluster, scratch):
+    on_one = conversation_on_one_node(cluster, scratch, "single")
     writer, relay = two_nodes(cluster, scratch, "pair")
     on_two = conversation(writer.socket, relay.socket)
     assert on_two["alice"] == on_one["alice"]
