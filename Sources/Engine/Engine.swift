@@ -854,7 +854,11 @@ public final class Engine: @unchecked Sendable {
     /// there are any (`StoreBatch.sequence`); returns the counters they hold.
     private func collect(_ batch: Batch) -> StoreCounters {
         let counters = StoreCounters(changeSeq: changeSeq, slot: feedSlot, searchRow: lastSearchRow)
-        batch.collectRows(counters: counters == storedCounters ? nil : counters)
+        // The counters as the store will hold them once the commits in flight are applied
+        // (this one is applied only after them): unmoved, they are not written again, and
+        // a batch that changed nothing is not committed at all.
+        let stored = inFlight.last { !$0.rows.isEmpty }?.counters ?? storedCounters
+        batch.collectRows(counters: counters == stored ? nil : counters)
         // Each chat changed is decided on the version memory has; the next commit expects
         // the one after (a commit in flight that fails makes memory be read again). A
         // batch that writes nothing is not committed, so it moves no version on.
