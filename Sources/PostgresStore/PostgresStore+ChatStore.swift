@@ -301,8 +301,13 @@ extension PostgresStore: ChatStore {
 
     /// Two: while a batch commits, the next one inserts its new messages (and their
     /// references and search keys: most of a commit's work on the server, in a backend of
-    /// its own) and waits for it before writing the rest (`commit`).
-    public var commitsInFlight: Int { 2 }
+    /// its own) and waits for it before writing the rest (`commit`). One when every node
+    /// decides: that second commit would insert messages before it claims their chats,
+    /// and could wait for another node that waits for it, through this node's own wait
+    /// for the commit before, which PostgreSQL cannot see (docs/several-deciding-nodes.md,
+    /// step 3). A commit in one statement claims first: its SELECT runs before its WITH
+    /// clauses, which nothing reads.
+    public var commitsInFlight: Int { allNodesDecide ? 1 : 2 }
 
     /// Yes: `chatcore_claim` moves them on in each commit, or refuses it.
     public var comparesChatVersions: Bool { true }
