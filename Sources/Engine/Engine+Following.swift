@@ -13,11 +13,12 @@ import Store
 /// It tells them in turn who is connected here and what its sessions said that is never
 /// stored.
 extension Engine {
-    /// Follows what the other deciding processes did (engine thread, before a batch).
-    func followOthers() {
+    /// Follows what the other deciding processes did (engine thread, before a batch):
+    /// `thoroughly` before a batch that answers requests (`ChatStore.othersActivity`).
+    func followOthers(thoroughly: Bool) {
         let activity: OthersActivity?
         do {
-            activity = try store.othersActivity(besides: feedSlot, after: followCursor)
+            activity = try store.othersActivity(besides: feedSlot, after: followCursor, thoroughly: thoroughly)
         } catch {
             logger.warning("what the other deciding nodes did could not be read: it is followed before the next batch",
                            metadata: ["error": "\(error)"])
@@ -64,7 +65,7 @@ extension Engine {
         guard !hasFailedCommit else { return }
         logger.warning("this node fell behind what the other deciding nodes did: reading the store again whole")
         do {
-            followCursor = try store.othersActivity(besides: feedSlot, after: nil)?.cursor
+            followCursor = try store.othersActivity(besides: feedSlot, after: nil, thoroughly: true)?.cursor
             try reload()
             // What was committed between the cursor and the reading is in memory already.
             readAheadOfFollowing = nil

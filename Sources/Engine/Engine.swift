@@ -217,7 +217,7 @@ public final class Engine: @unchecked Sendable {
         self.attachmentsDirectory = attachmentsDirectory
         // From here on: what the others commit while memory is read is followed again
         // (reading a chat again is harmless), never missed.
-        if followsOthers { followCursor = try store.othersActivity(besides: feedSlot, after: nil)?.cursor }
+        if followsOthers { followCursor = try store.othersActivity(besides: feedSlot, after: nil, thoroughly: true)?.cursor }
         try reload()
     }
 
@@ -535,7 +535,15 @@ public final class Engine: @unchecked Sendable {
         while !stopping {
             // While sessions wait for their clients to read, look again every 20 ms.
             let work = inbox.take(limit: batchLimitNow, waitingAtMost: parked.isEmpty ? nil : 0.02)
-            if followsOthers { followOthers() }
+            if followsOthers {
+                // A wake-up to follow, or a commit done, asks nobody anything.
+                followOthers(thoroughly: work.contains { item in
+                    switch item {
+                    case .othersActed, .committed: false
+                    default: true
+                    }
+                })
+            }
             batchNumber += 1
             let batch = Batch(cache: cache, number: batchNumber)
             batch.inboxWork = work

@@ -341,7 +341,13 @@ extension PostgresStore: ChatStore {
 
     public func commit(_ batch: StoreBatch) throws {
         var applied = batch.isEmpty
-        defer { outcomes.record(batch.sequence, applied: applied) }
+        defer {
+            outcomes.record(batch.sequence, applied: applied)
+            // Another node may have committed first, unannounced yet: what it did is read
+            // before the next batch, so that this node's sessions get its events before
+            // those of the batch decided again.
+            if !applied && allNodesDecide { lock.withLock { told.commits = true } }
+        }
         guard !batch.isEmpty else { return }
         do {
             try withConnection { connection in

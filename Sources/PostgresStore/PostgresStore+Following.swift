@@ -1,3 +1,4 @@
+import Foundation
 import PostgresNIO
 import Store
 
@@ -5,9 +6,10 @@ import Store
 /// commit logs what it changed (`node_commit`, in the commit's own statement), each node
 /// says who is connected to it (`node_online`) and what its sessions said that is never
 /// stored (`node_event`), and each reads the others' before it decides
-/// (`othersActivity`). Rows are numbered from one sequence; a node's own rows are
+/// (`othersActivity`), when it is told of them (`LISTEN`/`NOTIFY`, `Told`) or before a
+/// batch that answers requests. Rows are numbered from one sequence; a node's own rows are
 /// committed in its order, so a reader that keeps, per slot, the last number it read
-/// never misses one. The writer trims what is older than a minute (`trimFollowed`); a
+/// never misses one. Every deciding node trims what is older than a minute (`trimFollowed`); a
 /// node that had not read a trimmed row reads the store again whole.
 extension PostgresStore {
     public var othersDecide: Bool { allNodesDecide }
@@ -38,41 +40,171 @@ extension PostgresStore {
             """, binds)
     }
 
-    public func othersActivity(besides slot: Int, after cursor: FollowCursor?) throws -> OthersActivity? {
-        try withConnection { connection in
-            guard let cursor else { return try now(connection) }
-            var activity = OthersActivity(cursor: cursor)
-            if try anythingNew(besides: slot, after: cursor, connection) {
+    /// What a node is told of the others' doings: every commit, change of who is
+    /// connected and transient event of a deciding node notifies the channel
+    /// `followChannel` (triggers of migration `v10-notify-followers`) with its kind and the
+    /// slot of the node it was done on; a node listens on a connection of its own.
+    struct Told {
+        var listener: PostgresConnection?
+        /// Called when another node did something (`wakeWhenOthersAct`).
+        var wake: (@Sendable () -> Void)?
+        /// Whether another node committed, or changed who is connected to it or said
+        /// something, since `othersActivity` last looked.
+        var commits = true
+        var transient = true
+        /// When `othersActivity` last read everything, whatever it was told.
+        var lookedWhole = ContinuousClock.now
+        /// The cursor `othersActivity` last answered with: asked from another, it reads.
+        var answered: FollowCursor?
+        /// Who is connected to the other nodes, as last read.
+        var online: Set<Int64> = []
+    }
+
+    static let followChannel = "chatcore_follow"
+
+    /// How often a node reads everything the others did, even told nothing (a
+    /// notification lost with its connection, or missed while listening started).
+    static let wholeLookInterval = Duration.seconds(1)
+
+    public func wakeWhenOthersAct(_ wake: @escaping @Sendable () -> Void) -> Bool {
+        guard allNodesDecide else { return false }
+        lock.withLock { told.wake = wake }
+        listenIfDeaf()
+        return true
+    }
+
+    /// Listens on `followChannel` on a connection of its own, unless it already does (the
+    /// connection breaks with the server's restart: the beat thread calls this again).
+    func listenIfDeaf() {
+        // One at a time (the beat thread's and the engine's first).
+        relistening.lock()
+        defer { relistening.unlock() }
+        let (deaf, wanted) = lock.withLock { (told.listener.map(\.isClosed) ?? true, told.wake != nil && !isShutDown) }
+        guard deaf, wanted else { return }
+        do {
+            let connection = try connect()
+            let ownSlot = feedSlot
+            connection.addListener(channel: PostgresStore.followChannel) { [weak self] _, notification in
+                self?.told(notification.payload, ownSlot: ownSlot)
+            }
+            // addListener asks for it too; this one is answered once it holds.
+            try run(connection, "LISTEN \(PostgresStore.followChannel)")
+            let wake = lock.withLock { () -> (@Sendable () -> Void)? in
+                told.listener = connection
+                // Whatever happened while nobody listened is read.
+                told.commits = true
+                told.transient = true
+                return told.wake
+            }
+            wake?()
+        } catch {
+            logger.warning("cannot listen for the other deciding nodes: looking every few milliseconds instead", metadata: ["error": "\(PostgresStore.describe(error))"])
+        }
+    }
+
+    /// A notification on `followChannel`: "c" (a commit) or "t" (who is connected, or a
+    /// transient event), then the slot of the node it came from.
+    private func told(_ payload: String, ownSlot: Int) {
+        guard let kind = payload.first, let from = Int(payload.dropFirst()), from != ownSlot else { return }
+        let wake = lock.withLock { () -> (@Sendable () -> Void)? in
+            if kind == "c" { told.commits = true } else { told.transient = true }
+            return told.wake
+        }
+        wake?()
+    }
+
+    /// What `othersActivity` reads now: the others' commits when it was told of one, and
+    /// first whether there are any, who is connected and whether there are events (one
+    /// statement, `look`) when it was told of presence or events, is asked to look
+    /// `thoroughly`, is not listening, was asked from another cursor than it last answered
+    /// with, or last looked longer than `wholeLookInterval` ago.
+    private func dueReads(after cursor: FollowCursor, thoroughly: Bool) -> (look: Bool, commits: Bool) {
+        lock.withLock {
+            let now = ContinuousClock.now
+            let listening = !(told.listener?.isClosed ?? true)
+            let look = thoroughly || told.transient || !listening || told.answered != cursor || now - told.lookedWhole >= PostgresStore.wholeLookInterval
+            defer {
+                told.commits = false
+                told.transient = false
+                if look { told.lookedWhole = now }
+            }
+            return (look, told.commits)
+        }
+    }
+
+    public func othersActivity(besides slot: Int, after cursor: FollowCursor?, thoroughly: Bool) throws -> OthersActivity? {
+        guard let cursor else { return try withConnection { connection in try now(connection) } }
+        let due = dueReads(after: cursor, thoroughly: thoroughly)
+        do {
+            let activity = try othersActivity(besides: slot, after: cursor, look: due.look, commits: due.commits)
+            lock.withLock {
+                told.answered = activity?.cursor
+                if let online = activity?.online { told.online = online }
+            }
+            return activity
+        } catch {
+            lock.withLock { told.commits = told.commits || due.commits }
+            throw error
+        }
+    }
+
+    private func othersActivity(besides slot: Int, after cursor: FollowCursor, look: Bool, commits: Bool) throws -> OthersActivity? {
+        var activity = OthersActivity(cursor: cursor)
+        activity.online = lock.withLock { told.online }
+        guard look || commits else { return activity }
+        return try withConnection { connection in
+            var readCommits = commits
+            var readEvents = false
+            if look {
+                let seen = try self.look(besides: slot, after: cursor, connection)
+                activity.online = seen.online
+                readCommits = readCommits || seen.commits
+                readEvents = seen.events
+            }
+            if readCommits {
                 // One snapshot: the chats as exactly the commits read left them.
                 try run(connection, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 do {
-                    guard let read = try commits(besides: slot, after: cursor, on: connection) else {
+                    guard let read = try self.commits(besides: slot, after: cursor, on: connection) else {
                         try run(connection, "ROLLBACK")
                         return nil
                     }
                     try run(connection, "COMMIT")
-                    activity = read
+                    activity.commits = read.commits
+                    activity.chats = read.chats
+                    activity.users = read.users
+                    activity.endpoints = read.endpoints
+                    activity.cursor = read.cursor
                 } catch {
                     _ = try? run(connection, "ROLLBACK")
                     throw error
                 }
             }
-            try readPresenceAndEvents(into: &activity, besides: slot, connection)
+            if readEvents { try self.readEvents(into: &activity, besides: slot, connection) }
             return activity
         }
     }
 
-    /// Whether another node committed after `cursor`, or rows it had not read were
-    /// trimmed: one statement, when nothing happened (most of the looks of an idle node).
-    private func anythingNew(besides slot: Int, after cursor: FollowCursor, _ connection: PostgresConnection) throws -> Bool {
+    /// In one statement: whether another node committed after `cursor` (or rows it had not
+    /// read were trimmed), who is connected to the other nodes, and whether they have
+    /// events after it. Most looks find no commit and no event.
+    private func look(besides slot: Int, after cursor: FollowCursor, _ connection: PostgresConnection) throws
+    -> (commits: Bool, online: Set<Int64>, events: Bool) {
         var binds = Binds()
         let known = PostgresStore.known(cursor.commits, &binds)
-        return try run(connection, """
-            SELECT EXISTS (SELECT 1 FROM node_commit c LEFT JOIN \(known) ON k.slot = c.slot
-                           WHERE c.slot <> \(binds.add(Int64(slot)))::int AND c."number" > coalesce(k."number", 0))
-                OR EXISTS (SELECT 1 FROM node_commit_trimmed t LEFT JOIN \(PostgresStore.known(cursor.commits, &binds)) ON k.slot = t.slot
-                           WHERE t."upTo" > coalesce(k."number", 0))
-            """, binds).first?.decode(Bool.self) ?? true
+        let heard = PostgresStore.known(cursor.transient, &binds)
+        let sql = """
+            SELECT EXISTS (SELECT 1 FROM \(PostgresStore.after(known, besides: slot, &binds))
+                           JOIN LATERAL (SELECT 1 FROM node_commit c WHERE \(PostgresStore.inSlotAfter("c")) LIMIT 1) c ON true)
+                   OR EXISTS (SELECT 1 FROM node_commit_trimmed t LEFT JOIN \(PostgresStore.known(cursor.commits, &binds)) ON k.slot = t.slot
+                              WHERE t."upTo" > coalesce(k."number", 0)),
+                   ARRAY(SELECT DISTINCT "user" FROM node_online WHERE slot <> \(binds.add(Int64(slot)))::int),
+                   EXISTS (SELECT 1 FROM \(PostgresStore.after(heard, besides: slot, &binds))
+                           JOIN LATERAL (SELECT 1 FROM node_event e WHERE \(PostgresStore.inSlotAfter("e")) LIMIT 1) e ON true)
+            """
+        guard let row = try run(connection, sql, binds).first else { return (true, [], true) }
+        let (commits, online, events) = try row.decode((Bool, [Int64], Bool).self)
+        return (commits, Set(online), events)
     }
 
     /// The others' commits after `cursor` and the chats they changed, in the snapshot of
@@ -90,8 +222,8 @@ extension PostgresStore {
             let commits = try run(connection, """
                 SELECT c.slot, c."number", c."feedUpTo", c.chats, c.users, c."rewrittenChat", c."rewrittenId", c."insertedChat", c."insertedId",
                        c."memberChat", c."memberUser"
-                FROM node_commit c LEFT JOIN \(known) ON k.slot = c.slot
-                WHERE c.slot <> \(binds.add(Int64(slot)))::int AND c."number" > coalesce(k."number", 0) ORDER BY c.slot, c."number"
+                FROM \(PostgresStore.after(known, besides: slot, &binds))
+                JOIN LATERAL (SELECT * FROM node_commit c WHERE \(PostgresStore.inSlotAfter("c"))) c ON true ORDER BY c.slot, c."number"
                 """, binds)
             for row in commits {
                 let (slot32, number, upTo, chats, users, rewrittenChat, rewrittenId, insertedChat, insertedId, memberChat, memberUser) =
@@ -125,19 +257,16 @@ extension PostgresStore {
         }
     }
 
-    /// Who is connected to the other nodes, and their events after `activity.cursor`.
-    private func readPresenceAndEvents(into activity: inout OthersActivity, besides slot: Int, _ connection: PostgresConnection) throws {
+    /// The other nodes' transient events after `activity.cursor`.
+    private func readEvents(into activity: inout OthersActivity, besides slot: Int, _ connection: PostgresConnection) throws {
         do {
             var next = activity.cursor
             let cursor = activity.cursor
-            var onlineBinds = Binds()
-            activity.online = Set(try run(connection, "SELECT DISTINCT \"user\" FROM node_online WHERE slot <> \(onlineBinds.add(Int64(slot)))::int", onlineBinds)
-                .map { try $0.decode(Int64.self) })
             var eventBinds = Binds()
             let heard = PostgresStore.known(cursor.transient, &eventBinds)
             let events = try run(connection, """
-                SELECT e.slot, e."number", e.kind, e."user", e.chat, e.tag, e.data FROM node_event e LEFT JOIN \(heard) ON k.slot = e.slot
-                WHERE e.slot <> \(eventBinds.add(Int64(slot)))::int AND e."number" > coalesce(k."number", 0) ORDER BY e."number"
+                SELECT e.slot, e."number", e.kind, e."user", e.chat, e.tag, e.data FROM \(PostgresStore.after(heard, besides: slot, &eventBinds))
+                JOIN LATERAL (SELECT * FROM node_event e WHERE \(PostgresStore.inSlotAfter("e"))) e ON true ORDER BY e."number"
                 """, eventBinds)
             for row in events {
                 let (sender, number, kind, user, chat, tag, data) = try row.decode((Int32, Int64, String, Int64, Int64, String?, String?).self)
@@ -165,6 +294,24 @@ extension PostgresStore {
         }
         now.feed = FeedSlots.positions(in: try counters(connection))
         return OthersActivity(cursor: now)
+    }
+
+    /// Every slot but `slot`, with the number read up to in it (`known`, else 0), as a
+    /// table `s(slot, after)`: joined laterally with a table's rows of each slot after
+    /// it, each slot's are read by the index on (slot, number), however long the table.
+    private static func after(_ known: String, besides slot: Int, _ binds: inout Binds) -> String {
+        """
+        (SELECT g.slot, coalesce(k."number", 0) AS "after" FROM generate_series(0, \(FeedSlots.count - 1)) AS g(slot)
+         LEFT JOIN \(known) ON k.slot = g.slot WHERE g.slot <> \(binds.add(Int64(slot)))::int) AS s
+        """
+    }
+
+    /// The rows of table `alias` in slot `s.slot` after number `s."after"`, as a range of
+    /// the index on (slot, number): written with the slot and number as one row, the
+    /// planner cannot take the primary key's index on the number alone instead (and with
+    /// it read a minute of every node's commits to find a few).
+    private static func inSlotAfter(_ alias: String) -> String {
+        #"(\#(alias).slot, \#(alias)."number") > (s.slot, s."after") AND (\#(alias).slot, \#(alias)."number") < (s.slot + 1, 0)"#
     }
 
     /// `(slot, number)` pairs as a table `k` to join with.

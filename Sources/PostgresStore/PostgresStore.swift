@@ -167,18 +167,23 @@ public final class PostgresStore: @unchecked Sendable {
 
     public let location: Location
     let logger: Logger
-    private let lock = NSLock()
+    let lock = NSLock()
     private var idle: [PostgresConnection] = []
     private var nextConnectionID = 0
     /// Holds the advisory lock that makes this process the database's only writer.
     private var lockHolder: PostgresConnection?
     /// Set by `shutDown`: a closed lock connection is then not replaced.
-    private var isShutDown = false
+    private(set) var isShutDown = false
     /// The writer epoch this process took when it became the writer; every commit checks
     /// that it is still the database's (under `lock`).
     private var epoch: Int64 = 0
     /// `feedSlot` (under `lock`).
     private var slot = 0
+    /// What this node is told of the other deciding nodes' doings (`allNodesDecide`,
+    /// under `lock`; PostgresStore+Following.swift).
+    var told = Told()
+    /// One `listenIfDeaf` at a time.
+    let relistening = NSLock()
     /// Whether every node on the database decides (`--all-nodes-decide`): each follows
     /// the others' commits (`othersActivity`), and its commits are fenced by its feed
     /// slot's epoch (`slotEpoch`), which a node that takes the slot after it moves on.
@@ -350,9 +355,10 @@ public final class PostgresStore: @unchecked Sendable {
     public func shutDown() {
         let connections = lock.withLock { () -> [PostgresConnection] in
             isShutDown = true
-            let all = idle + (lockHolder.map { [$0] } ?? [])
+            let all = idle + (lockHolder.map { [$0] } ?? []) + (told.listener.map { [$0] } ?? [])
             idle = []
             lockHolder = nil
+            told.listener = nil
             return all
         }
         for connection in connections { try? connection.close().wait() }
@@ -360,7 +366,7 @@ public final class PostgresStore: @unchecked Sendable {
 
     // MARK: connections
 
-    private func connect() throws -> PostgresConnection {
+    func connect() throws -> PostgresConnection {
         let id = lock.withLock { () -> Int in
             nextConnectionID += 1
             return nextConnectionID
@@ -536,7 +542,10 @@ public final class PostgresStore: @unchecked Sendable {
                         // Any deciding node trims, so that the log stays short when the
                         // writer is gone.
                         if store.isWriter { try store.beat(on: connection) }
-                        if store.allNodesDecide { try store.trimFollowed(on: connection) }
+                        if store.allNodesDecide {
+                            try store.trimFollowed(on: connection)
+                            store.listenIfDeaf()
+                        }
                     } catch {
                         store.logger.debug("a writer beat failed", metadata: ["error": "\(PostgresStore.describe(error))"])
                     }
@@ -1002,6 +1011,29 @@ public final class PostgresStore: @unchecked Sendable {
             END
             $$
             """,
+        ]),
+        ("v10-notify-followers", [
+            // Every deciding node listens on chatcore_follow (`listenIfDeaf`) and reads the
+            // others' doings when told of them, instead of looking every few milliseconds:
+            // "c" and the slot for a commit, "t" and the slot for who is connected or a
+            // transient event (one notification per transaction and payload).
+            """
+            CREATE FUNCTION chatcore_notify_followers() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF TG_OP = 'DELETE' THEN
+                    PERFORM pg_notify('chatcore_follow', TG_ARGV[0] || OLD.slot::text);
+                ELSE
+                    PERFORM pg_notify('chatcore_follow', TG_ARGV[0] || NEW.slot::text);
+                END IF;
+                RETURN NULL;
+            END
+            $$
+            """,
+            "CREATE TRIGGER node_commit_notifies AFTER INSERT ON node_commit FOR EACH ROW EXECUTE FUNCTION chatcore_notify_followers('c')",
+            "CREATE TRIGGER node_online_notifies AFTER INSERT OR DELETE ON node_online FOR EACH ROW EXECUTE FUNCTION chatcore_notify_followers('t')",
+            "CREATE TRIGGER node_event_notifies AFTER INSERT ON node_event FOR EACH ROW EXECUTE FUNCTION chatcore_notify_followers('t')",
+            // Each slot's events after a number, by the index (as node_commit_slot for commits).
+            "CREATE INDEX node_event_slot ON node_event (slot, \"number\")",
         ]),
     ]
 

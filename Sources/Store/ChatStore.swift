@@ -117,7 +117,10 @@ public protocol ChatStore: AnyObject, Sendable {
     /// is connected to them now, and their transient events. Nil when the store no longer
     /// has all of it (memory must be read again whole).
     /// `slot` is the asking process's feed slot: its own doings are left out.
-    func othersActivity(besides slot: Int, after cursor: FollowCursor?) throws -> OthersActivity?
+    /// `thoroughly`: the store itself is looked at, not only what the store was told of
+    /// (`wakeWhenOthersAct`): before a batch that answers requests, so that what another
+    /// process did before a request came is followed before the request is decided.
+    func othersActivity(besides slot: Int, after cursor: FollowCursor?, thoroughly: Bool) throws -> OthersActivity?
 
     /// `joined` now have a session on the process in feed slot `slot`, and `left` no
     /// longer have one.
@@ -126,6 +129,12 @@ public protocol ChatStore: AnyObject, Sendable {
     /// Hands a transient event of the sessions of the process in feed slot `slot` to the
     /// other deciding processes.
     func announce(_ event: TransientEvent, slot: Int) throws
+
+    /// Calls `wake` (on another thread) whenever another deciding process may have done
+    /// something (`othersActivity` then has it). Returns whether it will: when not, the
+    /// caller looks often on its own. While the store is told of every doing,
+    /// `othersActivity` reads only what it was told of (and everything once a second).
+    func wakeWhenOthersAct(_ wake: @escaping @Sendable () -> Void) -> Bool
 }
 
 /// What the store may number (`ChatStore.takeNumbers`).
@@ -147,13 +156,15 @@ extension ChatStore {
 
     public var othersDecide: Bool { false }
 
-    public func othersActivity(besides slot: Int, after cursor: FollowCursor?) throws -> OthersActivity? {
+    public func othersActivity(besides slot: Int, after cursor: FollowCursor?, thoroughly: Bool) throws -> OthersActivity? {
         OthersActivity(cursor: cursor ?? FollowCursor())
     }
 
     public func announceOnline(slot: Int, joined: [Int64], left: [Int64]) throws {}
 
     public func announce(_ event: TransientEvent, slot: Int) throws {}
+
+    public func wakeWhenOthersAct(_ wake: @escaping @Sendable () -> Void) -> Bool { false }
 }
 
 /// Which messages a match looks for (docs/protocol.md §8 criteria, in store words).

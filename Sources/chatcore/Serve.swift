@@ -293,7 +293,10 @@ struct Serve: AsyncParsableCommand {
         }
         engine.maxEndpoints = maxEndpoints
         engine.start()
-        if engine.followsOthers { Serve.followOthers(engine) }
+        if engine.followsOthers {
+            let told = store.chatStore.wakeWhenOthersAct { [weak engine] in engine?.othersActed() }
+            Serve.followOthers(engine, every: told ? Serve.followIntervalWhenTold : Serve.followInterval)
+        }
         ServiceMetrics.deciding.record(1)
         logger.info("store ready", metadata: ["store": "\(store.description)", "dataDir": "\(directory.path)", "openedIn": "\(ContinuousClock.now - opening)",
                                               "chats": "\(engine.chatCount)", "users": "\(engine.userCount)",
@@ -399,17 +402,18 @@ struct Serve: AsyncParsableCommand {
         while true { try await Task.sleep(for: .seconds(3600)) }
     }
 
-    /// A new writer's credential for the sessions other nodes relay to it started
-    /// trusted: 32 random bytes, in hex.
     /// How often a node that follows the other deciding nodes looks at what they did when
-    /// it has nothing else to do (before each batch it always does).
+    /// it has nothing else to do (before each batch it always does), when the store cannot
+    /// tell it when they did something; and when it can (PostgreSQL's notifications), for
+    /// when its connection for them broke until it is made again.
     static let followInterval = DispatchTimeInterval.milliseconds(5)
+    static let followIntervalWhenTold = DispatchTimeInterval.milliseconds(50)
 
-    /// Wakes the engine every `followInterval`, so that what the other nodes committed
-    /// reaches this node's idle sessions.
-    static func followOthers(_ engine: Engine) {
+    /// Wakes the engine every `interval`, so that what the other nodes committed reaches
+    /// this node's idle sessions.
+    static func followOthers(_ engine: Engine, every interval: DispatchTimeInterval) {
         let timer = DispatchSource.makeTimerSource(queue: DispatchQueue.global())
-        timer.schedule(deadline: .now() + followInterval, repeating: followInterval)
+        timer.schedule(deadline: .now() + interval, repeating: interval)
         timer.setEventHandler { engine.othersActed() }
         timer.resume()
         followTimer = timer
@@ -417,6 +421,8 @@ struct Serve: AsyncParsableCommand {
 
     nonisolated(unsafe) static var followTimer: DispatchSourceTimer?
 
+    /// A new writer's credential for the sessions other nodes relay to it started
+    /// trusted: 32 random bytes, in hex.
     static func nodeCredential() -> String {
         var generator = SystemRandomNumberGenerator()
         return (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()

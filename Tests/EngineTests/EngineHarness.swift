@@ -255,7 +255,7 @@ final class FailingStore: ChatStore, @unchecked Sendable {
         self.following = following
     }
 
-    func othersActivity(besides slot: Int, after cursor: FollowCursor?) throws -> OthersActivity? {
+    func othersActivity(besides slot: Int, after cursor: FollowCursor?, thoroughly: Bool) throws -> OthersActivity? {
         // No commit lands while the log and its chats are read (one snapshot).
         versionsLock.lock()
         defer { versionsLock.unlock() }

@@ -97,3 +97,40 @@ def test_sigkill_of_a_deciding_node_under_load_loses_nothing_announced_and_the_o
     assert any("listAdd" in e and body(e).get("cookie") == "after" for e in answer)
     carol.close()
     assert b.stop() == 0
+
+
+def test_idle_deciding_nodes_wait_to_be_told_and_follow_on_when_their_listening_connection_ends(cluster, scratch):
+    a, b = deciding_nodes(cluster, scratch, "told")
+    alice, bob, chat = alice_and_bob(a, b, "told")
+
+    def transactions():
+        return int(cluster.psql("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'told'"))
+
+    def bob_receives(content):
+        alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": content, "cookie": content}})
+        return bob.next_event(lambda e: "listAdd" in e and body(e)["type"] == "chatMessage" and body(e)["elements"][0].get("content") == content,
+                              timeout=10)
+
+    # Idle, each node asks the database a few things a second (a beat, a trim, one look),
+    # not every few milliseconds: it is told when another node does something
+    # (LISTEN/NOTIFY). Looking every 5 ms, two nodes made over a thousand a second.
+    before = transactions()
+    time.sleep(3)
+    idle = transactions() - before
+    assert idle < 300, f"{idle} transactions in 3 s while nothing happened"
+    bob_receives("told")
+    # Their connections for being told end (as in a restart of the server): they follow
+    # on, looking by themselves, and listen again within a few seconds.
+    ended = cluster.psql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = 'told' AND query LIKE 'LISTEN%'")
+    assert ended.strip() == "2", "each node listens on a connection of its own"
+    bob_receives("deaf")
+    deadline = time.time() + 10
+    while cluster.psql("SELECT count(*) FROM pg_stat_activity WHERE datname = 'told' AND query LIKE 'LISTEN%'").strip() != "2":
+        assert time.time() < deadline, "the nodes did not listen again"
+        time.sleep(0.1)
+    bob_receives("told again")
+    assert "cannot listen" not in a.logged() + b.logged()
+    alice.close()
+    bob.close()
+    assert b.stop() == 0
+    assert a.stop() == 0
