@@ -87,4 +87,17 @@ final class CommitsInFlightTests: XCTestCase {
             }
         }
     }
+
+    /// A batch that changes nothing (a read-only request), decided while a commit is in
+    /// flight, is not committed: its counters are that commit's. It was, for the counters
+    /// alone, once for every such batch (an idle deciding node wakes up every few
+    /// milliseconds to follow the others, each time a batch).
+    func testABatchThatChangesNothingBehindACommitInFlightIsNotCommitted() throws {
+        let (h, store) = try aliceAndBobInAChat()
+        let begun = store.commitsBegun.load(ordering: .relaxed)
+        h.decideWhileCommitting(Self.first, in: store, then: [("b", #"{"identitiesGet":{"cookie":"who","appUserIds":["alice"]}}"#)])
+        let bob = h.events("b")
+        XCTAssertTrue(bob.contains { $0.contains(#""cookie":"who""#) }, "\(bob)")
+        XCTAssertEqual(store.commitsBegun.load(ordering: .relaxed), begun + 1, "one commit, the send's")
+    }
 }
