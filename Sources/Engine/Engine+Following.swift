@@ -174,7 +174,7 @@ extension Engine {
                 before[number, default: [:]][message.id] = seen
             }
         }
-        replace(Set(numbers), with: chatsNow, droppingOnly: changed)
+        replace(Set(numbers), with: chatsNow, droppingOnly: changed, takingCounters: false)
         var undelivered: [Int64] = []
         for number in numbers {
             guard let chat = chats[number] else { continue }

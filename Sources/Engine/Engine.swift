@@ -247,8 +247,9 @@ public final class Engine: @unchecked Sendable {
         try refillSearchIndex()
     }
 
-    /// The directory's chats with their memberships, and its counters, into memory.
-    private func install(_ directory: StoreDirectory) {
+    /// The directory's chats with their memberships, and its counters, into memory
+    /// (unless not `takingCounters`).
+    private func install(_ directory: StoreDirectory, takingCounters: Bool = true) {
         for row in directory.chats {
             let chat = ChatRecord(row)
             chat.version = directory.chatVersions[row.number] ?? 0
@@ -260,6 +261,7 @@ public final class Engine: @unchecked Sendable {
             chat.members[row.user] = MemberRecord(row)
             if row.isActive { chatsOfUser[row.user, default: []].insert(row.chat) }
         }
+        guard takingCounters else { return }
         changeSeq = directory.feedPositions[feedSlot] ?? FeedSlots.base(of: feedSlot)
         lastSearchRow = directory.counters.searchRow
         storedCounters = StoreCounters(changeSeq: changeSeq, slot: feedSlot, searchRow: lastSearchRow)
@@ -284,8 +286,12 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// Memory of the chats `numbers` becomes `directory` (what the store has of them): their
-    /// messages leave the cache, or only `messages` of them.
-    func replace(_ numbers: Set<Int64>, with directory: StoreDirectory, droppingOnly messages: [Int64: Set<Int64>]? = nil) {
+    /// messages leave the cache, or only `messages` of them. Not `takingCounters`, this
+    /// process's counters stay as memory has them (what the others did is followed: the
+    /// directory was read while a commit of this process may have been in flight, and
+    /// its counters would take this process's feed positions and search rows back).
+    func replace(_ numbers: Set<Int64>, with directory: StoreDirectory, droppingOnly messages: [Int64: Set<Int64>]? = nil,
+                 takingCounters: Bool = true) {
         if let messages {
             for (chat, ids) in messages { cache.remove(chat: chat, ids: ids) }
         } else {
@@ -300,7 +306,7 @@ public final class Engine: @unchecked Sendable {
         }
         // A chat the batches made is not in the store: its number is free again.
         if directory.chats.count < numbers.count && numbers.contains(lastChatNumber) { lastChatNumber = chats.keys.max() ?? 0 }
-        install(directory)
+        install(directory, takingCounters: takingCounters)
     }
 
     /// The number of a new chat, user or search row: the store's (`ChatStore.takeNumbers`,
