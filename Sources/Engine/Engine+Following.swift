@@ -127,15 +127,22 @@ extension Engine {
         for commit in commits {
             for (chat, ids) in commit.rewritten { rewritten[chat, default: []].formUnion(ids) }
         }
+        // Only the chats someone connected here is or was a member of are rendered; of the
+        // others memory takes the new rows and drops the cached messages, and no message
+        // of theirs is read (on a node whose sessions chat among themselves, most).
+        var membersNow: Set<Int64> = []
+        for member in chatsNow.members where isOnline(member.user) { membersNow.insert(member.chat) }
+        let watched = numbers.filter { number in membersNow.contains(number) || chats[number]?.members.keys.contains(where: isOnline) == true }
+        cache.remove(chats: Set(numbers).subtracting(watched))
         // The messages they changed: each slot's own changes between the positions they
         // took, and the marks that moved over many at once; with the position each change
         // took (the order `publish` changed them in).
         var changed = rewritten
         var positions: [Batch.RowKey: Int64] = [:]
-        for (slot, span) in spans where span.upTo > span.after {
+        for (slot, span) in spans where span.upTo > span.after && !watched.isEmpty {
             var after = span.after
             reading: while true {
-                let rows = try store.changedMessages(chats: numbers, after: after, limit: 500)
+                let rows = try store.changedMessages(chats: watched, after: after, limit: 500)
                 for row in rows {
                     guard row.changeSeq <= span.upTo else { break reading }
                     changed[row.chat, default: []].insert(row.id)
@@ -144,7 +151,7 @@ extension Engine {
                 guard rows.count == 500, let last = rows.last else { break }
                 after = last.changeSeq
             }
-            for range in try store.rangeChanges(chats: numbers, after: span.after)
+            for range in try store.rangeChanges(chats: watched, after: span.after)
             where FeedSlots.slot(of: range.firstSeq) == slot && range.firstSeq <= span.upTo {
                 changed[range.chat, default: []].formUnion(range.firstId...range.lastId)
                 for id in range.firstId...range.lastId where positions[Batch.RowKey(chat: range.chat, item: id)] == nil {
