@@ -238,7 +238,7 @@ extension PostgresStore {
                 next.feed[committer] = max(after, upTo)
             }
             let numbers = Set(activity.commits.flatMap(\.chats)).sorted()
-            if !numbers.isEmpty { activity.chats = try loadChats(numbers, on: connection) }
+            if !numbers.isEmpty { activity.chats = try chatsAsFollowed(numbers, on: connection) }
             let users = Set(activity.commits.flatMap(\.users)).sorted()
             if !users.isEmpty {
                 var binds = Binds()
@@ -255,6 +255,30 @@ extension PostgresStore {
             activity.cursor = next
             return activity
         }
+    }
+
+    /// The chats `numbers` with their versions and members, in the snapshot of the
+    /// transaction `connection` is in (so versions and rows agree, whatever the order they
+    /// are read in): two statements, not `loadChats`' four, since a node following the
+    /// others keeps its own counters (`Engine.replace`).
+    private func chatsAsFollowed(_ numbers: [Int64], on connection: PostgresConnection) throws -> StoreDirectory {
+        var directory = StoreDirectory()
+        var binds = Binds()
+        let wanted = binds.add(numbers)
+        let chats = try run(connection, """
+            SELECT \(Columns.chat), coalesce(v.version, 0) FROM chat LEFT JOIN chat_version v ON v.chat = chat."number"
+            WHERE chat."number" = ANY(\(wanted)::bigint[]) ORDER BY chat."number"
+            """, binds)
+        for row in chats {
+            let (number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage, lastActivity, version) =
+                try row.decode((Int64, String, Bool, String, Bool, String?, Int64, Int64, Int64).self)
+            directory.chats.append(ChatRow(number: number, subject: subject, isOneToOne: isOneToOne, invitePolicy: invitePolicy, isDefunct: isDefunct,
+                                           data: data, lastMessage: lastMessage, lastActivity: lastActivity))
+            directory.chatVersions[number] = version
+        }
+        directory.members = try run(connection, "SELECT \(Columns.member) FROM member WHERE chat = ANY(\(wanted)::bigint[]) ORDER BY chat, \"user\"", binds)
+            .map(PostgresStore.member)
+        return directory
     }
 
     /// The other nodes' transient events after `activity.cursor`.
