@@ -19,7 +19,7 @@ def run(data_dir, *requests):
     """One run of `chatcore serve --user alice` over standard input; its events."""
     given = "".join(json.dumps(request) + "\n" for request in requests)
     done = subprocess.run([chatcore_binary(), "serve", "--user", "alice", "--data-dir", data_dir], input=given.encode(),
-                          capture_output=True, timeout=120)
+                          capture_output=True, timeout=120 * min(BOUND_SCALE, 5))
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     return [json.loads(line) for line in done.stdout.splitlines()]
 
