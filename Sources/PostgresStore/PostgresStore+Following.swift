@@ -98,7 +98,7 @@ extension PostgresStore {
             }
             wake?()
         } catch {
-            logger.warning("cannot listen for the other deciding nodes: looking every few milliseconds instead", metadata: ["error": "\(PostgresStore.describe(error))"])
+            logger.warning("cannot listen for the other deciding nodes: looking by itself every 50 ms instead, and trying again each second", metadata: ["error": "\(PostgresStore.describe(error))"])
         }
     }
 
@@ -143,7 +143,11 @@ extension PostgresStore {
             }
             return activity
         } catch {
-            lock.withLock { told.commits = told.commits || due.commits }
+            // Read again, as told: the commits, and who is connected and the events.
+            lock.withLock {
+                told.commits = told.commits || due.commits
+                told.transient = told.transient || due.look
+            }
             throw error
         }
     }
