@@ -174,11 +174,10 @@ extension PostgresStore {
                         return nil
                     }
                     try run(connection, "COMMIT")
-                    activity.commits = read.commits
-                    activity.chats = read.chats
-                    activity.users = read.users
-                    activity.endpoints = read.endpoints
-                    activity.cursor = read.cursor
+                    // Who is connected, as the look (or the last one) found.
+                    let online = activity.online
+                    activity = read
+                    activity.online = online
                 } catch {
                     _ = try? run(connection, "ROLLBACK")
                     throw error
