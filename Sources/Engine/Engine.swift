@@ -188,6 +188,8 @@ public final class Engine: @unchecked Sendable {
     /// Set when memory could not be rebuilt after a failed commit: nothing more is done.
     var brokenStore: Error?
     private let shuttingDown = Atomic<Bool>(false)
+    /// Signalled when the engine thread ends (`stop`).
+    private let ended = DispatchSemaphore(value: 0)
     /// Under `fatalLock` (NSLock: ThreadSanitizer sees pthread locks, not `Mutex`'s futex).
     nonisolated(unsafe) private var fatalStoreError: String?
     private let fatalLock = NSLock()
@@ -534,6 +536,14 @@ public final class Engine: @unchecked Sendable {
         inbox.put(.stop)
     }
 
+    /// `stop`, then waits up to `seconds` for the engine thread to end; returns whether it
+    /// did. A clean stop calls it before closing the store: a node following others would
+    /// otherwise go on reading (and taking connections of) a store being closed.
+    public func stop(waitingAtMost seconds: Double) -> Bool {
+        stop()
+        return ended.wait(timeout: .now() + seconds) == .success
+    }
+
     // MARK: the loop
 
     private func run() {
@@ -588,6 +598,7 @@ public final class Engine: @unchecked Sendable {
         }
         // The thread object holds this engine through its closure: let go of it.
         thread = nil
+        ended.signal()
     }
 
     /// A batch handed to the committer: its rows, and what follows once they are durable.

@@ -638,7 +638,11 @@ public final class PostgresStore: @unchecked Sendable {
     private func checkWriterLock() throws {
         relocking.lock()
         defer { relocking.unlock() }
-        let holder = lock.withLock { lockHolder }
+        let (holder, shutDown) = lock.withLock { (lockHolder, isShutDown) }
+        // A store shut down (the service stopping) let its lock go on purpose: a commit or
+        // a follow still running then fails instead of taking the lock, and a new epoch,
+        // again.
+        if shutDown { throw StoreFailure(.other, "the store \(location) was shut down (the service is stopping)") }
         guard holder == nil || holder!.isClosed else { return }
         logger.warning("the connection holding the writer lock was lost: taking it again", metadata: ["store": "\(location)"])
         if let holder { try? holder.close().wait() }

@@ -751,7 +751,7 @@ final class Shutdown: @unchecked Sendable {
             let deadline = Date(timeIntervalSinceNow: Shutdown.flushSeconds)
             stdio?.flushForShutdown(deadline: deadline)
             server?.flushAndCloseAll(deadline: .now() + .milliseconds(Int64(max(0, deadline.timeIntervalSinceNow) * 1000)))
-            if exitCode == 0 && engine.storeFailure == nil { store.closeCleanly() }
+            if exitCode == 0 && engine.storeFailure == nil && engine.stop(waitingAtMost: Shutdown.flushSeconds) { store.closeCleanly() }
             logger.info("stopped: every answer decided was written", metadata: ["exitCode": "\(exitCode)"])
             Glibc.exit(exitCode)
         }

@@ -11,7 +11,7 @@ from conftest import started_chat
 from postgres_cluster import postgres_bin
 from chatcore_harness import Client, auth, body
 from test_nodes import (Node, _no_node_outlives_its_test, alice_and_bob_in_a_chat, assert_kept, conversation,  # noqa: F401 (the fixture
-                        conversation_on_one_node, send_at_once, send_until_gone)                              # kills what a failed test left)
+                        conversation_on_one_node, send_at_once, send_until_gone, wait_for)                    # kills what a failed test left)
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
@@ -181,3 +181,34 @@ def test_each_deciding_node_gives_each_feed_position_once_while_it_follows_the_o
         client.close()
     assert b.stop() == 0
     assert a.stop() == 0
+
+
+def test_a_deciding_writer_stopped_while_it_follows_lets_its_lock_go_and_takes_it_no_more(cluster, scratch):
+    a, b = deciding_nodes(cluster, scratch, "stopping")
+    alice, bob, chat = alice_and_bob(a, b, "stopping")
+    # bob (on b, in four sessions) sends on while alice's node stops: a follows b's
+    # commits until it ends.
+    sessions = [bob]
+    for _ in range(3):
+        sessions.append(Client(b.socket))
+        auth(sessions[-1], "bob")
+    threads, announced = send_until_gone(chat, {f"b{n}": client for n, client in enumerate(sessions)}, answer_timeout=10)
+    wait_for(lambda: len(announced) > 20, "bob's sends did not go through")
+    epoch = cluster.psql("SELECT epoch FROM writer_epoch", database="stopping").strip()
+    assert a.stop() == 0
+    time.sleep(0.5)
+    # A follow still running after the store let its connections go took the writer lock,
+    # and a new epoch, again, as if PostgreSQL had restarted (1 stop in 3 here).
+    assert "taking it again" not in a.logged()
+    assert "could not be read" not in a.logged()
+    assert cluster.psql("SELECT epoch FROM writer_epoch", database="stopping").strip() == epoch
+    assert "every answer decided was written" in a.logged()
+    # b goes on.
+    count = len(announced)
+    wait_for(lambda: len(announced) > count + 10, "bob's sends stopped with alice's node")
+    alice.close()
+    for client in sessions:
+        client.close()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert b.stop() == 0
