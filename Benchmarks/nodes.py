@@ -14,6 +14,11 @@ during the sends (from /proc and getrusage): when they add up to the machine's c
 machine is the limit. The last is the deciding node's engine thread: the share of the
 wall time it was on a core, and the sends/s at which it would be busy all the time (the
 bound one engine puts on sends, whatever the cores around it).
+
+Then the same sends with each node held to 0.2 of a core and PostgreSQL to 0.6 (cgroup
+CPU quotas, `cpucap.py`: root only), as if each ran on a small machine of its own: what
+deciding nodes add while a node is the limit, and where that stops (the database's share
+used up). Where processes cannot be held, the table says why and is left out.
 """
 import json
 import os
@@ -39,13 +44,15 @@ from chatcore_harness import scrape  # noqa: E402
 QUIET = ["--log-level", "warning"]
 
 
-def start_node(scratch, name, store=None, *arguments):
+def start_node(scratch, name, store=None, *arguments, held=None):
+    """A node serving on a Unix socket in `scratch`; in the cgroup `held` (cpucap.Held)
+    from its start when given."""
     path = os.path.join(scratch, name + ".sock")
     command = [str(CHATCORE), "serve", "--data-dir", os.path.join(scratch, name), "--listen", "unix:" + path, "--insecure-no-auth"] + QUIET
     command += list(arguments)
     if store:
         command += ["--store", store]
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=held.enter if held else None)
     for _ in range(600):
         if os.path.exists(path):
             probe = socket.socket(socket.AF_UNIX)
@@ -229,6 +236,88 @@ def rows():
     return table
 
 
+HELD_NODE_CORES = 0.2
+HELD_DATABASE_CORES = 0.6
+HELD_ROWS = ((1, True), (2, True), (4, True), (6, True), (2, False), (4, False))
+
+
+def held_rows(node_cores=HELD_NODE_CORES, database_cores=HELD_DATABASE_CORES, shapes=HELD_ROWS):
+    """Sends as `rows` measures them, with each node held to `node_cores` of CPU and
+    PostgreSQL (all its processes) to `database_cores` (cpucap: a cgroup quota each), as if
+    each ran on a small machine of its own: what nodes add when a node, not this machine,
+    is the limit, and where adding them stops paying (the database's share is used up).
+    Empty when this machine cannot hold processes (`cpucap.available`)."""
+    import cpucap
+    if postgres_bin() is None or cpucap.available() is not None:
+        return []
+    table = []
+    for count, deciding in shapes:
+        groups = []
+        with Cluster(settings=("shared_buffers=256MB",)) as cluster, tempfile.TemporaryDirectory() as scratch:
+            url = cluster.database_url(cluster.create_database(f"held{count}{'d' if deciding else ''}"))
+            database = cpucap.Held(database_cores)
+            groups.append(database)
+            # Backends started later are the postmaster's children: in its group.
+            for pid in cluster_pids(cluster):
+                database.add(pid)
+            processes, paths = [], []
+            for n in range(count):
+                held = cpucap.Held(node_cores)
+                groups.append(held)
+                process, path = start_node(scratch, f"node{n}", url, *(["--all-nodes-decide"] if deciding else []), held=held)
+                processes.append(process)
+                paths.append(path)
+                time.sleep(0.3)  # the first is the writer
+            usage = [[process.pid for process in processes], cluster]
+            windows = []
+
+            def count_held_back():
+                windows.append(cpucap.HeldBack(groups))
+                return windows[0]
+            rate = sends(paths, usage=usage, before_sends=count_held_back)
+            sent, delivered = latencies(paths[0], paths[-1])
+            node_used, database_used, client_used = usage[2:5]
+            held_back = windows[0].shares
+            for process in reversed(processes):
+                process.terminate()
+                process.wait()
+        for group in groups:
+            group.remove()
+        name = f"{count} {'deciding' if deciding else 'relaying' if count > 1 else ''} node{'s' if count > 1 else ''}".replace("  ", " ")
+        table.append((name, rate, sent, delivered, (node_used, count * node_cores), (database_used, database_cores), client_used,
+                      (max(held_back[1:]), held_back[0])))
+    return table
+
+
+HELD_HEADER = (f"{'nodes (each held to a share of a core)':<40} {'durable sends/s':>16} {'× 1 node':>9} {'request → Sent p50/p99':>24}"
+               f" {'cross-node p50/p99':>22} {'cores used / held: nodes, PostgreSQL':>38} {'clients':>8} {'held back: a node, PostgreSQL':>31}")
+
+
+def held_line(one, name, rate, sent, delivered, nodes_cores, database_cores, client_cores, held_back):
+    """One row of `held_rows`; `one` is the first row's sends/s. The last column is the
+    share of the quota periods during the sends in which the node held back most (the
+    writer, when the others relay) and PostgreSQL used up their share and waited for the
+    next: the higher is the limit. PostgreSQL is held back in some periods even when it
+    uses a third of its share: its backends run on both cores at once in bursts."""
+    return (f"{name:<40} {rate:>16,.0f} {rate / one:>8.2f}× {sent[0]:>11.2f} / {sent[1]:.2f} ms {delivered[0]:>8.2f} / {delivered[1]:.2f} ms"
+            f" {nodes_cores[0]:>17.2f} / {nodes_cores[1]:.2f}, {database_cores[0]:.2f} / {database_cores[1]:.2f} {client_cores:>8.2f}"
+            f" {held_back[0] * 100:>22.0f}%, {held_back[1] * 100:.0f}%")
+
+
+def print_held():
+    import cpucap
+    why = cpucap.available()
+    print(f"\nNodes each held to {HELD_NODE_CORES} of a core and PostgreSQL to {HELD_DATABASE_CORES} (a cgroup CPU quota each: "
+          "a node, then the database, is the limit, not this machine)")
+    if postgres_bin() is None or why is not None:
+        print(f"(not measured: {why or 'PostgreSQL is not installed'})")
+        return
+    table = held_rows()
+    print(HELD_HEADER)
+    for row in table:
+        print(held_line(table[0][1], *row))
+
+
 # One batch-shaped transaction of the writer (`headroom`): 64 messages with twelve search
 # keys each into the connection's own 40 chats, then those chats' and members' updates.
 BATCH_SCRIPT = """
@@ -342,3 +431,4 @@ if __name__ == "__main__":
     for row in rows():
         print(line(*row))
     print_headroom()
+    print_held()

@@ -13,7 +13,8 @@ memory, reads under load, sends while reading.
 
 Nodes (Benchmarks/nodes.py): 1, 2 and 4 nodes on one PostgreSQL beside SQLite: durable
 sends/s, request → Sent and cross-node delivery latency; and PostgreSQL alone (pgbench)
-committing batch-shaped transactions from 1, 2 and 4 connections.
+committing batch-shaped transactions from 1, 2 and 4 connections; and 1–6 nodes, each held
+to a fifth of a core and PostgreSQL to 0.6 (cgroup quotas; root only).
 
 Search (Benchmarks/search.py): the same 200,000 messages in SQLite and in PostgreSQL, and
 the p50 / p99 of four kinds of search on each.
@@ -120,6 +121,7 @@ def nodes_table():
     for row in nodes.rows():
         print(nodes.line(*row))
     nodes.print_headroom()
+    nodes.print_held()
     print("\nOne PostgreSQL node while another node moves its chats on (each commit on a moved chat conflicts and is decided again)")
     print(nodes.CONFLICT_HEADER)
     for row in nodes.conflict_rows():
