@@ -212,3 +212,29 @@ def test_a_deciding_writer_stopped_while_it_follows_lets_its_lock_go_and_takes_i
     for thread in threads:
         thread.join(timeout=30)
     assert b.stop() == 0
+
+
+def test_a_deciding_node_that_missed_trimmed_commits_reads_the_store_whole_and_goes_on(cluster, scratch):
+    import signal
+    a, b = deciding_nodes(cluster, scratch, "trimmed")
+    alice, bob, chat = alice_and_bob(a, b, "trimmed")
+    # b stands still while a commits, and the log is trimmed of what b had not read (as
+    # the nodes' trim does to rows older than a minute).
+    b.process.send_signal(signal.SIGSTOP)
+    try:
+        answer = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "missed", "cookie": "missed"}})
+        missed = next(body(e)["elements"][0]["messageId"] for e in answer if "listAdd" in e and body(e).get("cookie") == "missed")
+        cluster.psql("""WITH gone AS (DELETE FROM node_commit RETURNING slot, "number")
+                        INSERT INTO node_commit_trimmed (slot, "upTo") SELECT slot, max("number") FROM gone GROUP BY slot
+                        ON CONFLICT (slot) DO UPDATE SET "upTo" = greatest(node_commit_trimmed."upTo", EXCLUDED."upTo")""", database="trimmed")
+    finally:
+        b.process.send_signal(signal.SIGCONT)
+    b.wait_until_logged("reading the store again whole")
+    # bob's node has what it missed, and follows on from there.
+    assert_kept(bob, chat, {"missed": missed})
+    alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
+    bob.next_event(lambda e: "listAdd" in e and body(e)["type"] == "chatMessage" and body(e)["elements"][0].get("content") == "after", timeout=10)
+    alice.close()
+    bob.close()
+    assert b.stop() == 0
+    assert a.stop() == 0

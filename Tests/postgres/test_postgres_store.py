@@ -105,7 +105,7 @@ def test_postgresql_restarted_under_load_loses_and_duplicates_nothing(cluster, s
     stop_sending.set()
     sender.join(timeout=120)
     assert not sender.is_alive()
-    assert process.poll() is None, "chatcore went on after the restart"
+    assert process.poll() is None, "chatcore stopped after the restart:\n" + process.stderr.read().decode(errors="replace")[-6000:]
     # Sends in flight when the server went away are answered Internal ("not confirmed");
     # the others waited for it to come back.
     count_after = len(sent)
@@ -161,7 +161,7 @@ def test_postgresql_restarted_under_pipelined_load_keeps_every_send_announced(cl
     for thread in threads:
         thread.join(timeout=120)
         assert not thread.is_alive()
-    assert process.poll() is None, "chatcore went on after the restart"
+    assert process.poll() is None, "chatcore stopped after the restart:\n" + process.stderr.read().decode(errors="replace")[-6000:]
     for client in clients.values():
         client.close()
     assert stop(process) == 0
