@@ -1041,13 +1041,35 @@ public final class Engine: @unchecked Sendable {
         }
         if followsOthers { readAhead(uncommitted) }
         do {
-            try readAgain(uncommitted)
+            try readAgainWaiting(uncommitted)
         } catch {
             // Memory and store may now disagree: serving on could announce what is
             // not durable. Every answer decided so far is delivered by the caller's
             // shutdown path; the process must not go on.
             logger.critical("cannot reload the store after a failed commit: stopping", metadata: ["error": "\(error)"])
             storeIsBroken(error)
+        }
+    }
+
+    /// How long memory is tried to be read back after a failed commit before the service
+    /// stops (`readAgainWaiting`).
+    static let readBackPatience = 10.0
+
+    /// `readAgain`, tried again every 0.2 s for up to `readBackPatience` while it fails: a
+    /// commit fails most often because the store went away for a moment (PostgreSQL
+    /// restarting), and a read right after it can still meet a connection the server
+    /// closed before the process saw it close. Each try reads everything it needs again
+    /// before memory takes it, so one that failed half-way leaves nothing to undo.
+    private func readAgainWaiting(_ numbers: Set<Int64>?) throws {
+        let deadline = ContinuousClock.now + .seconds(Engine.readBackPatience)
+        while true {
+            do {
+                return try readAgain(numbers)
+            } catch {
+                guard ContinuousClock.now < deadline else { throw error }
+                logger.warning("cannot read the store back after a failed commit: trying again", metadata: ["error": "\(error)"])
+                Thread.sleep(forTimeInterval: 0.2)
+            }
         }
     }
 

@@ -322,7 +322,19 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     let directoryLoads = Atomic<Int>(0)
     let chatLoads = Atomic<Int>(0)
 
+    /// This many more reads of memory back (`loadDirectory`, `loadChats`) fail, as they do
+    /// on a connection PostgreSQL closed as it restarted.
+    let readsFailing = Atomic<Int>(0)
+
+    private func failARead() throws {
+        if readsFailing.load(ordering: .relaxed) > 0 {
+            readsFailing.subtract(1, ordering: .relaxed)
+            throw StoreFailure(.other, "the connection was closed (the server restarted)")
+        }
+    }
+
     func loadDirectory() throws -> StoreDirectory {
+        try failARead()
         directoryLoads.add(1, ordering: .relaxed)
         let read = versioned ? versionsLock.withLock { versions } : [:]
         var directory = try inner.loadDirectory()
@@ -331,6 +343,7 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     }
 
     func loadChats(_ numbers: [Int64]) throws -> StoreDirectory {
+        try failARead()
         chatLoads.add(1, ordering: .relaxed)
         // The versions first, as PostgreSQL's: a chat read after its version is at least
         // that version (a commit on it since makes the next claim fail, never pass).

@@ -43,6 +43,22 @@ final class FailedCommitTests: XCTestCase {
         XCTAssertTrue(again.first?.contains(#""messageId":"2""#) ?? false, "\(again)")
     }
 
+    /// After a failed commit memory is read back from the store; while the store cannot be
+    /// read (PostgreSQL restarting: a connection it closed, found before its close was), the
+    /// engine tries again for a while instead of stopping the service at once.
+    func testMemoryIsReadBackAfterAFailedCommitWhenTheFirstReadsFail() throws {
+        let (h, store) = try aliceAndBobInAChat()
+        store.failOnce.store(true, ordering: .relaxed)
+        store.readsFailing.store(3, ordering: .relaxed)
+        let failed = h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"lost","cookie":"l"}}"#)
+        XCTAssertTrue(failed.first?.contains(#""error":"Internal""#) ?? false, "\(failed)")
+        XCTAssertEqual(store.readsFailing.load(ordering: .relaxed), 0, "memory was read back after the failing reads")
+        XCTAssertNil(h.engine.storeFailure, "the service stops")
+        let again = h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"again"}}"#)
+        XCTAssertTrue(again.first?.contains(#""messageId":"2""#) ?? false, "\(again)")
+        XCTAssertTrue(h.events("b").joined().contains(#""content":"again""#))
+    }
+
     func testAnswersCommittedBeforeTheFailureStand() throws {
         let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
         let h = try EngineHarness.withSearchIndex(store, for: self)
