@@ -33,20 +33,24 @@ extension PostgresStore: ChatStore {
     }
 
     public func loadChats(_ numbers: [Int64]) throws -> StoreDirectory {
-        try withConnection { connection in try loadChats(numbers, on: connection) }
-    }
-
-    func loadChats(_ numbers: [Int64], on connection: PostgresConnection) throws -> StoreDirectory {
-        var directory = StoreDirectory()
+        try withConnection { connection in
+            var directory = StoreDirectory()
             // The versions first (`loadDirectory` says why).
             try readCountersAndVersions(into: &directory, connection, chats: numbers)
             var binds = Binds()
             let wanted = binds.add(numbers)
             directory.chats = try run(connection, "SELECT \(Columns.chat) FROM chat WHERE \"number\" = ANY(\(wanted)::bigint[]) ORDER BY \"number\"", binds)
                 .map(PostgresStore.chat)
-            directory.members = try run(connection, "SELECT \(Columns.member) FROM member WHERE chat = ANY(\(wanted)::bigint[]) ORDER BY chat, \"user\"", binds)
-                .map(PostgresStore.member)
+            directory.members = try members(of: numbers, on: connection)
             return directory
+        }
+    }
+
+    /// The memberships of the chats `numbers`, by chat and user.
+    func members(of numbers: [Int64], on connection: PostgresConnection) throws -> [MemberRow] {
+        var binds = Binds()
+        return try run(connection, "SELECT \(Columns.member) FROM member WHERE chat = ANY(\(binds.add(numbers))::bigint[]) ORDER BY chat, \"user\"", binds)
+            .map(PostgresStore.member)
     }
 
     /// The counters by name, in one round trip: the rows of `counter`, and `searchRow`, the
@@ -74,10 +78,30 @@ extension PostgresStore: ChatStore {
     }
 
     static func chat(_ row: PostgresRow) throws -> ChatRow {
-        let (number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage, lastActivity) =
-            try row.decode((Int64, String, Bool, String, Bool, String?, Int64, Int64).self)
-        return ChatRow(number: number, subject: subject, isOneToOne: isOneToOne, invitePolicy: invitePolicy, isDefunct: isDefunct, data: data,
-                       lastMessage: lastMessage, lastActivity: lastActivity)
+        var cells = Cells(row, of: "chat")
+        return try chat(&cells)
+    }
+
+    /// A chat from the next cells of a row (`Columns.chat`), which may go on with more.
+    static func chat(_ cells: inout Cells) throws -> ChatRow {
+        ChatRow(number: try cells.next(), subject: try cells.next(), isOneToOne: try cells.next(), invitePolicy: try cells.next(),
+                isDefunct: try cells.next(), data: try cells.next(), lastMessage: try cells.next(), lastActivity: try cells.next())
+    }
+
+    /// A row's cells, decoded one after the other.
+    struct Cells {
+        private var iterator: PostgresRow.Iterator
+        private let kind: String
+
+        init(_ row: PostgresRow, of kind: String) {
+            iterator = row.makeIterator()
+            self.kind = kind
+        }
+
+        mutating func next<T: PostgresDecodable>(_ type: T.Type = T.self) throws -> T {
+            guard let cell = iterator.next() else { throw StoreFailure(.other, "a \(kind) row has fewer columns than read") }
+            return try cell.decode(T.self)
+        }
     }
 
     /// Column lists, in the order the readers below decode them.
@@ -100,20 +124,16 @@ extension PostgresStore: ChatStore {
     }
 
     static func message(_ row: PostgresRow) throws -> MessageRow {
-        var cells = row.makeIterator()
-        func next<T: PostgresDecodable>(_ type: T.Type = T.self) throws -> T {
-            guard let cell = cells.next() else { throw StoreFailure(.other, "a message row has fewer columns than read") }
-            return try cell.decode(T.self)
-        }
-        var message = MessageRow(chat: try next(), id: try next(), sender: try next(), tag: try next(), content: try next(), data: try next(), refs: [],
-                                 timestamp: try next(), isControl: try next(), neverCountsUnread: try next(), isRecalled: try next(),
-                                 changeSeq: try next(), searchRow: try next())
-        message.thumbName = try next()
-        message.thumbBlob = try next()
-        message.fileName = try next()
-        message.fileBlob = try next()
-        message.fileSize = try next()
-        message.attachment = try next()
+        var cells = Cells(row, of: "message")
+        var message = MessageRow(chat: try cells.next(), id: try cells.next(), sender: try cells.next(), tag: try cells.next(), content: try cells.next(),
+                                 data: try cells.next(), refs: [], timestamp: try cells.next(), isControl: try cells.next(),
+                                 neverCountsUnread: try cells.next(), isRecalled: try cells.next(), changeSeq: try cells.next(), searchRow: try cells.next())
+        message.thumbName = try cells.next()
+        message.thumbBlob = try cells.next()
+        message.fileName = try cells.next()
+        message.fileBlob = try cells.next()
+        message.fileSize = try cells.next()
+        message.attachment = try cells.next()
         return message
     }
 

@@ -273,14 +273,12 @@ extension PostgresStore {
             WHERE chat."number" = ANY(\(wanted)::bigint[]) ORDER BY chat."number"
             """, binds)
         for row in chats {
-            let (number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage, lastActivity, version) =
-                try row.decode((Int64, String, Bool, String, Bool, String?, Int64, Int64, Int64).self)
-            directory.chats.append(ChatRow(number: number, subject: subject, isOneToOne: isOneToOne, invitePolicy: invitePolicy, isDefunct: isDefunct,
-                                           data: data, lastMessage: lastMessage, lastActivity: lastActivity))
-            directory.chatVersions[number] = version
+            var cells = Cells(row, of: "chat")
+            let chat = try PostgresStore.chat(&cells)
+            directory.chats.append(chat)
+            directory.chatVersions[chat.number] = try cells.next(Int64.self)
         }
-        directory.members = try run(connection, "SELECT \(Columns.member) FROM member WHERE chat = ANY(\(wanted)::bigint[]) ORDER BY chat, \"user\"", binds)
-            .map(PostgresStore.member)
+        directory.members = try members(of: numbers, on: connection)
         return directory
     }
 
