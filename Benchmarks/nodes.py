@@ -66,6 +66,26 @@ def start_node(scratch, name, store=None, *arguments, held=None):
     raise RuntimeError("a node did not listen")
 
 
+def start_nodes(scratch, url, count, deciding, held=None):
+    """`count` nodes on the database `url`, the first the writer, each with
+    `--all-nodes-decide` when `deciding`, the n-th in the cgroup `held[n]` when given:
+    (processes, socket paths)."""
+    processes, paths = [], []
+    for n in range(count):
+        process, path = start_node(scratch, f"node{n}", url, *(["--all-nodes-decide"] if deciding else []), held=held[n] if held else None)
+        processes.append(process)
+        paths.append(path)
+        time.sleep(0.3)  # the first is the writer
+    return processes, paths
+
+
+def stop_nodes(processes):
+    """Stops the nodes, the writer last."""
+    for process in reversed(processes):
+        process.terminate()
+        process.wait()
+
+
 class Session:
     def __init__(self, path, user):
         self.sock = socket.socket(socket.AF_UNIX)
@@ -200,9 +220,9 @@ def latencies(first, last, count=400):
     return (statistics.median(sent) * 1000, p(sent, 0.99)), (statistics.median(delivered) * 1000, p(delivered, 0.99))
 
 
-def measure(paths, processes, cluster=None):
+def measure(paths, processes, cluster=None, before_sends=None):
     usage = [[p.pid for p in processes], cluster]
-    rate = sends(paths, usage=usage)
+    rate = sends(paths, usage=usage, before_sends=before_sends)
     sent, delivered = latencies(paths[0], paths[-1])
     return rate, sent, delivered, usage[2], usage[3] if cluster else None, usage[4], usage[5]
 
@@ -220,17 +240,9 @@ def rows():
     for nodes, deciding in ((1, False), (2, False), (4, False), (2, True), (4, True)):
         with Cluster(settings=("shared_buffers=256MB",)) as cluster, tempfile.TemporaryDirectory() as scratch:
             database = cluster.create_database(f"bench{nodes}{'d' if deciding else ''}")
-            url = cluster.database_url(database)
-            processes, paths = [], []
-            for n in range(nodes):
-                process, path = start_node(scratch, f"node{n}", url, *(["--all-nodes-decide"] if deciding else []))
-                processes.append(process)
-                paths.append(path)
-                time.sleep(0.3)  # the first is the writer
+            processes, paths = start_nodes(scratch, cluster.database_url(database), nodes, deciding)
             row = measure(paths, processes, cluster)
-            for process in reversed(processes):
-                process.terminate()
-                process.wait()
+            stop_nodes(processes)
             name = f"PostgreSQL, {nodes} {'deciding ' if deciding else ''}node{'s' if nodes > 1 else ''}"
             table.append((name,) + row)
     return table
@@ -260,27 +272,16 @@ def held_rows(node_cores=HELD_NODE_CORES, database_cores=HELD_DATABASE_CORES, sh
             # Backends started later are the postmaster's children: in its group.
             for pid in cluster_pids(cluster):
                 database.add(pid)
-            processes, paths = [], []
-            for n in range(count):
-                held = cpucap.Held(node_cores)
-                groups.append(held)
-                process, path = start_node(scratch, f"node{n}", url, *(["--all-nodes-decide"] if deciding else []), held=held)
-                processes.append(process)
-                paths.append(path)
-                time.sleep(0.3)  # the first is the writer
-            usage = [[process.pid for process in processes], cluster]
+            groups += [cpucap.Held(node_cores) for _ in range(count)]
+            processes, paths = start_nodes(scratch, url, count, deciding, groups[1:])
             windows = []
 
             def count_held_back():
                 windows.append(cpucap.HeldBack(groups))
                 return windows[0]
-            rate = sends(paths, usage=usage, before_sends=count_held_back)
-            sent, delivered = latencies(paths[0], paths[-1])
-            node_used, database_used, client_used = usage[2:5]
+            rate, sent, delivered, node_used, database_used, client_used, _ = measure(paths, processes, cluster, before_sends=count_held_back)
             held_back = windows[0].shares
-            for process in reversed(processes):
-                process.terminate()
-                process.wait()
+            stop_nodes(processes)
         for group in groups:
             group.remove()
         name = f"{count} {'deciding' if deciding else 'relaying' if count > 1 else ''} node{'s' if count > 1 else ''}".replace("  ", " ")

@@ -105,7 +105,7 @@ def test_postgresql_restarted_under_load_loses_and_duplicates_nothing(cluster, s
     stop_sending.set()
     sender.join(timeout=120)
     assert not sender.is_alive()
-    assert process.poll() is None, "chatcore stopped after the restart:\n" + process.stderr.read().decode(errors="replace")[-6000:]
+    assert_still_serving(process)
     # Sends in flight when the server went away are answered Internal ("not confirmed");
     # the others waited for it to come back.
     count_after = len(sent)
@@ -126,6 +126,11 @@ def test_postgresql_restarted_under_load_loses_and_duplicates_nothing(cluster, s
     ids = [int(row.split("|")[0]) for row in rows]
     assert ids == list(range(ids[0], ids[0] + len(ids))), "ids consecutive"
     assert count_after > 0
+
+
+def assert_still_serving(process):
+    """`process` (started by `start`) has not exited; if it has, its log says why."""
+    assert process.poll() is None, "chatcore stopped after the restart:\n" + process.stderr.read().decode(errors="replace")[-6000:]
 
 
 def test_postgresql_restarted_under_pipelined_load_keeps_every_send_announced(cluster, scratch):
@@ -161,7 +166,7 @@ def test_postgresql_restarted_under_pipelined_load_keeps_every_send_announced(cl
     for thread in threads:
         thread.join(timeout=120)
         assert not thread.is_alive()
-    assert process.poll() is None, "chatcore stopped after the restart:\n" + process.stderr.read().decode(errors="replace")[-6000:]
+    assert_still_serving(process)
     for client in clients.values():
         client.close()
     assert stop(process) == 0
