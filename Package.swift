@@ -83,6 +83,7 @@ let package = Package(
             dependencies: [
                 "Engine", "Protocol", "Wire", "ServiceMetrics",
                 .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),

@@ -18,6 +18,7 @@ extension Engine {
             session.identity = users.ensure(userId: userId, batch: &batch.store) { newNumber(for: .user, after: $0) }.number
         }
         let user = session.identity!
+        session.tokenExpired = false
         var setUpNow = false
         if session.user == nil {
             batch.willChangeSetup(of: session)
@@ -42,6 +43,15 @@ extension Engine {
         batch.emit(.setupError(error), to: session)
     }
 
+    /// The token of a signed-in session expired: it needs a new one (as bbmcore says when
+    /// its token runs out).
+    func tokenExpired(session: EngineSession, batch: Batch) {
+        guard session.identity != nil, !session.tokenExpired else { return }
+        session.tokenExpired = true
+        let change = GlobalChange(name: "authTokenState", value: .value(.string("Needed")))
+        batch.emit(.listChange(.global(ListChangeGlobal(elements: [change]))), to: session)
+    }
+
     /// The session's `global` list (§3). Before a token is accepted:
     /// authTokenState (`Needed`, or `Rejected` after a refused token) and setupState
     /// `{"state":"NotRequested"}`. Accepted but no endpoint free: authTokenState `Ok`,
@@ -55,11 +65,12 @@ extension Engine {
         guard session.identity != nil else {
             return [Global(name: "authTokenState", value: .string(session.tokenRejected ? "Rejected" : "Needed")), setupState("NotRequested")]
         }
+        let tokenState = Global(name: "authTokenState", value: .string(session.tokenExpired ? "Needed" : "Ok"))
         guard let number = session.user, let user = users[number], let endpoint = session.endpoint else {
-            return [Global(name: "authTokenState", value: .string("Ok")), setupState("Full")]
+            return [tokenState, setupState("Full")]
         }
         return [
-            Global(name: "authTokenState", value: .string("Ok")),
+            tokenState,
             setupState("Success"),
             Global(name: "localUri", value: .string(user.uri)),
             Global(name: "localRegId", value: .string(String(user.regId))),

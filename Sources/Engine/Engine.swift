@@ -23,6 +23,8 @@ public final class Engine: @unchecked Sendable {
         case passthrough([Event], session: EngineSession)
         /// The session layer refused a token.
         case tokenRejected(SetupError, session: EngineSession)
+        /// The token a session signed in with expired (or its key left the JWKS file).
+        case tokenExpired(session: EngineSession)
         case close(EngineSession)
         case barrier(@Sendable () -> Void)
         /// Time passed: typing indications may have expired.
@@ -46,7 +48,7 @@ public final class Engine: @unchecked Sendable {
         var session: EngineSession? {
             switch self {
             case .request(_, _, let session), .authenticate(_, _, _, _, let session), .passthrough(_, let session),
-                 .tokenRejected(_, let session): session
+                 .tokenRejected(_, let session), .tokenExpired(let session): session
             default: nil
             }
         }
@@ -443,6 +445,12 @@ public final class Engine: @unchecked Sendable {
         inbox.put(.tokenRejected(error, session: session))
     }
 
+    /// The session's token expired: its `authTokenState` goes to `Needed` until a new
+    /// token for its user is accepted (the session layer refuses its requests meanwhile).
+    public func tokenExpired(session: EngineSession) {
+        inbox.put(.tokenExpired(session: session))
+    }
+
     public func close(_ session: EngineSession) {
         inbox.put(.close(session))
     }
@@ -797,6 +805,10 @@ public final class Engine: @unchecked Sendable {
             batch.finish(session)
             batch.begin(.answered, session: session)
             tokenRejected(error, session: session, batch: batch)
+        case .tokenExpired(let session):
+            batch.finish(session)
+            batch.begin(.answered, session: session)
+            tokenExpired(session: session, batch: batch)
         case .close(let session):
             batch.begin(.internal, session: nil)
             detach(session)

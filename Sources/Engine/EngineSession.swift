@@ -61,6 +61,9 @@ public final class EngineSession: @unchecked Sendable, Hashable {
     /// A token of this session was refused while it was not authenticated (its
     /// `authTokenState` shows `Rejected`).
     var tokenRejected = false
+    /// The token it signed in with expired, and no new one was accepted yet (its
+    /// `authTokenState` shows `Needed`).
+    var tokenExpired = false
     /// Lists it asked for before authenticating (answered empty): brought up to date with
     /// a `listAdd` when it authenticates (§4).
     var listedEarly: Set<ListType> = []

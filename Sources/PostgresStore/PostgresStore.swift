@@ -7,6 +7,7 @@ import NIOPosix
 import NIOSSL
 import PostgresNIO
 import Store
+import Synchronization
 import Threads
 
 /// `ChatStore` on a PostgreSQL database, through postgres-nio.
@@ -380,8 +381,15 @@ public final class PostgresStore: @unchecked Sendable {
         let deadline = ContinuousClock.now + patience
         while true {
             do {
-                return try PostgresConnection.connect(on: MultiThreadedEventLoopGroup.singleton.next(), configuration: location.configuration, id: id,
-                                                      logger: logger).wait()
+                let connection = try PostgresConnection.connect(on: MultiThreadedEventLoopGroup.singleton.next(), configuration: location.configuration,
+                                                                id: id, logger: logger).wait()
+                do {
+                    try makeCommitsDurable(connection, logger: logger)
+                } catch {
+                    try? connection.close().wait()
+                    throw error
+                }
+                return connection
             } catch {
                 if let error = error as? PSQLError, !PostgresStore.mayPassByWaiting(error) { throw error }
                 guard ContinuousClock.now < deadline else { throw error }
@@ -390,6 +398,23 @@ public final class PostgresStore: @unchecked Sendable {
             }
         }
     }
+
+    /// A commit is announced `Sent` once PostgreSQL says it is committed, which means on
+    /// its disk only when `synchronous_commit` is not `off`: a role or database set to
+    /// `off` would lose announced commits in a crash of the server. Such a setting is
+    /// overridden for this connection (the others, `local` to `remote_apply`, all flush
+    /// the server's own WAL first), and said once.
+    static func makeCommitsDurable(_ connection: PostgresConnection, logger: Logger) throws {
+        let shown = try connection.query("SHOW synchronous_commit", logger: logger).wait()
+        guard let level = try shown.first?.decode(String.self), level == "off" else { return }
+        _ = try connection.query("SET synchronous_commit = on", logger: logger).wait()
+        if !warnedOfAsynchronousCommits.exchange(true, ordering: .relaxed) {
+            logger.warning("the database or role sets synchronous_commit = off, under which a crash of PostgreSQL loses commits it said were made: chatcore sets it on for its own connections",
+                           metadata: ["was": "\(level)"])
+        }
+    }
+
+    private static let warnedOfAsynchronousCommits = Atomic<Bool>(false)
 
     /// Whether a failed connection attempt may succeed later: refused or unreachable, or
     /// the server is starting or stopping (SQLSTATE 57P0x, 08xxx) — it may be restarting.
@@ -1039,18 +1064,27 @@ public final class PostgresStore: @unchecked Sendable {
             // Each slot's events after a number, by the index (as node_commit_slot for commits).
             "CREATE INDEX node_event_slot ON node_event (slot, \"number\")",
         ]),
+        ("v11-no-credential-in-the-database", [
+            // v4's credential made a session of any user for whoever read it (any role
+            // that could SELECT writer_node, or saw a relay's first line): gone. Nodes
+            // vouch for relayed users with a key given to them out of band
+            // (--node-key-file); the writer advertises only a random value of its own, to
+            // which their tokens are bound.
+            "ALTER TABLE writer_node RENAME COLUMN credential TO instance",
+            "UPDATE writer_node SET instance = ''",
+        ]),
     ]
 
     /// Says where this node (the writer) accepts connections, for the other nodes, and
-    /// the credential with which a node relaying a trusted standard input/output session
-    /// starts it there (a new one for each writer: anyone who can read the database can
-    /// read it, and could read every message anyway).
-    public func advertise(_ address: String, credential: String) throws {
+    /// its `instance`: a random value, not a secret, to which the tokens of nodes relaying
+    /// a trusted standard input/output session here are bound (empty: this writer accepts
+    /// none, it has no node key).
+    public func advertise(_ address: String, instance: String) throws {
         try withConnection { connection in
             var binds = Binds()
             try runCommitted(connection, PostgresQuery(unsafeSQL: """
-                INSERT INTO writer_node (id, address, credential, since) VALUES (1, \(binds.add(address)), \(binds.add(credential)), now())
-                ON CONFLICT (id) DO UPDATE SET address = EXCLUDED.address, credential = EXCLUDED.credential, since = EXCLUDED.since
+                INSERT INTO writer_node (id, address, instance, since) VALUES (1, \(binds.add(address)), \(binds.add(instance)), now())
+                ON CONFLICT (id) DO UPDATE SET address = EXCLUDED.address, instance = EXCLUDED.instance, since = EXCLUDED.since
                 """, binds: binds.bindings))
         }
     }
@@ -1130,16 +1164,16 @@ public final class PostgresStore: @unchecked Sendable {
         /// Where the writer accepts connections now, as it advertised (nil: none yet, or
         /// the database cannot be read).
         public static func writerAddress(location: Location, logger: Logger) -> String? {
-            // The credential's column exists only once a writer of this release migrated
+            // The instance's column exists only once a writer of this release migrated
             // the database: not asked for here.
             try? advertised("address", location: location, logger: logger)?.decode(String.self)
         }
 
-        /// Where the writer accepts connections now and its credential for relayed
-        /// standard input/output sessions, as it advertised (nil: none yet, or the
-        /// database cannot be read).
-        public static func writer(location: Location, logger: Logger) -> (address: String, credential: String)? {
-            try? advertised("address, credential", location: location, logger: logger)?.decode((String, String).self)
+        /// Where the writer accepts connections now and its instance, to which node
+        /// tokens for relayed standard input/output sessions are bound, as it advertised
+        /// (nil: none yet, or the database cannot be read).
+        public static func writer(location: Location, logger: Logger) -> (address: String, instance: String)? {
+            try? advertised("address, instance", location: location, logger: logger)?.decode((String, String).self)
         }
 
         /// The `columns` of what the writer advertised (`advertise`), read on a connection

@@ -17,18 +17,25 @@ public final class FollowerProxy: @unchecked Sendable {
     /// off the event loops: it may ask the database.
     private let writer: @Sendable () -> ListenAddress?
     private let logger: Logger
+    /// Relayed connections open at once (`--max-sessions`, fitted to the descriptors).
+    private let admitted: ConnectionLimit
     private let lock = NIOLock()
     private var listeners: [Channel] = []
     private var connections: [ObjectIdentifier: Channel] = [:]
+    /// The local addresses of this proxy's own connections to the writer: one accepted
+    /// from such an address is this node relaying to itself (the writer advertised an
+    /// address that, from here, is this node).
+    private var ownUpstreams: Set<String> = []
     /// The last answer of `writer` and when it came: connections waiting for a writer ask
     /// every 200 ms, and each answer costs a database connection, so it is shared.
     private var lastLookup: (address: ListenAddress?, at: NIODeadline)?
     /// Held while `writer` is asked (one at a time; the others take its answer).
     private let lookupLock = NIOLock()
 
-    public init(group: MultiThreadedEventLoopGroup, writer: @escaping @Sendable () -> ListenAddress?, logger: Logger) {
+    public init(group: MultiThreadedEventLoopGroup, writer: @escaping @Sendable () -> ListenAddress?, maxConnections: Int = 10_000, logger: Logger) {
         self.group = group
         self.writer = writer
+        self.admitted = ConnectionLimit(maxConnections)
         self.logger = logger
     }
 
@@ -41,6 +48,11 @@ public final class FollowerProxy: @unchecked Sendable {
             .childChannelOption(.autoRead, value: false)
             .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelInitializer { [self] channel in
+                if refuseIfOwn(channel) { return channel.close() }
+                guard admitted.admit(channel) else {
+                    logger.warning("refusing a connection to relay: --max-sessions reached", metadata: ["maxSessions": "\(admitted.limit)"])
+                    return channel.close()
+                }
                 track(channel)
                 ServiceMetrics.relayedConnectionsAccepted.increment()
                 ServiceMetrics.relayedConnections.increment()
@@ -63,6 +75,16 @@ public final class FollowerProxy: @unchecked Sendable {
         }
         for listener in listening { try? listener.close().wait() }
         for channel in open { try? channel.close().wait() }
+    }
+
+    /// Whether `client` is this proxy's own connection to the writer, coming back: said,
+    /// and then the caller closes it (which closes the connection it relayed, and so on
+    /// back to the first client), instead of relaying it again without end.
+    private func refuseIfOwn(_ client: Channel) -> Bool {
+        guard let remote = client.remoteAddress.map({ "\($0)" }), lock.withLock({ ownUpstreams.contains(remote) }) else { return false }
+        logger.error("the writer's advertised address reaches this node itself: refusing to relay to it (give the writer an --advertise address other nodes reach it at)",
+                     metadata: ["address": "\(client.localAddress.map { "\($0)" } ?? "?")"])
+        return true
     }
 
     private func track(_ channel: Channel) {
@@ -100,8 +122,18 @@ public final class FollowerProxy: @unchecked Sendable {
                 if self.isOpen(client) { self.relay(client, deadline: deadline) }
             }
         }
+        // Checked again here: accepting it may have come before its upstream was noted.
+        if refuseIfOwn(client) {
+            client.close(promise: nil)
+            return
+        }
         guard let address = currentWriter() else {
             tryAgain("no node serves the store yet")
+            return
+        }
+        if case .unix = address, lock.withLock({ listeners.contains { $0.localAddress.map { "unix:\($0.pathname ?? "")" } == address.description } }) {
+            logger.error("the writer's advertised address is this node's own socket: refusing to relay to it", metadata: ["address": "\(address)"])
+            client.close(promise: nil)
             return
         }
         let bootstrap = ClientBootstrap(group: client.eventLoop)
@@ -118,6 +150,10 @@ public final class FollowerProxy: @unchecked Sendable {
                 tryAgain("cannot reach the writer node at \(address): \(error)")
             case .success(let upstream):
                 self.track(upstream)
+                if let local = upstream.localAddress.map({ "\($0)" }) {
+                    self.lock.withLock { _ = self.ownUpstreams.insert(local) }
+                    upstream.closeFuture.whenComplete { _ in self.lock.withLock { _ = self.ownUpstreams.remove(local) } }
+                }
                 let toWriter = Relay(partner: upstream)
                 let toClient = Relay(partner: client)
                 do {

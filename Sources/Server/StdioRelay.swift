@@ -12,9 +12,10 @@ import Glibc
 /// relayed, byte for byte, to the writer over a socket, so that the writer's engine decides
 /// for it as for every other session of the deployment (what `FollowerProxy` does for
 /// socket connections). A session started trusted (`--user`) is started so there too: the
-/// first line the writer reads is an `authToken` with the nodes' credential, which the
-/// writer advertised in the database and which makes that connection the session of that
-/// user, as if it were the writer's own standard input/output.
+/// first line the writer reads is an `authToken` carrying a token this node signed with the
+/// node key (`--node-key-file`, never in the database) for that user and that writer,
+/// which makes that connection the session of that user, as if it were the writer's own
+/// standard input/output.
 ///
 /// Blocking threads, as `StdioTransport`: standard input may be a regular file, which
 /// epoll cannot watch.
@@ -38,7 +39,7 @@ public final class StdioRelay: @unchecked Sendable {
     private let lock = NSLock()
     nonisolated(unsafe) private var inputEnded = false
 
-    /// Connects to the writer at `address` and sends `first` (the credential's line, or
+    /// Connects to the writer at `address` and sends `first` (the node token's line, or
     /// nothing) before anything of standard input.
     public init(to address: ListenAddress, first: [UInt8], logger: Logger, input: Int32 = 0, output: Int32 = 1) throws {
         signal(SIGPIPE, SIG_IGN)
@@ -52,11 +53,11 @@ public final class StdioRelay: @unchecked Sendable {
         }
     }
 
-    /// The first line of a session started trusted as `user`: its `authToken` carries the
-    /// nodes' `credential` (see `Session`).
-    public static func trustedStart(user: String, credential: String) -> [UInt8] {
-        var writer = JSONWriter(capacity: 256)
-        Request.authToken(AuthToken(userId: user, authToken: credential)).encode(to: &writer)
+    /// The first line of a session started trusted as `user`: its `authToken` carries this
+    /// node's word for it (`NodeKey.vouch`; see `Session`).
+    public static func trustedStart(user: String, token: String) -> [UInt8] {
+        var writer = JSONWriter(capacity: 512)
+        Request.authToken(AuthToken(userId: user, authToken: token)).encode(to: &writer)
         return writer.bytes
     }
 

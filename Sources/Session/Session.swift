@@ -32,10 +32,14 @@ public final class Session: EventSink, @unchecked Sendable {
         /// Requests of one session that may wait in the engine before its input pauses.
         public var maxRequestsInFlight: Int
         public var maxLineBytes: Int
+        /// A session whose token expired is closed when no new token was accepted this
+        /// long after (nil: never).
+        public var authTimeout: Duration?
 
-        public init(maxRequestsInFlight: Int = 1024, maxLineBytes: Int = 1 << 20) {
+        public init(maxRequestsInFlight: Int = 1024, maxLineBytes: Int = 1 << 20, authTimeout: Duration? = .seconds(60)) {
             self.maxRequestsInFlight = maxRequestsInFlight
             self.maxLineBytes = maxLineBytes
+            self.authTimeout = authTimeout
         }
     }
 
@@ -102,11 +106,12 @@ public final class Session: EventSink, @unchecked Sendable {
         switch decoded.result {
         case .failure(let failure):
             respond(RealProtocol.failure(failure, request: decoded.request, line: line).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number))
-        case .success(.authToken(let request)) where number == 1 && transport != .stdio && authenticator.isNodeCredential(request.authToken):
+        case .success(.authToken(let request)) where number == 1 && transport != .stdio
+            && authenticator.acceptsNodeToken(request.authToken, userId: request.userId):
             // Another node of a shared store relays its standard input/output session
-            // here, started as `userId`: from now on this is that session, as if it were
-            // this node's own (no `global` answer to this line, and the client's lines
-            // are numbered from the next one).
+            // here, started as `userId`, and vouched for it with the node key: from now on
+            // this is that session, as if it were this node's own (no `global` answer to
+            // this line, and the client's lines are numbered from the next one).
             lineOffset = 1
             start(trustedAs: request.userId)
         case .success(.authToken(let request)):
@@ -114,6 +119,11 @@ public final class Session: EventSink, @unchecked Sendable {
             inFlight.add(1, ordering: .relaxed)
             submitOrHold(.token(request, line: number))
         case .success(let request):
+            if let expired = token.withLock({ $0.expired }) {
+                respond(ProtocolError(.notAuthenticated, "the session's token expired at \(expired): send a new authToken for its user")
+                    .requestFailed(request: request.name, cookie: request.cookie, line: number))
+                return
+            }
             handOver()
             inFlight.add(1, ordering: .relaxed)
             submitOrHold(.request(request, line: number))
@@ -133,6 +143,7 @@ public final class Session: EventSink, @unchecked Sendable {
     }
 
     public func close() {
+        authenticator.unwatch(ObjectIdentifier(self))
         handOver(flush: true)
         submitOrHold(.close)
     }
@@ -159,6 +170,7 @@ public final class Session: EventSink, @unchecked Sendable {
         case token(AuthToken, line: Int)
         case answer(Event)
         case barrier(@Sendable () -> Void)
+        case tokenExpired
         case close
     }
 
@@ -189,6 +201,8 @@ public final class Session: EventSink, @unchecked Sendable {
             engine.barrier(done)
         case .close:
             engine.close(handle)
+        case .tokenExpired:
+            engine.tokenExpired(session: handle)
         case .token(let request, let line):
             switch authenticator.check() {
             case .accepted:
@@ -200,8 +214,8 @@ public final class Session: EventSink, @unchecked Sendable {
                 engine.beginOutsideWork()
                 let authenticator = self.authenticator
                 Task { [self] in
-                    let error = await authenticator.verify(token: request.authToken, userId: request.userId)
-                    verified(request, line: line, error: error)
+                    let verdict = await authenticator.verify(token: request.authToken, userId: request.userId)
+                    verified(request, line: line, verdict: verdict)
                 }
             }
         }
@@ -209,12 +223,16 @@ public final class Session: EventSink, @unchecked Sendable {
 
     /// A token's check is done: its answer, then everything held behind it, go to the
     /// engine (up to the next token that needs checking).
-    private func verified(_ request: AuthToken, line: Int, error: SetupErrorCode?) {
+    private func verified(_ request: AuthToken, line: Int, verdict: Authenticator.Verdict) {
         holdLock.lock()
         defer { holdLock.unlock() }
-        if let error {
+        switch verdict {
+        case .refused(let error):
             engine.rejectToken(SetupError(error: error, cookie: request.cookie), session: handle)
-        } else {
+        case .accepted(let expires, let keyId):
+            if accepted(userId: request.userId) {
+                watch(until: expires, keyId: keyId)
+            }
             engine.authenticate(userId: request.userId, cookie: request.cookie, line: line, announce: true, session: handle)
         }
         holding = false
@@ -222,6 +240,69 @@ public final class Session: EventSink, @unchecked Sendable {
             submit(held.removeFirst())
         }
         engine.endOutsideWork()
+    }
+
+    // MARK: the token's life (any thread)
+
+    /// What the session knows of the token it signed in with.
+    private struct TokenLife {
+        /// The user the first accepted token was for: later tokens of another user
+        /// change nothing here (the engine refuses them).
+        var user: String?
+        /// Counts accepted tokens: a timer or key watch of an older token does nothing.
+        var generation = 0
+        /// When the current token expired (nil: it has not).
+        var expired: Date?
+    }
+
+    private let token = Locked(TokenLife())
+
+    /// A token for `userId` was accepted: true when it is the session's (first) user's, and
+    /// so takes the place of the token before.
+    private func accepted(userId: String) -> Bool {
+        token.withLock { life in
+            if let user = life.user, !user.utf8.elementsEqual(userId.utf8) { return false }
+            life.user = userId
+            life.generation += 1
+            life.expired = nil
+            return true
+        }
+    }
+
+    /// Ends the current token at `expires`, or when the JWKS key `keyId` is gone.
+    private func watch(until expires: Date, keyId: String?) {
+        let generation = token.withLock { $0.generation }
+        if let keyId {
+            authenticator.watchKey(keyId, owner: ObjectIdentifier(self)) { [weak self] in self?.expire(generation: generation) }
+        } else {
+            authenticator.unwatch(ObjectIdentifier(self))
+        }
+        guard expires != .distantFuture else { return }
+        let delay = max(0, expires.timeIntervalSinceNow)
+        DispatchQueue.global().asyncAfter(deadline: .now() + min(delay, 100 * 365 * 86_400)) { [weak self] in
+            self?.expire(generation: generation)
+        }
+    }
+
+    /// The token of `generation` is over: the session's requests are refused, its
+    /// `authTokenState` goes to `Needed`, and without a new token within the auth timeout
+    /// the session is closed.
+    private func expire(generation: Int) {
+        let now = Date()
+        let current = token.withLock { life -> Bool in
+            guard life.generation == generation, life.expired == nil else { return false }
+            life.expired = now
+            return true
+        }
+        guard current else { return }
+        inFlight.add(1, ordering: .relaxed)
+        submitOrHold(.tokenExpired)
+        guard let timeout = limits.authTimeout else { return }
+        let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
+        DispatchQueue.global().asyncAfter(deadline: .now() + seconds) { [weak self] in
+            guard let self, self.token.withLock({ $0.generation == generation && $0.expired != nil }) else { return }
+            self.output.closeAfterWritten()
+        }
     }
 
     private func handOver(flush: Bool = false) {

@@ -60,11 +60,26 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("With --store postgres, on a node waiting to be the writer: take over from a writer that has not said it is alive (it does every second) for this long, ending its database sessions. At least 3.", valueName: "seconds"))
     var writerTimeout: Double = 10
 
-    @Option(name: .long, help: ArgumentHelp("A file whose bytes (trailing whitespace removed) are the HMAC key for authToken JWTs.", valueName: "file"))
+    @Option(name: .long, help: ArgumentHelp("A file whose bytes, as they are (at least 32), are the HMAC key for authToken JWTs (HS256).", valueName: "file"))
     var authSecretFile: String?
 
-    @Option(name: .long, help: ArgumentHelp("A JWKS file (JSON Web Key Set): authToken JWTs signed RS256 or ES256 by one of its keys are accepted. Read again on SIGHUP.", valueName: "file"))
+    @Option(name: .long, help: ArgumentHelp("A JWKS file (JSON Web Key Set): authToken JWTs signed RS256 or ES256 by one of its keys are accepted. Read again on SIGHUP. Needs --auth-audience.", valueName: "file"))
     var authJwks: String?
+
+    @Option(name: .long, help: ArgumentHelp("A token's 'aud' must name this (the identity provider's name for this service): other applications of the same provider cannot sign in here. Needed with --auth-jwks.", valueName: "audience"))
+    var authAudience: String?
+
+    @Option(name: .long, help: ArgumentHelp("A token's 'iss' must be this (the identity provider).", valueName: "issuer"))
+    var authIssuer: String?
+
+    @Option(name: .long, help: ArgumentHelp("Seconds by which a token's exp, nbf and iat may be off this machine's clock.", valueName: "seconds"))
+    var authLeeway: Double = TokenPolicy.defaultLeeway
+
+    @Option(name: .long, help: ArgumentHelp("A token valid for longer than this (exp from iat) is refused.", valueName: "seconds"))
+    var authMaxLifetime: Double = TokenPolicy.defaultMaxLifetime
+
+    @Option(name: .long, help: ArgumentHelp("With --store postgres: a file whose bytes (at least 32) every node of the database is given, never stored in it. A node relaying its standard input/output session (--user) to the writer vouches for its user with it.", valueName: "file"))
+    var nodeKeyFile: String?
 
     @Flag(name: .long, help: "Accept any authToken. Refuses to listen on anything but loopback addresses and Unix sockets.")
     var insecureNoAuth = false
@@ -93,7 +108,7 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Close a socket connection that sends nothing for this many seconds (0: never).", valueName: "seconds"))
     var idleTimeout: Int = 0
 
-    @Option(name: .long, help: ArgumentHelp("Close a socket connection whose authToken has not been accepted this many seconds after it connected (0: never).", valueName: "seconds"))
+    @Option(name: .long, help: ArgumentHelp("Close a socket connection whose authToken has not been accepted this many seconds after it connected, or after its token expired (0: never).", valueName: "seconds"))
     var authTimeout: Int = 60
 
     @Option(name: .long, help: ArgumentHelp("Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT).", valueName: "ADDR"))
@@ -137,6 +152,13 @@ struct Serve: AsyncParsableCommand {
         if (authSecretFile != nil || authJwks != nil) && insecureNoAuth {
             throw ValidationError("--insecure-no-auth accepts any token: it excludes --auth-secret-file and --auth-jwks")
         }
+        if authJwks != nil && authAudience == nil {
+            // Every application of an identity provider gets tokens signed by its keys:
+            // without the audience, any of them could sign its users in here.
+            throw ValidationError("--auth-jwks needs --auth-audience: the value the identity provider puts in 'aud' for this service (else a token it made for any other application signs in here)")
+        }
+        guard authLeeway >= 0, authLeeway <= 600 else { throw ValidationError("--auth-leeway must be 0 to 600 seconds") }
+        guard authMaxLifetime > 0 else { throw ValidationError("--auth-max-lifetime must be positive") }
         for text in listen {
             guard let address = ListenAddress(text) else {
                 throw ValidationError("--listen \(text): expected HOST:PORT or unix:PATH")
@@ -147,6 +169,11 @@ struct Serve: AsyncParsableCommand {
         }
         if let metrics {
             guard case .tcp? = ListenAddress(metrics) else { throw ValidationError("--metrics \(metrics): expected HOST:PORT") }
+        }
+        if store != nil, advertise == nil, let first = listen.first, case .tcp(let host, _)? = ListenAddress(first), host == "0.0.0.0" || host == "::" {
+            // It would be advertised as loopback: a node on another machine configured the
+            // same way would relay every connection to itself.
+            throw ValidationError("--listen \(first) with --store needs --advertise HOST:PORT, the address other nodes reach this one at (a wildcard listener would be advertised as loopback, where a node on another machine reaches only itself)")
         }
         if !listen.isEmpty && authSecretFile == nil && authJwks == nil && !insecureNoAuth {
             throw ValidationError("sockets need --auth-secret-file or --auth-jwks (or --insecure-no-auth on loopback): no one could authenticate")
@@ -183,12 +210,26 @@ struct Serve: AsyncParsableCommand {
                 Serve.warnIfOthersMayRead(authSecretFile, what: "--auth-secret-file: whoever reads it can sign in as any user", logger: logger)
             }
             do {
-                authenticator = try await Authenticator(mode: .keys(secret: secret, jwksPath: authJwks))
+                authenticator = try await Authenticator(mode: .keys(secret: secret, jwksPath: authJwks),
+                                                        policy: TokenPolicy(audience: authAudience, issuer: authIssuer, leeway: authLeeway, maxLifetime: authMaxLifetime))
             } catch {
-                throw ValidationError("--auth-jwks: \(error)")
+                throw ValidationError(authSecretFile != nil && authJwks == nil ? "--auth-secret-file: \(error)" : "\(error)")
             }
         } else {
             authenticator = try await Authenticator(mode: insecureNoAuth ? .insecure : .unconfigured)
+        }
+
+        var nodeKey: NodeKey?
+        if let nodeKeyFile {
+            do {
+                nodeKey = try NodeKey.load(path: nodeKeyFile)
+            } catch {
+                throw ValidationError("--node-key-file: \(error)")
+            }
+            Serve.warnIfOthersMayRead(nodeKeyFile, what: "--node-key-file: whoever reads it can relay a session as any user", logger: logger)
+            if case .keys(let secret?, _) = authenticator.mode, let bytes = try? Authenticator.loadSecret(path: nodeKeyFile), bytes == secret {
+                throw ValidationError("--node-key-file and --auth-secret-file must differ: the node key is for nodes only")
+            }
         }
 
         // From the store's opening on, SIGINT/SIGTERM never kill the process half started:
@@ -240,7 +281,7 @@ struct Serve: AsyncParsableCommand {
                 // standard input/output: relayed to the writer, and this process ends
                 // with it. With --listen: relay every connection to the writer until it
                 // goes, then be it.
-                if listen.isEmpty { throw ExitCode(relayStandardIO(held.location, logger: logger)) }
+                if listen.isEmpty { throw ExitCode(relayStandardIO(held.location, nodeKey: nodeKey, logger: logger)) }
                 guard user == nil else {
                     logger.critical("\(held); a node that is not the writer relays either its standard input/output (without --listen) or its socket connections (with --listen, without --user), not both")
                     throw ExitCode(1)
@@ -302,7 +343,8 @@ struct Serve: AsyncParsableCommand {
                                               "chats": "\(engine.chatCount)", "users": "\(engine.userCount)",
                                               "wholeFileCheck": "\(store.wholeFileCheck)"])
 
-        let sessionLimits = Session.Limits(maxRequestsInFlight: maxRequestsInFlight, maxLineBytes: maxLineBytes)
+        let sessionLimits = Session.Limits(maxRequestsInFlight: maxRequestsInFlight, maxLineBytes: maxLineBytes,
+                                           authTimeout: authTimeout > 0 ? .seconds(authTimeout) : nil)
         // The standard input/output session exists (and a --user is authenticated) before
         // any socket is accepted: the trusted user is always the first user of a new store.
         let stdio = user != nil || listen.isEmpty
@@ -332,9 +374,11 @@ struct Serve: AsyncParsableCommand {
                                 metadata: ["address": "\(address)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
                     if case .postgres(let database) = store, database.isWriter, text == listening[0] {
                         let advertised = (relayedOnly ? nil : advertise) ?? Serve.reachable(address, port: channel.localAddress?.port)
-                        let credential = Serve.nodeCredential()
-                        authenticator.acceptNodeCredential(credential)
-                        try database.advertise(advertised, credential: credential)
+                        // Nodes given the node key vouch for the users of the sessions
+                        // they relay; without it, none can.
+                        let tokens = nodeKey.map(NodeTokens.init)
+                        if let tokens { authenticator.acceptNodeTokens(tokens) }
+                        try database.advertise(advertised, instance: tokens?.instance ?? "")
                         logger.info("this node is the writer: other nodes relay their connections to it", metadata: ["advertised": "\(advertised)"])
                     }
                 } catch {
@@ -421,27 +465,28 @@ struct Serve: AsyncParsableCommand {
 
     nonisolated(unsafe) static var followTimer: DispatchSourceTimer?
 
-    /// A new writer's credential for the sessions other nodes relay to it started
-    /// trusted: 32 random bytes, in hex.
-    static func nodeCredential() -> String {
-        var generator = SystemRandomNumberGenerator()
-        return (0..<32).map { _ in String(format: "%02x", UInt8.random(in: 0...255, using: &generator)) }.joined()
-    }
-
     /// This node's standard input/output session, relayed to the writer of the shared
     /// store (which may still be starting: its address is awaited for
     /// `FollowerProxy.writerPatience`). Returns the exit code: 0 once the input ended and
     /// the writer answered all of it, 1 when the writer went first (the session is over:
     /// its client starts chatcore again, which then serves by itself or relays to the
     /// next writer).
-    private func relayStandardIO(_ location: PostgresStore.Location, logger: Logger) -> Int32 {
+    private func relayStandardIO(_ location: PostgresStore.Location, nodeKey: NodeKey?, logger: Logger) -> Int32 {
+        if user != nil && nodeKey == nil {
+            logger.critical("another node is the writer of the store: relaying a session started as --user to it needs --node-key-file (the same file on every node)")
+            return 1
+        }
         let deadline = ContinuousClock.now + .nanoseconds(FollowerProxy.writerPatience.nanoseconds)
         var relay: StdioRelay?
         var problem = "no writer has said where it accepts connections"
         while relay == nil {
             if let writer = PostgresStore.WriterLock.writer(location: location, logger: logger) {
                 if let address = ListenAddress(writer.address) {
-                    let first = user.map { StdioRelay.trustedStart(user: $0, credential: writer.credential) } ?? []
+                    if user != nil && writer.instance.isEmpty {
+                        logger.critical("the writer node was started without --node-key-file: it accepts no session relayed as a --user; give every node the same --node-key-file")
+                        return 1
+                    }
+                    let first = user.map { StdioRelay.trustedStart(user: $0, token: nodeKey!.vouch(for: $0, to: writer.instance)) } ?? []
                     do {
                         relay = try StdioRelay(to: address, first: first, logger: logger)
                         logger.info("another node is the writer of the store: relaying standard input/output to it", metadata: ["writer": "\(address)"])
@@ -493,7 +538,7 @@ struct Serve: AsyncParsableCommand {
     private func follow(_ location: PostgresStore.Location, loops: MultiThreadedEventLoopGroup, logger: Logger) async throws -> PostgresStore.WriterLock {
         let proxy = FollowerProxy(group: loops, writer: {
             PostgresStore.WriterLock.writerAddress(location: location, logger: logger).flatMap(ListenAddress.init)
-        }, logger: logger)
+        }, maxConnections: Serve.sessionsThatFit(maxSessions, relaying: true, logger: logger), logger: logger)
         for text in listen {
             let channel = try await proxy.bind(ListenAddress(text)!)
             logger.info("listening (relaying to the writer node)", metadata: ["address": "\(text)", "port": "\(channel.localAddress?.port ?? 0)"])

@@ -10,11 +10,17 @@ struct Token: AsyncParsableCommand {
     @Option(name: .long, help: "The user id the token is for (its 'sub').")
     var user: String
 
-    @Option(name: .long, help: "A file whose bytes (trailing whitespace removed) are the HMAC key; the same file `serve` uses.")
+    @Option(name: .long, help: "A file whose bytes, as they are (at least 32), are the HMAC key; the same file `serve` uses.")
     var authSecretFile: String
 
-    @Option(name: .long, help: "Seconds until the token expires.")
+    @Option(name: .long, help: "Seconds until the token expires (serve refuses more than its --auth-max-lifetime, a day by default).")
     var expiresIn: Int64 = 86_400
+
+    @Option(name: .long, help: "The token's 'aud', for a service started with --auth-audience.")
+    var audience: String?
+
+    @Option(name: .long, help: "The token's 'iss', for a service started with --auth-issuer.")
+    var issuer: String?
 
     func validate() throws {
         guard !user.isEmpty, user.utf8.count <= 128 else { throw ValidationError("--user must be 1 to 128 bytes") }
@@ -28,6 +34,9 @@ struct Token: AsyncParsableCommand {
         } catch {
             throw ValidationError("cannot read --auth-secret-file: \(error)")
         }
-        print(try await Authenticator.issue(userId: user, secret: secret, expiresIn: expiresIn))
+        guard secret.count >= Authenticator.minimumSecretBytes else {
+            throw ValidationError("--auth-secret-file has \(secret.count) bytes: HS256 needs at least \(Authenticator.minimumSecretBytes) (head -c 32 /dev/urandom > FILE)")
+        }
+        print(try await Authenticator.issue(userId: user, secret: secret, expiresIn: expiresIn, audience: audience, issuer: issuer))
     }
 }

@@ -26,12 +26,26 @@ def real_binary():
 # Tests/python's helpers start "the binary" through this name.
 chatcore_binary = real_binary
 
+_node_key = []
+
+
+def node_key_file():
+    """The key every node of these tests is given (--node-key-file): 32 random bytes,
+    made once per run, readable by its owner only."""
+    if not _node_key:
+        directory = tempfile.mkdtemp(prefix="chatcore-node-key-")
+        path = os.path.join(directory, "node.key")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.write(os.urandom(32))
+        _node_key.append(path)
+    return _node_key[0]
+
 
 def start(cluster, database, scratch, *arguments, url=None, environment=None):
     """chatcore on a Unix socket with its store in `database`; returns (process, socket)."""
     socket_path = os.path.join(scratch, f"{database}-{len(os.listdir(scratch))}.sock")
     command = [real_binary(), "serve", "--data-dir", os.path.join(scratch, "data-" + socket_path[-8:-5]), "--listen", "unix:" + socket_path,
-               "--insecure-no-auth", "--store", url or cluster.database_url(database), *arguments]
+               "--insecure-no-auth", "--store", url or cluster.database_url(database), "--node-key-file", node_key_file(), *arguments]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                env=dict(os.environ, **(environment or {})))
     deadline = time.time() + 60

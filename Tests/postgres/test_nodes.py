@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import chat_with_bob, real_binary
+from conftest import chat_with_bob, node_key_file, real_binary
 from postgres_cluster import PsqlSession, postgres_bin
 from chatcore_harness import Client, auth, body, connect_when_serving, scrape
 
@@ -43,7 +43,7 @@ class Node:
         self.log = open(os.path.join(scratch, name + ".log"), "w+")
         pipe = subprocess.PIPE if stdio else subprocess.DEVNULL
         self.process = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, name), "--listen", "unix:" + self.socket,
-                                         "--insecure-no-auth", "--store", url, *arguments],
+                                         "--insecure-no-auth", "--store", url, "--node-key-file", node_key_file(), *arguments],
                                         stdin=pipe, stdout=pipe, stderr=self.log)
         _started.append(self.process)
         deadline = time.time() + 60
@@ -108,7 +108,7 @@ class StdioClient(Client):
         """`chatcore serve` with these arguments on the store at `url`, logging to a file."""
         log = open(os.path.join(scratch, name + ".log"), "w+")
         process = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, name), "--insecure-no-auth",
-                                    "--store", url, *arguments],
+                                    "--store", url, "--node-key-file", node_key_file(), *arguments],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
         _started.append(process)
         return cls(process, log)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import chat_with_bob, real_binary, start, stop, user_on
+from conftest import chat_with_bob, node_key_file, real_binary, start, stop, user_on
 from postgres_cluster import postgres_bin
 from chatcore_harness import Client, auth, body, small_tmpfs
 
@@ -72,7 +72,7 @@ def test_one_process_writes_a_database_and_one_that_cannot_relay_says_why(cluste
     # Without --listen its session is relayed: an input that is over at once is answered
     # (nothing) and the process ends.
     third = subprocess.run([real_binary(), "serve", "--data-dir", os.path.join(scratch, "third"), "--user", "bob",
-                            "--store", cluster.database_url("one")], input=b"", capture_output=True, timeout=60)
+                            "--store", cluster.database_url("one"), "--node-key-file", node_key_file()], input=b"", capture_output=True, timeout=60)
     assert third.returncode == 0, third.stderr
     assert b"relaying standard input/output to it" in third.stderr
     assert stop(first) == 0
@@ -272,7 +272,8 @@ def test_a_store_of_the_previous_release_is_migrated_and_each_writer_takes_the_n
     applied = cluster.psql("SELECT name FROM chatcore_migration", database="epoch").split()
     assert sorted(applied, key=lambda name: int(name[1:].split("-")[0])) == [
         "v1-chatcore", "v2-writer-address", "v3-writer-epoch", "v4-node-credential", "v5-search-in-the-database", "v6-chat-versions",
-        "v7-numbers", "v8-claims-in-chat-order", "v9-all-nodes-decide", "v10-notify-followers"]
+        "v7-numbers", "v8-claims-in-chat-order", "v9-all-nodes-decide", "v10-notify-followers",
+        "v11-no-credential-in-the-database"]
     contents = cluster.psql(f"SELECT content FROM message WHERE chat = {int(chat)} AND tag = 'Text' ORDER BY id", database="epoch").split("\n")
     assert [c for c in contents if c] == ["one", "again", "again"]
 
@@ -536,3 +537,31 @@ def test_random_statement_failures_under_pipelined_load_keep_every_answer_true(c
     for chat in chats:
         ids = [int(row) for row in cluster.psql(f"SELECT id FROM message WHERE chat = {int(chat)} ORDER BY id", database="chaos").split()]
         assert ids == list(range(1, len(ids) + 1)), (chat, ids)
+
+
+def test_commits_are_durable_when_the_database_sets_synchronous_commit_off(scratch):
+    """`ALTER DATABASE … SET synchronous_commit = off` (or the same on the role) makes
+    PostgreSQL answer a commit before its WAL is written: a crash of the server then loses
+    commits chatcore already announced Sent. chatcore sets it on for its connections."""
+    from postgres_cluster import Cluster
+    # The WAL writer waits 10 s between its rounds: a commit not flushed by its own
+    # backend stays in PostgreSQL's memory that long, and an immediate stop loses it.
+    with Cluster(settings=("fsync=off", "wal_writer_delay=10000ms", "wal_writer_flush_after=0")) as cluster:
+        cluster.create_database("async")
+        cluster.psql('ALTER DATABASE "async" SET synchronous_commit = off')
+        process, socket_path = start(cluster, "async", scratch)
+        assert socket_path is not None, process.stderr.read().decode()
+        alice = Client(socket_path)
+        auth(alice, "alice")
+        chat = chat_with_bob(alice, "durable")
+        for n in range(20):
+            answer = alice.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"m{n}", "cookie": f"m{n}"}})
+            assert any("listAdd" in e and body(e).get("cookie") == f"m{n}" for e in answer), answer
+        # PostgreSQL dies at once (as in a crash: nothing in its memory is written).
+        cluster.pg_ctl("-m", "immediate", "-w", "restart")
+        stored = cluster.psql(f"SELECT count(*) FROM message WHERE chat = {int(chat)} AND tag = 'Text'", database="async").strip()
+        assert stored == "20", f"{stored} of 20 announced messages survived the crash"
+        alice.close()
+        process.kill()
+        process.wait()
+        assert b"synchronous_commit = off" in process.stderr.read()

@@ -30,7 +30,7 @@ def test_deep_lines_are_refused_and_nothing_dies():
     with tempfile.TemporaryDirectory() as work:
         secret = os.path.join(work, "secret")
         with open(secret, "w") as f:
-            f.write("k")
+            f.write("k" * 32)
         path = os.path.join(work, "s")
         server = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", os.path.join(work, "d"), "--listen", "unix:" + path,
                                    "--auth-secret-file", secret], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

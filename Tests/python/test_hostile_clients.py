@@ -159,7 +159,7 @@ def test_connections_that_never_authenticate_lose_their_place_at_the_auth_timeou
     with tempfile.TemporaryDirectory() as work:
         secret = os.path.join(work, "secret")
         with open(secret, "w") as f:
-            f.write("a secret for this test")
+            f.write("a secret for this test, 32 bytes or more")
         good = subprocess.run([chatcore_binary(), "token", "--user", "alice", "--auth-secret-file", secret],
                               capture_output=True, text=True, check=True).stdout.strip()
         process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", os.path.join(work, "d"), "--listen", "127.0.0.1:0",

@@ -17,7 +17,11 @@ from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from chatcore_harness import Client, start_socket_server
 from conftest import chatcore_binary
 
-SECRET = b"a secret of the service"
+# HS256 keys are at least 32 bytes, used as they are: this one ends in whitespace, which
+# must not be stripped (that would change about one random key in 64).
+SECRET = b"a secret of the service, 32+ bytes \n"
+AUDIENCE = "chatcore-tests"
+ISSUER = "https://idp.example"
 
 
 def b64(data):
@@ -30,7 +34,7 @@ def b64_int(number):
 
 def claims(sub, **extra):
     now = int(time.time())
-    return {"sub": sub, "iat": now, "exp": now + 3600, **extra}
+    return {"sub": sub, "iat": now, "exp": now + 3600, "aud": AUDIENCE, "iss": ISSUER, **extra}
 
 
 def token(header, payload, sign):
@@ -42,9 +46,16 @@ def rs256(key):
     return lambda data: key.sign(data, padding.PKCS1v15(), hashes.SHA256())
 
 
-def es256(key):
+P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+def es256(key, high_s=False):
+    """ES256 in the low-S form chatcore accepts (or, with `high_s`, the other one: the
+    same signature's twin, n - s, which verifies as well)."""
     def sign(data):
         r, s = decode_dss_signature(key.sign(data, ec.ECDSA(hashes.SHA256())))
+        if (s > P256_ORDER // 2) != high_s:
+            s = P256_ORDER - s
         return r.to_bytes(32, "big") + s.to_bytes(32, "big")
     return sign
 
@@ -79,15 +90,15 @@ class Keys:
         return {"keys": [{"kty": "oct", "kid": "sym", "k": b64(b"x" * 32)}, {**rsa_jwk(self.rsa, "enc"), "use": "enc"}, *keys]}
 
 
-def serve(directory, jwks):
+def serve(directory, jwks, *arguments):
     jwks_path = os.path.join(directory, "jwks.json")
     with open(jwks_path, "w") as f:
         json.dump(jwks, f)
     secret_path = os.path.join(directory, "secret")
     with open(secret_path, "wb") as f:
-        f.write(SECRET + b"\n")
+        f.write(SECRET)
     command = [chatcore_binary(), "serve", "--data-dir", os.path.join(directory, "data"), "--listen", "unix:" + os.path.join(directory, "s"),
-               "--auth-jwks", jwks_path, "--auth-secret-file", secret_path]
+               "--auth-jwks", jwks_path, "--auth-secret-file", secret_path, "--auth-audience", AUDIENCE, "--auth-issuer", ISSUER, *arguments]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 60
     while not os.path.exists(os.path.join(directory, "s")):
@@ -123,11 +134,40 @@ def test_identity_provider_tokens_are_checked_against_the_jwks():
             cases = [
                 ("RS256 by a JWKS key", "alice", token({"alg": "RS256", "kid": "rsa-1"}, claims("alice"), rs256(keys.rsa)), "Ok"),
                 ("ES256 by a JWKS key", "bob", token({"alg": "ES256", "kid": "ec-1", "typ": "JWT"}, claims("bob"), es256(keys.ec)), "Ok"),
-                # The Linux idp sample's tokens: iss, aud and jti besides sub.
-                ("ES256 with iss, aud, jti", "carol", token({"alg": "ES256", "typ": "JWT", "kid": "ec-1"},
-                                                           claims("carol", iss="SimulatedIDP", aud="SampleApplication", jti="x1"), es256(keys.ec)), "Ok"),
+                # The Linux idp sample's tokens: iss, aud and jti besides sub (aud may be
+                # a list of audiences).
+                ("ES256 with iss, aud list, jti", "carol", token({"alg": "ES256", "typ": "JWT", "kid": "ec-1"},
+                                                                claims("carol", aud=["SampleApplication", AUDIENCE], jti="x1"), es256(keys.ec)), "Ok"),
                 ("ES256 without kid", "dave", token({"alg": "ES256"}, claims("dave"), es256(keys.ec)), "Ok"),
                 ("HS256 by the secret", "erin", token({"alg": "HS256"}, claims("erin"), hs256(SECRET)), "Ok"),
+                ("HS256 by the secret, trailing whitespace stripped", "erin", token({"alg": "HS256"}, claims("erin"), hs256(SECRET.rstrip())),
+                 "InvalidToken"),
+                # Another application of the same identity provider, or another provider.
+                ("aud is another application", "amy", token({"alg": "ES256", "kid": "ec-1"}, claims("amy", aud="some-other-app"), es256(keys.ec)),
+                 "InvalidToken"),
+                ("aud list without this service", "amy", token({"alg": "ES256", "kid": "ec-1"}, claims("amy", aud=["a", "b"]), es256(keys.ec)),
+                 "InvalidToken"),
+                ("no aud", "amy", token({"alg": "ES256", "kid": "ec-1"}, {k: v for k, v in claims("amy").items() if k != "aud"}, es256(keys.ec)),
+                 "InvalidToken"),
+                ("iss is another provider", "amy", token({"alg": "ES256", "kid": "ec-1"}, claims("amy", iss="https://evil"), es256(keys.ec)),
+                 "InvalidToken"),
+                ("HS256 with aud of another application", "amy", token({"alg": "HS256"}, claims("amy", aud="some-other-app"), hs256(SECRET)),
+                 "InvalidToken"),
+                # The header's alg must agree with the key's type, and a kid must be one of the file's.
+                ("ES256 naming the RSA key, signed RS256", "bea", token({"alg": "ES256", "kid": "rsa-1"}, claims("bea"), rs256(keys.rsa)), "InvalidToken"),
+                ("an unknown kid signed by a known key", "bea", token({"alg": "ES256", "kid": "nope"}, claims("bea"), es256(keys.ec)), "InvalidToken"),
+                ("crit names an extension", "bea", token({"alg": "ES256", "kid": "ec-1", "crit": ["exp"]}, claims("bea"), es256(keys.ec)), "InvalidToken"),
+                ("ES256 in high-S form", "bea", token({"alg": "ES256", "kid": "ec-1"}, claims("bea"), es256(keys.ec, high_s=True)), "InvalidToken"),
+                # Clocks: a second ahead is within the leeway; an hour is not; a token
+                # valid for a thousand years is refused.
+                ("the provider's clock a second ahead", "cat", token({"alg": "ES256", "kid": "ec-1"},
+                                                                     claims("cat", iat=int(time.time()) + 1, nbf=int(time.time()) + 1), es256(keys.ec)), "Ok"),
+                ("iat an hour in the future", "cat", token({"alg": "ES256", "kid": "ec-1"}, claims("cat", iat=int(time.time()) + 3600), es256(keys.ec)),
+                 "InvalidToken"),
+                ("valid for a thousand years", "cat", token({"alg": "ES256", "kid": "ec-1"}, claims("cat", exp=int(time.time()) + 1000 * 365 * 86400),
+                                                            es256(keys.ec)), "InvalidToken"),
+                ("valid for two days", "cat", token({"alg": "ES256", "kid": "ec-1"}, claims("cat", exp=int(time.time()) + 2 * 86400), es256(keys.ec)),
+                 "InvalidToken"),
                 ("ES256 by a key not in the JWKS", "frank", token({"alg": "ES256", "kid": "ec-1"}, claims("frank"), es256(keys.other_ec)), "InvalidToken"),
                 ("RS256 naming the EC key", "grace", token({"alg": "RS256", "kid": "ec-1"}, claims("grace"), rs256(keys.rsa)), "InvalidToken"),
                 ("expired", "heidi", token({"alg": "ES256", "kid": "ec-1"}, {**claims("heidi"), "exp": int(time.time()) - 60}, es256(keys.ec)), "TokenExpired"),
@@ -241,6 +281,89 @@ def test_a_jwks_that_cannot_be_used_refuses_to_start():
             with open(path, "w") as f:
                 f.write(content)
             result = subprocess.run([chatcore_binary(), "serve", "--data-dir", os.path.join(directory, "data"), "--listen", "127.0.0.1:0",
-                                     "--auth-jwks", path], capture_output=True, timeout=60)
+                                     "--auth-jwks", path, "--auth-audience", AUDIENCE], capture_output=True, timeout=60)
             assert result.returncode != 0
             assert says in result.stderr.decode(), result.stderr.decode()
+
+
+def test_keys_and_audiences_that_would_let_others_in_refuse_to_start():
+    keys = Keys()
+    with tempfile.TemporaryDirectory() as directory:
+        jwks = os.path.join(directory, "jwks.json")
+        with open(jwks, "w") as f:
+            json.dump(keys.jwks(ec_jwk(keys.ec, "ec-1")), f)
+        short = os.path.join(directory, "short")
+        with open(short, "wb") as f:
+            f.write(b"x" * 31)  # a 1-byte key was accepted, zero-padded
+        for arguments, says in [(["--auth-jwks", jwks], "--auth-jwks needs --auth-audience"),
+                                (["--auth-secret-file", short], "HS256 needs at least 32"),
+                                (["--auth-secret-file", short, "--auth-jwks", jwks, "--auth-audience", "a"], "HS256 needs at least 32")]:
+            result = subprocess.run([chatcore_binary(), "serve", "--data-dir", os.path.join(directory, "data"), "--listen", "127.0.0.1:0",
+                                     *arguments], capture_output=True, timeout=60)
+            assert result.returncode != 0, arguments
+            assert says in result.stderr.decode(), result.stderr.decode()
+        result = subprocess.run([chatcore_binary(), "token", "--user", "alice", "--auth-secret-file", short], capture_output=True, timeout=60)
+        assert result.returncode != 0 and b"at least 32" in result.stderr
+
+
+def global_change(event):
+    """The `global` elements a listChange carries, by name (None for other events)."""
+    if "listChange" not in event or event["listChange"].get("type") != "global":
+        return None
+    return {element["name"]: element["value"] for element in event["listChange"]["elements"]}
+
+
+def test_a_session_does_not_outlive_its_token_and_a_new_token_carries_it_on():
+    keys = Keys()
+    with tempfile.TemporaryDirectory() as directory:
+        process, _ = serve(directory, keys.jwks(ec_jwk(keys.ec, "ec-1")), "--auth-leeway", "0", "--auth-timeout", "3")
+        try:
+            path = os.path.join(directory, "s")
+            soon = lambda seconds: token({"alg": "ES256", "kid": "ec-1"}, claims("alice", exp=int(time.time()) + seconds), es256(keys.ec))
+            client = Client(path)
+            assert authenticate(client, "alice", soon(2)) == "Ok"
+            client.request({"identitiesGet": {"cookie": "before", "appUserIds": ["alice"]}})
+            # The token runs out: the session is told it needs a new one, and what it asks
+            # meanwhile is refused.
+            client.next_event(lambda e: global_change(e) == {"authTokenState": "Needed"}, timeout=10)
+            refused = client.request({"identitiesGet": {"cookie": "after", "appUserIds": ["alice"]}})[-1]
+            assert refused["requestFailed"]["error"] == "NotAuthenticated" and "expired" in refused["requestFailed"]["reason"], refused
+            # A new token for the same user: the session goes on, as it was.
+            client.send({"authToken": {"userId": "alice", "authToken": soon(2), "cookie": "again"}})
+            assert global_change(next_event(client))["authTokenState"] == "Ok"
+            answered = client.request({"identitiesGet": {"cookie": "refreshed", "appUserIds": ["alice"]}})[-1]
+            assert "identities" in answered, answered
+            # A token for someone else does not take the session over.
+            client.send({"authToken": {"userId": "bob", "authToken": token({"alg": "ES256", "kid": "ec-1"}, claims("bob"), es256(keys.ec)),
+                                       "cookie": "bob"}})
+            assert next_event(client)["setupError"]["error"] == "AlreadyAuthenticated"
+            # No new token within --auth-timeout: the session is closed.
+            client.next_event(lambda e: global_change(e) == {"authTokenState": "Needed"}, timeout=10)
+            assert client.closed.wait(timeout=10), "the session was not closed"
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def test_a_session_whose_key_left_the_jwks_needs_a_new_token():
+    keys = Keys()
+    with tempfile.TemporaryDirectory() as directory:
+        process, jwks_path = serve(directory, keys.jwks(ec_jwk(keys.ec, "old"), ec_jwk(keys.other_ec, "new")), "--auth-timeout", "30")
+        try:
+            path = os.path.join(directory, "s")
+            client = Client(path)
+            assert authenticate(client, "alice", token({"alg": "ES256", "kid": "old"}, claims("alice"), es256(keys.ec))) == "Ok"
+            other = Client(path)
+            assert authenticate(other, "bob", token({"alg": "ES256", "kid": "new"}, claims("bob"), es256(keys.other_ec))) == "Ok"
+            with open(jwks_path, "w") as f:
+                json.dump(keys.jwks(ec_jwk(keys.other_ec, "new")), f)
+            process.send_signal(signal.SIGHUP)
+            client.next_event(lambda e: global_change(e) == {"authTokenState": "Needed"}, timeout=10)
+            # Bob's key stayed: his session goes on.
+            assert "identities" in other.request({"identitiesGet": {"cookie": "b", "appUserIds": ["bob"]}})[-1]
+            assert not any(global_change(e) == {"authTokenState": "Needed"} for e in other.all)
+            client.close()
+            other.close()
+        finally:
+            process.terminate()
+            process.wait(timeout=30)

@@ -3,7 +3,7 @@
 
 import Wire
 
-/// Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId). On a node of a shared PostgreSQL store, the first line of a connection may instead carry the nodes' credential (written by the writer node into the database): that is how a node relays a standard input/output session started as userId (--user) to the writer, which then serves it as its own trusted session (no answer to this line, and the client's lines are numbered from the next).
+/// Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId). The token's aud and iss must be the service's when it is started with --auth-audience / --auth-issuer; exp, nbf and iat may be off the service's clock by --auth-leeway, and a token valid for longer than --auth-max-lifetime is refused. When the token expires (or its key leaves the JWKS file) authTokenState goes to Needed: requests are refused with NotAuthenticated until a new authToken for the same user is accepted on the session, and without one within --auth-timeout the session is closed. On a node of a shared PostgreSQL store, the first line of a connection may instead carry a node token (signed with the key every node is given out of band, --node-key-file, for this writer, valid once and for a minute): that is how a node relays a standard input/output session started as userId (--user) to the writer, which then serves it as its own trusted session (no answer to this line, and the client's lines are numbered from the next).
 public struct AuthToken: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The member name of this message on the wire.
     public static let name = "authToken"
