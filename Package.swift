@@ -5,7 +5,7 @@ import PackageDescription
 // Modules, from the bytes up (imports only point down this list):
 //   CYAJL       – the system YAJL library (libyajl-dev)
 //   CMalloc     – the C library's heap introspection (malloc.h)
-//   Threads     – chatcore's own threads name themselves (for top -H and /proc)
+//   Threads     – chatcore's own threads name themselves (for top -H and /proc); state they share (Locked)
 //   Wire        – line framing, YAJL reader, JSON writer, JSONValue, the decoding runtime
 //   Protocol    – the messages, generated from Schemas/ by Codegen
 //   Store       – the storage protocol the engine needs, and its records
@@ -81,7 +81,7 @@ let package = Package(
         .target(
             name: "Session",
             dependencies: [
-                "Engine", "Protocol", "Wire", "ServiceMetrics",
+                "Engine", "Protocol", "Wire", "ServiceMetrics", "Threads",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),

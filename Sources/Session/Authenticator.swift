@@ -1,6 +1,7 @@
 import Foundation
 import JWTKit
 import Protocol
+import Threads
 import Wire
 
 /// What a token must say besides its signature: who it is for and from, and how far

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Threads
 import Wire
 
 /// The key every node of a deployment is given out of band (`--node-key-file`), never
@@ -140,19 +141,5 @@ enum KeyFile {
             throw NodeKey.KeyError(description: "cannot read the \(what) file \(path): \((error as NSError).localizedFailureReason ?? error.localizedDescription)")
         }
         return [UInt8](data)
-    }
-}
-
-/// A value behind a lock (NSLock: ThreadSanitizer sees pthread locks).
-final class Locked<Value>: @unchecked Sendable {  // the value is only reached under `lock`
-    private let lock = NSLock()
-    private var value: Value
-
-    init(_ value: Value) { self.value = value }
-
-    func withLock<T>(_ body: (inout Value) throws -> T) rethrows -> T {
-        lock.lock()
-        defer { lock.unlock() }
-        return try body(&value)
     }
 }

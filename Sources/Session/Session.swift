@@ -3,6 +3,7 @@ import Foundation
 import Protocol
 import ServiceMetrics
 import Synchronization
+import Threads
 import Wire
 
 /// Where a session's output goes: a transport's writer. Implementations buffer, keep
