@@ -81,9 +81,13 @@ public final class SocketServer: Sendable {
         /// is closed (nil: never), so that connections that never sign in cannot hold
         /// `maxSessions` places for ever.
         public var authTimeout: TimeAmount?
+        /// Bytes of lines not yet ended that all connections together may hold: past it,
+        /// the line that would go over is refused as too large.
+        public var maxBufferedInput: Int
 
         public init(session: Session.Limits = .init(), outputHighWater: Int = 1 << 20, maxOutputBytes: Int = 64 << 20,
-                    maxOutputTotal: Int = 256 << 20, maxSessions: Int = 10_000, idleTimeout: TimeAmount? = nil, authTimeout: TimeAmount? = nil) {
+                    maxOutputTotal: Int = 256 << 20, maxSessions: Int = 10_000, idleTimeout: TimeAmount? = nil, authTimeout: TimeAmount? = nil,
+                    maxBufferedInput: Int = 256 << 20) {
             self.session = session
             self.outputHighWater = outputHighWater
             self.maxOutputBytes = maxOutputBytes
@@ -91,6 +95,7 @@ public final class SocketServer: Sendable {
             self.maxSessions = maxSessions
             self.idleTimeout = idleTimeout
             self.authTimeout = authTimeout
+            self.maxBufferedInput = maxBufferedInput
         }
     }
 
@@ -103,6 +108,8 @@ public final class SocketServer: Sendable {
     private let sessions: ConnectionLimit
     /// Output written to every connection and not yet taken by its client.
     private let unread: UnreadOutput
+    /// Partial lines held for every connection.
+    private let buffered: BufferedInput
     /// The listeners and the open connections, for a shutdown that answers everyone.
     /// Guards `listeners` and `connections` (NSLock: ThreadSanitizer sees pthread locks,
     /// not `Synchronization.Mutex`'s futex).
@@ -118,6 +125,7 @@ public final class SocketServer: Sendable {
         self.logger = logger
         sessions = ConnectionLimit(limits.maxSessions)
         unread = UnreadOutput(limit: limits.maxOutputTotal, highWater: limits.outputHighWater, connections: sessions)
+        buffered = BufferedInput(limit: limits.maxBufferedInput)
     }
 
     /// Starts listening; returns the bound channel (its local address has the real port).
@@ -158,7 +166,7 @@ public final class SocketServer: Sendable {
                         try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle))
                     }
                     let handler = SessionHandler(engine: engine, authenticator: authenticator, transport: transport, limits: limits,
-                                                 unreadByAll: self.unread, logger: logger)
+                                                 unreadByAll: self.unread, bufferedByAll: self.buffered, logger: logger)
                     try channel.pipeline.syncOperations.addHandler(handler)
                 }
             }
@@ -270,8 +278,11 @@ final class SessionHandler: ChannelDuplexHandler {
     private let transport: Transport
     private let limits: SocketServer.Limits
     private let unreadByAll: UnreadOutput
+    private let bufferedByAll: BufferedInput
     private let logger: Logger
     private var framer: LineFramer
+    /// Whether lines may be `--max-line-bytes` long yet (once the session authenticated).
+    private var fullLines = false
     private var session: Session?
     private var output: SocketOutput?
     /// A read was asked for while input was paused.
@@ -279,14 +290,16 @@ final class SessionHandler: ChannelDuplexHandler {
     /// Closes the connection if it has not authenticated by then (`Limits.authTimeout`).
     private var authDeadline: Scheduled<Void>?
 
-    init(engine: Engine, authenticator: Authenticator, transport: Transport, limits: SocketServer.Limits, unreadByAll: UnreadOutput, logger: Logger) {
+    init(engine: Engine, authenticator: Authenticator, transport: Transport, limits: SocketServer.Limits, unreadByAll: UnreadOutput,
+         bufferedByAll: BufferedInput, logger: Logger) {
         self.engine = engine
         self.authenticator = authenticator
         self.transport = transport
         self.limits = limits
         self.unreadByAll = unreadByAll
+        self.bufferedByAll = bufferedByAll
         self.logger = logger
-        self.framer = LineFramer(maxLineBytes: limits.session.maxLineBytes)
+        self.framer = LineFramer(maxLineBytes: min(limits.session.maxLineBytesBeforeAuth, limits.session.maxLineBytes))
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
@@ -307,9 +320,23 @@ final class SessionHandler: ChannelDuplexHandler {
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard let session else { return }
+        if !fullLines && session.isAuthenticated {
+            fullLines = true
+            framer.raiseLimit(to: limits.session.maxLineBytes)
+        }
         let buffer = unwrapInboundIn(data)
+        let before = framer.bufferedBytes
         buffer.withUnsafeReadableBytes { bytes in
             framer.feed(bytes) { session.receive($0) }
+        }
+        let after = framer.bufferedBytes
+        if after != before && !bufferedByAll.change(by: after - before) {
+            bufferedByAll.change(by: -after)
+            framer.abandonPartialLine {
+                if case .tooLarge(let number) = $0 {
+                    session.refuseLine(number: number, reason: "the service holds too much of its clients' unfinished lines: the line is refused (send it again later)")
+                }
+            }
         }
     }
 
@@ -320,13 +347,14 @@ final class SessionHandler: ChannelDuplexHandler {
     func channelInactive(context: ChannelHandlerContext) {
         authDeadline?.cancel()
         authDeadline = nil
+        bufferedByAll.change(by: -framer.bufferedBytes)
         framer.finish { session?.receive($0) }
         session?.close()
         session = nil
         // The output refers back to this handler (to resume reading): let go of it, and
         // of any partial line, so nothing of a closed connection stays.
         output = nil
-        framer = LineFramer(maxLineBytes: limits.session.maxLineBytes)
+        framer = LineFramer(maxLineBytes: 1)
         context.fireChannelInactive()
     }
 
@@ -334,6 +362,7 @@ final class SessionHandler: ChannelDuplexHandler {
         if let event = event as? ChannelEvent, event == .inputClosed {
             // The client is done sending (shutdown of its write side): answer everything
             // it sent, then close.
+            bufferedByAll.change(by: -framer.bufferedBytes)
             framer.finish { session?.receive($0) }
             let channel = context.channel
             session?.finishInput {
@@ -442,6 +471,25 @@ final class UnreadOutput: Sendable {
 
     func remove(_ count: Int) {
         bytes.subtract(count, ordering: .relaxed)
+    }
+}
+
+/// Bytes of partial lines all connections of a server hold, against
+/// `Limits.maxBufferedInput`.
+final class BufferedInput: Sendable {
+    private let limit: Int
+    private let bytes = Atomic<Int>(0)
+
+    init(limit: Int) {
+        self.limit = limit
+    }
+
+    /// Counts `delta` more (or fewer) bytes; false when a growth put the total over the
+    /// limit (it is counted: the caller lets go of what it holds and says so).
+    @discardableResult
+    func change(by delta: Int) -> Bool {
+        let total = bytes.add(delta, ordering: .relaxed).newValue
+        return delta <= 0 || total <= limit
     }
 }
 

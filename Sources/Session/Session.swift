@@ -33,6 +33,9 @@ public final class Session: EventSink, @unchecked Sendable {
         /// Requests of one session that may wait in the engine before its input pauses.
         public var maxRequestsInFlight: Int
         public var maxLineBytes: Int
+        /// Before a token is accepted a line may be at most this long (an authToken line
+        /// is < 9 KB): an anonymous connection cannot make the service hold much.
+        public var maxLineBytesBeforeAuth: Int = 16 * 1024
         /// A session whose token expired is closed when no new token was accepted this
         /// long after (nil: never).
         public var authTimeout: Duration?
@@ -92,10 +95,17 @@ public final class Session: EventSink, @unchecked Sendable {
         case .line(let bytes, let number):
             receive(line: bytes, number: number)
         case .tooLarge(let number):
-            ServiceMetrics.received(nil)
-            respond(ProtocolError(.tooLarge, "the line is longer than the limit of \(limits.maxLineBytes) bytes (--max-line-bytes)")
-                .requestFailed(request: nil, cookie: nil, line: number - lineOffset))
+            let reason = !isAuthenticated && limits.maxLineBytesBeforeAuth < limits.maxLineBytes
+                ? "the line is longer than the \(limits.maxLineBytesBeforeAuth) bytes a line may have before a token is accepted"
+                : "the line is longer than the limit of \(limits.maxLineBytes) bytes (--max-line-bytes)"
+            refuseLine(number: number, reason: reason)
         }
+    }
+
+    /// The line `number` is refused, as too large, for `reason` (it is skipped).
+    public func refuseLine(number: Int, reason: String) {
+        ServiceMetrics.received(nil)
+        respond(ProtocolError(.tooLarge, reason).requestFailed(request: nil, cookie: nil, line: number - lineOffset))
     }
 
     public func receive(line: UnsafeRawBufferPointer, number framed: Int) {

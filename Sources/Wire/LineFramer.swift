@@ -14,7 +14,7 @@ public struct LineFramer: Sendable {
         case tooLarge(number: Int)
     }
 
-    public let maxLineBytes: Int
+    public private(set) var maxLineBytes: Int
     /// Bytes of a line that began in an earlier chunk.
     private var partial: [UInt8] = []
     /// True while the rest of an overlong line is being thrown away.
@@ -29,6 +29,27 @@ public struct LineFramer: Sendable {
 
     /// True when no partial line is buffered (nothing is lost if the input ends here).
     public var isAtLineBoundary: Bool { partial.isEmpty && !discarding }
+
+    /// Bytes of a line not yet ended, held here.
+    public var bufferedBytes: Int { partial.count }
+
+    /// Lines may be longer from now on (a session that authenticated).
+    public mutating func raiseLimit(to limit: Int) {
+        maxLineBytes = max(maxLineBytes, limit)
+    }
+
+    /// The line being read is refused as too large now (all sessions together hold too
+    /// much of their partial lines): what was held of it is let go, the rest skipped.
+    public mutating func abandonPartialLine(_ body: (Frame) throws -> Void) rethrows {
+        guard !partial.isEmpty else { return }
+        partial = []
+        discarding = true
+        try body(.tooLarge(number: lineNumber))
+    }
+
+    /// A line's buffer is kept for the next only up to this size: one long line must not
+    /// hold its memory for the life of the connection.
+    static let keptCapacity = 64 * 1024
 
     public mutating func feed(_ chunk: UnsafeRawBufferPointer, _ body: (Frame) throws -> Void) rethrows {
         guard let base = chunk.baseAddress, chunk.count > 0 else { return }
@@ -94,7 +115,7 @@ public struct LineFramer: Sendable {
         }
         partial.append(contentsOf: UnsafeRawBufferPointer(start: bytes, count: count))
         let line = partial
-        partial.removeAll(keepingCapacity: true)
+        partial.removeAll(keepingCapacity: partial.capacity <= LineFramer.keptCapacity)
         try line.withUnsafeBytes { try emit($0, body) }
     }
 

@@ -102,6 +102,9 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: "Unread output of all socket sessions together above which a session behind by more than its share (this over the sessions open, at least --output-high-water) is disconnected when more is written to it. Default: 4 × --max-output-bytes.")
     var maxOutputTotal: Int?
 
+    @Option(name: .long, help: "Bytes of unfinished lines all socket sessions together may hold; the line that would go over is refused (TooLarge).")
+    var maxInputTotal: Int = 256 << 20
+
     @Option(name: .long, help: "Socket connections open at once; further ones are closed when accepted. Lowered to what the file descriptor limit leaves room for.")
     var maxSessions: Int = 10_000
 
@@ -135,6 +138,7 @@ struct Serve: AsyncParsableCommand {
         guard maxLineBytes > 0 else { throw ValidationError("--max-line-bytes must be positive") }
         guard maxRequestsInFlight > 0 else { throw ValidationError("--max-requests-in-flight must be positive") }
         guard maxSessions > 0 else { throw ValidationError("--max-sessions must be positive") }
+        guard maxInputTotal > 0 else { throw ValidationError("--max-input-total must be positive") }
         guard maxEndpoints > 0 else { throw ValidationError("--max-endpoints must be positive") }
         // Past 1 TiB, MiB to bytes would lose high bits (2^44 MiB became 0: no cache).
         guard cacheMb >= 0, cacheMb <= 1 << 20 else { throw ValidationError("--cache-mb must be 0 to 1048576 (1 TiB)") }
@@ -362,7 +366,7 @@ struct Serve: AsyncParsableCommand {
                                       limits: .init(session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
                                                     maxOutputTotal: outputTotalLimit,
                                                     maxSessions: Serve.sessionsThatFit(maxSessions, relaying: store.isShared, logger: logger), idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil,
-                                                    authTimeout: authTimeout > 0 ? .seconds(Int64(authTimeout)) : nil),
+                                                    authTimeout: authTimeout > 0 ? .seconds(Int64(authTimeout)) : nil, maxBufferedInput: maxInputTotal),
                                       logger: logger)
             server = sockets
             for text in listening {

@@ -351,3 +351,69 @@ def test_more_connections_than_file_descriptors_are_closed_not_left_spinning():
         finally:
             process.terminate()
             process.wait(timeout=30)
+
+
+def current_rss_kb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_anonymous_connections_holding_partial_lines_cost_a_few_kib_each():
+    """Before a token is accepted a line may be 16 KiB, not --max-line-bytes: 1,000
+    connections each holding 256 KiB of a line with no newline held 256 MB before (each
+    could hold 1 MiB: 10,000 of them pinned ~15 GB)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    with tempfile.TemporaryDirectory() as work:
+        process, port = serve(os.path.join(work, "d"), "--auth-timeout", "120")
+        try:
+            time.sleep(0.5)
+            before = current_rss_kb(process.pid)
+            chunk = b'{"authToken":{"userId":"alice","authToken":"' + b"a" * (256 * 1024)
+            connections = []
+            for _ in range(1000):
+                sock = socket.create_connection(("127.0.0.1", port))
+                sock.sendall(chunk)
+                connections.append(sock)
+            # Every one is told its line is too long, at once (it is not buffered).
+            first = connections[0].makefile("rb").readline()
+            assert b'"TooLarge"' in first and b"before a token is accepted" in first, first
+            time.sleep(1)
+            grown_mb = (current_rss_kb(process.pid) - before) / 1024
+            assert grown_mb < 150 * BOUND_SCALE, f"1,000 anonymous partial lines grew RSS by {grown_mb:.0f} MB"
+            for sock in connections:
+                sock.close()
+            # A signed-in session still sends long lines (up to --max-line-bytes).
+            normal = Normal(port, "bob")
+            normal.send({"identitiesGet": {"cookie": "x" * (200 * 1024), "appUserIds": ["bob"]}})
+            answer = normal.until(lambda line: b'"identities"' in line or b"requestFailed" in line)
+            assert b"TooLarge" not in answer and b"at most 256 bytes" in answer, answer[:200]
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+
+
+def test_partial_lines_of_all_sessions_together_are_bounded():
+    with tempfile.TemporaryDirectory() as work:
+        process, port = serve(os.path.join(work, "d"), "--max-input-total", str(2 << 20))
+        try:
+            clients = [Normal(port, f"user{n}") for n in range(6)]
+            for client in clients:
+                client.sock.sendall(b'{"identitiesGet":{"cookie":"' + b"x" * (600 * 1024))
+            refused = []
+            for client in clients:
+                client.sock.settimeout(0.5)
+                try:
+                    line = client.file.readline()
+                except (socket.timeout, OSError):
+                    continue
+                if b"TooLarge" in line:
+                    refused.append(line)
+            assert refused, "no line was refused past --max-input-total"
+            assert b"unfinished lines" in refused[0]
+            assert len(refused) < 6, "every session's line was refused"
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
