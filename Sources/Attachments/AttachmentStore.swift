@@ -63,7 +63,8 @@ public final class AttachmentStore: @unchecked Sendable {
 
     // MARK: admitting a source
 
-    /// A file a request named, opened for reading.
+    /// A file a request named, opened for reading, and the directory that holds it
+    /// (through which it is removed, for the Move and Delete policies).
     public struct Source: Sendable {
         public let descriptor: Int32
         /// The resolved path (no symbolic links).
@@ -71,6 +72,18 @@ public final class AttachmentStore: @unchecked Sendable {
         public let size: Int64
         /// The sanitized base name of the path as the request gave it.
         public let name: String
+        /// The directory holding it, opened when it was, and its name there.
+        let directory: Int32
+        let entry: String
+        /// Which file it is: it is removed only while its name there still names it.
+        let device: UInt64
+        let inode: UInt64
+
+        /// Closes the file and its directory.
+        public func close() {
+            Glibc.close(descriptor)
+            Glibc.close(directory)
+        }
     }
 
     public enum AdmitError: Error, Sendable {
@@ -80,9 +93,26 @@ public final class AttachmentStore: @unchecked Sendable {
         case unusable(String)
     }
 
+    /// The directory of `userId` under the attachments directory: its files are the only
+    /// ones its socket sessions may attach (and move or delete). The user id, with `%`, `/`,
+    /// control characters and a leading `.` written as `%XX` (so that no id names another
+    /// directory, `..` included).
+    public static func userDirectory(_ userId: String) -> String {
+        var name: [UInt8] = []
+        for (index, byte) in userId.utf8.enumerated() {
+            if byte == UInt8(ascii: "%") || byte == UInt8(ascii: "/") || byte < 0x20 || byte == 0x7F || (index == 0 && byte == UInt8(ascii: ".")) {
+                name += Array(String(format: "%%%02X", byte).utf8)
+            } else {
+                name.append(byte)
+            }
+        }
+        return String(decoding: name, as: UTF8.self)
+    }
+
     /// Opens the file at `path` for a session. With `allowed` (a resolved directory), only
     /// files inside it, after resolving symbolic links and `..`, may be opened; nothing
-    /// outside is opened at all.
+    /// outside is opened at all, and a file with other names (hard links, which may lead
+    /// anywhere on the file system) is refused.
     public static func open(_ path: String, field: String, allowed: String?) throws(AdmitError) -> Source {
         var candidate = path
         if let allowed, path.utf8.first != UInt8(ascii: "/") { candidate = allowed + "/" + path }
@@ -111,8 +141,24 @@ public final class AttachmentStore: @unchecked Sendable {
                 close(descriptor)
                 throw .notPermitted("'\(field)' is outside the attachments directory")
             }
+            // A hard link made in the directory to a file elsewhere (the service's own
+            // secrets, say) resolves inside it: a file must have one name.
+            guard status.st_nlink == 1 else {
+                close(descriptor)
+                throw .notPermitted("'\(field)' has other names (hard links): only a file of its own may be attached")
+            }
         }
-        return Source(descriptor: descriptor, path: resolved, size: Int64(status.st_size), name: sanitize(path))
+        let parent = (resolved as NSString).deletingLastPathComponent
+        let directory = Glibc.open(parent, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        var named = stat()
+        guard directory >= 0, fstatat(directory, (resolved as NSString).lastPathComponent, &named, AT_SYMLINK_NOFOLLOW) == 0,
+              named.st_dev == status.st_dev, named.st_ino == status.st_ino else {
+            if directory >= 0 { close(directory) }
+            close(descriptor)
+            throw .unusable("'\(field)' \(path) changed while it was being opened")
+        }
+        return Source(descriptor: descriptor, path: resolved, size: Int64(status.st_size), name: sanitize(path), directory: directory,
+                      entry: (resolved as NSString).lastPathComponent, device: UInt64(status.st_dev), inode: UInt64(status.st_ino))
     }
 
     public static func realPath(_ path: String) -> String? {
@@ -124,7 +170,7 @@ public final class AttachmentStore: @unchecked Sendable {
     /// Byte for byte, as the file system names files: Swift's `hasPrefix` compares by
     /// canonical equivalence, so "cafe\u{301}/" would pass for "caf\u{E9}/", another
     /// directory.
-    static func isInside(_ path: String, _ directory: String) -> Bool {
+    public static func isInside(_ path: String, _ directory: String) -> Bool {
         let prefix = directory.utf8.last == UInt8(ascii: "/") ? directory : directory + "/"
         return path.utf8.starts(with: prefix.utf8)
     }
@@ -204,21 +250,25 @@ public final class AttachmentStore: @unchecked Sendable {
         return hex
     }
 
-    /// Removes the source after it was stored (`Move`, `Delete` policies), if it is still
-    /// the file that was stored and, with `allowed`, still inside that directory.
-    public func removeSource(_ source: Source, allowed: String?) {
+    /// Removes the source once the message's link to its copy is durable (`Move`,
+    /// `Delete` policies): through the directory it was opened in (a directory renamed
+    /// or swapped for a link since cannot lead elsewhere), and only while its name there
+    /// still names the file that was stored.
+    public func removeSource(_ source: Source) {
         var now = stat()
-        var then = stat()
-        guard lstat(source.path, &now) == 0, fstat(source.descriptor, &then) == 0,
-              now.st_dev == then.st_dev, now.st_ino == then.st_ino else { return }
-        if let allowed {
-            let parent = (source.path as NSString).deletingLastPathComponent
-            guard let resolvedParent = AttachmentStore.realPath(parent), AttachmentStore.isInside(resolvedParent + "/x", allowed) else { return }
-        }
-        unlink(source.path)
+        guard fstatat(source.directory, source.entry, &now, AT_SYMLINK_NOFOLLOW) == 0,
+              UInt64(now.st_dev) == source.device, UInt64(now.st_ino) == source.inode else { return }
+        unlinkat(source.directory, source.entry, 0)
     }
 
     // MARK: paths and links
+
+    /// The contents stored, by name (a SHA-256 in hex).
+    public func storedBlobs() -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: blobs.path)) ?? []).filter { name in
+            name.utf8.count == 64 && name.utf8.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }
+        }
+    }
 
     public func blobPath(_ blob: String) -> String {
         blobs.appendingPathComponent(blob).path

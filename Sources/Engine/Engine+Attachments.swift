@@ -2,10 +2,32 @@ import Attachments
 import Dispatch
 import Protocol
 import Store
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
 #endif
+
+/// The files a message's attachments are copied from, while they are being stored.
+struct SourcesInFlight {
+    var thumb: AttachmentStore.Source?
+    var file: AttachmentStore.Source?
+    var removeThumb: Bool
+    var removeFile: Bool
+
+    func close() {
+        thumb?.close()
+        file?.close()
+    }
+
+    /// The Move and Delete policies' removals, then closes: once the message's link to
+    /// its copies is durable, so that a failed commit never loses both.
+    func removeByPolicy(_ attachments: AttachmentStore) {
+        if let thumb, removeThumb { attachments.removeSource(thumb) }
+        if let file, removeFile { attachments.removeSource(file) }
+        close()
+    }
+}
 
 /// Attachments (§7): which files a session may name, storing them off the
 /// engine thread, downloads and detaching, and releasing stored contents.
@@ -23,8 +45,10 @@ extension Engine {
         let allowed: String?
         if session.transport == .stdio {
             allowed = nil
-        } else if let directory = attachmentsDirectory {
-            allowed = directory
+        } else if let directory = attachmentsDirectory, let user = session.user.flatMap({ users[$0] }) {
+            // A socket session attaches only its own user's files: the directory the
+            // application fills for that user.
+            allowed = directory + "/" + AttachmentStore.userDirectory(user.userId)
         } else {
             throw ProtocolError.notPermitted("sessions over sockets may not attach files: the service was started without --attachments-dir")
         }
@@ -40,7 +64,7 @@ extension Engine {
                 }
             }
             if source.size > limit {
-                Glibc.close(source.descriptor)
+                source.close()
                 throw ProtocolError(.tooLarge, "'\(field)' is \(source.size) bytes, over the limit of \(limit)")
             }
             return source
@@ -50,7 +74,7 @@ extension Engine {
             let file = try open(request.file, field: "file", limit: Engine.maxFileBytes)
             return (thumb, file)
         } catch {
-            if let thumb { Glibc.close(thumb.descriptor) }
+            thumb?.close()
             throw error
         }
     }
@@ -63,15 +87,11 @@ extension Engine {
         guard let attachments else { return }
         let chatNumber = chat.number
         let id = message.id
-        let allowed = session.transport == .stdio ? nil : attachmentsDirectory
-        let removeThumb = (request.thumbPolicy ?? .copy) != .copy
-        let removeFile = (request.filePolicy ?? .copy) != .copy
-        batch.ifNotCommitted {
-            if let thumb { Glibc.close(thumb.descriptor) }
-            if let file { Glibc.close(file.descriptor) }
-        }
+        let sources = SourcesInFlight(thumb: thumb, file: file, removeThumb: (request.thumbPolicy ?? .copy) != .copy,
+                                      removeFile: (request.filePolicy ?? .copy) != .copy)
+        batch.ifNotCommitted { sources.close() }
         batch.whenCommitted { [self] in
-            attachmentsInFlight.insert(Batch.RowKey(chat: chatNumber, item: id))
+            attachmentsInFlight[Batch.RowKey(chat: chatNumber, item: id)] = sources
             attachmentJobs.add(1, ordering: .relaxed)
             DispatchQueue.global(qos: .utility).async { [self] in
                 var thumbBlob: String?
@@ -82,13 +102,10 @@ extension Engine {
                     // has counted this message's use of it (`attachmentsStored`).
                     if let thumb { thumbBlob = try attachments.store(thumb, maxBytes: Engine.maxThumbBytes) }
                     if let file { fileBlob = try attachments.store(file, maxBytes: Engine.maxFileBytes) }
-                    if let thumb, removeThumb { attachments.removeSource(thumb, allowed: allowed) }
-                    if let file, removeFile { attachments.removeSource(file, allowed: allowed) }
                 } catch {
                     failure = "\(error)"
                 }
-                if let thumb { Glibc.close(thumb.descriptor) }
-                if let file { Glibc.close(file.descriptor) }
+                // The sources stay open: the engine removes (Move, Delete) and closes them.
                 attachmentsFinished(chat: chatNumber, id: id, thumb: thumbBlob, file: fileBlob, error: failure)
                 attachmentJobs.subtract(1, ordering: .releasing)
             }
@@ -101,7 +118,7 @@ extension Engine {
         // Read while it still counts as being stored (read from the store, it would
         // otherwise be taken for one whose storing failed).
         let message = chats[number].flatMap { try? loadMessage(id, in: $0) }
-        attachmentsInFlight.remove(Batch.RowKey(chat: number, item: id))
+        let sources = attachmentsInFlight.removeValue(forKey: Batch.RowKey(chat: number, item: id))
         let stored = [thumb, file].compactMap { $0 }
         // The worker's pins end with this item, once its outcome is durable (or not).
         defer {
@@ -116,6 +133,7 @@ extension Engine {
         }
         guard let attachments, let chat = chats[number], let message, message.attachment == .sending else {
             // Recalled while being stored: nothing holds on to what was stored.
+            sources?.close()
             return
         }
         let changes = PendingChanges()
@@ -136,15 +154,42 @@ extension Engine {
         if let failure {
             logger.warning("an attachment could not be stored", metadata: ["chat": "\(number)", "message": "\(id)", "error": "\(failure)"])
             message.attachment = .failed
+            sources?.close()
             batch.whenCommitted { attachments.removeMessageLinks(chat: number, id: id) }
         } else {
             message.thumb?.blob = thumb
             message.file?.blob = file
             message.attachment = .stored
             for blob in message.blobs { batch.uses(blob, +1) }
+            batch.whenCommitted { sources?.removeByPolicy(attachments) }
+            batch.ifNotCommitted { sources?.close() }
         }
         batch.changed(message)
         publish(changes, batch: batch)
+    }
+
+    /// Finds and removes, in the background, the stored contents no message uses: a
+    /// crash between storing a message's attachments and committing its link to them
+    /// leaves them. The store's counts decide, a few hundred at a time on the engine
+    /// thread between other work; a content stored since is pinned until its use is
+    /// counted, so it is never taken for unused.
+    public func sweepUnusedBlobs() {
+        guard let attachments else { return }
+        DispatchQueue.global(qos: .utility).async { [self] in
+            let candidates = attachments.storedBlobs()
+            let removed = Atomic<Int>(0)
+            for (index, chunk) in candidates.chunked(256).enumerated() {
+                barrier { [self] in
+                    for blob in chunk where (try? store.blobUses(blob)) == 0 {
+                        attachments.removeBlob(blob)
+                        removed.add(1, ordering: .relaxed)
+                    }
+                    if index == (candidates.count - 1) / 256, removed.load(ordering: .relaxed) > 0 {
+                        logger.notice("removed stored attachments no message uses (left by a crash)", metadata: ["count": "\(removed.load(ordering: .relaxed))"])
+                    }
+                }
+            }
+        }
     }
 
     /// Deletes the stored contents no message uses (and no worker has pinned). Engine

@@ -185,8 +185,9 @@ public final class Engine: @unchecked Sendable {
     var typing: [TypingEntry: Double] = [:]
     var tickScheduled = false
     /// Messages whose attachments a worker is storing now (they stay `Sending` when
-    /// memory is rebuilt after a failed commit).
-    var attachmentsInFlight: Set<Batch.RowKey> = []
+    /// memory is rebuilt after a failed commit), with their sources, held open until the
+    /// message's link to its copy is durable.
+    var attachmentsInFlight: [Batch.RowKey: SourcesInFlight] = [:]
     /// Set when memory could not be rebuilt after a failed commit: nothing more is done.
     var brokenStore: Error?
     private let shuttingDown = Atomic<Bool>(false)

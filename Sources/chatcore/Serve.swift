@@ -307,6 +307,15 @@ struct Serve: AsyncParsableCommand {
                 logger.critical("--attachments-dir must be an existing directory", metadata: ["path": "\(attachmentsDir)"])
                 throw ExitCode(1)
             }
+            // Socket sessions may attach what is in the attachments directory: with the
+            // store in it, they could attach the store (or the secrets beside it); with it
+            // in the data directory, they could fill the store's own files.
+            if let data = AttachmentStore.realPath(directory.path),
+               data == resolved || AttachmentStore.isInside(data, resolved) || AttachmentStore.isInside(resolved, data) {
+                logger.critical("--attachments-dir and --data-dir must not be inside one another: give them separate directories",
+                                metadata: ["attachmentsDir": "\(resolved)", "dataDir": "\(data)"])
+                throw ExitCode(1)
+            }
             allowedDirectory = resolved
         }
         let attachments: AttachmentStore
@@ -338,6 +347,7 @@ struct Serve: AsyncParsableCommand {
         }
         engine.maxEndpoints = maxEndpoints
         engine.start()
+        engine.sweepUnusedBlobs()
         if engine.followsOthers {
             let told = store.chatStore.wakeWhenOthersAct { [weak engine] in engine?.othersActed() }
             Serve.followOthers(engine, every: told ? Serve.followIntervalWhenTold : Serve.followInterval)

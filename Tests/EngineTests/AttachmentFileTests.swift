@@ -11,7 +11,8 @@ final class AttachmentFileTests: XCTestCase {
 
     override func setUpWithError() throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("attachment-tests-\(UUID())")
-        try FileManager.default.createDirectory(at: directory.appendingPathComponent("uploads"), withIntermediateDirectories: true)
+        // Socket sessions attach from their user's directory under it.
+        try FileManager.default.createDirectory(at: directory.appendingPathComponent("uploads/alice"), withIntermediateDirectories: true)
     }
 
     override func tearDownWithError() throws {
@@ -29,7 +30,7 @@ final class AttachmentFileTests: XCTestCase {
         h.connect("a", as: "alice")
         h.connect("b", as: "bob")
         h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
-        try Data("the same bytes".utf8).write(to: URL(fileURLWithPath: uploads + "/one.txt"))
+        try Data("the same bytes".utf8).write(to: URL(fileURLWithPath: uploads + "/alice/one.txt"))
         h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"File","file":"one.txt"}}"#)
         XCTAssertEqual(try blobs().count, 1)
         let link = directory.appendingPathComponent("attachments/messages/1-2/file/one.txt").path
@@ -47,12 +48,36 @@ final class AttachmentFileTests: XCTestCase {
         XCTAssertFalse(FileManager.default.fileExists(atPath: link))
     }
 
+    /// `filePolicy: Move` removed the source as soon as its copy was stored, before the
+    /// message's link to the copy was committed: a failed commit then lost both.
+    func testASourceIsMovedOnlyOnceTheMessagesLinkToItsCopyIsCommitted() throws {
+        let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
+        let uploads = directory.appendingPathComponent("uploads").path
+        let h = try EngineHarness(store: store, attachments: try AttachmentStore(directory: directory), attachmentsDirectory: uploads)
+        h.connect("a", as: "alice")
+        h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
+        let source = uploads + "/alice/moved.txt"
+        try Data("moved bytes".utf8).write(to: URL(fileURLWithPath: source))
+        // The send's commit succeeds; the one that links the stored copy fails.
+        store.successesFirst.store(1, ordering: .relaxed)
+        store.failing.store(true, ordering: .relaxed)
+        h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"File","file":"moved.txt","filePolicy":"Move"}}"#)
+        store.failing.store(false, ordering: .relaxed)
+        XCTAssertGreaterThan(store.failedCommits.load(ordering: .relaxed), 0, "no commit failed")
+        XCTAssertTrue(FileManager.default.fileExists(atPath: source), "the source was moved while its copy's link was not committed")
+
+        // When the link is committed, the source goes.
+        try Data("moved again".utf8).write(to: URL(fileURLWithPath: uploads + "/alice/again.txt"))
+        h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"File","file":"again.txt","filePolicy":"Move"}}"#)
+        XCTAssertFalse(FileManager.default.fileExists(atPath: uploads + "/alice/again.txt"))
+    }
+
     func testABlobBeingHandedOverIsNotDeleted() throws {
         let attachments = try AttachmentStore(directory: directory)
         let path = directory.appendingPathComponent("uploads/two.txt").path
         try Data("shared content".utf8).write(to: URL(fileURLWithPath: path))
         let source = try AttachmentStore.open(path, field: "file", allowed: nil)
-        defer { close(source.descriptor) }
+        defer { source.close() }
         // A copy finds the content stored already (another message has it)...
         let blob = try attachments.store(source, maxBytes: 1 << 20)
         // ...and before the engine counts the new message, the old one lets go of it.
@@ -80,7 +105,7 @@ final class AttachmentFileTests: XCTestCase {
         XCTAssertNotEqual(Array(resolved.utf8), Array(try XCTUnwrap(AttachmentStore.realPath(lookAlike.path)).utf8))
 
         let source = try AttachmentStore.open(inside, field: "file", allowed: resolved)
-        close(source.descriptor)
+        source.close()
         XCTAssertThrowsError(try AttachmentStore.open(secret, field: "file", allowed: resolved)) { error in
             guard case AttachmentStore.AdmitError.notPermitted = error else { return XCTFail("\(error)") }
         }

@@ -72,16 +72,19 @@ class Connection:
 
 
 class Server:
-    """chatcore over TCP; with `allowed`, socket sessions may attach from self.allowed."""
+    """chatcore over TCP; with `allowed`, socket sessions attach from their user's
+    directory under `self.root` (--attachments-dir): alice's is `self.allowed`."""
 
     def __init__(self, allowed=True):
         self.scratch = tempfile.TemporaryDirectory()
         self.data = os.path.join(self.scratch.name, "data")
-        self.allowed = os.path.join(self.scratch.name, "allowed")
+        self.root = os.path.join(self.scratch.name, "uploads")
+        self.allowed = os.path.join(self.root, "alice")
         self.outside = os.path.join(self.scratch.name, "outside")
         os.makedirs(self.allowed)
+        os.makedirs(os.path.join(self.root, "bob"))
         os.makedirs(self.outside)
-        arguments = ["--attachments-dir", self.allowed] if allowed else []
+        arguments = ["--attachments-dir", self.root] if allowed else []
         self.process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", self.data, "--listen", "127.0.0.1:0",
                                          "--insecure-no-auth", *arguments],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -212,6 +215,54 @@ def test_no_file_outside_the_attachments_directory_is_touched(server, policy):
     assert server.blobs() == set()
 
 
+@pytest.mark.parametrize("policy", ["Copy", "Move", "Delete"])
+def test_a_user_attaches_moves_and_deletes_only_files_of_their_own(server, policy):
+    """Any socket user could delete any file of the directory (filePolicy Delete) and
+    attach what other users put there; now each attaches only from its own directory."""
+    alice, bob = server.connect("alice"), server.connect("bob")
+    start_chat(alice)
+    hers = server.write(server.allowed, "hers.txt", b"alice's")
+    shared = server.write(server.root, "loose.txt", b"in no user's directory")
+    for path in (hers, "../alice/hers.txt", shared, "../loose.txt"):
+        bob.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": path, "filePolicy": policy}})
+        assert bob.failure()["error"] == "NotPermitted", path
+    assert open(hers, "rb").read() == b"alice's" and open(shared, "rb").read() == b"in no user's directory"
+    # A file name relative to the directory is the user's own.
+    mine = server.write(os.path.join(server.root, "bob"), "mine.txt", b"bob's")
+    bob.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": "mine.txt", "filePolicy": policy}})
+    assert bob.message_change(2, "state")["state"] in ("Sent", "Delivered")
+    assert os.path.exists(mine) == (policy == "Copy")
+
+
+def test_a_hard_link_in_the_directory_to_a_file_outside_is_refused(server):
+    """A hard link resolves inside the directory, whatever it names: a link to the
+    service's HMAC secret was attached and offered to the chat."""
+    alice = server.connect("alice")
+    start_chat(alice)
+    secret = server.write(server.outside, "hmac.key", b"the service's secret")
+    os.link(secret, os.path.join(server.allowed, "innocent.txt"))
+    for policy in ("Copy", "Delete"):
+        alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": "innocent.txt", "filePolicy": policy}})
+        failed = alice.failure()
+        assert failed["error"] == "NotPermitted" and "hard links" in failed["reason"], failed
+    assert open(secret, "rb").read() == b"the service's secret"
+    assert server.blobs() == set()
+
+
+def test_the_data_and_attachments_directories_must_not_hold_one_another():
+    with tempfile.TemporaryDirectory() as scratch:
+        uploads = os.path.join(scratch, "uploads")
+        os.makedirs(uploads)
+        data = os.path.join(scratch, "data")
+        os.makedirs(data)
+        os.makedirs(os.path.join(data, "files"))
+        for data_dir, attachments in ((os.path.join(uploads, "store"), uploads), (data, os.path.join(data, "files")), (data, data)):
+            done = subprocess.run([chatcore_binary(), "serve", "--data-dir", data_dir, "--attachments-dir", attachments, "--listen", "127.0.0.1:0",
+                                   "--insecure-no-auth"], input=b"", capture_output=True, timeout=60)
+            assert done.returncode == 1, (data_dir, attachments)
+            assert b"must not be inside one another" in done.stderr, done.stderr
+
+
 def test_limits_missing_files_and_odd_names(server):
     alice, bob = server.connect("alice"), server.connect("bob")
     start_chat(alice)
@@ -332,3 +383,37 @@ def test_stored_files_survive_a_restart_and_a_kill_mid_store_leaves_no_half_file
         assert os.listdir(os.path.join(data, "attachments", "tmp")) == []
         alice_process.stdin.close()
         assert alice_process.wait(timeout=60) == 0
+
+
+def test_a_stored_content_no_message_uses_is_removed_at_start():
+    """A crash between storing a message's attachment and committing its link to it left
+    the copy for ever; the next start finds it and removes it, and keeps what is used."""
+    with tempfile.TemporaryDirectory() as scratch:
+        data = os.path.join(scratch, "data")
+        process = subprocess.Popen([chatcore_binary(), "serve", "--user", "alice", "--data-dir", data],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        alice = Connection(process=process)
+        start_chat(alice)
+        kept = os.path.join(scratch, "kept.txt")
+        with open(kept, "wb") as f:
+            f.write(b"a message uses this")
+        alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": kept}})
+        assert alice.message_change(2, "state")["state"] == "Sent"
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+        blobs = os.path.join(data, "attachments", "blobs")
+        used = hashlib.sha256(b"a message uses this").hexdigest()
+        assert os.listdir(blobs) == [used]
+        orphan = hashlib.sha256(b"stored, then the process died").hexdigest()
+        with open(os.path.join(blobs, orphan), "wb") as f:
+            f.write(b"stored, then the process died")
+        process = subprocess.Popen([chatcore_binary(), "serve", "--user", "alice", "--data-dir", data],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.time() + 30
+        while os.path.exists(os.path.join(blobs, orphan)):
+            assert time.time() < deadline, "the unused copy was not removed"
+            time.sleep(0.1)
+        assert os.listdir(blobs) == [used]
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+        assert b"no message uses" in process.stderr.read()

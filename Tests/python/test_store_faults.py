@@ -145,7 +145,7 @@ def test_full_filesystem_under_load(small_filesystem):
     work = tempfile.mkdtemp(prefix="chatcore-sock-")
     sock = os.path.join(work, "s")
     uploads = os.path.join(work, "uploads")
-    os.mkdir(uploads)
+    os.makedirs(os.path.join(uploads, "alice"))
     server = start_socket_server(data_dir, sock, "--attachments-dir", uploads)
     try:
         users = ["alice", "bob", "carol", "dave"]
@@ -158,7 +158,7 @@ def test_full_filesystem_under_load(small_filesystem):
         assert started[-1]["listAdd"]["elements"][0]["chatId"] == "1"
         # Three attachments sharing one blob (same content), stored before the disk fills.
         for n in range(3):
-            path = os.path.join(uploads, "f%d.bin" % n)
+            path = os.path.join(uploads, "alice", "f%d.bin" % n)
             with open(path, "wb") as f:
                 f.write(b"shared attachment content" * 100)
             alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "content": "file%d" % n, "file": path}})
