@@ -18,6 +18,7 @@ extension Engine {
         var targets: [InviteeTarget] = []
         var seenNumbers = Set<Int64>()
         var seenNewIds = Set<ExactText>()
+        var newRegIds = Set<Int64>()
         for (index, invitee) in invitees.enumerated() {
             switch (invitee.regId, invitee.userId) {
             case (let regId?, nil):
@@ -34,6 +35,13 @@ extension Engine {
                     targets.append(.existing(user.number))
                 } else {
                     guard seenNewIds.insert(ExactText(userId)).inserted else { throw .invalidInvitee("'invitees[\(index)]' is given twice") }
+                    // Made, it would take a regId another user has (63 bits: a search
+                    // can find two ids that share one): this request fails, not the
+                    // commit of everyone's.
+                    let regId = RegId.derive(userId)
+                    guard users.find(regId: regId) == nil, newRegIds.insert(regId).inserted else {
+                        throw .invalidInvitee("'invitees[\(index)]' cannot be made a user: the regId derived from its id is another user's")
+                    }
                     targets.append(.new(userId))
                 }
             default:
@@ -84,6 +92,8 @@ extension Engine {
         }
         let isOneToOne = request.isOneToOne ?? false
         if targets.isEmpty { return failed(.invalidParameter, "'invitees' is empty: a chat needs at least one invitee") }
+        try quotas.take(1, of: .chats, by: user)
+        try quotas.take(targets.filter(\.isNew).count, of: .newUsers, by: user)
         if targets.count + 1 > Engine.maxParticipants {
             return failed(.tooManyParticipants, "\(targets.count) invitees and you are more than \(Engine.maxParticipants) participants")
         }
@@ -196,6 +206,7 @@ extension Engine {
             if case .existing(let number) = target { return chat.activeMember(number) == nil }
             return true
         }
+        try quotas.take(targets.filter(\.isNew).count, of: .newUsers, by: user)
         if chat.activeMembers.count + fresh.count > Engine.maxParticipants {
             throw ProtocolError.invalid("chat '\(chat.chatId)' would have more than \(Engine.maxParticipants) participants")
         }

@@ -7,13 +7,20 @@ extension Engine {
     /// session is then set up on an endpoint of the user, or waits in setupState Full
     /// when the user has no endpoint free. With `announce` it receives its `global`
     /// list as it now is.
-    func authenticate(userId: String, cookie: String?, announce: Bool, session: EngineSession, batch: Batch) {
+    func authenticate(userId: String, cookie: String?, line: Int, announce: Bool, session: EngineSession, batch: Batch) {
         if let current = session.identity, let currentUser = users[current] {
             guard sameBytes(currentUser.userId, userId) else {
                 batch.emit(.setupError(SetupError(error: .alreadyAuthenticated, cookie: cookie)), to: session)
                 return
             }
         } else {
+            if users.find(userId: userId) == nil && users.find(regId: RegId.derive(userId)) != nil {
+                // Made, it would take a regId another user has: this sign-in fails, not
+                // the commit of everyone's.
+                batch.emit(ProtocolError.invalid("the user id cannot be used: the regId derived from it is another user's")
+                    .requestFailed(request: "authToken", cookie: cookie, line: line), to: session)
+                return
+            }
             batch.willChangeSetup(of: session)
             session.identity = users.ensure(userId: userId, batch: &batch.store) { newNumber(for: .user, after: $0) }.number
         }

@@ -3,6 +3,7 @@ import Protocol
 extension Engine {
     /// Routes an authenticated request to its handler.
     func handle(_ request: Request, user: Int64, session: EngineSession, line: Int, batch: Batch) throws {
+        try quotas.take(1, of: .requests, by: user)
         switch request {
         case .authToken:
             throw ProtocolError(.internal, "authToken is handled by the session")
@@ -54,8 +55,10 @@ extension Engine {
         case .chatMessageDestroy(let request):
             try destroy(request, user: user, batch: batch)
         case .chatTyping(let request):
+            try quotas.take(1, of: .events, by: user)
             try startTyping(request, user: user, batch: batch)
         case .chatEventSend(let request):
+            try quotas.take(1, of: .events, by: user)
             try sendEvent(request, user: user, session: session, batch: batch)
         case .search(let request):
             try search(request, user: user, session: session, line: line, batch: batch)

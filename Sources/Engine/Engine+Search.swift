@@ -13,12 +13,21 @@ import Store
 /// session's later requests wait in the engine, in order, until its answer is in
 /// (`awaitingOutside`); the hits come back as work (`searchFound`) and are answered from
 /// the engine thread like any other request.
+/// What a search found: the hits, and whether it stopped at its budget first.
+struct SearchFound: Sendable {
+    var hits: [SearchHit]
+    var incomplete: Bool
+}
+
 extension Engine {
     /// What a search needs off the engine thread: plain values only.
     struct SearchScope: Sendable {
         var text: String
         var limit: Int
         var user: Int64
+        /// What it may check (`SearchBudget`).
+        var maxCandidates: Int
+        var maxBytes: Int
         /// The chats searched, each with the first message the user may see.
         var firstVisible: [Int64: Int64]
     }
@@ -32,6 +41,9 @@ extension Engine {
         }
         let text = request.text
         let limit = Int(request.suggestedMaxResults ?? 100)
+        try quotas.beginSearch(by: user)
+        var ended = false
+        defer { if !ended { quotas.endSearch(by: user) } }
         let chatIds = request.chatId != nil ? [] : scope.filter { $0.0.subject.range(of: text, options: [.caseInsensitive]) != nil }.map(\.0.chatId)
         guard let searchIndex else {
             let messages = try scan(scope, for: text, limit: limit, user: user)
@@ -43,14 +55,17 @@ extension Engine {
         // recalls included), and everything it lacked at start-up.
         try commitSoFar(batch)
         let searchScope = SearchScope(text: text, limit: limit, user: user,
+                                      maxCandidates: quotas.limits.searchCandidates, maxBytes: quotas.limits.searchBytes,
                                       firstVisible: Dictionary(uniqueKeysWithValues: scope.map { ($0.0.number, max($0.1.joinedAt, 1)) }))
         batch.answeredLater()
+        // Ended when its hits come back (`searchFound`).
+        ended = true
         awaitOutside(session)
         beginOutsideWork()
         let store = self.store
         let refill = searchRefill
         searchQueue.async { [self] in
-            let found: Result<[SearchHit], ProtocolError>
+            let found: Result<SearchFound, ProtocolError>
             // An index being rebuilt (after an upgrade) can take minutes: a shutdown does
             // not wait for it.
             var rebuilt: Bool
@@ -70,15 +85,17 @@ extension Engine {
         }
     }
 
-    /// The index's hits the user may see, newest first, up to the scope's limit (off the
-    /// engine thread: only the index and the store are read).
-    private static func look(up scope: SearchScope, in index: MessageSearchIndex, store: ChatStore) throws -> [SearchHit] {
+    /// The index's hits the user may see, newest first, up to the scope's limit, or as
+    /// many as were found when the search's budget ran out (off the engine thread: only
+    /// the index and the store are read).
+    private static func look(up scope: SearchScope, in index: MessageSearchIndex, store: ChatStore) throws -> SearchFound {
         var found: [SearchHit] = []
         var below: Int64?
         let chats = scope.firstVisible.keys.sorted()
-        while found.count < scope.limit {
+        let budget = SearchBudget(candidates: scope.maxCandidates, bytes: scope.maxBytes)
+        while found.count < scope.limit && !budget.isExhausted {
             let page = max(scope.limit * 2, 64)
-            let hits = try index.searchMessages(containing: scope.text, chats: chats, belowRow: below, limit: page)
+            let hits = try index.searchMessages(containing: scope.text, chats: chats, belowRow: below, limit: page, budget: budget)
             // The index is derived data and may be stale (it can lose its tail in a crash,
             // and a node that writes again after another node kept the index it had), so
             // every hit is checked against the store, all at once: recalled since, or
@@ -97,26 +114,26 @@ extension Engine {
             guard hits.count == page, let last = hits.last else { break }
             below = last.row
         }
-        return found
+        return SearchFound(hits: found, incomplete: budget.isExhausted)
     }
 
     /// The answer to a search whose hits came back from `searchQueue`.
-    func searchFound(_ request: Search, line: Int, chatIds: [String], user: Int64, hits: Result<[SearchHit], ProtocolError>,
+    func searchFound(_ request: Search, line: Int, chatIds: [String], user: Int64, hits: Result<SearchFound, ProtocolError>,
                      session: EngineSession, batch: Batch) {
         batch.begin(.request(name: Search.name, cookie: request.cookie, line: line), session: session)
         switch hits {
         case .failure(let error):
             batch.emit(error.requestFailed(request: Search.name, cookie: request.cookie, line: line), to: session)
-        case .success(let hits):
+        case .success(let found):
             // What changed while the index was read: a message recalled or deleted for
             // the user since is left out when its record says so.
-            let messages = hits.compactMap { hit -> MessageKey? in
+            let messages = found.hits.compactMap { hit -> MessageKey? in
                 guard let chat = chats[hit.chat] else { return nil }
                 if let cached = cache.get(chat: hit.chat, id: hit.id), !isVisible(cached, to: user) { return nil }
                 return MessageKey(chatId: chat.chatId, messageId: hit.id)
             }
             batch.emit(.searchResult(SearchResult(cookie: request.cookie, chatIds: chatIds, messages: messages,
-                                                  returnIdentifier: request.returnIdentifier)), to: session)
+                                                  returnIdentifier: request.returnIdentifier, incomplete: found.incomplete ? true : nil)), to: session)
         }
     }
 

@@ -32,7 +32,7 @@ public final class Engine: @unchecked Sendable {
         /// A message's attachments were stored (blobs) or could not be (error).
         case attachmentsStored(chat: Int64, id: Int64, thumb: String?, file: String?, error: String?)
         /// A search's hits, looked up off the engine thread (`Engine+Search.swift`).
-        case searchFound(Search, line: Int, chatIds: [String], user: Int64, hits: Result<[SearchHit], ProtocolError>, session: EngineSession)
+        case searchFound(Search, line: Int, chatIds: [String], user: Int64, hits: Result<SearchFound, ProtocolError>, session: EngineSession)
         /// Finish what came before, then end the engine thread.
         case stop
         /// The committer finished the batch handed to it.
@@ -184,6 +184,8 @@ public final class Engine: @unchecked Sendable {
     /// Who is typing where, and when that expires (seconds on the monotonic clock).
     var typing: [TypingEntry: Double] = [:]
     var tickScheduled = false
+    /// What each user may cost the others (rates, searches at once).
+    var quotas: Quotas
     /// Messages whose attachments a worker is storing now (they stay `Sending` when
     /// memory is rebuilt after a failed commit), with their sources, held open until the
     /// message's link to its copy is durable.
@@ -206,7 +208,9 @@ public final class Engine: @unchecked Sendable {
     /// the store's, `ChatStore.feedSlot`).
     public init(store: ChatStore, logger: Logger, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil,
                 attachmentsDirectory: String? = nil, cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int? = nil,
+                quotas: QuotaLimits = QuotaLimits(),
                 clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }) throws {
+        self.quotas = Quotas(limits: quotas)
         let feedSlot = feedSlot ?? store.feedSlot
         precondition((0..<FeedSlots.count).contains(feedSlot), "a feed slot is below \(FeedSlots.count)")
         self.feedSlot = feedSlot
@@ -797,7 +801,7 @@ public final class Engine: @unchecked Sendable {
             batch.finish(session)
             guard session.isOpen else { return }
             batch.begin(.request(name: "authToken", cookie: cookie, line: line), session: session)
-            authenticate(userId: userId, cookie: cookie, announce: announce, session: session, batch: batch)
+            authenticate(userId: userId, cookie: cookie, line: line, announce: announce, session: session, batch: batch)
         case .passthrough(let events, let session):
             batch.finish(session)
             batch.begin(.answered, session: session)
@@ -822,6 +826,7 @@ public final class Engine: @unchecked Sendable {
             attachmentsStored(chat: chat, id: id, thumb: thumb, file: file, error: error, batch: batch)
         case .searchFound(let request, let line, let chatIds, let user, let hits, let session):
             awaitingOutside.remove(ObjectIdentifier(session))
+            quotas.endSearch(by: user)
             guard session.isOpen else { return }
             searchFound(request, line: line, chatIds: chatIds, user: user, hits: hits, session: session, batch: batch)
         case .deliverFollowed(let numbers):

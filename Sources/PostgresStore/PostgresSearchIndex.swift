@@ -89,7 +89,7 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
     /// first window and reads no further (PostgreSQL reads a GIN match whole and sorts it,
     /// so one query over the whole index costs what the whole index matches: 360 ms for
     /// "ok" at 200,000 messages); a rare one gets there in a few windows (6 at 10M).
-    public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit] {
+    public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int, budget: SearchBudget) throws -> [SearchHit] {
         guard !chats.isEmpty, !text.isEmpty, limit > 0 else { return [] }
         let needle = SearchNeedle(text)
         let keys = SearchText.queryKeys(text)
@@ -100,7 +100,7 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
         }
         var span: Int64 = PostgresSearchIndex.firstWindow
         var found: [SearchHit] = []
-        while found.count < limit && high > 1 {
+        while found.count < limit && high > 1 && !budget.isExhausted {
             let low = max(1, high - span)
             // The messages with the query's keys, and those filed as long, by two queries:
             // with an OR of the two in one, PostgreSQL read the window by search row instead
@@ -114,6 +114,7 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
             let complete = [matching, long].filter { $0.count == page }.compactMap(\.last?.row).max()
             let merged = (matching + long).filter { $0.row >= (complete ?? Int64.min) }.sorted { $0.row > $1.row }
             for candidate in merged where found.count < limit {
+                guard budget.spend(bytes: candidate.content?.utf8.count ?? 0) else { break }
                 if let content = candidate.content, needle.isFound(in: content) {
                     found.append(SearchHit(chat: candidate.chat, id: candidate.id, row: candidate.row))
                 }

@@ -6,10 +6,13 @@ import Wire
 public struct ProtocolError: Error, Sendable, Equatable {
     public let code: ErrorCode
     public let reason: String
+    /// With `RateLimited`: when the same request would pass (nil: not by waiting).
+    public let retryAfterMs: Int64?
 
-    public init(_ code: ErrorCode, _ reason: String) {
+    public init(_ code: ErrorCode, _ reason: String, retryAfterMs: Int64? = nil) {
         self.code = code
         self.reason = reason
+        self.retryAfterMs = retryAfterMs
     }
 
     public init(_ failure: WireFailure) {
@@ -28,6 +31,6 @@ public struct ProtocolError: Error, Sendable, Equatable {
 
     /// The answer to the request on `line`.
     public func requestFailed(request: String?, cookie: String?, line: Int) -> Event {
-        .requestFailed(RequestFailed(request: request, cookie: cookie, error: code, reason: reason, line: Int64(line)))
+        .requestFailed(RequestFailed(request: request, cookie: cookie, error: code, reason: reason, line: Int64(line), retryAfterMs: retryAfterMs))
     }
 }

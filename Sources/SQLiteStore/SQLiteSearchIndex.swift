@@ -146,7 +146,7 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
     /// 2.7 ms this way). One statement, newest first, read only as far as `limit` hits
     /// need: FTS5 walks its doclists in rowid order, so stopping early is free, where
     /// pages of a fixed size would each start the match again.
-    public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit] {
+    public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int, budget: SearchBudget) throws -> [SearchHit] {
         try waitUntilWritten()
         guard !chats.isEmpty, !text.isEmpty, limit > 0 else { return [] }
         let scoped = chats.count <= SQLiteSearchIndex.scopedChats
@@ -177,9 +177,17 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
             var found: [SearchHit] = []
             while found.count < limit, let row = try rows.next() {
                 if let needle {
-                    guard try row.withUnsafeData(atIndex: 3, { data in
-                        data.map { $0.withUnsafeBytes { needle.isFound(in: $0.bindMemory(to: UInt8.self)) } } ?? false
-                    }) else { continue }
+                    var paid = true
+                    let matches = try row.withUnsafeData(atIndex: 3) { data in
+                        data.map { data in
+                            paid = budget.spend(bytes: data.count)
+                            return paid && data.withUnsafeBytes { needle.isFound(in: $0.bindMemory(to: UInt8.self)) }
+                        } ?? false
+                    }
+                    guard paid else { break }
+                    guard matches else { continue }
+                } else {
+                    guard budget.spend(bytes: 0) else { break }
                 }
                 found.append(SearchHit(chat: row[0], id: row[1], row: row[2]))
             }

@@ -87,12 +87,22 @@ public enum ServiceMetrics {
         request.flatMap { byRequest[$0] } ?? unknownRequest
     }
 
+    /// Requests refused because their user was past a quota, by quota.
+    private static let quotaRefusals: [String: Counter] = Dictionary(uniqueKeysWithValues: ["requests", "chats", "newUsers", "events", "searches"].map {
+        ($0, Counter(label: "chatcore_quota_refusals_total", dimensions: [("quota", $0)]))
+    })
+
+    /// A request was refused by the quota `quota` (`Quotas`).
+    public static func quotaRefused(_ quota: String) {
+        quotaRefusals[quota]?.increment()
+    }
+
     /// Makes every metric at once (after the bootstrap), so that a scrape shows each one,
     /// at zero until it moves.
     public static func register() {
         _ = (sessions, sessionsOpened, batchSize, commitDuration, commitFailures, commitConflicts, outputBytes, storeBytes)
         _ = (deciding, relayedConnections, relayedConnectionsAccepted)
-        _ = (byRequest, unknownRequest)
+        _ = (byRequest, unknownRequest, quotaRefusals)
     }
 
     /// A line was read as a request (decoded or not).

@@ -248,8 +248,39 @@ public protocol MessageSearchIndex: AnyObject, Sendable {
 
     /// Messages of `chats` whose text contains `text` case-insensitively, newest first
     /// (descending search row), below `belowRow` when given; everything handed over
-    /// before the call is taken into account.
-    func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int) throws -> [SearchHit]
+    /// before the call is taken into account. Each candidate checked on its text is paid
+    /// for from `budget`; when it runs out the search ends with what it found.
+    func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int, budget: SearchBudget) throws -> [SearchHit]
+}
+
+/// What one search may check: candidates and bytes of their text. A search that runs out
+/// answers what it found and says so (`incomplete`), so that no query costs more than
+/// this, whatever the history holds.
+public final class SearchBudget: @unchecked Sendable {  // one search's, on one thread at a time
+    public private(set) var candidates: Int
+    public private(set) var bytes: Int
+    /// Set when a candidate could not be paid for.
+    public private(set) var isExhausted = false
+
+    public static let defaultCandidates = 20_000
+    public static let defaultBytes = 32 << 20
+
+    public init(candidates: Int = SearchBudget.defaultCandidates, bytes: Int = SearchBudget.defaultBytes) {
+        self.candidates = candidates
+        self.bytes = bytes
+    }
+
+    /// Pays for checking one candidate of `count` bytes; false (and exhausted) when the
+    /// budget cannot.
+    public func spend(bytes count: Int) -> Bool {
+        guard !isExhausted, candidates > 0, bytes >= count else {
+            isExhausted = true
+            return false
+        }
+        candidates -= 1
+        bytes -= count
+        return true
+    }
 }
 
 /// The texts of one page of `MessageSearchIndex.fill` together, at most (bytes).

@@ -90,13 +90,28 @@ public enum SearchText {
 /// string is made per candidate: Foundation's case-insensitive `range(of:)` took 80%
 /// of a search's time on Linux, and `lowercased()` of every candidate most of the rest.
 /// One per search (it keeps buffers): not for several threads.
+///
+/// The comparison takes time linear in the candidate's length whatever the query
+/// (Knuth–Morris–Pratt): comparing at every start, a query of 1,022 `a` and `bb` against
+/// 70,000 `a` took 70 million steps per message.
 public final class SearchNeedle {
     private let bytes: [UInt8]
+    /// For each prefix of `bytes`, the length of its longest proper prefix that is also
+    /// its suffix (where to go on after a mismatch).
+    private let fallback: [Int]
     private var lowered: [UInt8] = []
     private var mappings: [UInt32: [UInt8]] = [:]
 
     public init(_ text: String) {
         bytes = Array(text.lowercased().utf8)
+        var fallback = [Int](repeating: 0, count: bytes.count)
+        var matched = 0
+        for index in bytes.indices.dropFirst() {
+            while matched > 0 && bytes[index] != bytes[matched] { matched = fallback[matched - 1] }
+            if bytes[index] == bytes[matched] { matched += 1 }
+            fallback[index] = matched
+        }
+        self.fallback = fallback
     }
 
     public func isFound(in candidate: String) -> Bool {
@@ -132,11 +147,13 @@ public final class SearchNeedle {
         }
         return lowered.withUnsafeBufferPointer { haystack in
             guard haystack.count >= bytes.count else { return false }
-            let first = bytes[0]
-            for start in 0...(haystack.count - bytes.count) where haystack[start] == first {
-                var offset = 1
-                while offset < bytes.count && haystack[start + offset] == bytes[offset] { offset += 1 }
-                if offset == bytes.count { return true }
+            var matched = 0
+            for byte in haystack {
+                while matched > 0 && byte != bytes[matched] { matched = fallback[matched - 1] }
+                if byte == bytes[matched] {
+                    matched += 1
+                    if matched == bytes.count { return true }
+                }
             }
             return false
         }

@@ -120,6 +120,24 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Memory for messages kept in memory (the hot ones; the store has them all), in MiB.", valueName: "MiB"))
     var cacheMb: Int = Engine.defaultCacheBytes >> 20
 
+    @Option(name: .long, help: ArgumentHelp("Requests of one user per second, with a burst of ten seconds' worth; past it they are refused (RateLimited). 0: no limit.", valueName: "n"))
+    var maxRequestsPerSecond: Double = QuotaLimits().requestsPerSecond
+
+    @Option(name: .long, help: ArgumentHelp("Chats one user may start per minute (the minute's worth at once). 0: no limit.", valueName: "n"))
+    var maxChatsPerMinute: Double = QuotaLimits().chatsPerMinute
+
+    @Option(name: .long, help: ArgumentHelp("Users one user's invitations may make per minute (invitees chatcore did not know). 0: no limit.", valueName: "n"))
+    var maxNewUsersPerMinute: Double = QuotaLimits().newUsersPerMinute
+
+    @Option(name: .long, help: ArgumentHelp("Chat events and typing notices of one user per second, with a burst of ten seconds' worth. 0: no limit.", valueName: "n"))
+    var maxEventsPerSecond: Double = QuotaLimits().eventsPerSecond
+
+    @Option(name: .long, help: ArgumentHelp("Candidates one search checks at most; past it, it answers what it found, marked incomplete.", valueName: "n"))
+    var maxSearchCandidates: Int = SearchBudget.defaultCandidates
+
+    @Option(name: .long, help: ArgumentHelp("Bytes of text one search checks at most; past it, it answers what it found, marked incomplete.", valueName: "bytes"))
+    var maxSearchBytes: Int = SearchBudget.defaultBytes
+
     @Option(name: .long, help: "Endpoints one user may have at once: registered ones (endpointUpdate) and connected sessions. A session past it waits in setupState Full.")
     var maxEndpoints: Int = 100
 
@@ -139,6 +157,11 @@ struct Serve: AsyncParsableCommand {
         guard maxRequestsInFlight > 0 else { throw ValidationError("--max-requests-in-flight must be positive") }
         guard maxSessions > 0 else { throw ValidationError("--max-sessions must be positive") }
         guard maxInputTotal > 0 else { throw ValidationError("--max-input-total must be positive") }
+        for (value, flag) in [(maxRequestsPerSecond, "--max-requests-per-second"), (maxChatsPerMinute, "--max-chats-per-minute"),
+                              (maxNewUsersPerMinute, "--max-new-users-per-minute"), (maxEventsPerSecond, "--max-events-per-second")] {
+            guard value >= 0, value.isFinite else { throw ValidationError("\(flag) must be 0 (no limit) or positive") }
+        }
+        guard maxSearchCandidates > 0, maxSearchBytes > 0 else { throw ValidationError("--max-search-candidates and --max-search-bytes must be positive") }
         guard maxEndpoints > 0 else { throw ValidationError("--max-endpoints must be positive") }
         // Past 1 TiB, MiB to bytes would lose high bits (2^44 MiB became 0: no cache).
         guard cacheMb >= 0, cacheMb <= 1 << 20 else { throw ValidationError("--cache-mb must be 0 to 1048576 (1 TiB)") }
@@ -335,15 +358,18 @@ struct Serve: AsyncParsableCommand {
             logger.critical("cannot prepare the attachment store or the search index", metadata: ["error": "\(error)"])
             throw ExitCode(1)
         }
+        let quotaLimits = QuotaLimits(requestsPerSecond: maxRequestsPerSecond, chatsPerMinute: maxChatsPerMinute,
+                                      newUsersPerMinute: maxNewUsersPerMinute, eventsPerSecond: maxEventsPerSecond,
+                                      searchCandidates: maxSearchCandidates, searchBytes: maxSearchBytes)
         let engine: Engine
         if let fixed = ProcessInfo.processInfo.environment["CHATCORE_FIXED_TIME"].flatMap(Int64.init) {
             // For golden transcripts: every message gets this timestamp.
             logger.warning("CHATCORE_FIXED_TIME is set: every timestamp is \(fixed)")
             engine = try Engine(store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory,
-                                cacheBytes: cacheMb << 20, clock: { fixed })
+                                cacheBytes: cacheMb << 20, quotas: quotaLimits, clock: { fixed })
         } else {
             engine = try Engine(store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory,
-                                cacheBytes: cacheMb << 20)
+                                cacheBytes: cacheMb << 20, quotas: quotaLimits)
         }
         engine.maxEndpoints = maxEndpoints
         engine.start()

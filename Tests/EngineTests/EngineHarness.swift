@@ -21,14 +21,15 @@ final class EngineHarness {
     private var line = 0
 
     init(store: ChatStore? = nil, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil, attachmentsDirectory: String? = nil,
-         cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int? = nil, clock: TestClock = TestClock(1_700_000_000)) throws {
+         cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int? = nil, quotas: QuotaLimits = QuotaLimits(),
+         clock: TestClock = TestClock(1_700_000_000)) throws {
         let store = try store ?? SQLiteStore(writer: DatabaseQueue())
         self.store = store
         self.clock = clock
         var logger = Logger(label: "engine-tests")
         logger.logLevel = .critical
         engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments,
-                            attachmentsDirectory: attachmentsDirectory, cacheBytes: cacheBytes, feedSlot: feedSlot, clock: { clock.now })
+                            attachmentsDirectory: attachmentsDirectory, cacheBytes: cacheBytes, feedSlot: feedSlot, quotas: quotas, clock: { clock.now })
         engine.start()
     }
 

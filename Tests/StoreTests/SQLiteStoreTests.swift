@@ -265,7 +265,7 @@ final class SQLiteStoreTests: XCTestCase {
         try index.waitUntilWritten()
         XCTAssertEqual(index.backlogBytes, 0)
         XCTAssertEqual(try index.indexedUpTo(), row)
-        let hits = try index.searchMessages(containing: "entry \(row) ", chats: [1 + row % 5], belowRow: nil, limit: 10)
+        let hits = try index.searchMessages(containing: "entry \(row) ", chats: [1 + row % 5], belowRow: nil, limit: 10, budget: SearchBudget())
         XCTAssertEqual(hits.map(\.id), [row])
     }
 }

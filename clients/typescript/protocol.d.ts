@@ -486,7 +486,7 @@ export interface EndpointsGet {
 
 export type EndpointsResult = "Success";
 
-export type ErrorCode = "ParseError" | "UnknownRequest" | "InvalidParameter" | "NotAuthenticated" | "NotFound" | "NotPermitted" | "ReservedTag" | "TooLarge" | "Internal";
+export type ErrorCode = "ParseError" | "UnknownRequest" | "InvalidParameter" | "NotAuthenticated" | "NotFound" | "NotPermitted" | "ReservedTag" | "TooLarge" | "RateLimited" | "Internal";
 
 export type FileState = "Available" | "Transferring" | "Done";
 
@@ -994,11 +994,13 @@ export interface RequestFailed {
   /** The cookie of the request, when it had a string one. */
   cookie?: string;
   /** What kind of failure. */
-  error: "ParseError" | "UnknownRequest" | "InvalidParameter" | "NotAuthenticated" | "NotFound" | "NotPermitted" | "ReservedTag" | "TooLarge" | "Internal";
+  error: "ParseError" | "UnknownRequest" | "InvalidParameter" | "NotAuthenticated" | "NotFound" | "NotPermitted" | "ReservedTag" | "TooLarge" | "RateLimited" | "Internal";
   /** One sentence naming the field or limit. */
   reason: string;
   /** The 1-based input line. */
   line: number;
+  /** With RateLimited: milliseconds after which the same request would be within the limit the reason names. */
+  retryAfterMs?: number;
 }
 
 /** Asks for every element of a list (not chatMessage). */
@@ -1183,6 +1185,8 @@ export interface SearchResult {
   messages: MessageKey[];
   /** The search's returnIdentifier, when it had one. */
   returnIdentifier?: string;
+  /** Present (true) when the search stopped at one of its bounds (candidates or bytes of text checked, §9) before it had looked at everything: the messages are what it found until then. */
+  incomplete?: boolean;
 }
 
 /** authToken failed; the session stays unauthenticated and may try again. */

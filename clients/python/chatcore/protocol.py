@@ -347,7 +347,7 @@ EndpointsGet = TypedDict("EndpointsGet", {
 
 EndpointsResult = Literal["Success"]
 
-ErrorCode = Literal["ParseError", "UnknownRequest", "InvalidParameter", "NotAuthenticated", "NotFound", "NotPermitted", "ReservedTag", "TooLarge", "Internal"]
+ErrorCode = Literal["ParseError", "UnknownRequest", "InvalidParameter", "NotAuthenticated", "NotFound", "NotPermitted", "ReservedTag", "TooLarge", "RateLimited", "Internal"]
 
 FileState = Literal["Available", "Transferring", "Done"]
 
@@ -714,9 +714,10 @@ RegisteredEndpoint = TypedDict("RegisteredEndpoint", {
 RequestFailed = TypedDict("RequestFailed", {
     "request": "NotRequired[str]",
     "cookie": "NotRequired[str]",
-    "error": "Literal[\"ParseError\", \"UnknownRequest\", \"InvalidParameter\", \"NotAuthenticated\", \"NotFound\", \"NotPermitted\", \"ReservedTag\", \"TooLarge\", \"Internal\"]",
+    "error": "Literal[\"ParseError\", \"UnknownRequest\", \"InvalidParameter\", \"NotAuthenticated\", \"NotFound\", \"NotPermitted\", \"ReservedTag\", \"TooLarge\", \"RateLimited\", \"Internal\"]",
     "reason": "str",
     "line": "int",
+    "retryAfterMs": "NotRequired[int]",
 })
 """A request was not carried out (§2)."""
 
@@ -846,6 +847,7 @@ SearchResult = TypedDict("SearchResult", {
     "chatIds": "list[str]",
     "messages": "list[MessageKey]",
     "returnIdentifier": "NotRequired[str]",
+    "incomplete": "NotRequired[bool]",
 })
 """The answer to search, newest first."""
 

@@ -13,6 +13,7 @@ public enum ErrorCode: String, Sendable, Hashable, CaseIterable {
     case notPermitted = "NotPermitted"
     case reservedTag = "ReservedTag"
     case tooLarge = "TooLarge"
+    case rateLimited = "RateLimited"
     case `internal` = "Internal"
 }
 
@@ -31,21 +32,25 @@ public struct RequestFailed: Sendable, Equatable, WireDecodable, WireEncodable {
     public var reason: String
     /// The 1-based input line.
     public var line: Int64
+    /// With RateLimited: milliseconds after which the same request would be within the limit the reason names.
+    public var retryAfterMs: Int64?
 
-    public init(request: String? = nil, cookie: String? = nil, error: ErrorCode, reason: String, line: Int64) {
+    public init(request: String? = nil, cookie: String? = nil, error: ErrorCode, reason: String, line: Int64, retryAfterMs: Int64? = nil) {
         self.request = request
         self.cookie = cookie
         self.error = error
         self.reason = reason
         self.line = line
+        self.retryAfterMs = retryAfterMs
     }
 
     public static let wireSchema = WireSchema([
         WireField("request", .string(minBytes: 0, maxBytes: 1048576)),
         WireField("cookie", .string(minBytes: 0, maxBytes: Int.max)),
-        WireField("error", .enumeration(["ParseError", "UnknownRequest", "InvalidParameter", "NotAuthenticated", "NotFound", "NotPermitted", "ReservedTag", "TooLarge", "Internal"]), required: true),
+        WireField("error", .enumeration(["ParseError", "UnknownRequest", "InvalidParameter", "NotAuthenticated", "NotFound", "NotPermitted", "ReservedTag", "TooLarge", "RateLimited", "Internal"]), required: true),
         WireField("reason", .string(minBytes: 0, maxBytes: Int.max), required: true),
         WireField("line", .integer(min: 1, max: Int64.max), required: true),
+        WireField("retryAfterMs", .integer(min: 0, max: Int64.max)),
     ])
 
     public init(wire fields: WireFields) throws {
@@ -54,6 +59,7 @@ public struct RequestFailed: Sendable, Equatable, WireDecodable, WireEncodable {
         self.error = try fields.required(2) { value in try value.enumeration(ErrorCode.self) }
         self.reason = try fields.required(3) { value in try value.string() }
         self.line = try fields.required(4) { value in try value.integer() }
+        self.retryAfterMs = try fields.optional(5) { value in try value.integer() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -63,6 +69,7 @@ public struct RequestFailed: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"error\":"); writer.string(self.error.rawValue)
         writer.rawKey("\"reason\":"); writer.string(self.reason)
         writer.rawKey("\"line\":"); writer.integer(self.line)
+        if let value = self.retryAfterMs { writer.rawKey("\"retryAfterMs\":"); writer.integer(value) }
         writer.endObject()
     }
 
@@ -72,5 +79,6 @@ public struct RequestFailed: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.error, rhs.error)
             && sameBytes(lhs.reason, rhs.reason)
             && sameBytes(lhs.line, rhs.line)
+            && sameBytes(lhs.retryAfterMs, rhs.retryAfterMs)
     }
 }

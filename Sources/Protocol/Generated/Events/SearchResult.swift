@@ -16,12 +16,15 @@ public struct SearchResult: Sendable, Equatable, WireDecodable, WireEncodable {
     public var messages: [MessageKey]
     /// The search's returnIdentifier, when it had one.
     public var returnIdentifier: String?
+    /// Present (true) when the search stopped at one of its bounds (candidates or bytes of text checked, §9) before it had looked at everything: the messages are what it found until then.
+    public var incomplete: Bool?
 
-    public init(cookie: String? = nil, chatIds: [String], messages: [MessageKey], returnIdentifier: String? = nil) {
+    public init(cookie: String? = nil, chatIds: [String], messages: [MessageKey], returnIdentifier: String? = nil, incomplete: Bool? = nil) {
         self.cookie = cookie
         self.chatIds = chatIds
         self.messages = messages
         self.returnIdentifier = returnIdentifier
+        self.incomplete = incomplete
     }
 
     public static let wireSchema = WireSchema([
@@ -29,6 +32,7 @@ public struct SearchResult: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("chatIds", .array(.string(minBytes: 1, maxBytes: 64), minItems: 0, maxItems: Int.max), required: true),
         WireField("messages", .array(.object(MessageKey.self), minItems: 0, maxItems: Int.max), required: true),
         WireField("returnIdentifier", .string(minBytes: 0, maxBytes: Int.max)),
+        WireField("incomplete", .boolean),
     ])
 
     public init(wire fields: WireFields) throws {
@@ -36,6 +40,7 @@ public struct SearchResult: Sendable, Equatable, WireDecodable, WireEncodable {
         self.chatIds = try fields.required(1) { value in try value.array().map { element in try element.string() } }
         self.messages = try fields.required(2) { value in try value.array().map { element in try element.object(MessageKey.self) } }
         self.returnIdentifier = try fields.optional(3) { value in try value.string() }
+        self.incomplete = try fields.optional(4) { value in try value.bool() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -44,6 +49,7 @@ public struct SearchResult: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"chatIds\":"); writer.beginArray(); for element in self.chatIds { writer.string(element) }; writer.endArray()
         writer.rawKey("\"messages\":"); writer.beginArray(); for element in self.messages { element.encode(to: &writer) }; writer.endArray()
         if let value = self.returnIdentifier { writer.rawKey("\"returnIdentifier\":"); writer.string(value) }
+        if let value = self.incomplete { writer.rawKey("\"incomplete\":"); writer.bool(value) }
         writer.endObject()
     }
 
@@ -52,5 +58,6 @@ public struct SearchResult: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.chatIds, rhs.chatIds)
             && sameBytes(lhs.messages, rhs.messages)
             && sameBytes(lhs.returnIdentifier, rhs.returnIdentifier)
+            && sameBytes(lhs.incomplete, rhs.incomplete)
     }
 }
