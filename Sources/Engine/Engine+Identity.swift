@@ -117,16 +117,28 @@ extension Engine {
         return numbers.sorted().compactMap { users[$0] }
     }
 
-    func identities(_ request: IdentitiesGet) -> Event {
+    /// The users the session asked for by id; from then on it may list them (`knows`).
+    func identities(_ request: IdentitiesGet, for session: EngineSession) -> Event {
         var found: [Identity] = []
         var seen = Set<Int64>()
         func add(_ user: UserRecord?) {
             guard let user, seen.insert(user.number).inserted else { return }
             found.append(Identity(appUserId: user.userId, regId: user.regId, uri: user.uri))
+            session.lookedUp(user.number)
         }
         for userId in request.appUserIds ?? [] { add(users.find(userId: userId)) }
         for regId in request.regIds ?? [] { add(users.find(regId: regId)) }
         return .identities(Identities(cookie: request.cookie, result: "Success", info: found))
+    }
+
+    /// Whether `viewer` may see `other` in the `user` list: themselves, anyone they share
+    /// or shared a chat with, and anyone their session looked up by id (`identitiesGet`),
+    /// as a device's bbmcore knows them. Nobody else: a uri is a number, and trying them
+    /// one by one would list every user of the service.
+    func knows(_ other: Int64, viewer: Int64, session: EngineSession) -> Bool {
+        if other == viewer || session.hasLookedUp(other) { return true }
+        for number in chatsOfUser[viewer] ?? [] where chats[number]?.members[other] != nil { return true }
+        return false
     }
 
     func userElement(_ user: UserRecord) -> User {

@@ -60,11 +60,12 @@ extension Engine {
             let (found, missing) = lookUp(request.elements) { key in all.first { $0.name == key.name } }
             answer(.listElements(.global(ListElementsGlobal(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .global(ListChunkGlobal(cookie: request.cookie, elements: $0, last: $1)) }
         case .user(let request):
-            // Any user, by uri (a client resolving a sender it has not seen yet) or regId.
+            // A user the asker knows (`knows`), by uri (a client resolving a sender it has
+            // not seen yet) or regId.
             let (found, missing) = lookUp(request.elements) { key -> User? in
                 guard user != Engine.nobody else { return nil }
-                if let uri = key.uri { return self.user(fromURI: uri, viewer: user).flatMap { users[$0] }.map(userElement) }
-                return key.regId.flatMap { users.find(regId: $0) }.map(userElement)
+                let found = key.uri.map { uri in self.user(fromURI: uri, viewer: user).flatMap { users[$0] } } ?? key.regId.flatMap { users.find(regId: $0) }
+                return found.flatMap { knows($0.number, viewer: user, session: session) ? userElement($0) : nil }
             }
             answer(.listElements(.user(ListElementsUser(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .user(ListChunkUser(cookie: request.cookie, elements: $0, last: $1)) }
         case .chat(let request):

@@ -17,7 +17,7 @@ extension Engine {
         case .endpointDeregister(let request):
             try endpointDeregister(request, session: session, batch: batch)
         case .identitiesGet(let request):
-            batch.emit(identities(request), to: session)
+            batch.emit(identities(request, for: session), to: session)
         case .requestListAll(let request):
             try listAll(request, user: user, session: session, batch: batch)
         case .requestListElements(let request):

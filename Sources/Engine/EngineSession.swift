@@ -67,6 +67,23 @@ public final class EngineSession: @unchecked Sendable, Hashable {
     /// Lists it asked for before authenticating (answered empty): brought up to date with
     /// a `listAdd` when it authenticates (§4).
     var listedEarly: Set<ListType> = []
+    /// Users this session looked up by id (`identitiesGet`): it may list them. At most
+    /// `maxLookedUp` are kept (the oldest go first).
+    private var lookedUpUsers: Set<Int64> = []
+    private var lookedUpOrder: [Int64] = []
+    static let maxLookedUp = 10_000
+
+    func lookedUp(_ user: Int64) {
+        guard lookedUpUsers.insert(user).inserted else { return }
+        lookedUpOrder.append(user)
+        if lookedUpOrder.count > EngineSession.maxLookedUp {
+            let dropped = lookedUpOrder.prefix(lookedUpOrder.count / 2)
+            lookedUpUsers.subtract(dropped)
+            lookedUpOrder.removeFirst(dropped.count)
+        }
+    }
+
+    func hasLookedUp(_ user: Int64) -> Bool { lookedUpUsers.contains(user) }
 
     init(id: Int, transport: Transport, sink: EventSink) {
         self.id = id
