@@ -388,13 +388,43 @@ extension Engine {
         }
     }
 
-    /// A user's endpoint authenticated: everything in their chats counts as delivered.
+    /// Chats whose deliveries one batch marks for users who came online: a user in 2,000
+    /// chats with something new in each held the engine (and their own sign-in's answer)
+    /// for seconds; now the rest follows in later batches, between other users' work.
+    static let deliveriesPerBatch = 32
+
+    /// A user's endpoint authenticated: everything in their chats counts as delivered, the
+    /// first chats' in this batch, the others' in the batches after (`deliverDue`).
     func deliverPending(to user: Int64, batch: Batch) throws {
-        let changes = PendingChanges()
-        for number in (chatsOfUser[user] ?? []).sorted() {
-            guard let chat = chats[number] else { continue }
-            try markDelivered(chat, only: user, batch: batch, changes: changes)
+        let due = (chatsOfUser[user] ?? []).filter { number in
+            guard let chat = chats[number], let member = chat.members[user] else { return false }
+            return member.deliveredUpTo < chat.lastMessage
         }
-        publish(changes, batch: batch)
+        guard !due.isEmpty else { return }
+        deliveriesDue.append((user, due.sorted()))
+        try deliverDue(batch: batch)
+    }
+
+    /// Marks the deliveries of up to `deliveriesPerBatch` chats of the users waiting for
+    /// them, oldest first; asks for another batch when some are left.
+    func deliverDue(batch: Batch) throws {
+        let changes = PendingChanges()
+        defer { publish(changes, batch: batch) }
+        var budget = Engine.deliveriesPerBatch
+        while budget > 0, !deliveriesDue.isEmpty {
+            let (user, chatNumbers) = deliveriesDue[0]
+            let taken = chatNumbers.prefix(budget)
+            budget -= taken.count
+            if taken.count == chatNumbers.count {
+                deliveriesDue.removeFirst()
+            } else {
+                deliveriesDue[0].chats.removeFirst(taken.count)
+            }
+            for number in taken {
+                guard let chat = chats[number] else { continue }
+                try markDelivered(chat, only: user, batch: batch, changes: changes)
+            }
+        }
+        if !deliveriesDue.isEmpty { put(.deliverDue) }
     }
 }

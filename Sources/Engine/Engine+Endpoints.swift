@@ -217,11 +217,11 @@ extension Engine {
     /// to date once it is set up. It may make setup requests, and once its token was
     /// accepted (setupState Full) manage its user's endpoints. False: the request is not
     /// served before setup.
-    func serveBeforeSetUp(_ request: Request, session: EngineSession, batch: Batch) throws -> Bool {
+    func serveBeforeSetUp(_ request: Request, session: EngineSession, line: Int, batch: Batch) throws -> Bool {
         switch request {
         case .requestListAll(let request):
             if request.type != .global && request.type != .chatMessage { session.listedEarly.insert(request.type) }
-            try listAll(request, user: Engine.nobody, session: session, batch: batch)
+            try listAll(request, user: Engine.nobody, session: session, line: line, batch: batch)
         case .requestListElements(let request):
             switch request {
             case .global: break

@@ -8,7 +8,7 @@ extension Engine {
 
     // MARK: requestListAll
 
-    func listAll(_ request: RequestListAll, user: Int64, session: EngineSession, batch: Batch) throws {
+    func listAll(_ request: RequestListAll, user: Int64, session: EngineSession, line: Int, batch: Batch) throws {
         let cookie = request.cookie
         let header = Event.listAll(ListAll(type: request.type, cookie: cookie))
         switch request.type {
@@ -16,16 +16,88 @@ extension Engine {
             answer(header, globalElements(of: session), to: session, batch: batch) { .global(ListChunkGlobal(cookie: cookie, elements: $0, last: $1)) }
         case .user:
             answer(header, visibleUsers(of: user).map(userElement), to: session, batch: batch) { .user(ListChunkUser(cookie: cookie, elements: $0, last: $1)) }
-        case .chat:
-            answer(header, chatElements(of: user), to: session, batch: batch) { .chat(ListChunkChat(cookie: cookie, elements: $0, last: $1)) }
-        case .chatParticipant:
-            answer(header, participantElements(of: user), to: session, batch: batch) {
-                .chatParticipant(ListChunkChatParticipant(cookie: cookie, elements: $0, last: $1))
-            }
+        case .chat, .chatParticipant:
+            // They grow with the user's chats: a page of chats per batch.
+            batch.emit(header, to: session)
+            let list = ListInProgress(kind: request.type, cookie: cookie, line: line, user: user, session: session,
+                                      chats: (chatsOfUser[user] ?? []).sorted())
+            continueList(list, batch: batch)
         case .typing:
             answer(header, typingSeen(by: user), to: session, batch: batch) { .typing(ListChunkTyping(cookie: cookie, elements: $0, last: $1)) }
         case .chatMessage:
             throw ProtocolError.invalid("'type' chatMessage cannot be listed whole: use requestListMatching or requestListChanges")
+        }
+    }
+
+    /// A `chat` or `chatParticipant` list being answered, a page of chats per batch.
+    struct ListInProgress {
+        let kind: ListType
+        let cookie: String?
+        let line: Int
+        let user: Int64
+        let session: EngineSession
+        /// The chats still to list, in the order they were started.
+        var chats: [Int64]
+    }
+
+    /// Elements one batch lists, about (a page ends with the chat that reaches it): a user
+    /// in 2,000 chats of 50 made one answer of 100,000 participants, which held the engine
+    /// from everyone else for 150 ms and more.
+    static let listPage = 2_000
+
+    /// Answers the next page of `list`: its chunks, the last one `last` when no chat is
+    /// left; otherwise the rest follows in a later batch (once this one is committed),
+    /// the session's later requests waiting for it, in order.
+    func continueList(_ list: ListInProgress, batch: Batch) {
+        var rest = list
+        var elements = 0
+        var chatElements: [Chat] = []
+        var participants: [ChatParticipant] = []
+        var taken = 0
+        while elements < Engine.listPage, taken < rest.chats.count {
+            let number = rest.chats[taken]
+            taken += 1
+            guard let chat = chats[number], let member = chat.activeMember(list.user) else { continue }
+            if list.kind == .chat {
+                chatElements.append(renderChat(chat, for: member))
+                elements += 1
+            } else {
+                let others = chat.activeMembers.filter { $0.user != list.user }.map { renderParticipant(chat, $0) }
+                participants += others
+                elements += max(1, others.count)
+            }
+        }
+        rest.chats.removeFirst(taken)
+        let done = rest.chats.isEmpty
+        let cookie = list.cookie
+        if list.kind == .chat {
+            emitChunks(chatElements, last: done, to: list.session, batch: batch) { .chat(ListChunkChat(cookie: cookie, elements: $0, last: $1)) }
+        } else {
+            emitChunks(participants, last: done, to: list.session, batch: batch) { .chatParticipant(ListChunkChatParticipant(cookie: cookie, elements: $0, last: $1)) }
+        }
+        guard !done else { return }
+        awaitOutside(list.session)
+        batch.whenCommitted { [self] in put(.continueList(rest)) }
+        batch.ifNotCommitted { [self] in outsideAnswered(list.session) }
+    }
+
+    /// The next page of a list (`continueList`): the session's later requests went on
+    /// waiting for it.
+    func listContinues(_ list: ListInProgress, batch: Batch) {
+        outsideAnswered(list.session)
+        guard list.session.isOpen else { return }
+        batch.begin(.request(name: RequestListAll.name, cookie: list.cookie, line: list.line), session: list.session)
+        continueList(list, batch: batch)
+    }
+
+    /// `elements` as `listChunk`s of at most `chunkSize`; the last of them says `last`. A
+    /// page that ends the list with no element is one empty chunk; one that does not end it
+    /// and has none, nothing.
+    private func emitChunks<Element>(_ elements: [Element], last: Bool, to session: EngineSession, batch: Batch,
+                                     _ chunk: ([Element], Bool?) -> ListChunk) {
+        let pieces = elements.isEmpty ? (last ? [[]] : []) : elements.chunked(Engine.chunkSize)
+        for (index, piece) in pieces.enumerated() {
+            batch.emit(.listChunk(chunk(piece, last && index == pieces.count - 1 ? true : nil)), to: session)
         }
     }
 

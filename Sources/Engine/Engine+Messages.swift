@@ -272,7 +272,7 @@ extension Engine {
         publish(changes, batch: batch)
     }
 
-    func destroy(_ request: ChatMessageDestroy, user: Int64, batch: Batch) throws {
+    func destroy(_ request: ChatMessageDestroy, user: Int64, session: EngineSession, line: Int, batch: Batch) throws {
         let (chat, member) = try chat(request.chatId, of: user)
         let changes = PendingChanges()
         if let id = request.messageId {
@@ -296,15 +296,68 @@ extension Engine {
         if chat.isDefunct {
             throw ProtocolError.notPermitted("chat '\(chat.chatId)' is Defunct: nothing can be posted into it")
         }
-        // Every own message not recalled yet: the store finds them.
-        var filter = MessageFilter(firstId: 1, sender: user)
+        // Every own message not recalled yet, up to the last one now: the store finds them,
+        // a page at a time.
+        try recallAll(RecallInProgress(chat: chat.number, user: user, session: session, cookie: request.cookie, line: line, from: 1,
+                                       upTo: chat.lastMessage), batch: batch)
+    }
+
+    /// A recall of everything a user sent in a chat (`chatMessageDestroy` without
+    /// `messageId`), a page of messages per batch: a user with 100,000 messages in a chat
+    /// held the engine from everyone else for seconds.
+    struct RecallInProgress {
+        let chat: Int64
+        let user: Int64
+        let session: EngineSession
+        let cookie: String?
+        let line: Int
+        /// The next id to look from, and the last one the request covers.
+        var from: Int64
+        let upTo: Int64
+    }
+
+    /// Messages one batch recalls.
+    static let recallPage = 500
+
+    /// Recalls the next page; the last page posts the `Shred`. Until then the session's
+    /// later requests wait, and the next page is decided once this one is committed.
+    func recallAll(_ recall: RecallInProgress, batch: Batch) throws {
+        guard let chat = chats[recall.chat], chat.activeMember(recall.user) != nil else {
+            throw ProtocolError.notFound("chat \(recall.chat) is no longer yours")
+        }
+        var filter = MessageFilter(firstId: recall.from, lastId: recall.upTo, sender: recall.user)
         filter.onlyRecallable = true
-        let ids = try matchingIds(in: chat, filter, from: 1, ascending: true, limit: Int.max, batch: batch)
-        try recall(try loadMessages(in: chat, ids: ids), in: chat, batch: batch, changes: changes)
+        let ids = try matchingIds(in: chat, filter, from: recall.from, ascending: true, limit: Engine.recallPage + 1, batch: batch)
+        let page = Array(ids.prefix(Engine.recallPage))
+        let changes = PendingChanges()
+        try self.recall(try loadMessages(in: chat, ids: page), in: chat, batch: batch, changes: changes)
+        if ids.count > page.count, let last = page.last {
+            publish(changes, batch: batch)
+            var rest = recall
+            rest.from = last + 1
+            awaitOutside(recall.session)
+            batch.whenCommitted { [self] in put(.continueRecall(rest)) }
+            batch.ifNotCommitted { [self] in outsideAnswered(recall.session) }
+            return
+        }
         willChange(chat, changes)
-        let shred = append(to: chat, sender: user, tag: "Shred", neverCountsUnread: true, batch: batch, changes: changes)
+        let shred = append(to: chat, sender: recall.user, tag: "Shred", neverCountsUnread: true, batch: batch, changes: changes)
         try announceNew([shred], in: chat, batch: batch, changes: changes)
         publish(changes, batch: batch)
+    }
+
+    /// The next page of a recall of everything (`recallAll`).
+    func recallContinues(_ recall: RecallInProgress, batch: Batch) {
+        outsideAnswered(recall.session)
+        guard recall.session.isOpen else { return }
+        batch.begin(.request(name: ChatMessageDestroy.name, cookie: recall.cookie, line: recall.line), session: recall.session)
+        do {
+            try recallAll(recall, batch: batch)
+        } catch let error as ProtocolError {
+            batch.emit(error.requestFailed(request: ChatMessageDestroy.name, cookie: recall.cookie, line: recall.line), to: recall.session)
+        } catch {
+            batch.emit(ProtocolError(.internal, "\(error)").requestFailed(request: ChatMessageDestroy.name, cookie: recall.cookie, line: recall.line), to: recall.session)
+        }
     }
 
     /// Recalls messages for everyone; the `refBy` of what they referred to is recomputed

@@ -19,7 +19,7 @@ extension Engine {
         case .identitiesGet(let request):
             batch.emit(identities(request, for: session), to: session)
         case .requestListAll(let request):
-            try listAll(request, user: user, session: session, batch: batch)
+            try listAll(request, user: user, session: session, line: line, batch: batch)
         case .requestListElements(let request):
             listElements(request, user: user, session: session, batch: batch)
         case .requestListMatching(let request):
@@ -53,7 +53,7 @@ extension Engine {
         case .chatMessageDelete(let request):
             try deletePrivately(request, user: user, batch: batch)
         case .chatMessageDestroy(let request):
-            try destroy(request, user: user, batch: batch)
+            try destroy(request, user: user, session: session, line: line, batch: batch)
         case .chatTyping(let request):
             try quotas.take(1, of: .events, by: user)
             try startTyping(request, user: user, batch: batch)

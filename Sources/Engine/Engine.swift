@@ -29,6 +29,12 @@ public final class Engine: @unchecked Sendable {
         case barrier(@Sendable () -> Void)
         /// Time passed: typing indications may have expired.
         case tick
+        /// Users who came online have chats whose deliveries are still to be marked.
+        case deliverDue
+        /// The next page of a `chat` or `chatParticipant` list (`continueList`).
+        case continueList(ListInProgress)
+        /// The next page of a recall of everything a user sent in a chat (`recallAll`).
+        case continueRecall(RecallInProgress)
         /// A message's attachments were stored (blobs) or could not be (error).
         case attachmentsStored(chat: Int64, id: Int64, thumb: String?, file: String?, error: String?)
         /// A search's hits, looked up off the engine thread (`Engine+Search.swift`).
@@ -186,6 +192,9 @@ public final class Engine: @unchecked Sendable {
     var tickScheduled = false
     /// What each user may cost the others (rates, searches at once).
     var quotas: Quotas
+    /// Users who came online, with their chats whose deliveries are still to be marked
+    /// (`deliverDue`), oldest first.
+    var deliveriesDue: [(user: Int64, chats: [Int64])] = []
     /// Messages whose attachments a worker is storing now (they stay `Sending` when
     /// memory is rebuilt after a failed commit), with their sources, held open until the
     /// message's link to its copy is durable.
@@ -491,8 +500,14 @@ public final class Engine: @unchecked Sendable {
         inbox.put(contentsOf: work)
     }
 
+    /// The session's work goes on (its parked work is taken again): what `awaitOutside`
+    /// waited for is answered.
+    func outsideAnswered(_ session: EngineSession) {
+        awaitingOutside.remove(ObjectIdentifier(session))
+    }
+
     /// The session's next work waits (in order) until `outsideAnswered`: its current
-    /// request is being answered off the engine thread.
+    /// request is being answered off the engine thread, or in later batches.
     func awaitOutside(_ session: EngineSession) {
         let key = ObjectIdentifier(session)
         awaitingOutside.insert(key)
@@ -821,11 +836,22 @@ public final class Engine: @unchecked Sendable {
             batch.begin(.internal, session: nil)
             tickScheduled = false
             expireTyping(batch: batch)
+        case .continueList(let list):
+            listContinues(list, batch: batch)
+        case .continueRecall(let recall):
+            recallContinues(recall, batch: batch)
+        case .deliverDue:
+            batch.begin(.internal, session: nil)
+            do {
+                try deliverDue(batch: batch)
+            } catch {
+                logger.warning("deliveries were not marked: the store could not be read", metadata: ["error": "\(error)"])
+            }
         case .attachmentsStored(let chat, let id, let thumb, let file, let error):
             batch.begin(.internal, session: nil)
             attachmentsStored(chat: chat, id: id, thumb: thumb, file: file, error: error, batch: batch)
         case .searchFound(let request, let line, let chatIds, let user, let hits, let session):
-            awaitingOutside.remove(ObjectIdentifier(session))
+            outsideAnswered(session)
             quotas.endSearch(by: user)
             guard session.isOpen else { return }
             searchFound(request, line: line, chatIds: chatIds, user: user, hits: hits, session: session, batch: batch)
@@ -1097,7 +1123,7 @@ public final class Engine: @unchecked Sendable {
                 throw ProtocolError(.internal, "the store failed and the service is stopping: \(brokenStore)")
             }
             guard let user = session.user else {
-                if try serveBeforeSetUp(request, session: session, batch: batch) { return }
+                if try serveBeforeSetUp(request, session: session, line: line, batch: batch) { return }
                 throw notSetUp(session)
             }
             try handle(request, user: user, session: session, line: line, batch: batch)

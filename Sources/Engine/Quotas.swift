@@ -25,7 +25,7 @@ public struct QuotaLimits: Sendable {
     public var searchCandidates: Int
     public var searchBytes: Int
 
-    public init(requestsPerSecond: Double = 20_000, chatsPerMinute: Double = 60, newUsersPerMinute: Double = 1_000,
+    public init(requestsPerSecond: Double = 50_000, chatsPerMinute: Double = 60, newUsersPerMinute: Double = 1_000,
                 eventsPerSecond: Double = 50, searchesPerUser: Int = 2, searchesInAll: Int = 8,
                 searchCandidates: Int = SearchBudget.defaultCandidates, searchBytes: Int = SearchBudget.defaultBytes) {
         self.requestsPerSecond = requestsPerSecond

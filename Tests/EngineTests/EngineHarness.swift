@@ -112,6 +112,11 @@ final class EngineHarness {
         }
     }
 
+    /// How often session `name` was handed events (about once per batch that had some).
+    func deliveries(_ name: String) -> Int {
+        sessions[name]!.sink.deliveries
+    }
+
     /// The events session `name` received since last asked.
     func events(_ name: String) -> [String] {
         engine.drain()
@@ -167,10 +172,14 @@ final class RecordingSink: EventSink, @unchecked Sendable {
 
     var backlog: Int { 0 }
 
+    /// How often the engine handed this session events (once per batch that had some).
+    private(set) var deliveries = 0
+
     func deliver(_ lines: UnsafeRawBufferPointer) {
         let text = String(decoding: lines, as: UTF8.self)
         lock.lock()
         self.lines += text.split(separator: "\n").map(String.init)
+        deliveries += 1
         lock.unlock()
     }
 
