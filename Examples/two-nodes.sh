@@ -46,15 +46,19 @@ $owner "$bin/pg_ctl" -D "$dir/data" -o "-k $dir -c listen_addresses=''" -l "$dir
 psql -h "$dir" -U chatcore -d postgres -qc "CREATE DATABASE chatcore"
 store="postgres://chatcore@/chatcore?host=$dir"
 
+# Every node gets the same key, out of band (never in the database): a node relaying a
+# --user session vouches for its user with it.
+(umask 077; head -c 32 /dev/urandom > "$dir/node.key")
+
 # The first node becomes the writer (it decides); the second relays to it, and takes over
 # if it goes.
-"$chatcore" serve --store "$store" --listen "127.0.0.1:$first" --data-dir "$dir/a" --insecure-no-auth --log-level warning &
+"$chatcore" serve --store "$store" --listen "127.0.0.1:$first" --data-dir "$dir/a" --insecure-no-auth --node-key-file "$dir/node.key" --log-level warning &
 pids="$!"
 until [ -n "$(psql -h "$dir" -U chatcore -d chatcore -qAtc "SELECT address FROM writer_node" 2>/dev/null)" ]; do
     kill -0 "$pids" 2>/dev/null || { echo "node A did not start" >&2; exit 1; }
     sleep 0.1
 done
-"$chatcore" serve --store "$store" --listen "127.0.0.1:$second" --data-dir "$dir/b" --insecure-no-auth --log-level warning &
+"$chatcore" serve --store "$store" --listen "127.0.0.1:$second" --data-dir "$dir/b" --insecure-no-auth --node-key-file "$dir/node.key" --log-level warning &
 pids="$pids $!"
 until nc -z 127.0.0.1 "$second" 2>/dev/null; do
     kill -0 "$!" 2>/dev/null || { echo "node B did not start" >&2; exit 1; }
