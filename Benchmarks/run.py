@@ -19,7 +19,11 @@ to a fifth of a core and PostgreSQL to 0.6 (cgroup quotas; root only).
 Search (Benchmarks/search.py): the same 200,000 messages in SQLite and in PostgreSQL, and
 the p50 / p99 of four kinds of search on each.
 
-    python3 Benchmarks/run.py [codec] [engine] [store] [nodes] [search]     (all when none is named)
+Hostile (Benchmarks/hostile.py): what one client may cost the others: 1,000 anonymous
+partial lines, quota floods, a search built to be slow, a user in 2,000 chats signing in,
+listing and recalling; each beside another user's request → Sent p50 / p99.
+
+    python3 Benchmarks/run.py [codec] [engine] [store] [nodes] [search] [hostile]     (all when none is named)
 """
 import json
 import pathlib
@@ -90,7 +94,7 @@ def codec_rows(corpus):
 
 
 def main():
-    wanted = set(sys.argv[1:]) or {"codec", "engine", "store", "nodes", "search"}
+    wanted = set(sys.argv[1:]) or {"codec", "engine", "store", "nodes", "search", "hostile"}
     if "codec" in wanted:
         codec_table()
     if "engine" in wanted:
@@ -106,6 +110,10 @@ def main():
         sys.path.insert(0, str(ROOT / "Benchmarks"))
         import search
         search.print_table()
+    if "hostile" in wanted:
+        sys.path.insert(0, str(ROOT / "Benchmarks"))
+        import hostile
+        hostile.print_table()
     if "store" in wanted:
         sys.path.insert(0, str(ROOT / "Benchmarks"))
         import store

@@ -40,10 +40,15 @@ extension Engine {
         var chats: [Int64]
     }
 
-    /// Elements one batch lists, about (a page ends with the chat that reaches it): a user
-    /// in 2,000 chats of 50 made one answer of 100,000 participants, which held the engine
-    /// from everyone else for 150 ms and more.
+    /// Elements one batch lists, at most about (a page ends with the chat that reaches
+    /// it): a user in 2,000 chats of 50 made one answer of 100,000 participants, which held
+    /// the engine from everyone else for 150 ms and more. A page also ends after
+    /// `pageTime`.
     static let listPage = 2_000
+
+    /// How long one page of work that grows with what a user has (a list, deliveries at
+    /// sign-in) may hold the engine, about: then it goes on in a later batch.
+    static let pageTime = Duration.milliseconds(8)
 
     /// Answers the next page of `list`: its chunks, the last one `last` when no chat is
     /// left; otherwise the rest follows in a later batch (once this one is committed),
@@ -54,7 +59,8 @@ extension Engine {
         var chatElements: [Chat] = []
         var participants: [ChatParticipant] = []
         var taken = 0
-        while elements < Engine.listPage, taken < rest.chats.count {
+        let deadline = ContinuousClock.now + Engine.pageTime
+        while elements < Engine.listPage, taken < rest.chats.count, taken == 0 || ContinuousClock.now < deadline {
             let number = rest.chats[taken]
             taken += 1
             guard let chat = chats[number], let member = chat.activeMember(list.user) else { continue }
