@@ -181,3 +181,40 @@ def test_a_wildcard_listener_on_a_shared_store_needs_an_advertised_address(clust
                               node_key_file(), "--store", cluster.database_url("wild")], input=b"", capture_output=True, timeout=60)
     assert refused.returncode != 0
     assert b"needs --advertise" in refused.stderr, refused.stderr
+
+
+def test_a_relaying_node_holds_no_more_connections_than_max_sessions(cluster, scratch):
+    """The relaying proxy had no bound of its own: every connection took two descriptors
+    until there were none left."""
+    cluster.create_database("bounded")
+    common = ["--insecure-no-auth", "--store", cluster.database_url("bounded"), "--node-key-file", node_key_file()]
+    writer_log = open(os.path.join(scratch, "bw.log"), "w+")
+    writer = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, "bw"), "--listen", "unix:" + os.path.join(scratch, "bw.sock"),
+                               *common], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=writer_log)
+    relay_log = open(os.path.join(scratch, "br.log"), "w+")
+    relay = None
+    try:
+        deadline = time.time() + 60
+        while "this node is the writer" not in open(writer_log.name).read():
+            assert time.time() < deadline and writer.poll() is None, open(writer_log.name).read()
+            time.sleep(0.05)
+        relay_path = os.path.join(scratch, "br.sock")
+        relay = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, "br"), "--listen", "unix:" + relay_path,
+                                  "--max-sessions", "3", *common], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=relay_log)
+        while "relaying connections to it" not in open(relay_log.name).read():
+            assert time.time() < deadline and relay.poll() is None, open(relay_log.name).read()
+            time.sleep(0.05)
+        clients = [Client(relay_path) for _ in range(5)]
+        time.sleep(1)
+        closed = [client for client in clients if client.closed.is_set()]
+        assert len(closed) == 2, f"{len(closed)} of 5 connections closed with --max-sessions 3"
+        assert "--max-sessions reached" in open(relay_log.name).read()
+        # The three it holds are relayed to the writer and served.
+        for n, client in enumerate(c for c in clients if not c.closed.is_set()):
+            client.send({"authToken": {"userId": f"u{n}", "authToken": "any"}})
+            assert "listChange" in client.events.get(timeout=30)
+    finally:
+        for process in (relay, writer):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
