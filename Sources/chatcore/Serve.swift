@@ -63,10 +63,10 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("A file whose bytes, as they are (at least 32), are the HMAC key for authToken JWTs (HS256).", valueName: "file"))
     var authSecretFile: String?
 
-    @Option(name: .long, help: ArgumentHelp("A JWKS file (JSON Web Key Set): authToken JWTs signed RS256 or ES256 by one of its keys are accepted. Read again on SIGHUP. Needs --auth-audience.", valueName: "file"))
+    @Option(name: .long, help: ArgumentHelp("A JWKS file (JSON Web Key Set): authToken JWTs signed RS256 or ES256 by one of its keys are accepted. Read again on SIGHUP. Give --auth-audience with it.", valueName: "file"))
     var authJwks: String?
 
-    @Option(name: .long, help: ArgumentHelp("A token's 'aud' must name this (the identity provider's name for this service): other applications of the same provider cannot sign in here. Needed with --auth-jwks.", valueName: "audience"))
+    @Option(name: .long, help: ArgumentHelp("A token's 'aud' must name this (the identity provider's name for this service): other applications of the same provider cannot sign in here. Without it, --auth-jwks starts with a warning.", valueName: "audience"))
     var authAudience: String?
 
     @Option(name: .long, help: ArgumentHelp("A token's 'iss' must be this (the identity provider).", valueName: "issuer"))
@@ -179,11 +179,6 @@ struct Serve: AsyncParsableCommand {
         if (authSecretFile != nil || authJwks != nil) && insecureNoAuth {
             throw ValidationError("--insecure-no-auth accepts any token: it excludes --auth-secret-file and --auth-jwks")
         }
-        if authJwks != nil && authAudience == nil {
-            // Every application of an identity provider gets tokens signed by its keys:
-            // without the audience, any of them could sign its users in here.
-            throw ValidationError("--auth-jwks needs --auth-audience: the value the identity provider puts in 'aud' for this service (else a token it made for any other application signs in here)")
-        }
         guard authLeeway >= 0, authLeeway <= 600 else { throw ValidationError("--auth-leeway must be 0 to 600 seconds") }
         guard authMaxLifetime > 0 else { throw ValidationError("--auth-max-lifetime must be positive") }
         for text in listen {
@@ -225,6 +220,12 @@ struct Serve: AsyncParsableCommand {
             ServiceMetrics.register()
         }
 
+        if authJwks != nil && authAudience == nil {
+            // Every application of an identity provider gets tokens signed by its keys:
+            // without the audience, any of them signs its users in here. Refusing to start
+            // would break every deployment configured before the flag existed: it is said.
+            logger.warning("--auth-jwks without --auth-audience: a token the identity provider made for any of its applications signs in here; give --auth-audience (the 'aud' it puts in tokens for this service)")
+        }
         let authenticator: Authenticator
         if authSecretFile != nil || authJwks != nil {
             var secret: [UInt8]?

@@ -295,8 +295,7 @@ def test_keys_and_audiences_that_would_let_others_in_refuse_to_start():
         short = os.path.join(directory, "short")
         with open(short, "wb") as f:
             f.write(b"x" * 31)  # a 1-byte key was accepted, zero-padded
-        for arguments, says in [(["--auth-jwks", jwks], "--auth-jwks needs --auth-audience"),
-                                (["--auth-secret-file", short], "HS256 needs at least 32"),
+        for arguments, says in [(["--auth-secret-file", short], "HS256 needs at least 32"),
                                 (["--auth-secret-file", short, "--auth-jwks", jwks, "--auth-audience", "a"], "HS256 needs at least 32")]:
             result = subprocess.run([chatcore_binary(), "serve", "--data-dir", os.path.join(directory, "data"), "--listen", "127.0.0.1:0",
                                      *arguments], capture_output=True, timeout=60)
@@ -304,6 +303,12 @@ def test_keys_and_audiences_that_would_let_others_in_refuse_to_start():
             assert says in result.stderr.decode(), result.stderr.decode()
         result = subprocess.run([chatcore_binary(), "token", "--user", "alice", "--auth-secret-file", short], capture_output=True, timeout=60)
         assert result.returncode != 0 and b"at least 32" in result.stderr
+        # A JWKS without the audience starts (a deployment configured before the flag
+        # goes on), and says at once what that lets in.
+        result = subprocess.run([chatcore_binary(), "serve", "--data-dir", os.path.join(directory, "data"), "--auth-jwks", jwks], input=b"",
+                                capture_output=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert b"--auth-jwks without --auth-audience" in result.stderr
 
 
 def global_change(event):
