@@ -20,6 +20,7 @@ import pytest
 from conftest import accepting, node_key_file, real_binary, stop
 from postgres_cluster import postgres_bin
 from chatcore_harness import Client
+from test_nodes import Node, _no_node_outlives_its_test  # noqa: F401 (the fixture kills what a test started)
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
@@ -144,35 +145,18 @@ def test_a_node_never_relays_to_itself(cluster, scratch):
     out of descriptors."""
     cluster.create_database("loop")
     relay_port = free_tcp_port()
-    common = ["--insecure-no-auth", "--store", cluster.database_url("loop"), "--node-key-file", node_key_file()]
-    writer_log = open(os.path.join(scratch, "writer.log"), "w+")
-    writer = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, "w"), "--listen", "unix:" + os.path.join(scratch, "w.sock"),
-                               "--advertise", f"127.0.0.1:{relay_port}", *common], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=writer_log)
-    relay_log = open(os.path.join(scratch, "relay.log"), "w+")
-    relay = None
-    try:
-        deadline = time.time() + 60
-        while "this node is the writer" not in open(writer_log.name).read():
-            assert time.time() < deadline and writer.poll() is None, open(writer_log.name).read()
-            time.sleep(0.05)
-        relay = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, "r"), "--listen", f"127.0.0.1:{relay_port}", *common],
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=relay_log)
-        while "relaying connections to it" not in open(relay_log.name).read():
-            assert time.time() < deadline and relay.poll() is None, open(relay_log.name).read()
-            time.sleep(0.05)
-        client = Client(("127.0.0.1", relay_port))
-        client.send({"authToken": {"userId": "alice", "authToken": "any", "cookie": "a"}})
-        assert client.closed.wait(timeout=20), "the looping connection was not closed"
-        assert "reaches this node itself" in open(relay_log.name).read()
-        # The node is alive, and holds no pile of connections to itself.
-        time.sleep(0.5)
-        assert relay.poll() is None
-        assert len(os.listdir(f"/proc/{relay.pid}/fd")) < 200
-    finally:
-        for process in (relay, writer):
-            if process is not None and process.poll() is None:
-                process.kill()
-                process.wait()
+    writer = Node(cluster.database_url("loop"), scratch, "loop-w", "--advertise", f"127.0.0.1:{relay_port}")
+    writer.wait_until_logged("this node is the writer")
+    relay = Node(cluster.database_url("loop"), scratch, "loop-r", "--listen", f"127.0.0.1:{relay_port}")
+    relay.wait_until_logged("relaying connections to it")
+    client = Client(("127.0.0.1", relay_port))
+    client.send({"authToken": {"userId": "alice", "authToken": "any", "cookie": "a"}})
+    assert client.closed.wait(timeout=20), "the looping connection was not closed"
+    assert "reaches this node itself" in relay.logged()
+    # The node is alive, and holds no pile of connections to itself.
+    time.sleep(0.5)
+    assert relay.process.poll() is None
+    assert len(os.listdir(f"/proc/{relay.process.pid}/fd")) < 200
 
 
 def test_a_wildcard_listener_on_a_shared_store_needs_an_advertised_address(cluster, scratch):
@@ -187,34 +171,16 @@ def test_a_relaying_node_holds_no_more_connections_than_max_sessions(cluster, sc
     """The relaying proxy had no bound of its own: every connection took two descriptors
     until there were none left."""
     cluster.create_database("bounded")
-    common = ["--insecure-no-auth", "--store", cluster.database_url("bounded"), "--node-key-file", node_key_file()]
-    writer_log = open(os.path.join(scratch, "bw.log"), "w+")
-    writer = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, "bw"), "--listen", "unix:" + os.path.join(scratch, "bw.sock"),
-                               *common], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=writer_log)
-    relay_log = open(os.path.join(scratch, "br.log"), "w+")
-    relay = None
-    try:
-        deadline = time.time() + 60
-        while "this node is the writer" not in open(writer_log.name).read():
-            assert time.time() < deadline and writer.poll() is None, open(writer_log.name).read()
-            time.sleep(0.05)
-        relay_path = os.path.join(scratch, "br.sock")
-        relay = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, "br"), "--listen", "unix:" + relay_path,
-                                  "--max-sessions", "3", *common], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=relay_log)
-        while "relaying connections to it" not in open(relay_log.name).read():
-            assert time.time() < deadline and relay.poll() is None, open(relay_log.name).read()
-            time.sleep(0.05)
-        clients = [Client(relay_path) for _ in range(5)]
-        time.sleep(1)
-        closed = [client for client in clients if client.closed.is_set()]
-        assert len(closed) == 2, f"{len(closed)} of 5 connections closed with --max-sessions 3"
-        assert "--max-sessions reached" in open(relay_log.name).read()
-        # The three it holds are relayed to the writer and served.
-        for n, client in enumerate(c for c in clients if not c.closed.is_set()):
-            client.send({"authToken": {"userId": f"u{n}", "authToken": "any"}})
-            assert "listChange" in client.events.get(timeout=30)
-    finally:
-        for process in (relay, writer):
-            if process is not None and process.poll() is None:
-                process.kill()
-                process.wait()
+    writer = Node(cluster.database_url("bounded"), scratch, "bounded-w")
+    writer.wait_until_logged("this node is the writer")
+    relay = Node(cluster.database_url("bounded"), scratch, "bounded-r", "--max-sessions", "3")
+    relay.wait_until_logged("relaying connections to it")
+    clients = [Client(relay.socket) for _ in range(5)]
+    time.sleep(1)
+    closed = [client for client in clients if client.closed.is_set()]
+    assert len(closed) == 2, f"{len(closed)} of 5 connections closed with --max-sessions 3"
+    assert "--max-sessions reached" in relay.logged()
+    # The three it holds are relayed to the writer and served.
+    for n, client in enumerate(c for c in clients if not c.closed.is_set()):
+        client.send({"authToken": {"userId": f"u{n}", "authToken": "any"}})
+        assert "listChange" in client.events.get(timeout=30)

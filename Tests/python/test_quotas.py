@@ -34,6 +34,12 @@ def failure(events):
     return next((e["requestFailed"] for e in events if "requestFailed" in e), None)
 
 
+def refusals_of(client, requests):
+    """Sends `requests` at once; the requestFailed answers they got."""
+    client.send(*requests, {"identitiesGet": {"cookie": "end", "appUserIds": ["x"]}})
+    return [e["requestFailed"] for e in client.answer("end") if "requestFailed" in e]
+
+
 def started(events):
     return next((e["listAdd"]["elements"][0]["chatId"] for e in events if e.get("listAdd", {}).get("type") == "chat"), None)
 
@@ -89,10 +95,7 @@ def test_typing_and_chat_events_without_end_are_refused():
             alice = Client(path)
             auth(alice, "alice")
             chat = started(alice.request({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "t"}}))
-            alice.send(*[{"chatTyping": {"chatId": chat, "cookie": f"t{n}"}} for n in range(60)])
-            alice.send({"identitiesGet": {"cookie": "end", "appUserIds": ["alice"]}})
-            events = alice.answer("end")
-            refusals = [e["requestFailed"] for e in events if "requestFailed" in e]
+            refusals = refusals_of(alice, [{"chatTyping": {"chatId": chat, "cookie": f"t{n}"}} for n in range(60)])
             assert len(refusals) == 10, len(refusals)  # a burst of ten seconds' worth passes
             assert all(r["error"] == "RateLimited" and "--max-events-per-second" in r["reason"] for r in refusals)
         finally:
@@ -106,10 +109,7 @@ def test_requests_past_the_rate_of_one_user_are_refused_and_another_user_is_serv
         try:
             alice = Client(path)
             auth(alice, "alice")
-            alice.send(*[{"identitiesGet": {"cookie": f"i{n}", "appUserIds": ["alice"]}} for n in range(400)])
-            alice.send({"identitiesGet": {"cookie": "end", "appUserIds": ["alice"]}})
-            events = alice.answer("end")
-            refusals = [e["requestFailed"] for e in events if "requestFailed" in e]
+            refusals = refusals_of(alice, [{"identitiesGet": {"cookie": f"i{n}", "appUserIds": ["alice"]}} for n in range(400)])
             assert 150 < len(refusals) < 400, len(refusals)
             assert "--max-requests-per-second" in refusals[0]["reason"]
             bob = Client(path)
