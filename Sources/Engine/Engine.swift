@@ -827,6 +827,7 @@ public final class Engine: @unchecked Sendable {
             tokenRejected(error, session: session, batch: batch)
         case .tokenExpired(let session):
             batch.finish(session)
+            guard session.isOpen else { return }
             batch.begin(.answered, session: session)
             tokenExpired(session: session, batch: batch)
         case .close(let session):

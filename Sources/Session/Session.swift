@@ -76,6 +76,8 @@ public final class Session: EventSink, @unchecked Sendable {
     /// The session is `userId`'s without a token: its parent started it so, or the node
     /// that relays it here did (no `global` answer).
     private func start(trustedAs userId: String) {
+        // Its parent or the relaying node vouched for it: no token of its own ends it.
+        token.withLock { $0.trusted = true }
         inFlight.add(1, ordering: .relaxed)
         engine.authenticate(userId: userId, cookie: nil, line: 0, announce: false, session: handle)
     }
@@ -130,7 +132,7 @@ public final class Session: EventSink, @unchecked Sendable {
             inFlight.add(1, ordering: .relaxed)
             submitOrHold(.token(request, line: number))
         case .success(let request):
-            if let expired = token.withLock({ $0.expired }) {
+            if tokenHasExpired.load(ordering: .acquiring), let expired = token.withLock({ $0.expired }) {
                 respond(ProtocolError(.notAuthenticated, "the session's token expired at \(expired): send a new authToken for its user")
                     .requestFailed(request: request.name, cookie: request.cookie, line: number))
                 return
@@ -257,6 +259,8 @@ public final class Session: EventSink, @unchecked Sendable {
 
     /// What the session knows of the token it signed in with.
     private struct TokenLife {
+        /// Started trusted (`--user`, or relayed by a node): tokens do not end it.
+        var trusted = false
         /// The user the first accepted token was for: later tokens of another user
         /// change nothing here (the engine refuses them).
         var user: String?
@@ -267,15 +271,19 @@ public final class Session: EventSink, @unchecked Sendable {
     }
 
     private let token = Locked(TokenLife())
+    /// Whether `token.expired` is set: read for every line, without the lock.
+    private let tokenHasExpired = Atomic<Bool>(false)
 
     /// A token for `userId` was accepted: true when it is the session's (first) user's, and
     /// so takes the place of the token before.
     private func accepted(userId: String) -> Bool {
         token.withLock { life in
+            if life.trusted { return false }
             if let user = life.user, !user.utf8.elementsEqual(userId.utf8) { return false }
             life.user = userId
             life.generation += 1
             life.expired = nil
+            tokenHasExpired.store(false, ordering: .releasing)
             return true
         }
     }
@@ -303,6 +311,7 @@ public final class Session: EventSink, @unchecked Sendable {
         let current = token.withLock { life -> Bool in
             guard life.generation == generation, life.expired == nil else { return false }
             life.expired = now
+            tokenHasExpired.store(true, ordering: .releasing)
             return true
         }
         guard current else { return }
