@@ -26,7 +26,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHATCORE = ROOT / ".build" / "release" / "chatcore"
 sys.path.insert(0, str(ROOT / "Tests" / "python"))
-from chatcore_harness import Client, auth  # noqa: E402
+from chatcore_harness import Client, auth, wait_until_accepting  # noqa: E402
 
 
 def rss_mb(pid):
@@ -67,9 +67,7 @@ def serve(work, name, *extra):
     path = os.path.join(work, name + ".sock")
     process = subprocess.Popen([str(CHATCORE), "serve", "--data-dir", os.path.join(work, name), "--listen", "unix:" + path, "--insecure-no-auth",
                                 "--log-level", "error", *extra], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while not os.path.exists(path):
-        time.sleep(0.05)
-    time.sleep(0.3)
+    wait_until_accepting(path, process)
     return process, path
 
 

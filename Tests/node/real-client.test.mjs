@@ -15,7 +15,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdtempSync, rmSync, existsSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, dirname } from "node:path";
 import { connect } from "node:net";
@@ -24,13 +24,22 @@ import { fileURLToPath } from "node:url";
 const root = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const binary = process.env.CHATCORE_BINARY ?? join(root, ".build", "debug", "chatcore");
 
+function accepts(path) {
+  return new Promise((resolve) => {
+    const probe = connect(path);
+    probe.once("connect", () => { probe.destroy(); resolve(true); });
+    probe.once("error", () => { probe.destroy(); resolve(false); });
+  });
+}
+
 async function startService() {
   const dir = mkdtempSync(join(tmpdir(), "chatcore-node-adapters-"));
   const socket = join(dir, "s");
   const child = spawn(binary, ["serve", "--data-dir", join(dir, "data"), "--listen", `unix:${socket}`, "--insecure-no-auth"],
     { stdio: ["ignore", "ignore", "pipe"] });
   child.stderr.resume();
-  for (let tries = 0; !existsSync(socket); tries++) {
+  // The socket file appears when chatcore binds it, a moment before it listens.
+  for (let tries = 0; !(await accepts(socket)); tries++) {
     if (tries > 600) throw new Error("chatcore did not listen");
     await new Promise((resolve) => setTimeout(resolve, 50));
   }

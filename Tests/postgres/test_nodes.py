@@ -16,7 +16,7 @@ import pytest
 
 from conftest import chat_with_bob, node_key_file, real_binary
 from postgres_cluster import PsqlSession, postgres_bin
-from chatcore_harness import Client, auth, body, connect_when_serving, scrape
+from chatcore_harness import Client, auth, body, connect_when_serving, scrape, wait_until_accepting
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
@@ -46,11 +46,7 @@ class Node:
                                          "--insecure-no-auth", "--store", url, "--node-key-file", node_key_file(), *arguments],
                                         stdin=pipe, stdout=pipe, stderr=self.log)
         _started.append(self.process)
-        deadline = time.time() + 60
-        while not os.path.exists(self.socket):
-            assert self.process.poll() is None, self.logged()
-            assert time.time() < deadline, "the node did not listen"
-            time.sleep(0.05)
+        wait_until_accepting(self.socket, self.process, why=self.logged)
 
     def logged(self):
         self.log.seek(0)

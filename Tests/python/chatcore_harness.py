@@ -44,6 +44,24 @@ def ends_answer(event, cookie):
     return name not in LIST_HEADERS
 
 
+def wait_until_accepting(path, process, timeout=60, why=lambda: ""):
+    """Returns once something accepts connections on the Unix socket `path`: its file
+    appears when it is bound, a moment before it listens (a connection then is refused),
+    so the file alone is no sign. Fails when `process` exits first, or after `timeout`."""
+    deadline = time.time() + timeout
+    while True:
+        assert process.poll() is None, f"chatcore exited ({process.returncode}) before it listened. {why()}"
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(path)
+            return
+        except OSError:
+            assert time.time() < deadline, f"chatcore did not listen on {path}. {why()}"
+            time.sleep(0.02)
+        finally:
+            probe.close()
+
+
 def start_socket_server(data_dir, path, *arguments, prefix=()):
     """`chatcore serve --listen unix:PATH --insecure-no-auth`; returns once it accepts."""
     command = list(prefix) + [chatcore_binary(), "serve", "--data-dir", data_dir, "--listen", "unix:" + path,

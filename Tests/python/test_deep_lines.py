@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 import time
 
-from chatcore_harness import Client, line
+from chatcore_harness import Client, line, wait_until_accepting
 from conftest import chatcore_binary
 
 
@@ -35,10 +35,7 @@ def test_deep_lines_are_refused_and_nothing_dies():
         server = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", os.path.join(work, "d"), "--listen", "unix:" + path,
                                    "--auth-secret-file", secret], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.time() + 30
-            while not os.path.exists(path) and time.time() < deadline:
-                time.sleep(0.02)
-            time.sleep(0.2)
+            wait_until_accepting(path, server)
             lines = list(deep_lines())
             # A JWT whose header is as deep as the 8 KB token limit allows: parsed before
             # any signature check.

@@ -10,7 +10,7 @@ import tempfile
 import threading
 import time
 
-from chatcore_harness import line, start_socket_server
+from chatcore_harness import line, start_socket_server, wait_until_accepting
 from conftest import chatcore_binary
 
 
@@ -111,9 +111,7 @@ def test_sigterm_during_pipelined_load_answers_everything_accepted():
                                    "--insecure-no-auth"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         stdio_events = []
         threading.Thread(target=read_all, args=(server.stdout, stdio_events), daemon=True).start()
-        while not os.path.exists(unix_path):
-            time.sleep(0.02)
-        time.sleep(0.2)
+        wait_until_accepting(unix_path, server)
         bob = socket.socket(socket.AF_UNIX)
         bob.connect(unix_path)
         bob_events = []

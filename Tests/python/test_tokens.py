@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import hashes, hmac, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-from chatcore_harness import Client, start_socket_server
+from chatcore_harness import Client, start_socket_server, wait_until_accepting
 from conftest import chatcore_binary
 
 # HS256 keys are at least 32 bytes, used as they are: this one ends in whitespace, which
@@ -100,12 +100,7 @@ def serve(directory, jwks, *arguments):
     command = [chatcore_binary(), "serve", "--data-dir", os.path.join(directory, "data"), "--listen", "unix:" + os.path.join(directory, "s"),
                "--auth-jwks", jwks_path, "--auth-secret-file", secret_path, "--auth-audience", AUDIENCE, "--auth-issuer", ISSUER, *arguments]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 60
-    while not os.path.exists(os.path.join(directory, "s")):
-        assert process.poll() is None, process.stderr.read().decode()
-        assert time.time() < deadline
-        time.sleep(0.05)
-    time.sleep(0.2)
+    wait_until_accepting(os.path.join(directory, "s"), process)
     return process, jwks_path
 
 

@@ -10,7 +10,7 @@
 // followed by a small list request, and since answers keep the order of requests, once that
 // is answered with no failure before it, the request succeeded.
 import { spawn } from "node:child_process";
-import { existsSync, accessSync, constants, mkdtempSync, rmSync } from "node:fs";
+import { accessSync, constants, mkdtempSync, rmSync } from "node:fs";
 import { connect as netConnect } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, delimiter, join, resolve } from "node:path";
@@ -303,6 +303,15 @@ export class Client {
   }
 }
 
+/** Whether something accepts a connection on the Unix socket `path` (the probe is closed). */
+function accepts(path) {
+  return new Promise((resolveAccepted) => {
+    const probe = netConnect(path);
+    probe.once("connect", () => { probe.destroy(); resolveAccepted(true); });
+    probe.once("error", () => { probe.destroy(); resolveAccepted(false); });
+  });
+}
+
 /** A chatcore serving a Unix socket in a directory of its own, for scripts and tests that need
  * several users at once. By default any token is accepted (--insecure-no-auth). */
 export class Server {
@@ -318,7 +327,9 @@ export class Server {
     const child = spawn(findBinary(binary), ["serve", "--listen", `unix:${socket}`, "--data-dir", dataDir ?? join(directory, "data"), ...args],
       { stdio: ["ignore", "ignore", "inherit"] });
     const started = Date.now();
-    while (!existsSync(socket)) {
+    // The socket file appears when chatcore binds it, a moment before it listens: it is
+    // ready once a connection is accepted.
+    while (!(await accepts(socket))) {
       if (child.exitCode !== null || Date.now() - started > timeout) {
         throw new ConnectionClosed(`chatcore did not start serving ${socket} (exit ${child.exitCode})`);
       }

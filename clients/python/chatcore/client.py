@@ -343,11 +343,19 @@ class Server:
             find_binary(binary), "serve", "--listen", "unix:" + socket_path, "--data-dir", data, *args,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL)
         deadline = asyncio.get_running_loop().time() + timeout
-        while not os.path.exists(socket_path):
+        # The socket file appears when chatcore binds it, a moment before it listens: it
+        # is ready once a connection is accepted.
+        while True:
             if process.returncode is not None or asyncio.get_running_loop().time() > deadline:
                 raise ConnectionClosed(f"chatcore did not start serving {socket_path} (exit {process.returncode})")
-            await asyncio.sleep(0.02)
-        return cls(process, socket_path, directory)
+            try:
+                _, probe = await asyncio.open_unix_connection(socket_path)
+            except OSError:
+                await asyncio.sleep(0.02)
+                continue
+            probe.close()
+            await probe.wait_closed()
+            return cls(process, socket_path, directory)
 
     async def connect(self, user: str | None = None, token: str = "any") -> Client:
         """A new session; authenticated as `user` when given."""
