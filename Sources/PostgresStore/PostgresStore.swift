@@ -1066,12 +1066,14 @@ public final class PostgresStore: @unchecked Sendable {
         ]),
         ("v11-no-credential-in-the-database", [
             // v4's credential made a session of any user for whoever read it (any role
-            // that could SELECT writer_node, or saw a relay's first line): gone. Nodes
-            // vouch for relayed users with a key given to them out of band
-            // (--node-key-file); the writer advertises only a random value of its own, to
-            // which their tokens are bound.
-            "ALTER TABLE writer_node RENAME COLUMN credential TO instance",
-            "UPDATE writer_node SET instance = ''",
+            // that could SELECT writer_node, or saw a relay's first line): it is blanked
+            // and never written again (the column stays, empty, for nodes of an older
+            // release, whose relayed --user sessions are then refused). Nodes vouch for
+            // relayed users with a key given to them out of band (--node-key-file); the
+            // writer advertises only a random value of its own, to which their tokens
+            // are bound.
+            "ALTER TABLE writer_node ADD COLUMN instance text NOT NULL DEFAULT ''",
+            "UPDATE writer_node SET credential = ''",
         ]),
     ]
 
