@@ -81,10 +81,20 @@ public final class FollowerProxy: @unchecked Sendable {
     /// and then the caller closes it (which closes the connection it relayed, and so on
     /// back to the first client), instead of relaying it again without end.
     private func refuseIfOwn(_ client: Channel) -> Bool {
-        guard let remote = client.remoteAddress.map({ "\($0)" }), lock.withLock({ ownUpstreams.contains(remote) }) else { return false }
+        guard let remote = FollowerProxy.ipAddress(client.remoteAddress), lock.withLock({ ownUpstreams.contains(remote) }) else { return false }
         logger.error("the writer's advertised address reaches this node itself: refusing to relay to it (give the writer an --advertise address other nodes reach it at)",
                      metadata: ["address": "\(client.localAddress.map { "\($0)" } ?? "?")"])
         return true
+    }
+
+    /// An IP address and port as text; nil for anything else. A Unix socket's client end
+    /// has no name, so every one would look like every other (a relay to a writer on a
+    /// Unix socket that is this node's own is refused by its path instead).
+    private static func ipAddress(_ address: SocketAddress?) -> String? {
+        switch address {
+        case .v4?, .v6?: address.map { "\($0)" }
+        default: nil
+        }
     }
 
     private func track(_ channel: Channel) {
@@ -150,7 +160,7 @@ public final class FollowerProxy: @unchecked Sendable {
                 tryAgain("cannot reach the writer node at \(address): \(error)")
             case .success(let upstream):
                 self.track(upstream)
-                if let local = upstream.localAddress.map({ "\($0)" }) {
+                if let local = FollowerProxy.ipAddress(upstream.localAddress) {
                     self.lock.withLock { _ = self.ownUpstreams.insert(local) }
                     upstream.closeFuture.whenComplete { _ in self.lock.withLock { _ = self.ownUpstreams.remove(local) } }
                 }

@@ -183,6 +183,16 @@ def test_a_relaying_node_holds_no_more_connections_than_max_sessions(cluster, sc
     assert len(closed) == 2, f"{len(closed)} of 5 connections closed with --max-sessions 3"
     assert "--max-sessions reached" in relay.logged()
     # The three it holds are relayed to the writer and served.
-    for n, client in enumerate(c for c in clients if not c.closed.is_set()):
+    held = [c for c in clients if not c.closed.is_set()]
+    for n, client in enumerate(held):
         client.send({"authToken": {"userId": f"u{n}", "authToken": "any"}})
         assert "listChange" in client.events.get(timeout=30)
+    # One leaves: a newcomer takes its place, and is relayed too while the others' relays
+    # are open (a Unix socket's client ends have no name: once, every one of them was
+    # taken for this node's own relay coming back, and refused).
+    held[0].close()
+    time.sleep(0.5)
+    newcomer = Client(relay.socket)
+    newcomer.send({"authToken": {"userId": "late", "authToken": "any"}})
+    assert "listChange" in newcomer.events.get(timeout=30)
+    assert "reaches this node itself" not in relay.logged()
