@@ -121,7 +121,18 @@ public final class SearchNeedle {
 
     public func isFound(in candidate: UnsafeBufferPointer<UInt8>) -> Bool {
         guard !bytes.isEmpty else { return true }
+        if let found = findInASCII(candidate) { return found }
         let input = candidate
+        // Worked on as locals: a stored property of a class is checked for exclusive
+        // access at every use, which took most of the time of a long candidate.
+        var lowered: [UInt8] = []
+        var mappings: [UInt32: [UInt8]] = [:]
+        swap(&lowered, &self.lowered)
+        swap(&mappings, &self.mappings)
+        defer {
+            swap(&lowered, &self.lowered)
+            swap(&mappings, &self.mappings)
+        }
         lowered.removeAll(keepingCapacity: true)
         var index = 0
         while index < input.count {
@@ -146,16 +157,40 @@ public final class SearchNeedle {
             index = end
         }
         return lowered.withUnsafeBufferPointer { haystack in
-            guard haystack.count >= bytes.count else { return false }
-            var matched = 0
-            for byte in haystack {
-                while matched > 0 && byte != bytes[matched] { matched = fallback[matched - 1] }
-                if byte == bytes[matched] {
-                    matched += 1
-                    if matched == bytes.count { return true }
+            bytes.withUnsafeBufferPointer { needle in
+                fallback.withUnsafeBufferPointer { fallback in
+                    guard haystack.count >= needle.count else { return false }
+                    var matched = 0
+                    for byte in haystack {
+                        while matched > 0 && byte != needle[matched] { matched = fallback[matched - 1] }
+                        if byte == needle[matched] {
+                            matched += 1
+                            if matched == needle.count { return true }
+                        }
+                    }
+                    return false
                 }
             }
-            return false
+        }
+    }
+
+    /// The match over a candidate that is ASCII, folded as it is read (no copy); nil as
+    /// soon as a byte is not ASCII (then the candidate is lowered whole first).
+    private func findInASCII(_ input: UnsafeBufferPointer<UInt8>) -> Bool? {
+        bytes.withUnsafeBufferPointer { needle in
+            fallback.withUnsafeBufferPointer { fallback in
+                var matched = 0
+                for raw in input {
+                    guard raw < 0x80 else { return nil }
+                    let byte = raw >= 0x41 && raw <= 0x5A ? raw | 0x20 : raw
+                    while matched > 0 && byte != needle[matched] { matched = fallback[matched - 1] }
+                    if byte == needle[matched] {
+                        matched += 1
+                        if matched == needle.count { return true }
+                    }
+                }
+                return false
+            }
         }
     }
 }
