@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import subprocess
 import time
@@ -19,7 +20,7 @@ import pytest
 
 from conftest import accepting, node_key_file, real_binary, stop
 from postgres_cluster import postgres_bin
-from chatcore_harness import Client
+from chatcore_harness import Client, scrape
 from test_nodes import Node, _no_node_outlives_its_test  # noqa: F401 (the fixture kills what a test started)
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
@@ -175,8 +176,16 @@ def test_a_relaying_node_holds_no_more_connections_than_max_sessions(cluster, sc
     cluster.create_database("bounded")
     writer = Node(cluster.database_url("bounded"), scratch, "bounded-w")
     writer.wait_until_logged("this node is the writer")
-    relay = Node(cluster.database_url("bounded"), scratch, "bounded-r", "--max-sessions", "3")
+    relay = Node(cluster.database_url("bounded"), scratch, "bounded-r", "--max-sessions", "3", "--metrics", "127.0.0.1:0")
     relay.wait_until_logged("relaying connections to it")
+    # The harness's probe that the node listens was a connection too: once it is gone,
+    # all three places are free.
+    relay.wait_until_logged("serving metrics")
+    port = int(re.search(r"port=(\d+) \[chatcore\] serving metrics", relay.logged()).group(1))
+    deadline = time.time() + 30
+    while scrape(port)[("chatcore_relayed_connections", frozenset())] != 0:
+        assert time.time() < deadline, "the probe's connection is still open"
+        time.sleep(0.05)
     clients = [Client(relay.socket) for _ in range(5)]
     time.sleep(1)
     closed = [client for client in clients if client.closed.is_set()]
