@@ -81,19 +81,15 @@ extension Engine {
         } else {
             emitChunks(participants, last: done, to: list.session, batch: batch) { .chatParticipant(ListChunkChatParticipant(cookie: cookie, elements: $0, last: $1)) }
         }
-        guard !done else { return }
-        awaitOutside(list.session)
-        batch.whenCommitted { [self] in put(.continueList(rest)) }
-        batch.ifNotCommitted { [self] in outsideAnswered(list.session) }
+        if !done { continueLater(.continueList(rest), for: list.session, batch: batch) }
     }
 
     /// The next page of a list (`continueList`): the session's later requests went on
     /// waiting for it.
     func listContinues(_ list: ListInProgress, batch: Batch) {
-        outsideAnswered(list.session)
-        guard list.session.isOpen else { return }
-        batch.begin(.request(name: RequestListAll.name, cookie: list.cookie, line: list.line), session: list.session)
-        continueList(list, batch: batch)
+        resume(RequestListAll.name, cookie: list.cookie, line: list.line, session: list.session, batch: batch) {
+            continueList(list, batch: batch)
+        }
     }
 
     /// `elements` as `listChunk`s of at most `chunkSize`; the last of them says `last`. A

@@ -338,9 +338,7 @@ extension Engine {
             publish(changes, batch: batch)
             var rest = recall
             rest.from = last + 1
-            awaitOutside(recall.session)
-            batch.whenCommitted { [self] in put(.continueRecall(rest)) }
-            batch.ifNotCommitted { [self] in outsideAnswered(recall.session) }
+            continueLater(.continueRecall(rest), for: recall.session, batch: batch)
             return
         }
         willChange(chat, changes)
@@ -351,15 +349,8 @@ extension Engine {
 
     /// The next page of a recall of everything (`recallAll`).
     func recallContinues(_ recall: RecallInProgress, batch: Batch) {
-        outsideAnswered(recall.session)
-        guard recall.session.isOpen else { return }
-        batch.begin(.request(name: ChatMessageDestroy.name, cookie: recall.cookie, line: recall.line), session: recall.session)
-        do {
+        resume(ChatMessageDestroy.name, cookie: recall.cookie, line: recall.line, session: recall.session, batch: batch) {
             try recallAll(recall, batch: batch)
-        } catch let error as ProtocolError {
-            batch.emit(error.requestFailed(request: ChatMessageDestroy.name, cookie: recall.cookie, line: recall.line), to: recall.session)
-        } catch {
-            batch.emit(ProtocolError(.internal, "\(error)").requestFailed(request: ChatMessageDestroy.name, cookie: recall.cookie, line: recall.line), to: recall.session)
         }
     }
 

@@ -218,7 +218,7 @@ public final class Engine: @unchecked Sendable {
     public init(store: ChatStore, logger: Logger, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil,
                 attachmentsDirectory: String? = nil, cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int? = nil,
                 quotas: QuotaLimits = QuotaLimits(),
-                clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }) throws {
+                clock: @escaping @Sendable () -> Int64 = Engine.wallClock) throws {
         self.quotas = Quotas(limits: quotas)
         let feedSlot = feedSlot ?? store.feedSlot
         precondition((0..<FeedSlots.count).contains(feedSlot), "a feed slot is below \(FeedSlots.count)")
@@ -238,6 +238,9 @@ public final class Engine: @unchecked Sendable {
         if followsOthers { followCursor = try store.othersActivity(besides: feedSlot, after: nil, thoroughly: true)?.cursor }
         try reload()
     }
+
+    /// Seconds since 1970 now: message timestamps, unless a test fixes them.
+    public static let wallClock: @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }
 
     /// What the messages in memory may take by default (`--cache-mb`).
     public static let defaultCacheBytes = 64 << 20
@@ -1128,10 +1131,37 @@ public final class Engine: @unchecked Sendable {
                 throw notSetUp(session)
             }
             try handle(request, user: user, session: session, line: line, batch: batch)
-        } catch let error as ProtocolError {
-            batch.emit(error.requestFailed(request: request.name, cookie: request.cookie, line: line), to: session)
         } catch {
-            batch.emit(ProtocolError(.internal, "\(error)").requestFailed(request: request.name, cookie: request.cookie, line: line), to: session)
+            refuse(request.name, cookie: request.cookie, line: line, with: error, session: session, batch: batch)
+        }
+    }
+
+    /// The `requestFailed` answer to a request that threw `error` (Internal when it is not
+    /// a protocol error).
+    func refuse(_ name: String, cookie: String?, line: Int, with error: Error, session: EngineSession, batch: Batch) {
+        let failure = error as? ProtocolError ?? ProtocolError(.internal, "\(error)")
+        batch.emit(failure.requestFailed(request: name, cookie: cookie, line: line), to: session)
+    }
+
+    /// A request answered a page per batch goes on with `next` in a later batch, once this
+    /// one is committed; the session's later requests wait for it (`resume`). A page whose
+    /// commit fails ends it, and they go on.
+    func continueLater(_ next: Work, for session: EngineSession, batch: Batch) {
+        awaitOutside(session)
+        batch.whenCommitted { [self] in put(next) }
+        batch.ifNotCommitted { [self] in outsideAnswered(session) }
+    }
+
+    /// The next page of a request `continueLater` put off, as part of that request
+    /// (`name`, `cookie`, `line`); nothing when its session has closed since.
+    func resume(_ name: String, cookie: String?, line: Int, session: EngineSession, batch: Batch, page: () throws -> Void) {
+        outsideAnswered(session)
+        guard session.isOpen else { return }
+        batch.begin(.request(name: name, cookie: cookie, line: line), session: session)
+        do {
+            try page()
+        } catch {
+            refuse(name, cookie: cookie, line: line, with: error, session: session, batch: batch)
         }
     }
 

@@ -340,6 +340,13 @@ final class SessionHandler: ChannelDuplexHandler {
         }
     }
 
+    /// The input ended: a last line without a newline is still a line, and what was held
+    /// of it no longer counts against the server's bound.
+    private func finishLine() {
+        bufferedByAll.change(by: -framer.bufferedBytes)
+        framer.finish { session?.receive($0) }
+    }
+
     func channelReadComplete(context: ChannelHandlerContext) {
         session?.endOfInputChunk()
     }
@@ -347,8 +354,7 @@ final class SessionHandler: ChannelDuplexHandler {
     func channelInactive(context: ChannelHandlerContext) {
         authDeadline?.cancel()
         authDeadline = nil
-        bufferedByAll.change(by: -framer.bufferedBytes)
-        framer.finish { session?.receive($0) }
+        finishLine()
         session?.close()
         session = nil
         // The output refers back to this handler (to resume reading): let go of it, and
@@ -362,8 +368,7 @@ final class SessionHandler: ChannelDuplexHandler {
         if let event = event as? ChannelEvent, event == .inputClosed {
             // The client is done sending (shutdown of its write side): answer everything
             // it sent, then close.
-            bufferedByAll.change(by: -framer.bufferedBytes)
-            framer.finish { session?.receive($0) }
+            finishLine()
             let channel = context.channel
             session?.finishInput {
                 channel.eventLoop.execute { _ = SessionHandler.flushThenClose(channel) }

@@ -103,9 +103,6 @@ public final class Authenticator: Sendable {
             return
         }
         if let secret {
-            guard secret.count >= Authenticator.minimumSecretBytes else {
-                throw AuthenticatorError(description: "the secret has \(secret.count) bytes: HS256 needs at least \(Authenticator.minimumSecretBytes) (head -c 32 /dev/urandom > FILE)")
-            }
             hmac = await JWTKeyCollection().add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
         } else {
             hmac = nil
@@ -177,11 +174,11 @@ public final class Authenticator: Sendable {
     }
 
     /// Reads the secret from a file: its bytes as they are (a newline at the end is part
-    /// of the key, as `chatcore token` reads it too).
+    /// of the key, as `chatcore token` reads it too), at least `minimumSecretBytes`.
     public static func loadSecret(path: String) throws -> [UInt8] {
         let bytes = try KeyFile.read(path, what: "secret")
-        guard !bytes.isEmpty else {
-            throw AuthenticatorError(description: "the secret file \(path) is empty")
+        guard bytes.count >= minimumSecretBytes else {
+            throw AuthenticatorError(description: "the secret file \(path) has \(bytes.count) bytes: HS256 needs at least \(minimumSecretBytes) (head -c 32 /dev/urandom > FILE)")
         }
         return bytes
     }

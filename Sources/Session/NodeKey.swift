@@ -34,6 +34,11 @@ public struct NodeKey: Sendable {
         key = SymmetricKey(data: bytes)
     }
 
+    /// Whether `bytes` are this key (the node key must not also be the users' secret).
+    public func isKey(_ bytes: [UInt8]) -> Bool {
+        key.withUnsafeBytes { $0.elementsEqual(bytes) }
+    }
+
     /// The key in a file, its bytes as they are.
     public static func load(path: String) throws -> NodeKey {
         try NodeKey(bytes: KeyFile.read(path, what: "node key"))

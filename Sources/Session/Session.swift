@@ -243,8 +243,8 @@ public final class Session: EventSink, @unchecked Sendable {
         case .refused(let error):
             engine.rejectToken(SetupError(error: error, cookie: request.cookie), session: handle)
         case .accepted(let expires, let keyId):
-            if accepted(userId: request.userId) {
-                watch(until: expires, keyId: keyId)
+            if let generation = accepted(userId: request.userId) {
+                watch(generation, until: expires, keyId: keyId)
             }
             engine.authenticate(userId: request.userId, cookie: request.cookie, line: line, announce: true, session: handle)
         }
@@ -274,23 +274,22 @@ public final class Session: EventSink, @unchecked Sendable {
     /// Whether `token.expired` is set: read for every line, without the lock.
     private let tokenHasExpired = Atomic<Bool>(false)
 
-    /// A token for `userId` was accepted: true when it is the session's (first) user's, and
-    /// so takes the place of the token before.
-    private func accepted(userId: String) -> Bool {
+    /// A token for `userId` was accepted: when it is the session's (first) user's, it takes
+    /// the place of the token before, and its generation is returned.
+    private func accepted(userId: String) -> Int? {
         token.withLock { life in
-            if life.trusted { return false }
-            if let user = life.user, !user.utf8.elementsEqual(userId.utf8) { return false }
+            if life.trusted { return nil }
+            if let user = life.user, !user.utf8.elementsEqual(userId.utf8) { return nil }
             life.user = userId
             life.generation += 1
             life.expired = nil
             tokenHasExpired.store(false, ordering: .releasing)
-            return true
+            return life.generation
         }
     }
 
-    /// Ends the current token at `expires`, or when the JWKS key `keyId` is gone.
-    private func watch(until expires: Date, keyId: String?) {
-        let generation = token.withLock { $0.generation }
+    /// Ends the token of `generation` at `expires`, or when the JWKS key `keyId` is gone.
+    private func watch(_ generation: Int, until expires: Date, keyId: String?) {
         if let keyId {
             authenticator.watchKey(keyId, owner: ObjectIdentifier(self)) { [weak self] in self?.expire(generation: generation) }
         } else {

@@ -255,7 +255,7 @@ struct Serve: AsyncParsableCommand {
                 throw ValidationError("--node-key-file: \(error)")
             }
             Serve.warnIfOthersMayRead(nodeKeyFile, what: "--node-key-file: whoever reads it can relay a session as any user", logger: logger)
-            if case .keys(let secret?, _) = authenticator.mode, let bytes = try? Authenticator.loadSecret(path: nodeKeyFile), bytes == secret {
+            if case .keys(let secret?, _) = authenticator.mode, nodeKey!.isKey(secret) {
                 throw ValidationError("--node-key-file and --auth-secret-file must differ: the node key is for nodes only")
             }
         }
@@ -362,16 +362,14 @@ struct Serve: AsyncParsableCommand {
         let quotaLimits = QuotaLimits(requestsPerSecond: maxRequestsPerSecond, chatsPerMinute: maxChatsPerMinute,
                                       newUsersPerMinute: maxNewUsersPerMinute, eventsPerSecond: maxEventsPerSecond,
                                       searchCandidates: maxSearchCandidates, searchBytes: maxSearchBytes)
-        let engine: Engine
+        var clock = Engine.wallClock
         if let fixed = ProcessInfo.processInfo.environment["CHATCORE_FIXED_TIME"].flatMap(Int64.init) {
             // For golden transcripts: every message gets this timestamp.
             logger.warning("CHATCORE_FIXED_TIME is set: every timestamp is \(fixed)")
-            engine = try Engine(store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory,
-                                cacheBytes: cacheMb << 20, quotas: quotaLimits, clock: { fixed })
-        } else {
-            engine = try Engine(store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments, attachmentsDirectory: allowedDirectory,
-                                cacheBytes: cacheMb << 20, quotas: quotaLimits)
+            clock = { fixed }
         }
+        let engine = try Engine(store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments,
+                                attachmentsDirectory: allowedDirectory, cacheBytes: cacheMb << 20, quotas: quotaLimits, clock: clock)
         engine.maxEndpoints = maxEndpoints
         engine.start()
         engine.sweepUnusedBlobs()
