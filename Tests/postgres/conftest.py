@@ -15,6 +15,14 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "Tests" / "python"))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keeps each phase's report on the test's item (`report_call`...), so that a fixture
+    can tell in its teardown whether the test failed."""
+    report = (yield).get_result()
+    setattr(item, "report_" + report.when, report)
+
+
 def real_binary():
     """chatcore itself (these tests give it --store themselves)."""
     path = os.environ.get("CHATCORE_REAL_BINARY") or os.environ.get("CHATCORE_BINARY") or str(ROOT / ".build" / "debug" / "chatcore")

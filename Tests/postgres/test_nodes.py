@@ -21,19 +21,23 @@ from chatcore_harness import Client, auth, body, connect_when_serving, scrape, w
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
 
-# Every node a test started: those still running when it ends are killed (a failed test
-# would otherwise leave them serving).
+# Every node a test started (its process, and its log when it has one): those still
+# running when it ends are killed (a failed test would otherwise leave them serving), and
+# when it failed their logs are printed, for the report.
 _started = []
 
 
 @pytest.fixture(autouse=True)
-def _no_node_outlives_its_test():
+def _no_node_outlives_its_test(request):
     yield
+    failed = getattr(request.node, "report_call", None) is not None and request.node.report_call.failed
     while _started:
-        process = _started.pop()
+        process, logged = _started.pop()
         if process.poll() is None:
             process.kill()
             process.wait()
+        if failed and logged is not None:
+            print(f"--- the log of node {process.args[process.args.index('--data-dir') + 1]} ---\n{logged()}")
 
 
 class Node:
@@ -45,7 +49,7 @@ class Node:
         self.process = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, name), "--listen", "unix:" + self.socket,
                                          "--insecure-no-auth", "--store", url, "--node-key-file", node_key_file(), *arguments],
                                         stdin=pipe, stdout=pipe, stderr=self.log)
-        _started.append(self.process)
+        _started.append((self.process, self.logged))
         wait_until_accepting(self.socket, self.process, why=self.logged)
 
     def logged(self):
@@ -106,7 +110,7 @@ class StdioClient(Client):
         process = subprocess.Popen([real_binary(), "serve", "--data-dir", os.path.join(scratch, name), "--insecure-no-auth",
                                     "--store", url, "--node-key-file", node_key_file(), *arguments],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
-        _started.append(process)
+        _started.append((process, lambda: (log.seek(0), log.read())[1]))
         return cls(process, log)
 
     def logged(self):
