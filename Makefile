@@ -57,11 +57,11 @@ test-postgres-if-available:
 	$(SWIFT) build --build-tests
 	$(PYTHON) Tests/postgres/run.py --if-available $(CURDIR)/.build/debug/chatcore
 
-generate: ## regenerate Sources/Protocol/Generated and docs/protocol.md from Schemas/
-	$(SWIFT) run chatcore-codegen Schemas Sources/Protocol/Generated --docs docs/protocol.md --python clients/python/chatcore/protocol.py --typescript clients/typescript
+generate: ## regenerate Sources/ChatProtocol/Generated and docs/protocol.md from Schemas/
+	$(SWIFT) run chatcore-codegen Schemas Sources/ChatProtocol/Generated --docs docs/protocol.md --python clients/python/chatcore/protocol.py --typescript clients/typescript
 
 check-generated: ## fail when the generated code or docs/protocol.md and Schemas/ disagree
-	$(SWIFT) run chatcore-codegen --check Schemas Sources/Protocol/Generated --docs docs/protocol.md --python clients/python/chatcore/protocol.py --typescript clients/typescript
+	$(SWIFT) run chatcore-codegen --check Schemas Sources/ChatProtocol/Generated --docs docs/protocol.md --python clients/python/chatcore/protocol.py --typescript clients/typescript
 
 FUZZ_SECONDS ?= 300
 FUZZ_BINARY := .build-fuzz/release/chatcore-fuzz

@@ -2,21 +2,22 @@
 import PackageDescription
 
 // chatcore: a BBMDS-style chat core speaking newline-delimited JSON.
-// Modules, from the bytes up (imports only point down this list):
-//   CYAJL       – the system YAJL library (libyajl-dev)
-//   CMalloc     – the C library's heap introspection (malloc.h)
-//   Threads     – chatcore's own threads name themselves (for top -H and /proc); state they share (Locked)
-//   Wire        – line framing, YAJL reader, JSON writer, JSONValue, the decoding runtime
-//   Protocol    – the messages, generated from Schemas/ by Codegen
-//   Store       – the storage protocol the engine needs, and its records
-//   SQLiteStore – that protocol on SQLite (GRDB)
-//   PostgresStore – that protocol on PostgreSQL (postgres-nio)
-//   Attachments – the service's own copies of attached files (content-addressed)
-//   ServiceMetrics – what the service counts and measures (swift-metrics; exported by Server)
-//   Engine      – the chat semantics: one place that decides
-//   Session     – authentication, per-session output and backpressure
-//   Server      – transports: stdio, TCP and Unix sockets (SwiftNIO); the metrics endpoint
-//   chatcore    – the command line
+// Modules, from the bytes up (imports only point down this list; no module shares a
+// type's name):
+//   CYAJL         – the system YAJL library (libyajl-dev)
+//   CMalloc       – the C library's heap introspection (malloc.h)
+//   Threads       – chatcore's own threads name themselves (for top -H and /proc); state they share (Locked)
+//   ChatWire      – line framing, YAJL reader, JSON writer, JSONValue, the decoding runtime
+//   ChatProtocol  – the messages, generated from Schemas/ by Codegen
+//   Storage       – the storage protocol the engine needs (ChatStore), and its rows
+//   SQLiteStorage – that protocol on SQLite (GRDB)
+//   PostgresStorage – that protocol on PostgreSQL (postgres-nio)
+//   Attachments   – the service's own copies of attached files (content-addressed)
+//   ChatMetrics   – what the service counts and measures (swift-metrics; exported by ChatServer)
+//   ChatEngine    – the chat semantics: one place that decides (Engine)
+//   ChatSession   – authentication, per-session output and backpressure (Session)
+//   ChatServer    – transports: stdio, TCP and Unix sockets (SwiftNIO); the metrics endpoint
+//   chatcore      – the command line
 let package = Package(
     name: "chatcore",
     platforms: [.macOS(.v14)],
@@ -43,26 +44,26 @@ let package = Package(
             providers: [.apt(["libyajl-dev"])]
         ),
         .systemLibrary(name: "CMalloc"),
-        .target(name: "Wire", dependencies: ["CYAJL"]),
-        .target(name: "Protocol", dependencies: ["Wire"]),
-        .target(name: "Store"),
+        .target(name: "ChatWire", dependencies: ["CYAJL"]),
+        .target(name: "ChatProtocol", dependencies: ["ChatWire"]),
+        .target(name: "Storage"),
         .target(name: "Threads"),
         .target(
-            name: "ServiceMetrics",
-            dependencies: ["Protocol", .product(name: "CoreMetrics", package: "swift-metrics"), .product(name: "Metrics", package: "swift-metrics")]
+            name: "ChatMetrics",
+            dependencies: ["ChatProtocol", .product(name: "CoreMetrics", package: "swift-metrics"), .product(name: "Metrics", package: "swift-metrics")]
         ),
         .target(
             name: "Attachments",
             dependencies: [.product(name: "Crypto", package: "swift-crypto")]
         ),
         .target(
-            name: "SQLiteStore",
-            dependencies: ["Store", "Threads", .product(name: "GRDB", package: "GRDB.swift")]
+            name: "SQLiteStorage",
+            dependencies: ["Storage", "Threads", .product(name: "GRDB", package: "GRDB.swift")]
         ),
         .target(
-            name: "PostgresStore",
+            name: "PostgresStorage",
             dependencies: [
-                "Store", "Threads",
+                "Storage", "Threads",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -71,26 +72,26 @@ let package = Package(
             ]
         ),
         .target(
-            name: "Engine",
+            name: "ChatEngine",
             dependencies: [
-                "Protocol", "Store", "Attachments", "ServiceMetrics", "CMalloc", "Threads",
+                "ChatProtocol", "Storage", "Attachments", "ChatMetrics", "CMalloc", "Threads",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .target(
-            name: "Session",
+            name: "ChatSession",
             dependencies: [
-                "Engine", "Protocol", "Wire", "ServiceMetrics", "Threads",
+                "ChatEngine", "ChatProtocol", "ChatWire", "ChatMetrics", "Threads",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .target(
-            name: "Server",
+            name: "ChatServer",
             dependencies: [
-                "Session", "Protocol", "Wire", "ServiceMetrics", "Threads",
+                "ChatSession", "ChatProtocol", "ChatWire", "ChatMetrics", "Threads",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -101,32 +102,32 @@ let package = Package(
         .executableTarget(
             name: "chatcore",
             dependencies: [
-                "Server", "Session", "Engine", "Store", "SQLiteStore", "PostgresStore", "Attachments", "ServiceMetrics", "Threads",
+                "ChatServer", "ChatSession", "ChatEngine", "Storage", "SQLiteStorage", "PostgresStorage", "Attachments", "ChatMetrics", "Threads",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
-        .executableTarget(name: "Codegen", dependencies: ["Wire"], path: "Sources/Codegen"),
+        .executableTarget(name: "Codegen", dependencies: ["ChatWire"], path: "Sources/Codegen"),
         .executableTarget(
             name: "chatcore-fuzz",
-            dependencies: ["Wire", "Protocol", "Engine", "SQLiteStore", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["ChatWire", "ChatProtocol", "ChatEngine", "SQLiteStorage", .product(name: "Logging", package: "swift-log")],
             path: "Fuzz/Sources/chatcore-fuzz"
         ),
         .executableTarget(
             name: "chatcore-bench",
-            dependencies: ["Protocol", "Wire", "CYAJL"],
+            dependencies: ["ChatProtocol", "ChatWire", "CYAJL"],
             path: "Benchmarks/Sources/chatcore-bench"
         ),
         .testTarget(
             name: "WireTests",
-            dependencies: ["Wire", "Protocol"]
+            dependencies: ["ChatWire", "ChatProtocol"]
         ),
         .testTarget(
             name: "EngineTests",
             dependencies: [
-                "Engine", "SQLiteStore", "Store", "Protocol", "Wire", "Attachments", "CMalloc",
+                "ChatEngine", "SQLiteStorage", "Storage", "ChatProtocol", "ChatWire", "Attachments", "CMalloc",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -138,11 +139,11 @@ let package = Package(
         ),
         .testTarget(
             name: "StoreTests",
-            dependencies: ["SQLiteStore", "Store", .product(name: "GRDB", package: "GRDB.swift")]
+            dependencies: ["SQLiteStorage", "Storage", .product(name: "GRDB", package: "GRDB.swift")]
         ),
         .testTarget(
             name: "FixtureTests",
-            dependencies: ["Wire", "Session", "chatcore", .product(name: "Crypto", package: "swift-crypto")],
+            dependencies: ["ChatWire", "ChatSession", "chatcore", .product(name: "Crypto", package: "swift-crypto")],
             path: "Tests/FixtureTests",
             exclude: []
         ),

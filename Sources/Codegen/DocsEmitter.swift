@@ -1,4 +1,4 @@
-import Wire
+import ChatWire
 
 /// Writes the protocol reference (`docs/protocol.md`): the hand-written semantics of
 /// `Schemas/protocol.md`, then every request, event, list element and shared type with its

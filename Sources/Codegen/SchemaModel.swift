@@ -1,4 +1,4 @@
-import Wire
+import ChatWire
 
 /// What the generator understands of a schema node, and the declarations it makes.
 indirect enum SwiftType: Equatable {

@@ -1,5 +1,5 @@
 import Foundation
-import Wire
+import ChatWire
 
 /// Reads every schema file and turns the nodes it reaches into declarations.
 ///

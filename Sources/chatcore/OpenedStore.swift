@@ -1,8 +1,8 @@
 import Foundation
 import Logging
-import PostgresStore
-import SQLiteStore
-import Store
+import PostgresStorage
+import SQLiteStorage
+import Storage
 
 /// The store the service was started with: SQLite in the data directory (the default,
 /// needing nothing), or PostgreSQL (`--store postgres://…`).

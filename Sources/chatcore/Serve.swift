@@ -1,19 +1,19 @@
 import ArgumentParser
 import Dispatch
 import Attachments
-import Engine
+import ChatEngine
 import Foundation
 import Logging
 import Metrics
 import Prometheus
-import ServiceMetrics
+import ChatMetrics
 import NIOCore
 import NIOPosix
-import PostgresStore
-import SQLiteStore
-import Store
-import Server
-import Session
+import PostgresStorage
+import SQLiteStorage
+import Storage
+import ChatServer
+import ChatSession
 import Threads
 
 #if canImport(Glibc)

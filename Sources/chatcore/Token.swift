@@ -1,5 +1,5 @@
 import ArgumentParser
-import Session
+import ChatSession
 
 /// `chatcore token`: prints a JWT for a user, signed with the server's secret.
 struct Token: AsyncParsableCommand {

@@ -1,7 +1,7 @@
 import Attachments
 import Foundation
 import GRDB
-import SQLiteStore
+import SQLiteStorage
 import XCTest
 
 /// Files of attachments follow the commits (issue 11): a recall whose commit fails keeps

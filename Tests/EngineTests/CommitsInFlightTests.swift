@@ -1,8 +1,8 @@
 import Foundation
 import GRDB
-import SQLiteStore
+import SQLiteStorage
 import XCTest
-@testable import Engine
+@testable import ChatEngine
 
 /// Two commits in flight (`ChatStore.commitsInFlight`, PostgreSQL's): the engine hands a
 /// batch over while the one before it is still committing. Events still come in commit

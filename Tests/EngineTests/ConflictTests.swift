@@ -1,9 +1,9 @@
 import Foundation
 import GRDB
-import SQLiteStore
-import Store
+import SQLiteStorage
+import Storage
 import XCTest
-@testable import Engine
+@testable import ChatEngine
 
 /// A commit that conflicts (`StoreFailure.Kind.conflict`: another node committed first to
 /// a chat the batch changes) is not answered `Internal`: memory is read again from the

@@ -1,8 +1,8 @@
 import Foundation
 import GRDB
-import SQLiteStore
+import SQLiteStorage
 import XCTest
-@testable import Engine
+@testable import ChatEngine
 
 /// Endpoints under failed commits (§3): a deregistration or a registration
 /// that the store did not take changes nobody's session and nothing that is listed.

@@ -2,13 +2,13 @@ import Attachments
 import Foundation
 import GRDB
 import Logging
-import Protocol
-import SQLiteStore
-import Store
+import ChatProtocol
+import SQLiteStorage
+import Storage
 import Synchronization
-import Wire
+import ChatWire
 import XCTest
-@testable import Engine
+@testable import ChatEngine
 
 /// The engine in-process: a real SQLite store (in memory unless a file is given), a
 /// clock the test moves, and sessions whose events are recorded as JSON lines.

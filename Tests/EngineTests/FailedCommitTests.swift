@@ -1,8 +1,8 @@
 import Foundation
 import GRDB
-import SQLiteStore
+import SQLiteStorage
 import XCTest
-@testable import Engine
+@testable import ChatEngine
 
 /// A commit that fails (docs/protocol.md §2 `Internal`; issue 11): every request of the batch
 /// gets one answer, nothing of it is seen, what was committed before stays answered, and

@@ -1,9 +1,9 @@
 import Foundation
 import GRDB
-import SQLiteStore
-import Store
+import SQLiteStorage
+import Storage
 import XCTest
-@testable import Engine
+@testable import ChatEngine
 
 /// The change feed with several processes deciding on one store (`FeedSlots`): each
 /// numbers its changes in a slot of its own, and a token holds a position per slot. Two

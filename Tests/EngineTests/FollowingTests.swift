@@ -1,9 +1,9 @@
 import Foundation
 import GRDB
-import SQLiteStore
-import Store
+import SQLiteStorage
+import Storage
 import XCTest
-@testable import Engine
+@testable import ChatEngine
 
 /// Several deciding nodes that follow one another (docs/several-deciding-nodes.md, step 4):
 /// two engines on one store that logs what each commit changed are two nodes, each

@@ -1,8 +1,8 @@
 import GRDB
-import SQLiteStore
-import Store
+import SQLiteStorage
+import Storage
 import XCTest
-@testable import Engine
+@testable import ChatEngine
 import CMalloc
 #if canImport(Glibc)
 import Glibc

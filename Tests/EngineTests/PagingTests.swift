@@ -1,6 +1,6 @@
 import Foundation
 import XCTest
-@testable import Engine
+@testable import ChatEngine
 
 /// Requests whose work grows with what a user has are answered a page per batch, so that
 /// none holds the engine from everyone else for long; the session's own answers keep the

@@ -1,10 +1,10 @@
 import Foundation
 import GRDB
-import Protocol
-import SQLiteStore
-import Store
+import ChatProtocol
+import SQLiteStorage
+import Storage
 import XCTest
-@testable import Engine
+@testable import ChatEngine
 
 /// What one user may cost the others: the quotas as a part (with a clock the test moves),
 /// and through the engine, where a refusal is a `requestFailed` that names its limit.

@@ -1,6 +1,6 @@
 import Foundation
 import XCTest
-@testable import Engine
+@testable import ChatEngine
 
 /// `requestListMatching` windows (§8) against a brute-force model.
 final class WindowTests: XCTestCase {

@@ -1,7 +1,7 @@
 import Crypto
 import Foundation
-import Session
-import Wire
+import ChatSession
+import ChatWire
 
 #if canImport(Glibc)
 import Glibc

@@ -1,8 +1,8 @@
 import Foundation
 import GRDB
-import Store
+import Storage
 import XCTest
-@testable import SQLiteStore
+@testable import SQLiteStorage
 
 final class SQLiteStoreTests: XCTestCase {
     private var directory: URL!

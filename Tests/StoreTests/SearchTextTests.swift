@@ -1,4 +1,4 @@
-import Store
+import Storage
 import XCTest
 
 /// The keys an index files a message under must hold every key of every query that finds

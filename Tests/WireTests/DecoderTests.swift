@@ -1,7 +1,7 @@
 import Foundation
-import Protocol
+import ChatProtocol
 import Testing
-@testable import Wire
+@testable import ChatWire
 
 private func decode(_ line: String) -> DecodedLine<Request> {
     WireDecoder.decodeLine(line, as: Request.self)

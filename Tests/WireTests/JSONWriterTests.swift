@@ -1,5 +1,5 @@
 import Testing
-@testable import Wire
+@testable import ChatWire
 
 private func written(_ body: (inout JSONWriter) -> Void) -> String {
     var writer = JSONWriter()

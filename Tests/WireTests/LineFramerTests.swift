@@ -1,5 +1,5 @@
 import Testing
-@testable import Wire
+@testable import ChatWire
 
 /// Collects what a framer hands out for a sequence of chunks.
 private func frames(_ chunks: [String], limit: Int = 16, finish: Bool = true) -> [String] {

@@ -75,7 +75,7 @@ def test_what_the_service_writes_matches_the_event_schema():
 
 
 def test_generated_code_is_up_to_date():
-    result = subprocess.run(["swift", "run", "--skip-build", "chatcore-codegen", "--check", "Schemas", "Sources/Protocol/Generated"],
+    result = subprocess.run(["swift", "run", "--skip-build", "chatcore-codegen", "--check", "Schemas", "Sources/ChatProtocol/Generated"],
                             cwd=ROOT, capture_output=True, text=True)
     if "error: no executable product" in result.stderr or "--skip-build" in result.stderr:
         pytest.skip("chatcore-codegen is not built")

@@ -1,7 +1,7 @@
 import CYAJL
 import Foundation
-import Protocol
-import Wire
+import ChatProtocol
+import ChatWire
 
 // chatcore-bench: codec speed on a corpus file, one JSON line per request.
 //

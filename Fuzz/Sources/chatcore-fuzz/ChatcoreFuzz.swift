@@ -7,12 +7,12 @@
 // TARGET is `decoder` (one line: decode; a decoded request must encode and decode to
 // itself) or `request` (lines through decode, then a real engine on a scratch SQLite
 // store, as an authenticated user with a chat, then encoding every event).
-import Engine
+import ChatEngine
 import Foundation
 import Logging
-import Protocol
-import SQLiteStore
-import Wire
+import ChatProtocol
+import SQLiteStorage
+import ChatWire
 
 nonisolated(unsafe) let decoder = LineDecoder()
 

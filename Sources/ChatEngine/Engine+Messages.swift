@@ -1,0 +1,491 @@
+import Foundation
+import ChatProtocol
+import Storage
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Messages (§6): sending, states, reading, private delete, recall, typing,
+/// and chat events.
+extension Engine {
+    /// content (UTF-8) + data (compact JSON) + thumb, in bytes.
+    static let maxMessageBytes = 71_680
+    /// Application data that is not a message's own (a chat's `data`, a member's
+    /// `localData` and `privateData`, a user's `localData` of a message, a `chatEvent`'s
+    /// `data`) is at most this many bytes of compact JSON each, as much as a message's
+    /// content and data together. Only the line bounded them before: chats' values are
+    /// read at every start-up, one user's values of 1,000 messages made a window answer of
+    /// a gigabyte, and an event is copied to every endpoint of every participant.
+    static let maxDataBytes = 71_680
+
+    /// Why `value`, given as `field`, is over `maxDataBytes` (nil when it is not).
+    func dataTooLarge(_ value: JSONValue?, field: String) -> String? {
+        guard let size = value?.byteCount, size > Engine.maxDataBytes else { return nil }
+        return "'\(field)' is \(size) bytes, over the limit of \(Engine.maxDataBytes)"
+    }
+
+    // MARK: finding things
+
+    /// The chat, when `user` takes part in it (otherwise it is not found: docs/protocol.md §2).
+    func chat(_ chatId: String, of user: Int64) throws -> (ChatRecord, MemberRecord) {
+        // Only the service's own spelling names a chat ("7", never "07" or "+7").
+        if let number = Int64(chatId), chatId.utf8.first != UInt8(ascii: "+"), chatId.utf8.first != UInt8(ascii: "0"),
+           let chat = chats[number], let member = chat.activeMember(user) {
+            return (chat, member)
+        }
+        throw ProtocolError.notFound("chat '\(chatId)' was not found")
+    }
+
+    /// A message `member` can see.
+    func message(_ id: Int64, in chat: ChatRecord, seenBy member: MemberRecord) throws -> MessageRecord {
+        guard id >= member.joinedAt, let message = try loadMessage(id, in: chat) else {
+            throw ProtocolError.notFound("message \(id) was not found in chat '\(chat.chatId)'")
+        }
+        return message
+    }
+
+    func now() -> Int64 {
+        clock()
+    }
+
+    // MARK: posting
+
+    /// Adds a message to the chat's history (records and store only; announcing is the
+    /// caller's). The chat must have been passed to `willChange` first; the targets of
+    /// `refs` must be loaded (`send` checked them).
+    @discardableResult
+    func append(to chat: ChatRecord, sender: Int64, tag: String, content: String? = nil, data: JSONValue? = nil, refs: [MessageRef] = [],
+                targets: [MessageRecord] = [], isControl: Bool = false, neverCountsUnread: Bool = false, batch: Batch,
+                changes: PendingChanges) -> MessageRecord {
+        for target in targets { willChange(target, in: chat, changes) }
+        changeSeq += 1
+        let timestamp = max(now(), lastTimestamp(of: chat))
+        let message = MessageRecord(chat: chat.number, id: chat.lastMessage + 1, sender: sender, tag: tag, content: content, data: data,
+                                    refs: refs, timestamp: timestamp, isControl: isControl, neverCountsUnread: neverCountsUnread,
+                                    changeSeq: changeSeq)
+        chat.lastMessage = message.id
+        chat.lastTimestamp = timestamp
+        if !neverCountsUnread { chat.lastActivity = max(chat.lastActivity, timestamp) }
+        for target in targets {
+            for ref in refs where ref.messageId == target.id {
+                let counted = target.refBy[ExactText(ref.tag)] ?? (0, 0)
+                target.refBy[ExactText(ref.tag)] = (counted.count + 1, message.id)
+                batch.changedReferences(to: target, tag: ref.tag)
+            }
+        }
+        if let content, !message.isSystem {
+            message.searchRow = newNumber(for: .searchRow, after: lastSearchRow)
+            lastSearchRow = max(lastSearchRow, message.searchRow)
+            batch.searchAdds.append(SearchEntry(row: message.searchRow, chat: chat.number, id: message.id, text: content))
+        }
+        batch.changed(message)
+        batch.changed(chat)
+        for member in chat.members.values where member.isActive {
+            if member.isHidden {
+                member.isHidden = false
+                batch.changed(member, of: chat)
+            }
+            if member.received(message.id) && message.countsUnread(for: member.user) {
+                member.numUnread += 1
+                batch.changed(member, of: chat)
+            }
+        }
+        return message
+    }
+
+    /// Sends `listAdd chatMessage` to every connected member who sees the new messages,
+    /// and marks them delivered to recipients that are connected.
+    /// With `answering`, that session's `listAdd chatMessage` carries the request's cookie
+    /// (the answer to a send).
+    func announceNew(_ messages: [MessageRecord], in chat: ChatRecord, answering: (session: EngineSession, cookie: String?)? = nil,
+                     batch: Batch, changes: PendingChanges) throws {
+        guard !messages.isEmpty else { return }
+        // As every online viewer sees them now: the delivery below changes them from this.
+        var renderedNow: [Int64: [Int64: ChatMessage]] = [:]
+        // What the last session without a cookie was sent, in one event: members who see
+        // the messages alike (in a group, all but their sender) get its bytes again.
+        var lastAlike: [ChatMessage]?
+        for member in chat.members.values where member.isActive && isOnline(member.user) {
+            let visible = messages.filter { $0.id >= member.joinedAt }
+            guard !visible.isEmpty else { continue }
+            let elements = visible.map { renderMessage($0, in: chat, for: member.user) }
+            for (message, element) in zip(visible, elements) { renderedNow[message.id, default: [:]][member.user] = element }
+            for session in sessions(of: member.user) {
+                let cookie = session === answering?.session ? answering?.cookie : nil
+                if cookie == nil && elements.count <= Engine.chunkSize {
+                    let sameAsLast = lastAlike.map { $0 == elements } ?? false
+                    batch.emit(.listAdd(.chatMessage(ListAddChatMessage(elements: elements))), to: session, sameAsLast: sameAsLast)
+                    lastAlike = elements
+                    continue
+                }
+                for chunk in elements.chunked(Engine.chunkSize) {
+                    batch.emit(.listAdd(.chatMessage(ListAddChatMessage(cookie: cookie, elements: chunk))), to: session)
+                }
+            }
+        }
+        try markDelivered(chat, batch: batch, changes: changes, renderedNow: renderedNow)
+    }
+
+    /// Every connected member has now received everything up to the chat's last message:
+    /// the senders' states move (§6). `renderedNow`: messages just rendered for every
+    /// online viewer, by id, not rendered again.
+    func markDelivered(_ chat: ChatRecord, only user: Int64? = nil, batch: Batch, changes: PendingChanges,
+                       renderedNow: [Int64: [Int64: ChatMessage]] = [:]) throws {
+        let last = chat.lastMessage
+        let receiving = chat.members.values.filter { member in
+            member.isActive && member.deliveredUpTo < last && isConnectedAnywhere(member.user) && (user == nil || member.user == user)
+        }
+        // Every message as it was before any mark moves, then the marks.
+        for member in receiving {
+            let start = max(member.deliveredUpTo + 1, member.joinedAt)
+            guard start <= last else { continue }
+            // Only the senders see a delivery: read the messages if one of them is here.
+            let someoneSees = chat.members.values.contains { $0.isActive && $0.user != member.user && isOnline($0.user) }
+            try willChange(start...last, of: chat, notSentBy: member.user, someoneSees: someoneSees, changes, renderedNow: renderedNow)
+        }
+        for member in receiving {
+            member.deliveredUpTo = last
+            batch.changed(member, of: chat)
+        }
+    }
+
+    /// The newest message's timestamp (timestamps never decrease along a chat's ids): read
+    /// once after start-up, then kept.
+    func lastTimestamp(of chat: ChatRecord) -> Int64 {
+        if let known = chat.lastTimestamp { return known }
+        let known = chat.lastMessage > 0 ? ((try? loadMessage(chat.lastMessage, in: chat))??.timestamp ?? 0) : 0
+        chat.lastTimestamp = known
+        return known
+    }
+
+    // MARK: requests
+
+    func send(_ request: ChatMessageSend, user: Int64, session: EngineSession, batch: Batch) throws {
+        let (chat, member) = try chat(request.chatId, of: user)
+        if reservedTags.contains(request.tag) {
+            throw ProtocolError(.reservedTag, "the tag '\(request.tag)' is reserved for messages the service posts")
+        }
+        if chat.isDefunct {
+            throw ProtocolError.notPermitted("chat '\(chat.chatId)' is Defunct: the other party left")
+        }
+        if request.tag == "Text" && request.content == nil {
+            throw ProtocolError.invalid("'content' is required for tag Text")
+        }
+        let size = (request.content?.utf8.count ?? 0) + (request.data?.json.utf8.count ?? 0)
+        if size > Engine.maxMessageBytes {
+            throw ProtocolError(.tooLarge, "'content' and 'data' are \(size) bytes together, over the limit of \(Engine.maxMessageBytes)")
+        }
+        let refs = request.ref ?? []
+        var tags = Set<ExactText>()
+        var targets: [MessageRecord] = []
+        for (index, ref) in refs.enumerated() {
+            guard tags.insert(ExactText(ref.tag)).inserted else {
+                throw ProtocolError.invalid("'ref[\(index)].tag' \(ref.tag) is given twice: at most one reference per tag")
+            }
+            guard ref.messageId >= member.joinedAt, let target = try loadMessage(ref.messageId, in: chat) else {
+                throw ProtocolError.invalid("'ref[\(index)].messageId' \(ref.messageId) is not a message of chat '\(chat.chatId)'")
+            }
+            if target.isSystem {
+                throw ProtocolError.invalid("'ref[\(index)].messageId' \(ref.messageId) is a system message (\(target.tag)): it cannot be referenced")
+            }
+            // Edit means "draw my newest Edit instead of the original": only the sender of
+            // a message may edit it, and a recalled message stays recalled. Quote and
+            // Thread may point at anyone's message.
+            if ref.tag == "Edit" {
+                guard target.sender == user else {
+                    throw ProtocolError.notPermitted("'ref[\(index)]' is an Edit of message \(ref.messageId), which you did not send: only its sender can edit it")
+                }
+                guard !target.isRecalled else {
+                    throw ProtocolError.notPermitted("'ref[\(index)]' is an Edit of message \(ref.messageId), which was recalled")
+                }
+            }
+            if !targets.contains(where: { $0 === target }) { targets.append(target) }
+        }
+        // Files last: everything else is known to be fine, so an opened file is always used.
+        let (thumb, file) = try admitAttachments(request, session: session)
+        let total = size + Int(thumb?.size ?? 0)
+        if total > Engine.maxMessageBytes {
+            if let thumb { Glibc.close(thumb.descriptor) }
+            if let file { Glibc.close(file.descriptor) }
+            throw ProtocolError(.tooLarge, "'content', 'data' and 'thumb' are \(total) bytes together, over the limit of \(Engine.maxMessageBytes)")
+        }
+        let changes = PendingChanges()
+        willChange(chat, changes)
+        let message = append(to: chat, sender: user, tag: request.tag, content: request.content, data: request.data, refs: refs,
+                             targets: targets, isControl: request.control ?? false, neverCountsUnread: request.neverCountUnread ?? false,
+                             batch: batch, changes: changes)
+        if thumb != nil || file != nil {
+            message.thumb = thumb.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
+            message.file = file.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
+            message.attachment = .sending
+            storeAttachments(of: message, in: chat, thumb: thumb, file: file, request: request, session: session, batch: batch)
+        }
+        stopTyping(user: user, chat: chat, batch: batch)
+        try announceNew([message], in: chat, answering: (session, request.cookie), batch: batch, changes: changes)
+        publish(changes, batch: batch)
+    }
+
+    func read(_ request: ChatMessageRead, user: Int64, batch: Batch) throws {
+        let (chat, member) = try chat(request.chatId, of: user)
+        let target = try message(request.messageId, in: chat, seenBy: member)
+        guard target.id > member.readUpTo else { return }
+        let changes = PendingChanges()
+        willChange(chat, changes)
+        // Only the newly read range is visited: reading one message at a time through a
+        // long backlog stays linear, and a long backlog is one mark (one row), however
+        // many messages it covers.
+        let start = max(member.readUpTo + 1, member.joinedAt)
+        let range = start...target.id
+        var unread: Int64 = 0
+        for message in try loadMessages(in: chat, range) where message.countsUnread(for: user) { unread += 1 }
+        try willChange(range, of: chat, notSentBy: user, someoneSees: true, changes)
+        member.numUnread = max(0, member.numUnread - unread)
+        member.readUpTo = target.id
+        member.deliveredUpTo = max(member.deliveredUpTo, target.id)
+        batch.changed(member, of: chat)
+        publish(changes, batch: batch)
+    }
+
+    func stateGet(_ request: ChatMessageStateGet, user: Int64) throws -> Event {
+        let (chat, member) = try chat(request.chatId, of: user)
+        let message = try message(request.messageId, in: chat, seenBy: member)
+        guard message.sender == user else {
+            throw ProtocolError.notPermitted("message \(message.id) was not sent by you: only the sender sees its states")
+        }
+        let states = chat.members.values
+            .filter { $0.user != user && $0.received(message.id) }
+            .sorted { $0.user < $1.user }
+            .map { RecipientState(userUri: uri($0.user), state: recipientState(message, $0)) }
+        return .chatMessageState(ChatMessageStateEvent(cookie: request.cookie, chatId: chat.chatId, messageId: message.id, states: states))
+    }
+
+    func deletePrivately(_ request: ChatMessageDelete, user: Int64, batch: Batch) throws {
+        let (chat, member) = try chat(request.chatId, of: user)
+        let message = try message(request.id, in: chat, seenBy: member)
+        guard message.privateStates[user]?.isDeleted != true else { return }
+        let changes = PendingChanges()
+        willChange(message, in: chat, changes)
+        releaseDownload(of: message, in: chat, for: user, batch: batch)
+        message.privateStates[user] = PrivateState(localData: nil, isDeleted: true)
+        batch.changedPrivately(message, for: user)
+        publish(changes, batch: batch)
+    }
+
+    func destroy(_ request: ChatMessageDestroy, user: Int64, session: EngineSession, line: Int, batch: Batch) throws {
+        let (chat, member) = try chat(request.chatId, of: user)
+        let changes = PendingChanges()
+        if let id = request.messageId {
+            let message = try message(id, in: chat, seenBy: member)
+            guard message.sender == user else {
+                throw ProtocolError.notPermitted("message \(id) was not sent by you: only its sender can recall it")
+            }
+            guard !message.isSystem else {
+                throw ProtocolError.notPermitted("message \(id) is a system message (\(message.tag)): it cannot be recalled")
+            }
+            guard !message.isRecalled else {
+                throw ProtocolError.invalid("message \(id) was already recalled")
+            }
+            guard message.attachment != .failed else {
+                throw ProtocolError.notPermitted("message \(id) failed to send: there is nothing to recall")
+            }
+            try recall([message], in: chat, batch: batch, changes: changes)
+            publish(changes, batch: batch)
+            return
+        }
+        if chat.isDefunct {
+            throw ProtocolError.notPermitted("chat '\(chat.chatId)' is Defunct: nothing can be posted into it")
+        }
+        // Every own message not recalled yet, up to the last one now: the store finds them,
+        // a page at a time.
+        try recallAll(RecallInProgress(chat: chat.number, user: user, session: session, cookie: request.cookie, line: line, from: 1,
+                                       upTo: chat.lastMessage), batch: batch)
+    }
+
+    /// A recall of everything a user sent in a chat (`chatMessageDestroy` without
+    /// `messageId`), a page of messages per batch: a user with 100,000 messages in a chat
+    /// held the engine from everyone else for seconds.
+    struct RecallInProgress {
+        let chat: Int64
+        let user: Int64
+        let session: EngineSession
+        let cookie: String?
+        let line: Int
+        /// The next id to look from, and the last one the request covers.
+        var from: Int64
+        let upTo: Int64
+    }
+
+    /// Messages one batch recalls: each page's commit writes their rows (and the next
+    /// page waits for it), and another user's request in the same batch waits for both
+    /// (in a release build beside a recall of 20,000, 200 a page held one up to 224 ms,
+    /// 50 a page up to 74 ms).
+    static let recallPage = 20
+
+    /// Recalls the next page; the last page posts the `Shred`. Until then the session's
+    /// later requests wait, and the next page is decided once this one is committed.
+    func recallAll(_ recall: RecallInProgress, batch: Batch) throws {
+        guard let chat = chats[recall.chat], chat.activeMember(recall.user) != nil else {
+            throw ProtocolError.notFound("chat \(recall.chat) is no longer yours")
+        }
+        var filter = MessageFilter(firstId: recall.from, lastId: recall.upTo, sender: recall.user)
+        filter.onlyRecallable = true
+        let ids = try matchingIds(in: chat, filter, from: recall.from, ascending: true, limit: Engine.recallPage + 1, batch: batch)
+        let page = Array(ids.prefix(Engine.recallPage))
+        let changes = PendingChanges()
+        try self.recall(try loadMessages(in: chat, ids: page), in: chat, batch: batch, changes: changes)
+        if ids.count > page.count, let last = page.last {
+            publish(changes, batch: batch)
+            var rest = recall
+            rest.from = last + 1
+            continueLater(.continueRecall(rest), for: recall.session, batch: batch)
+            return
+        }
+        willChange(chat, changes)
+        let shred = append(to: chat, sender: recall.user, tag: "Shred", neverCountsUnread: true, batch: batch, changes: changes)
+        try announceNew([shred], in: chat, batch: batch, changes: changes)
+        publish(changes, batch: batch)
+    }
+
+    /// The next page of a recall of everything (`recallAll`).
+    func recallContinues(_ recall: RecallInProgress, batch: Batch) {
+        resume(ChatMessageDestroy.name, cookie: recall.cookie, line: recall.line, session: recall.session, batch: batch) {
+            try recallAll(recall, batch: batch)
+        }
+    }
+
+    /// Recalls messages for everyone; the `refBy` of what they referred to is recomputed
+    /// (count down, newest the newest remaining source).
+    private func recall(_ messages: [MessageRecord], in chat: ChatRecord, batch: Batch, changes: PendingChanges) throws {
+        let recalling = messages.filter { !$0.isRecalled && $0.attachment != .failed }
+        guard !recalling.isEmpty else { return }
+        // The store answers which references remain: it must have this chat as it is.
+        try commitIfChanged(chat, batch: batch)
+        let recalled = Set(recalling.map(\.id))
+        var affected: [RefRow] = []
+        for message in recalling {
+            willChange(message, in: chat, changes)
+            for ref in message.refs where !affected.contains(where: { $0.target == ref.messageId && sameBytes($0.tag, ref.tag) }) {
+                affected.append(RefRow(tag: ref.tag, target: ref.messageId))
+            }
+        }
+        let targets = try loadMessages(in: chat, ids: affected.map(\.target))
+        for ref in affected {
+            guard let target = targets.first(where: { $0.id == ref.target }) else { continue }
+            willChange(target, in: chat, changes)
+            let remaining: (count: Int64, newest: Int64?)
+            do {
+                remaining = try store.references(chat: chat.number, to: target.id, tag: ref.tag, excluding: recalled)
+            } catch {
+                throw unreadable(error)
+            }
+            target.refBy[ExactText(ref.tag)] = remaining.newest.map { (remaining.count, $0) }
+            batch.changedReferences(to: target, tag: ref.tag)
+        }
+        for message in recalling {
+            if message.searchRow > 0 {
+                batch.searchRemovals.append(message.searchRow)
+                message.searchRow = 0
+            }
+            releaseAttachments(of: message, in: chat, batch: batch)
+            message.refs = []
+            message.content = nil
+            message.data = nil
+            message.isRecalled = true
+            batch.changed(message)
+        }
+    }
+
+    func setLocalData(_ request: RequestListChangeChatMessage, user: Int64, batch: Batch) throws {
+        var targets: [(ChatRecord, MessageRecord, JSONValue?)] = []
+        for (index, element) in request.elements.enumerated() {
+            let (chat, member) = try chat(element.chatId, of: user)
+            let message = try message(element.messageId, in: chat, seenBy: member)
+            guard let localData = element.localData else {
+                throw ProtocolError.invalid("'elements[\(index)]' changes nothing: only 'localData' can be set on a chatMessage")
+            }
+            if let reason = dataTooLarge(localData.value, field: "elements[\(index)].localData") { throw ProtocolError(.tooLarge, reason) }
+            targets.append((chat, message, localData.value))
+        }
+        let changes = PendingChanges()
+        for (chat, message, localData) in targets {
+            willChange(message, in: chat, changes)
+            var state = message.privateStates[user] ?? PrivateState()
+            state.localData = localData
+            message.privateStates[user] = state
+            batch.changedPrivately(message, for: user)
+        }
+        publish(changes, batch: batch)
+    }
+
+    // MARK: typing and events
+
+    func startTyping(_ request: ChatTyping, user: Int64, batch: Batch) throws {
+        let (chat, _) = try chat(request.chatId, of: user)
+        typingStarted(user, in: chat, batch: batch)
+        tellOthers(.typing(user: user, chat: chat.number))
+    }
+
+    /// `user` is typing in `chat` (here or on another node): members are told when they
+    /// were not typing there yet, and it ends `typingSeconds` from now unless said again.
+    func typingStarted(_ user: Int64, in chat: ChatRecord, batch: Batch) {
+        let entry = TypingEntry(user: user, chat: chat.number)
+        let isNew = typing[entry] == nil
+        typing[entry] = monotonicSeconds() + Engine.typingSeconds
+        scheduleTick()
+        guard isNew else { return }
+        let element = Typing(userUri: uri(user), chatId: chat.chatId)
+        for member in chat.members.values where member.isActive && member.user != user {
+            emit(.listAdd(.typing(ListAddTyping(elements: [element]))), toUser: member.user, batch: batch)
+        }
+    }
+
+    func stopTyping(user: Int64, chat: ChatRecord, batch: Batch) {
+        guard typing.removeValue(forKey: TypingEntry(user: user, chat: chat.number)) != nil else { return }
+        let key = TypingKey(userUri: uri(user), chatId: chat.chatId)
+        for member in chat.members.values where member.isActive && member.user != user {
+            emit(.listRemove(.typing(ListRemoveTyping(elements: [key]))), toUser: member.user, batch: batch)
+        }
+    }
+
+    func expireTyping(batch: Batch) {
+        let now = monotonicSeconds()
+        for (entry, expiry) in typing where expiry <= now {
+            if let chat = chats[entry.chat] {
+                stopTyping(user: entry.user, chat: chat, batch: batch)
+            } else {
+                typing[entry] = nil
+            }
+        }
+        if !typing.isEmpty { scheduleTick() }
+    }
+
+    static let typingSeconds = 5.0
+
+    func monotonicSeconds() -> Double {
+        Double(DispatchTime.now().uptimeNanoseconds) / 1e9
+    }
+
+    func scheduleTick() {
+        guard !tickScheduled, let earliest = typing.values.min() else { return }
+        tickScheduled = true
+        let delay = max(0.01, earliest - monotonicSeconds())
+        DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [self] in tick() }
+    }
+
+    func sendEvent(_ request: ChatEventSend, user: Int64, session: EngineSession, batch: Batch) throws {
+        let (chat, _) = try chat(request.chatId, of: user)
+        if let reason = dataTooLarge(request.data, field: "data") { throw ProtocolError(.tooLarge, reason) }
+        let event = Event.chatEvent(ChatEvent(chatId: chat.chatId, senderUri: uri(user), tag: request.tag, data: request.data))
+        for member in chat.members.values where member.isActive {
+            for other in sessions(of: member.user) where other !== session { batch.emit(event, to: other) }
+        }
+        tellOthers(.chatEvent(user: user, chat: chat.number, tag: request.tag, data: request.data?.json))
+    }
+}
+
+/// One user typing in one chat.
+struct TypingEntry: Hashable {
+    let user: Int64
+    let chat: Int64
+}

@@ -1,0 +1,330 @@
+import ChatProtocol
+import Storage
+
+/// Rendering elements per viewer, and turning "before" and "after" renderings into the
+/// `listChange` events (§4). Handlers change records; what each user sees
+/// changing is always derived here, from the records, never computed on the side.
+extension Engine {
+    // MARK: sessions
+
+    func sessions(of user: Int64) -> [EngineSession] {
+        sessionsByUser[user] ?? []
+    }
+
+    func isOnline(_ user: Int64) -> Bool {
+        !(sessionsByUser[user]?.isEmpty ?? true)
+    }
+
+    func emit(_ event: Event, toUser user: Int64, batch: Batch) {
+        for session in sessions(of: user) { batch.emit(event, to: session) }
+    }
+
+    func uri(_ user: Int64) -> String {
+        UserRecord.uriPrefix + String(user)
+    }
+
+    /// The user a uri in `viewer`'s request names: `bbmpim://user/id/0` is the viewer.
+    func user(fromURI uri: String, viewer: Int64) -> Int64? {
+        uri == UserRecord.localURI ? viewer : UserRecord.number(fromURI: uri)
+    }
+
+    // MARK: elements
+
+    func renderChat(_ chat: ChatRecord, for member: MemberRecord) -> Chat {
+        var flags = ""
+        if member.isAdmin { flags += "A" }
+        if member.isHidden { flags += "H" }
+        if chat.isOneToOne { flags += "O" }
+        let last = chat.lastMessage
+        return Chat(chatId: chat.chatId, subject: chat.subject, state: chat.isDefunct ? .defunct : .ready, flags: flags,
+                    lastMessage: last, numMessages: last >= member.joinedAt ? last - member.joinedAt + 1 : 0,
+                    numUnread: member.numUnread, lastActivity: chat.lastActivity, invitePolicy: chat.invitePolicy,
+                    data: chat.data, localData: member.localData, privateData: member.privateData)
+    }
+
+    func renderParticipant(_ chat: ChatRecord, _ member: MemberRecord) -> ChatParticipant {
+        ChatParticipant(chatId: chat.chatId, userUri: uri(member.user), state: .joined, flags: member.isAdmin ? "A" : "")
+    }
+
+    /// The state of `message` as its sender sees it: the furthest any recipient got, and
+    /// whether they all got equally far.
+    func senderState(_ message: MessageRecord, in chat: ChatRecord) -> (MessageState, Bool) {
+        var best: MessageState = .sent
+        var first: MessageState?
+        var partial = false
+        for member in chat.members.values where member.user != message.sender && member.received(message.id) {
+            let state = recipientState(message, member)
+            if let first, first != state { partial = true }
+            if first == nil { first = state }
+            if rank(state) > rank(best) { best = state }
+        }
+        return (best, partial)
+    }
+
+    /// How far one recipient got with a message.
+    func recipientState(_ message: MessageRecord, _ member: MemberRecord) -> MessageState {
+        if member.readUpTo >= message.id { return .read }
+        if member.deliveredUpTo >= message.id { return .delivered }
+        return .sent
+    }
+
+    private func rank(_ state: MessageState) -> Int {
+        switch state {
+        case .sending, .failed: 0
+        case .sent: 1
+        case .delivered: 2
+        case .read: 3
+        }
+    }
+
+    /// A message as `viewer` sees it.
+    func renderMessage(_ message: MessageRecord, in chat: ChatRecord, for viewer: Int64) -> ChatMessage {
+        let own = message.sender == viewer
+        let privateState = message.privateStates[viewer]
+        let deleted = privateState?.isDeleted ?? false
+        var flags = ""
+        if message.isControl { flags += "C" }
+        if deleted { flags += "D" }
+        if !own { flags += "I" }
+        if message.neverCountsUnread { flags += "N" }
+        let state: MessageState
+        var partial = false
+        if own {
+            switch message.attachment {
+            case .sending: state = .sending
+            case .failed: state = .failed
+            case .stored, nil: (state, partial) = senderState(message, in: chat)
+            }
+        } else {
+            state = (chat.members[viewer]?.readUpTo ?? 0) >= message.id ? .read : .delivered
+        }
+        let hidesBody = deleted || message.isRecalled
+        var refBy: [RefBy]?
+        if !message.refBy.isEmpty {
+            refBy = message.refBy.keys.sorted { $0.text.utf8.lexicographicallyPrecedes($1.text.utf8) }.compactMap { tag in
+                guard let counted = message.refBy[tag], counted.count > 0 else { return nil }
+                return RefBy(tag: tag.text, newestRef: counted.newest, count: counted.count)
+            }
+        }
+        // Attachments (§7): the sender sees the stored copy; a recipient the
+        // thumb at once, and the file's name until they download it, then their copy.
+        var thumb: String?
+        var file: String?
+        var fileSize: Int64?
+        var fileState: FileState?
+        if !hidesBody, let attachments {
+            if let stored = message.thumb, stored.blob != nil, privateState?.thumbDetached != true {
+                thumb = attachments.messagePath(chat: chat.number, id: message.id, kind: "thumb", name: stored.name)
+            }
+            if let stored = message.file, stored.blob != nil {
+                fileSize = stored.size
+                if own {
+                    file = attachments.messagePath(chat: chat.number, id: message.id, kind: "file", name: stored.name)
+                    fileState = .done
+                } else {
+                    let mine = privateState?.fileState ?? .available
+                    fileState = mine
+                    file = mine == .done ? attachments.downloadPath(user: viewer, chat: chat.number, id: message.id, name: stored.name) : stored.name
+                }
+            }
+        }
+        return ChatMessage(chatId: chat.chatId, messageId: message.id, senderUri: uri(message.sender), tag: message.tag,
+                           content: hidesBody ? nil : message.content, data: hidesBody ? nil : message.data,
+                           localData: deleted ? nil : privateState?.localData, thumb: thumb, file: file, fileSize: fileSize,
+                           fileState: fileState, flags: flags, state: state, stateIsPartial: partial,
+                           recall: message.isRecalled ? .recalled : nil, ref: message.refs.isEmpty ? nil : message.refs,
+                           refBy: refBy, timestamp: message.timestamp)
+    }
+
+    func key(_ chat: ChatRecord, _ message: MessageRecord) -> ChatMessageKey {
+        ChatMessageKey(chatId: chat.chatId, messageId: message.id)
+    }
+
+    /// Who sees `message` now: the chat's current members who were there for it.
+    func viewers(of message: MessageRecord, in chat: ChatRecord) -> [MemberRecord] {
+        chat.members.values.filter { $0.isActive && $0.joinedAt <= message.id }
+    }
+}
+
+/// What one request is about to change: the elements as each connected viewer saw them
+/// before. `Engine.publish` renders them again afterwards and sends the differences.
+final class PendingChanges {
+    fileprivate enum Entry {
+        /// One message: it takes the next position of the change feed.
+        case message(ChatRecord, MessageRecord, before: [Int64: ChatMessage])
+        /// Many messages at once (a mark moving over them): one range of positions, one
+        /// row in the store; the messages were read only if someone online sees them.
+        case range(ChatRecord, ClosedRange<Int64>, [(message: MessageRecord, before: [Int64: ChatMessage])])
+    }
+
+    fileprivate var entries: [Entry] = []
+    fileprivate var messageIndex: Set<Batch.RowKey> = []
+    fileprivate var chats: [(chat: ChatRecord, before: [Int64: Chat])] = []
+    fileprivate var chatIndex: Set<Int64> = []
+}
+
+extension Engine {
+    /// A mark moving over more messages than this changes them as one range (one row in
+    /// the store), not one by one.
+    static let largeRange = 64
+
+    /// Call before changing anything `message` shows to anyone. `renderedNow`: the message
+    /// as each online viewer sees it now, when the caller has just rendered it for all of
+    /// them (it is not rendered again).
+    func willChange(_ message: MessageRecord, in chat: ChatRecord, _ changes: PendingChanges, renderedNow: [Int64: ChatMessage]? = nil) {
+        guard changes.messageIndex.insert(Batch.RowKey(chat: chat.number, item: message.id)).inserted else { return }
+        changes.entries.append(.message(chat, message, before: renderedNow ?? renderForOnlineViewers(message, in: chat)))
+    }
+
+    private func renderForOnlineViewers(_ message: MessageRecord, in chat: ChatRecord) -> [Int64: ChatMessage] {
+        var before: [Int64: ChatMessage] = [:]
+        for member in viewers(of: message, in: chat) where isOnline(member.user) {
+            before[member.user] = renderMessage(message, in: chat, for: member.user)
+        }
+        return before
+    }
+
+    /// Call before a mark moves over the messages `range` of `chat` (a read, a delivery):
+    /// each message not sent by `user` may change for someone. A few are changed one by
+    /// one; many as one range, read from the store only when `someoneSees` (a viewer
+    /// other than `user`, or `user` for a read, is online). `renderedNow`: messages the
+    /// caller has just rendered for every online viewer, by id (`announceNew`'s).
+    func willChange(_ range: ClosedRange<Int64>, of chat: ChatRecord, notSentBy user: Int64, someoneSees: Bool,
+                    _ changes: PendingChanges, renderedNow: [Int64: [Int64: ChatMessage]] = [:]) throws {
+        if range.count <= Engine.largeRange {
+            // Nothing to read when this request recorded them all already: a new message
+            // delivered to each member of a group is recorded for the first of them.
+            if range.allSatisfy({ changes.messageIndex.contains(Batch.RowKey(chat: chat.number, item: $0)) }) { return }
+            for message in try loadMessages(in: chat, range) where message.sender != user {
+                willChange(message, in: chat, changes, renderedNow: renderedNow[message.id])
+            }
+            return
+        }
+        var loaded: [(MessageRecord, [Int64: ChatMessage])] = []
+        if someoneSees {
+            for message in try loadMessages(in: chat, range) where message.sender != user {
+                loaded.append((message, renderedNow[message.id] ?? renderForOnlineViewers(message, in: chat)))
+            }
+        }
+        changes.entries.append(.range(chat, range, loaded))
+    }
+
+    /// Call before changing anything the chat element shows to any member.
+    func willChange(_ chat: ChatRecord, _ changes: PendingChanges) {
+        guard changes.chatIndex.insert(chat.number).inserted else { return }
+        var before: [Int64: Chat] = [:]
+        for member in chat.members.values where member.isActive && isOnline(member.user) {
+            before[member.user] = renderChat(chat, for: member)
+        }
+        changes.chats.append((chat, before))
+    }
+
+    /// Stores what changed and sends each connected viewer what changed for them:
+    /// message changes first, then chat changes (docs/protocol.md §4 ordering).
+    func publish(_ changes: PendingChanges, batch: Batch) {
+        var messageChanges: [Int64: [ChatMessageChange]] = [:]
+        var userOrder: [Int64] = []
+        func compare(_ message: MessageRecord, in chat: ChatRecord, _ before: [Int64: ChatMessage]) {
+            for member in viewers(of: message, in: chat) {
+                guard let old = before[member.user] else { continue }
+                let new = renderMessage(message, in: chat, for: member.user)
+                guard let change = difference(old, new) else { continue }
+                if messageChanges[member.user] == nil { userOrder.append(member.user) }
+                messageChanges[member.user, default: []].append(change)
+            }
+        }
+        for entry in changes.entries {
+            switch entry {
+            case .message(let chat, let message, let before):
+                changeSeq += 1
+                message.changeSeq = changeSeq
+                batch.changed(message)
+                compare(message, in: chat, before)
+            case .range(let chat, let range, let loaded):
+                // Messages also changed one by one in this request keep that position;
+                // the others take one block of positions per stretch between them.
+                var start = range.lowerBound
+                for id in range.lowerBound...(range.upperBound + 1) {
+                    let single = id <= range.upperBound && changes.messageIndex.contains(Batch.RowKey(chat: chat.number, item: id))
+                    guard single || id > range.upperBound else { continue }
+                    if start < id {
+                        batch.changed(RangeChangeRow(chat: chat.number, firstSeq: changeSeq + 1, firstId: start, lastId: id - 1))
+                        changeSeq += id - start
+                    }
+                    start = id + 1
+                }
+                for (message, before) in loaded where !changes.messageIndex.contains(Batch.RowKey(chat: chat.number, item: message.id)) {
+                    compare(message, in: chat, before)
+                }
+            }
+        }
+        for user in userOrder {
+            for chunk in messageChanges[user]!.chunked(Engine.chunkSize) {
+                emit(.listChange(.chatMessage(ListChangeChatMessage(elements: chunk))), toUser: user, batch: batch)
+            }
+        }
+        for (chat, before) in changes.chats {
+            batch.changed(chat)
+            for member in chat.members.values where member.isActive {
+                guard let old = before[member.user] else { continue }
+                let new = renderChat(chat, for: member)
+                guard let change = difference(old, new) else { continue }
+                emit(.listChange(.chat(ListChangeChat(elements: [change]))), toUser: member.user, batch: batch)
+            }
+        }
+    }
+
+    private func field<T: Equatable>(_ old: T?, _ new: T?) -> Nullable<T>? {
+        if old == new { return nil }
+        guard let new else { return .null }
+        return .value(new)
+    }
+
+    /// Strings differ when their bytes do: Swift's `==` is canonical equivalence, under
+    /// which a subject respelled ("caf\u{E9}" to "cafe\u{301}") would not be announced.
+    private func field(_ old: String?, _ new: String?) -> Nullable<String>? {
+        if sameBytes(old, new) { return nil }
+        guard let new else { return .null }
+        return .value(new)
+    }
+
+    func difference(_ old: ChatMessage, _ new: ChatMessage) -> ChatMessageChange? {
+        guard old != new else { return nil }
+        return ChatMessageChange(
+            chatId: new.chatId, messageId: new.messageId, senderUri: field(old.senderUri, new.senderUri), tag: field(old.tag, new.tag),
+            content: field(old.content, new.content), data: field(old.data, new.data), localData: field(old.localData, new.localData),
+            thumb: field(old.thumb, new.thumb), file: field(old.file, new.file), fileSize: field(old.fileSize, new.fileSize),
+            fileState: field(old.fileState, new.fileState), flags: field(old.flags, new.flags), state: field(old.state, new.state),
+            stateIsPartial: field(old.stateIsPartial, new.stateIsPartial), recall: field(old.recall, new.recall),
+            ref: field(old.ref, new.ref), refBy: field(old.refBy, new.refBy), timestamp: field(old.timestamp, new.timestamp))
+    }
+
+    /// Every field of `new` as a change, for a viewer whose old rendering is unknown
+    /// (a field without a value is null).
+    func everything(_ new: ChatMessage) -> ChatMessageChange {
+        func given<T>(_ value: T?) -> Nullable<T> { value.map { .value($0) } ?? .null }
+        return ChatMessageChange(
+            chatId: new.chatId, messageId: new.messageId, senderUri: .value(new.senderUri), tag: .value(new.tag), content: given(new.content),
+            data: given(new.data), localData: given(new.localData), thumb: given(new.thumb), file: given(new.file), fileSize: given(new.fileSize),
+            fileState: given(new.fileState), flags: given(new.flags), state: given(new.state), stateIsPartial: given(new.stateIsPartial),
+            recall: given(new.recall), ref: given(new.ref), refBy: given(new.refBy), timestamp: given(new.timestamp))
+    }
+
+    /// Every field of `new` as a change (`everything(_:)` for a message).
+    func everything(_ new: Chat) -> ChatChange {
+        func given<T>(_ value: T?) -> Nullable<T> { value.map { .value($0) } ?? .null }
+        return ChatChange(
+            chatId: new.chatId, subject: given(new.subject), state: given(new.state), flags: given(new.flags), lastMessage: given(new.lastMessage),
+            numMessages: given(new.numMessages), numUnread: given(new.numUnread), lastActivity: given(new.lastActivity),
+            invitePolicy: given(new.invitePolicy), data: given(new.data), localData: given(new.localData))
+    }
+
+    func difference(_ old: Chat, _ new: Chat) -> ChatChange? {
+        guard old != new else { return nil }
+        return ChatChange(
+            chatId: new.chatId, subject: field(old.subject, new.subject), state: field(old.state, new.state), flags: field(old.flags, new.flags),
+            lastMessage: field(old.lastMessage, new.lastMessage), numMessages: field(old.numMessages, new.numMessages),
+            numUnread: field(old.numUnread, new.numUnread), lastActivity: field(old.lastActivity, new.lastActivity),
+            invitePolicy: field(old.invitePolicy, new.invitePolicy), data: field(old.data, new.data), localData: field(old.localData, new.localData))
+    }
+}

@@ -1,0 +1,323 @@
+import ChatProtocol
+import Storage
+
+/// The tags only the service posts (§6): a client sending one gets `ReservedTag`,
+/// and a reference may not point at a message carrying one.
+let reservedTags = MessageFilter.reservedTags
+
+/// One user's place in one chat (engine thread only). Kept after they leave: their
+/// delivery and read marks still decide the states of messages they received.
+///
+/// Every membership is in memory (it is per chat and per user, not per message);
+/// `stored` is what the store has, so a commit writes just the columns that changed.
+final class MemberRecord {
+    let user: Int64
+    var isActive: Bool
+    var isAdmin: Bool
+    /// The first message id this member sees.
+    var joinedAt: Int64
+    /// The message that announced their leaving or removal.
+    var leftAt: Int64?
+    var isHidden: Bool
+    var localData: JSONValue?
+    /// The starter's `privateData` from `chatStart` (shown to this member only).
+    var privateData: JSONValue?
+    var deliveredUpTo: Int64
+    var readUpTo: Int64
+    /// Incoming messages after `readUpTo` without flag N, kept exact (and stored) with
+    /// every change that moves it.
+    var numUnread: Int64 = 0
+    /// The row as the store has it (nil: not stored yet).
+    var stored: MemberRow?
+
+    init(user: Int64, isAdmin: Bool, joinedAt: Int64) {
+        self.user = user
+        self.isActive = true
+        self.isAdmin = isAdmin
+        self.joinedAt = joinedAt
+        self.leftAt = nil
+        self.isHidden = false
+        self.localData = nil
+        self.deliveredUpTo = 0
+        self.readUpTo = 0
+    }
+
+    init(_ row: MemberRow) {
+        user = row.user
+        isActive = row.isActive
+        isAdmin = row.isAdmin
+        joinedAt = row.joinedAt
+        leftAt = row.leftAt
+        isHidden = row.isHidden
+        localData = row.localData.map { JSONValue(compactJSON: $0) }
+        privateData = row.privateData.map { JSONValue(compactJSON: $0) }
+        deliveredUpTo = row.deliveredUpTo
+        readUpTo = row.readUpTo
+        numUnread = row.numUnread
+        stored = row
+    }
+
+    func row(chat: Int64) -> MemberRow {
+        MemberRow(chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
+                  localData: localData?.json, privateData: privateData?.json, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo, numUnread: numUnread)
+    }
+
+    /// Whether this member received message `id` (was in the chat when it was posted).
+    func received(_ id: Int64) -> Bool {
+        id >= joinedAt && (leftAt.map { id < $0 } ?? true)
+    }
+
+    /// The ids this member received that are not read yet: `(readUpTo, last]` within their time in the chat.
+    func unreadRange(last: Int64) -> ClosedRange<Int64>? {
+        let start = max(readUpTo + 1, joinedAt, 1)
+        let end = leftAt.map { min($0 - 1, last) } ?? last
+        return start <= end ? start...end : nil
+    }
+}
+
+/// What one user did to a message for themselves only.
+struct PrivateState {
+    var localData: JSONValue?
+    var isDeleted = false
+    /// They removed their copy of the thumb (for good).
+    var thumbDetached = false
+    /// Their copy of the file: nil (Available), Transferring, or Done.
+    var fileState: FileState?
+}
+
+/// An attached thumb or file: its kept base name, its stored content (nil until stored).
+struct StoredFile {
+    var name: String
+    var blob: String?
+    var size: Int64
+}
+
+/// Where a message's attachments are: being stored (the sender sees `Sending`), stored,
+/// or not storable (`Failed`).
+enum AttachmentPhase: String {
+    case sending = "Sending"
+    case stored = "Stored"
+    case failed = "Failed"
+}
+
+/// A message (engine thread only), read from the store when a request needs it and kept
+/// in the engine's cache while it is hot; `stored` is its row as the store has it.
+final class MessageRecord {
+    let chat: Int64
+    let id: Int64
+    let sender: Int64
+    let tag: String
+    var content: String?
+    var data: JSONValue?
+    var refs: [MessageRef]
+    let timestamp: Int64
+    let isControl: Bool
+    let neverCountsUnread: Bool
+    var isRecalled: Bool
+    /// The feed position of its latest change of its own.
+    var changeSeq: Int64
+    /// Its row in the store's search index; 0 when its text is not indexed.
+    var searchRow: Int64 = 0
+    var thumb: StoredFile?
+    var file: StoredFile?
+    var attachment: AttachmentPhase?
+    /// How many messages refer to this one, per tag, and the newest of them.
+    /// By tag byte for byte, as the store keeps them (`ExactText`).
+    var refBy: [ExactText: (count: Int64, newest: Int64)] = [:]
+    var privateStates: [Int64: PrivateState] = [:]
+    /// What the store has in the columns a change may write (nil: not stored yet).
+    var stored: MessageColumns?
+
+    init(chat: Int64, id: Int64, sender: Int64, tag: String, content: String?, data: JSONValue?, refs: [MessageRef], timestamp: Int64,
+         isControl: Bool, neverCountsUnread: Bool, changeSeq: Int64) {
+        self.chat = chat
+        self.id = id
+        self.sender = sender
+        self.tag = tag
+        self.content = content
+        self.data = data
+        // Kept in one order, by tag byte for byte, as the store gives them back (not by
+        // Swift's `<`, which compares normalized text).
+        self.refs = refs.sorted { $0.tag.utf8.lexicographicallyPrecedes($1.tag.utf8) }
+        self.timestamp = timestamp
+        self.isControl = isControl
+        self.neverCountsUnread = neverCountsUnread
+        self.isRecalled = false
+        self.changeSeq = changeSeq
+    }
+
+    /// A message read from the store. `storing`: a worker is storing its attachments now
+    /// (otherwise storing that was under way when a process stopped cannot go on: its
+    /// source was an open file of that process, so it failed).
+    init(_ row: MessageRow, storing: Bool) {
+        chat = row.chat
+        id = row.id
+        sender = row.sender
+        tag = row.tag
+        content = row.content
+        data = row.data.map { JSONValue(compactJSON: $0) }
+        refs = row.refs.map { MessageRef(tag: $0.tag, messageId: $0.target) }
+        timestamp = row.timestamp
+        isControl = row.isControl
+        neverCountsUnread = row.neverCountsUnread
+        isRecalled = row.isRecalled
+        changeSeq = row.changeSeq
+        searchRow = row.searchRow
+        thumb = row.thumbName.map { StoredFile(name: $0, blob: row.thumbBlob, size: 0) }
+        file = row.fileName.map { StoredFile(name: $0, blob: row.fileBlob, size: row.fileSize ?? 0) }
+        attachment = row.attachment.map { phase in
+            switch AttachmentPhase(rawValue: phase) {
+            case .stored: .stored
+            case .sending where storing: .sending
+            default: .failed
+            }
+        }
+        for count in row.refCounts { refBy[ExactText(count.tag)] = (count.count, count.newest) }
+        for state in row.privateStates {
+            privateStates[state.user] = PrivateState(localData: state.localData.map { JSONValue(compactJSON: $0) }, isDeleted: state.isDeleted,
+                                                     thumbDetached: state.thumbDetached, fileState: state.fileDownloaded ? .done : nil)
+        }
+        stored = MessageColumns(row)
+    }
+
+    /// The message's own row as it now is (references included; counts and private states
+    /// are rows of their own).
+    var row: MessageRow {
+        var row = MessageRow(chat: chat, id: id, sender: sender, tag: tag, content: content, data: data?.json,
+                             refs: refs.map { RefRow(tag: $0.tag, target: $0.messageId) }, timestamp: timestamp, isControl: isControl,
+                             neverCountsUnread: neverCountsUnread, isRecalled: isRecalled, changeSeq: changeSeq, searchRow: searchRow)
+        row.thumbName = thumb?.name
+        row.thumbBlob = thumb?.blob
+        row.fileName = file?.name
+        row.fileBlob = file?.blob
+        row.fileSize = file?.size
+        row.attachment = attachment?.rawValue
+        return row
+    }
+
+    /// The stored contents this message holds on to.
+    var blobs: [String] {
+        [thumb?.blob, file?.blob].compactMap { $0 }
+    }
+
+    var isSystem: Bool { reservedTags.contains(tag) }
+
+    /// Counts towards `numUnread` of `user`.
+    func countsUnread(for user: Int64) -> Bool {
+        sender != user && !neverCountsUnread
+    }
+
+    /// What the record takes from the heap, as allocated: the object (what the store has
+    /// inline), its texts (shared with what the store has, so counted once), its
+    /// references and its tables. The cache's budget counts it.
+    var footprint: Int {
+        var bytes = MessageRecord.objectBytes + Heap.bytes(of: tag) + Heap.bytes(of: content) + Heap.bytes(of: data?.json)
+        if !refs.isEmpty {
+            bytes += Heap.bytes(ofArray: refs.count, stride: MemoryLayout<MessageRef>.stride)
+            for ref in refs { bytes += Heap.bytes(of: ref.tag) }
+        }
+        if !refBy.isEmpty {
+            bytes += Heap.bytes(ofTable: refBy.count, stride: MemoryLayout<ExactText>.stride + MemoryLayout<(count: Int64, newest: Int64)>.stride)
+            for tag in refBy.keys { bytes += Heap.bytes(of: tag.text) }
+        }
+        if !privateStates.isEmpty {
+            bytes += Heap.bytes(ofTable: privateStates.count, stride: MemoryLayout<Int64>.stride + MemoryLayout<PrivateState>.stride)
+            for state in privateStates.values { bytes += Heap.bytes(of: state.localData?.json) }
+        }
+        if let thumb { bytes += Heap.bytes(of: thumb.name) + Heap.bytes(of: thumb.blob) }
+        if let file { bytes += Heap.bytes(of: file.name) + Heap.bytes(of: file.blob) }
+        if let attachments = stored?.attachments { bytes += Heap.bytes(ofObject: attachments) }
+        return bytes
+    }
+
+    /// What the object itself takes, measured once on one (its size is its class's).
+    static let objectBytes = Heap.bytes(ofObject: sample)
+
+    /// An empty record (for measuring).
+    static var sample: MessageRecord {
+        MessageRecord(chat: 0, id: 0, sender: 0, tag: "", content: nil, data: nil, refs: [], timestamp: 0, isControl: false,
+                      neverCountsUnread: false, changeSeq: 0)
+    }
+}
+
+/// A chat (engine thread only): its members, and what it says of its messages (the
+/// newest id, the last activity); the messages themselves are read on demand.
+final class ChatRecord {
+    let number: Int64
+    let chatId: String
+    var subject: String
+    let isOneToOne: Bool
+    var invitePolicy: InvitePolicy
+    var isDefunct: Bool
+    var data: JSONValue?
+    /// Everyone who was ever a member, by user number.
+    var members: [Int64: MemberRecord] = [:]
+    /// The newest message id (ids are consecutive from 1).
+    var lastMessage: Int64 = 0
+    /// The timestamp of the newest message without flag N.
+    var lastActivity: Int64 = 0
+    /// The newest message's timestamp, once known (`Engine.lastTimestamp(of:)`).
+    var lastTimestamp: Int64?
+    /// The row as the store has it (nil: not stored yet).
+    var stored: ChatRow?
+    /// The version the next commit that changes the chat expects the store to have
+    /// (`StoreBatch.chatVersions`; 0: not stored yet).
+    var version: Int64 = 0
+
+    init(number: Int64, subject: String, isOneToOne: Bool, invitePolicy: InvitePolicy, data: JSONValue?) {
+        self.number = number
+        self.chatId = String(number)
+        self.subject = subject
+        self.isOneToOne = isOneToOne
+        self.invitePolicy = invitePolicy
+        self.isDefunct = false
+        self.data = data
+    }
+
+    init(_ row: ChatRow) {
+        number = row.number
+        chatId = String(row.number)
+        subject = row.subject
+        isOneToOne = row.isOneToOne
+        invitePolicy = InvitePolicy(rawValue: row.invitePolicy) ?? .participantsOnly
+        isDefunct = row.isDefunct
+        data = row.data.map { JSONValue(compactJSON: $0) }
+        lastMessage = row.lastMessage
+        lastActivity = row.lastActivity
+        stored = row
+    }
+
+    var row: ChatRow {
+        ChatRow(number: number, subject: subject, isOneToOne: isOneToOne, invitePolicy: invitePolicy.rawValue, isDefunct: isDefunct,
+                data: data?.json, lastMessage: lastMessage, lastActivity: lastActivity)
+    }
+
+    /// The members who currently take part.
+    var activeMembers: [MemberRecord] {
+        members.values.filter(\.isActive).sorted { $0.user < $1.user }
+    }
+
+    func activeMember(_ user: Int64) -> MemberRecord? {
+        guard let member = members[user], member.isActive else { return nil }
+        return member
+    }
+}
+
+/// A string that equals another only when their UTF-8 bytes do (user ids, tags): Swift's
+/// `==` on strings is canonical equivalence, the store's and identity providers' is not.
+struct ExactText: Hashable {
+    let text: String
+
+    init(_ text: String) {
+        self.text = text
+    }
+
+    static func == (lhs: ExactText, rhs: ExactText) -> Bool {
+        sameBytes(lhs.text, rhs.text)
+    }
+
+    func hash(into hasher: inout Hasher) {
+        var text = text
+        text.withUTF8 { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+    }
+}

@@ -1,0 +1,129 @@
+import CoreMetrics
+import Metrics
+import Foundation
+import ChatProtocol
+
+/// What the service counts and measures, through swift-metrics: whoever bootstraps the
+/// `MetricsSystem` (the command line, with `--metrics`) decides where it goes. Without a
+/// bootstrap every metric is a no-op.
+///
+/// The metrics are made on first use, so the system must be bootstrapped before anything
+/// is served.
+public enum ServiceMetrics {
+    /// Sessions open now (stdio and sockets).
+    public static let sessions = Meter(label: "chatcore_sessions")
+    /// Sessions opened since start.
+    public static let sessionsOpened = Counter(label: "chatcore_sessions_opened_total")
+    /// Requests (work items: requests, decode failures) the engine took in one batch.
+    public static let batchSize = Recorder(label: "chatcore_batch_items", aggregate: true)
+    /// One batch's transaction: from the start of the write to its synced commit.
+    public static let commitDuration = Timer(label: "chatcore_commit_duration_seconds")
+    /// Commits that failed (the batch's requests were answered Internal, or decided again
+    /// when the commit conflicted).
+    public static let commitFailures = Counter(label: "chatcore_commit_failures_total")
+    /// Commits that conflicted with another node's (`StoreFailure.Kind.conflict`): their
+    /// requests were decided again.
+    public static let commitConflicts = Counter(label: "chatcore_commit_conflicts_total")
+    /// Bytes handed to the transports, every session together.
+    public static let outputBytes = Counter(label: "chatcore_output_bytes_total")
+    /// Bytes of the store's files (the database, its write-ahead log, the search index).
+    public static let storeBytes = Gauge(label: "chatcore_store_bytes")
+    /// 1 while this node decides (it holds the store: SQLite, or PostgreSQL's writer lock),
+    /// 0 while it relays its connections to the node that does.
+    public static let deciding = Gauge(label: "chatcore_deciding")
+    /// Connections a node that does not decide relays to the one that does: open now,
+    /// and accepted since start.
+    public static let relayedConnections = Meter(label: "chatcore_relayed_connections")
+    public static let relayedConnectionsAccepted = Counter(label: "chatcore_relayed_connections_total")
+
+    public static let requestLabel = "chatcore_requests_total"
+    public static let failureLabel = "chatcore_request_failures_total"
+    /// Buckets of the histograms, by label (where the exporter's defaults do not fit).
+    public static let valueBuckets: [String: [Double]] = [
+        "chatcore_batch_items": [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000],
+    ]
+    public static let durationBuckets: [String: [Duration]] = [
+        "chatcore_commit_duration_seconds": [
+            .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(5),
+            .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1),
+        ],
+    ]
+
+    /// Request names are labels only when the protocol has them: anything else a client
+    /// sends is "unknown" (a label per made-up name would let anyone grow the metrics).
+    private static let known: Set<String> = Set(Request.wireMessages.fields.map(\.name))
+    /// The counters of every request name the protocol has: made once, on first use (after
+    /// the bootstrap), then only read. A line is counted with one lookup and no string
+    /// built: this happens for every line read, bad ones included.
+    private static let byRequest: [String: RequestCounters] = Dictionary(
+        uniqueKeysWithValues: known.map { ($0, RequestCounters(name: $0)) })
+    private static let unknownRequest = RequestCounters(name: "unknown")
+
+    /// One request name's counters: lines read, and failures by error (made on first use,
+    /// so that a scrape lists only failures that happened).
+    private final class RequestCounters: @unchecked Sendable {
+        let name: String
+        let received: Counter
+        private let lock = NSLock()
+        /// Under `lock` only.
+        private var failures: [(error: String, counter: Counter)] = []
+
+        init(name: String) {
+            self.name = name
+            received = Counter(label: ServiceMetrics.requestLabel, dimensions: [("request", name)])
+        }
+
+        func failure(_ error: String) -> Counter {
+            lock.withLock {
+                if let known = failures.first(where: { $0.error == error }) { return known.counter }
+                let counter = Counter(label: ServiceMetrics.failureLabel, dimensions: [("request", name), ("error", error)])
+                failures.append((error, counter))
+                return counter
+            }
+        }
+    }
+
+    private static func counters(_ request: String?) -> RequestCounters {
+        request.flatMap { byRequest[$0] } ?? unknownRequest
+    }
+
+    /// Requests refused because their user was past a quota, by quota.
+    private static let quotaRefusals: [String: Counter] = Dictionary(uniqueKeysWithValues: ["requests", "chats", "newUsers", "events", "searches"].map {
+        ($0, Counter(label: "chatcore_quota_refusals_total", dimensions: [("quota", $0)]))
+    })
+
+    /// A request was refused by the quota `quota` (`Quotas`).
+    public static func quotaRefused(_ quota: String) {
+        quotaRefusals[quota]?.increment()
+    }
+
+    /// Makes every metric at once (after the bootstrap), so that a scrape shows each one,
+    /// at zero until it moves.
+    public static func register() {
+        _ = (sessions, sessionsOpened, batchSize, commitDuration, commitFailures, commitConflicts, outputBytes, storeBytes)
+        _ = (deciding, relayedConnections, relayedConnectionsAccepted)
+        _ = (byRequest, unknownRequest, quotaRefusals)
+    }
+
+    /// A line was read as a request (decoded or not).
+    public static func received(_ request: String?) {
+        counters(request).received.increment()
+    }
+
+    /// A request was answered `requestFailed` with `error`.
+    public static func failed(_ request: String?, error: String) {
+        counters(request).failure(error).increment()
+    }
+
+    /// A batch's commit took `duration`.
+    public static func committed(in duration: Duration) {
+        commitDuration.record(duration: duration)
+    }
+
+    /// Counts the event when it is a `requestFailed`.
+    public static func count(_ event: Event) {
+        if case .requestFailed(let failure) = event {
+            failed(failure.request, error: failure.error.rawValue)
+        }
+    }
+}

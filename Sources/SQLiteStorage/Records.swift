@@ -1,0 +1,216 @@
+import GRDB
+import Storage
+
+// Each row the store keeps maps to its table here, once: a `Field` enumeration names the
+// table's columns in the order they are selected (`databaseSelection`), `init(row:)` reads
+// them by that position (no look-up of names per value: start-up reads every chat and
+// membership, a window a hundred messages), `encode(to:)` writes them, and a narrow
+// change writes only the columns it names (`update(_:columns:)`).
+
+/// A record whose columns are selected in the order of its `Field`s.
+protocol SelectedInOrder: FetchableRecord, TableRecord {
+    associatedtype Field: RawRepresentable & CaseIterable where Field.RawValue == Int
+}
+
+extension SelectedInOrder {
+    static var columnNames: [String] { Field.allCases.map { "\($0)" } }
+    /// `"a", "b", ...` for a SELECT of exactly these columns, in order.
+    static var selectionSQL: String { columnNames.map { "\"\($0)\"" }.joined(separator: ", ") }
+    public static var databaseSelection: [any SQLSelectable] { columnNames.map { Column($0) } }
+}
+
+extension UserRecord: SelectedInOrder, PersistableRecord {
+    public static let databaseTableName = "user"
+    enum Field: Int, CaseIterable { case number, userId, regId }
+
+    public init(row: Row) throws {
+        self.init(number: row[Field.number.rawValue], userId: row[Field.userId.rawValue], regId: row[Field.regId.rawValue])
+    }
+
+    public func encode(to container: inout PersistenceContainer) throws {
+        container["number"] = number
+        container["userId"] = userId
+        container["regId"] = regId
+    }
+}
+
+extension EndpointRow: SelectedInOrder, PersistableRecord {
+    public static let databaseTableName = "endpoint"
+    enum Field: Int, CaseIterable { case id, user, description, nickname, isLegacyDelegate, ordinal }
+
+    public init(row: Row) throws {
+        self.init(id: row[Field.id.rawValue], user: row[Field.user.rawValue], description: row[Field.description.rawValue], nickname: row[Field.nickname.rawValue],
+                  isLegacyDelegate: row[Field.isLegacyDelegate.rawValue], ordinal: row[Field.ordinal.rawValue])
+    }
+
+    public func encode(to container: inout PersistenceContainer) throws {
+        container["id"] = id
+        container["user"] = user
+        container["description"] = description
+        container["nickname"] = nickname
+        container["isLegacyDelegate"] = isLegacyDelegate
+        container["ordinal"] = ordinal
+    }
+}
+
+extension ChatRow: SelectedInOrder, PersistableRecord {
+    public static let databaseTableName = "chat"
+    enum Field: Int, CaseIterable { case number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage, lastActivity }
+
+    public init(row: Row) throws {
+        self.init(number: row[Field.number.rawValue], subject: row[Field.subject.rawValue], isOneToOne: row[Field.isOneToOne.rawValue],
+                  invitePolicy: row[Field.invitePolicy.rawValue], isDefunct: row[Field.isDefunct.rawValue], data: row[Field.data.rawValue],
+                  lastMessage: row[Field.lastMessage.rawValue], lastActivity: row[Field.lastActivity.rawValue])
+    }
+
+    public func encode(to container: inout PersistenceContainer) throws {
+        container["number"] = number
+        container["subject"] = subject
+        container["isOneToOne"] = isOneToOne
+        container["invitePolicy"] = invitePolicy
+        container["isDefunct"] = isDefunct
+        container["data"] = data
+        container["lastMessage"] = lastMessage
+        container["lastActivity"] = lastActivity
+    }
+}
+
+extension MemberRow: SelectedInOrder, PersistableRecord {
+    public static let databaseTableName = "member"
+    enum Field: Int, CaseIterable {
+        case chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread
+    }
+
+    public init(row: Row) throws {
+        self.init(chat: row[Field.chat.rawValue], user: row[Field.user.rawValue], isActive: row[Field.isActive.rawValue], isAdmin: row[Field.isAdmin.rawValue],
+                  joinedAt: row[Field.joinedAt.rawValue], leftAt: row[Field.leftAt.rawValue], isHidden: row[Field.isHidden.rawValue], localData: row[Field.localData.rawValue],
+                  privateData: row[Field.privateData.rawValue], deliveredUpTo: row[Field.deliveredUpTo.rawValue], readUpTo: row[Field.readUpTo.rawValue],
+                  numUnread: row[Field.numUnread.rawValue])
+    }
+
+    public func encode(to container: inout PersistenceContainer) throws {
+        container["chat"] = chat
+        container["user"] = user
+        container["isActive"] = isActive
+        container["isAdmin"] = isAdmin
+        container["joinedAt"] = joinedAt
+        container["leftAt"] = leftAt
+        container["isHidden"] = isHidden
+        container["localData"] = localData
+        container["privateData"] = privateData
+        container["deliveredUpTo"] = deliveredUpTo
+        container["readUpTo"] = readUpTo
+        container["numUnread"] = numUnread
+    }
+}
+
+extension MessageRow: SelectedInOrder, PersistableRecord {
+    public static let databaseTableName = "message"
+    enum Field: Int, CaseIterable {
+        case chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow
+        case thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment
+    }
+
+    /// The message's own columns (references, counts and private states are rows of
+    /// their own tables, read beside it).
+    public init(row: Row) throws {
+        self.init(chat: row[Field.chat.rawValue], id: row[Field.id.rawValue], sender: row[Field.sender.rawValue], tag: row[Field.tag.rawValue], content: row[Field.content.rawValue],
+                  data: row[Field.data.rawValue], refs: [], timestamp: row[Field.timestamp.rawValue], isControl: row[Field.isControl.rawValue],
+                  neverCountsUnread: row[Field.neverCountsUnread.rawValue], isRecalled: row[Field.isRecalled.rawValue], changeSeq: row[Field.changeSeq.rawValue],
+                  searchRow: row[Field.searchRow.rawValue])
+        thumbName = row[Field.thumbName.rawValue]
+        thumbBlob = row[Field.thumbBlob.rawValue]
+        fileName = row[Field.fileName.rawValue]
+        fileBlob = row[Field.fileBlob.rawValue]
+        fileSize = row[Field.fileSize.rawValue]
+        attachment = row[Field.attachment.rawValue]
+    }
+
+    /// One prepared INSERT of every column, bound by position: the hot write path (a
+    /// record's `insert` builds its statement's SQL and a container per row, a third of a
+    /// send's store time).
+    static let insertSQL = "INSERT INTO message (\(selectionSQL)) VALUES (\(Field.allCases.map { _ in "?" }.joined(separator: ", ")))"
+
+    /// The values of the columns, in the order of `Field`.
+    var insertArguments: StatementArguments {
+        [chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow,
+         thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment]
+    }
+
+    public func encode(to container: inout PersistenceContainer) throws {
+        container["chat"] = chat
+        container["id"] = id
+        container["sender"] = sender
+        container["tag"] = tag
+        container["content"] = content
+        container["data"] = data
+        container["timestamp"] = timestamp
+        container["isControl"] = isControl
+        container["neverCountsUnread"] = neverCountsUnread
+        container["isRecalled"] = isRecalled
+        container["changeSeq"] = changeSeq
+        container["searchRow"] = searchRow
+        container["thumbName"] = thumbName
+        container["thumbBlob"] = thumbBlob
+        container["fileName"] = fileName
+        container["fileBlob"] = fileBlob
+        container["fileSize"] = fileSize
+        container["attachment"] = attachment
+    }
+}
+
+extension RefCountRow: SelectedInOrder, PersistableRecord {
+    public static let databaseTableName = "ref_count"
+    enum Field: Int, CaseIterable { case chat, target, tag, count, newest }
+
+    public init(row: Row) throws {
+        self.init(chat: row[Field.chat.rawValue], target: row[Field.target.rawValue], tag: row[Field.tag.rawValue], count: row[Field.count.rawValue], newest: row[Field.newest.rawValue])
+    }
+
+    public func encode(to container: inout PersistenceContainer) throws {
+        container["chat"] = chat
+        container["target"] = target
+        container["tag"] = tag
+        container["count"] = count
+        container["newest"] = newest
+    }
+}
+
+extension MessageUserRow: SelectedInOrder, PersistableRecord {
+    public static let databaseTableName = "message_user"
+    enum Field: Int, CaseIterable { case chat, id, user, localData, isDeleted, thumbDetached, fileDownloaded }
+
+    public init(row: Row) throws {
+        self.init(chat: row[Field.chat.rawValue], id: row[Field.id.rawValue], user: row[Field.user.rawValue], localData: row[Field.localData.rawValue],
+                  isDeleted: row[Field.isDeleted.rawValue])
+        thumbDetached = row[Field.thumbDetached.rawValue]
+        fileDownloaded = row[Field.fileDownloaded.rawValue]
+    }
+
+    public func encode(to container: inout PersistenceContainer) throws {
+        container["chat"] = chat
+        container["id"] = id
+        container["user"] = user
+        container["localData"] = localData
+        container["isDeleted"] = isDeleted
+        container["thumbDetached"] = thumbDetached
+        container["fileDownloaded"] = fileDownloaded
+    }
+}
+
+extension RangeChangeRow: SelectedInOrder, PersistableRecord {
+    public static let databaseTableName = "range_change"
+    enum Field: Int, CaseIterable { case chat, firstSeq, firstId, lastId }
+
+    public init(row: Row) throws {
+        self.init(chat: row[Field.chat.rawValue], firstSeq: row[Field.firstSeq.rawValue], firstId: row[Field.firstId.rawValue], lastId: row[Field.lastId.rawValue])
+    }
+
+    public func encode(to container: inout PersistenceContainer) throws {
+        container["chat"] = chat
+        container["lastSeq"] = lastSeq
+        container["firstSeq"] = firstSeq
+        container["firstId"] = firstId
+        container["lastId"] = lastId
+    }
+}
