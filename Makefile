@@ -5,7 +5,7 @@ LISTEN  ?= 127.0.0.1:7400
 DATA_DIR ?= $(or $(XDG_DATA_HOME),$(HOME)/.local/share)/chatcore
 RELEASE := .build/release/chatcore
 
-.PHONY: help setup build run run-nodes test test-swift test-python test-node test-postgres test-postgres-if-available test-fuzz generate check-generated bench soak fuzz asan tsan clean
+.PHONY: help setup build run run-nodes test test-swift test-python test-node test-postgres test-postgres-if-available test-fuzz generate check-generated format check-format bench soak fuzz asan tsan clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -37,7 +37,7 @@ run-nodes: build ## set up, build and start two nodes on one throwaway PostgreSQ
 
 test: setup test-swift test-python test-node test-postgres-if-available test-fuzz ## set up and run every test (the PostgreSQL store and a short fuzz run included)
 
-test-swift: check-generated
+test-swift: check-generated check-format
 	$(SWIFT) build --build-tests
 	$(SWIFT) test
 
@@ -56,6 +56,15 @@ test-postgres: setup ## every transcript and Python test with the store in Postg
 test-postgres-if-available:
 	$(SWIFT) build --build-tests
 	$(PYTHON) Tests/postgres/run.py --if-available $(CURDIR)/.build/debug/chatcore
+
+# Every Swift file but the generated ones (the generator writes those, and checks them).
+FORMATTED = $(shell git ls-files '*.swift' | grep -v -e '/Generated/' -e '^Tests/CodegenTests/Expected/')
+
+format: ## format the Swift sources with swift-format (.swift-format holds the house settings)
+	$(SWIFT) format format --in-place --parallel $(FORMATTED)
+
+check-format: ## fail when a Swift source is not as `make format` leaves it
+	@$(SWIFT) format lint --strict --parallel $(FORMATTED) || { echo "run make format"; exit 1; }
 
 generate: ## regenerate Sources/ChatProtocol/Generated and docs/protocol.md from Schemas/
 	$(SWIFT) run chatcore-codegen Schemas Sources/ChatProtocol/Generated --docs docs/protocol.md --python clients/python/chatcore/protocol.py --typescript clients/typescript

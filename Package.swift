@@ -23,7 +23,7 @@ let package = Package(
     platforms: [.macOS(.v14)],
     products: [
         .executable(name: "chatcore", targets: ["chatcore"]),
-        .executable(name: "chatcore-codegen", targets: ["Codegen"]),
+        .executable(name: "chatcore-codegen", targets: ["Codegen"])
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -35,7 +35,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
-        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6")
     ],
     targets: [
         .systemLibrary(
@@ -68,7 +68,7 @@ let package = Package(
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Logging", package: "swift-log")
             ]
         ),
         .target(
@@ -76,7 +76,7 @@ let package = Package(
             dependencies: [
                 "ChatProtocol", "Storage", "Attachments", "ChatMetrics", "CMalloc", "Threads",
                 .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Logging", package: "swift-log")
             ]
         ),
         .target(
@@ -85,7 +85,7 @@ let package = Package(
                 "ChatEngine", "ChatProtocol", "ChatWire", "ChatMetrics", "Threads",
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Logging", package: "swift-log")
             ]
         ),
         .target(
@@ -96,7 +96,7 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
-                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Logging", package: "swift-log")
             ]
         ),
         .executableTarget(
@@ -106,7 +106,7 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
-                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Logging", package: "swift-log")
             ]
         ),
         .executableTarget(name: "Codegen", dependencies: ["ChatWire"], path: "Sources/Codegen"),
@@ -129,7 +129,7 @@ let package = Package(
             dependencies: [
                 "ChatEngine", "SQLiteStorage", "Storage", "ChatProtocol", "ChatWire", "Attachments", "CMalloc",
                 .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Logging", package: "swift-log")
             ]
         ),
         .testTarget(
@@ -146,7 +146,7 @@ let package = Package(
             dependencies: ["ChatWire", "ChatSession", "chatcore", .product(name: "Crypto", package: "swift-crypto")],
             path: "Tests/FixtureTests",
             exclude: []
-        ),
+        )
     ],
     swiftLanguageModes: [.v6]
 )

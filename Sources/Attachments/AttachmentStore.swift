@@ -2,7 +2,7 @@ import Crypto
 import Foundation
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The service's own copies of attached files (§7), under the data directory:
@@ -152,13 +152,15 @@ public final class AttachmentStore: @unchecked Sendable {
         let directory = Glibc.open(parent, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
         var named = stat()
         guard directory >= 0, fstatat(directory, (resolved as NSString).lastPathComponent, &named, AT_SYMLINK_NOFOLLOW) == 0,
-              named.st_dev == status.st_dev, named.st_ino == status.st_ino else {
+            named.st_dev == status.st_dev, named.st_ino == status.st_ino
+        else {
             if directory >= 0 { close(directory) }
             close(descriptor)
             throw .unusable("'\(field)' \(path) changed while it was being opened")
         }
-        return Source(descriptor: descriptor, path: resolved, size: Int64(status.st_size), name: sanitize(path), directory: directory,
-                      entry: (resolved as NSString).lastPathComponent, device: UInt64(status.st_dev), inode: UInt64(status.st_ino))
+        return Source(
+            descriptor: descriptor, path: resolved, size: Int64(status.st_size), name: sanitize(path), directory: directory,
+            entry: (resolved as NSString).lastPathComponent, device: UInt64(status.st_dev), inode: UInt64(status.st_ino))
     }
 
     public static func realPath(_ path: String) -> String? {
@@ -257,7 +259,8 @@ public final class AttachmentStore: @unchecked Sendable {
     public func removeSource(_ source: Source) {
         var now = stat()
         guard fstatat(source.directory, source.entry, &now, AT_SYMLINK_NOFOLLOW) == 0,
-              UInt64(now.st_dev) == source.device, UInt64(now.st_ino) == source.inode else { return }
+            UInt64(now.st_dev) == source.device, UInt64(now.st_ino) == source.inode
+        else { return }
         unlinkat(source.directory, source.entry, 0)
     }
 

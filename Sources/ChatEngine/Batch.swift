@@ -1,7 +1,7 @@
-import ChatProtocol
 import ChatMetrics
-import Storage
+import ChatProtocol
 import ChatWire
+import Storage
 
 /// The outcome of one batch: the store writes, the events per session in order, and
 /// what may only happen once the writes are durable.
@@ -279,8 +279,9 @@ final class Batch {
         }
         store.privateStates = dirtyPrivate.values.map { entry in
             let state = entry.message.privateStates[entry.user] ?? PrivateState()
-            var row = MessageUserRow(chat: entry.message.chat, id: entry.message.id, user: entry.user, localData: state.localData?.json,
-                                     isDeleted: state.isDeleted)
+            var row = MessageUserRow(
+                chat: entry.message.chat, id: entry.message.id, user: entry.user, localData: state.localData?.json,
+                isDeleted: state.isDeleted)
             row.thumbDetached = state.thumbDetached
             row.fileDownloaded = state.fileState == .done
             return row

@@ -1,11 +1,11 @@
 import Attachments
-import Dispatch
 import ChatProtocol
+import Dispatch
 import Storage
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The files a message's attachments are copied from, while they are being stored.
@@ -82,13 +82,16 @@ extension Engine {
     /// Stores the attachments of a posted message on a worker thread once the message is
     /// durable (a message whose commit fails never has its sources moved or deleted);
     /// the outcome comes back to the engine thread as work (`attachmentsStored`).
-    func storeAttachments(of message: MessageRecord, in chat: ChatRecord, thumb: AttachmentStore.Source?, file: AttachmentStore.Source?,
-                          request: ChatMessageSend, session: EngineSession, batch: Batch) {
+    func storeAttachments(
+        of message: MessageRecord, in chat: ChatRecord, thumb: AttachmentStore.Source?, file: AttachmentStore.Source?,
+        request: ChatMessageSend, session: EngineSession, batch: Batch
+    ) {
         guard let attachments else { return }
         let chatNumber = chat.number
         let id = message.id
-        let sources = SourcesInFlight(thumb: thumb, file: file, removeThumb: (request.thumbPolicy ?? .copy) != .copy,
-                                      removeFile: (request.filePolicy ?? .copy) != .copy)
+        let sources = SourcesInFlight(
+            thumb: thumb, file: file, removeThumb: (request.thumbPolicy ?? .copy) != .copy,
+            removeFile: (request.filePolicy ?? .copy) != .copy)
         batch.ifNotCommitted { sources.close() }
         batch.whenCommitted { [self] in
             attachmentsInFlight[Batch.RowKey(chat: chatNumber, item: id)] = sources
@@ -185,7 +188,8 @@ extension Engine {
                         removed.add(1, ordering: .relaxed)
                     }
                     if index == (candidates.count - 1) / 256, removed.load(ordering: .relaxed) > 0 {
-                        logger.notice("removed stored attachments no message uses (left by a crash)", metadata: ["count": "\(removed.load(ordering: .relaxed))"])
+                        logger.notice(
+                            "removed stored attachments no message uses (left by a crash)", metadata: ["count": "\(removed.load(ordering: .relaxed))"])
                     }
                 }
             }
@@ -247,7 +251,8 @@ extension Engine {
         let (chat, member) = try chat(request.chatId, of: user)
         let message = try message(request.messageId, in: chat, seenBy: member)
         guard let attachments, let file = message.file, let blob = file.blob, !message.isRecalled,
-              message.privateStates[user]?.isDeleted != true else {
+            message.privateStates[user]?.isDeleted != true
+        else {
             throw ProtocolError.invalid("message \(message.id) has no stored file to download")
         }
         guard message.sender != user, message.privateStates[user]?.fileState != .done else { return }

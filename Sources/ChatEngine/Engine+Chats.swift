@@ -110,8 +110,11 @@ extension Engine {
                     batch.changed(member, of: existing)
                     publish(changes, batch: batch)
                 }
-                batch.emit(.chatStartFailed(ChatStartFailed(cookie: request.cookie, reason: .alreadyExists, chatId: existing.chatId,
-                                                            detail: "you already have one-to-one chat '\(existing.chatId)' with that user")), to: session)
+                batch.emit(
+                    .chatStartFailed(
+                        ChatStartFailed(
+                            cookie: request.cookie, reason: .alreadyExists, chatId: existing.chatId,
+                            detail: "you already have one-to-one chat '\(existing.chatId)' with that user")), to: session)
                 return
             }
         } else if request.subject == nil {
@@ -121,8 +124,9 @@ extension Engine {
         reserveNumbers(for: targets)
         let number = newNumber(for: .chat, after: lastChatNumber)
         lastChatNumber = max(lastChatNumber, number)
-        let chat = ChatRecord(number: number, subject: request.subject ?? "", isOneToOne: isOneToOne,
-                              invitePolicy: request.invitePolicy ?? .participantsOnly, data: request.data)
+        let chat = ChatRecord(
+            number: number, subject: request.subject ?? "", isOneToOne: isOneToOne,
+            invitePolicy: request.invitePolicy ?? .participantsOnly, data: request.data)
         chats[chat.number] = chat
         let starter = MemberRecord(user: user, isAdmin: true, joinedAt: 1)
         starter.localData = request.localData
@@ -138,8 +142,9 @@ extension Engine {
         }
         let changes = PendingChanges()
         for number in invited {
-            append(to: chat, sender: user, tag: "Join", data: systemData("Join", userUri: uri(number)), neverCountsUnread: true,
-                   batch: batch, changes: changes)
+            append(
+                to: chat, sender: user, tag: "Join", data: systemData("Join", userUri: uri(number)), neverCountsUnread: true,
+                batch: batch, changes: changes)
         }
         batch.changed(chat)
         for member in chat.members.values { batch.changed(member, of: chat) }
@@ -212,9 +217,10 @@ extension Engine {
         }
         guard !fresh.isEmpty else {
             // Nothing would change: say so rather than stay silent.
-            throw ProtocolError.invalid(request.invitees.count == 1
-                ? "'invitees[0]' is already a participant of chat '\(chat.chatId)'"
-                : "every invitee is already a participant of chat '\(chat.chatId)'")
+            throw ProtocolError.invalid(
+                request.invitees.count == 1
+                    ? "'invitees[0]' is already a participant of chat '\(chat.chatId)'"
+                    : "every invitee is already a participant of chat '\(chat.chatId)'")
         }
         reserveNumbers(for: fresh)
         let changes = PendingChanges()
@@ -224,8 +230,9 @@ extension Engine {
         var posted: [MessageRecord] = []
         for target in fresh {
             let number = self.user(for: target, batch: batch)
-            let join = append(to: chat, sender: user, tag: "Join", data: systemData("Join", userUri: uri(number)), neverCountsUnread: true,
-                              batch: batch, changes: changes)
+            let join = append(
+                to: chat, sender: user, tag: "Join", data: systemData("Join", userUri: uri(number)), neverCountsUnread: true,
+                batch: batch, changes: changes)
             posted.append(join)
             let newMember: MemberRecord
             if let former = chat.members[number] {
@@ -270,8 +277,9 @@ extension Engine {
         for chat in leaving {
             let changes = PendingChanges()
             willChange(chat, changes)
-            let message = append(to: chat, sender: user, tag: "Leave", data: systemData("Leave", userUri: uri(user)), neverCountsUnread: true,
-                                 batch: batch, changes: changes)
+            let message = append(
+                to: chat, sender: user, tag: "Leave", data: systemData("Leave", userUri: uri(user)), neverCountsUnread: true,
+                batch: batch, changes: changes)
             depart(user, from: chat, at: message, batch: batch)
             if chat.isOneToOne && !chat.isDefunct {
                 chat.isDefunct = true
@@ -314,8 +322,9 @@ extension Engine {
         if target.user == user { throw ProtocolError.invalid("'userUri' is yourself: use chatLeave") }
         let changes = PendingChanges()
         willChange(chat, changes)
-        let message = append(to: chat, sender: user, tag: "Remove", data: systemData("Remove", userUri: uri(target.user)),
-                             neverCountsUnread: true, batch: batch, changes: changes)
+        let message = append(
+            to: chat, sender: user, tag: "Remove", data: systemData("Remove", userUri: uri(target.user)),
+            neverCountsUnread: true, batch: batch, changes: changes)
         depart(target.user, from: chat, at: message, batch: batch)
         try announceNew([message], in: chat, batch: batch, changes: changes)
         publish(changes, batch: batch)
@@ -326,8 +335,9 @@ extension Engine {
         guard target.isAdmin != admin else { return }
         let changes = PendingChanges()
         willChange(chat, changes)
-        let message = append(to: chat, sender: user, tag: "Admin", data: systemData("Admin", userUri: uri(target.user), admin: admin),
-                             neverCountsUnread: true, batch: batch, changes: changes)
+        let message = append(
+            to: chat, sender: user, tag: "Admin", data: systemData("Admin", userUri: uri(target.user), admin: admin),
+            neverCountsUnread: true, batch: batch, changes: changes)
         target.isAdmin = admin
         batch.changed(target, of: chat)
         let change = ChatParticipantChange(chatId: chat.chatId, userUri: uri(target.user), flags: .value(admin ? "A" : ""))
@@ -372,8 +382,10 @@ extension Engine {
             var posted: [MessageRecord] = []
             if let subject = element.subject, !sameBytes(subject, chat.subject) {
                 chat.subject = subject
-                posted.append(append(to: chat, sender: user, tag: "Subject", content: subject, neverCountsUnread: true,
-                                     batch: batch, changes: changes))
+                posted.append(
+                    append(
+                        to: chat, sender: user, tag: "Subject", content: subject, neverCountsUnread: true,
+                        batch: batch, changes: changes))
             }
             if let data = element.data {
                 chat.data = data.value

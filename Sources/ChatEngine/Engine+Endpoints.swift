@@ -20,8 +20,9 @@ final class EndpointRecord {
     }
 
     convenience init(_ row: EndpointRow) {
-        self.init(id: row.id, user: row.user, description: row.description, nickname: row.nickname, isLegacyDelegate: row.isLegacyDelegate,
-                  ordinal: row.ordinal)
+        self.init(
+            id: row.id, user: row.user, description: row.description, nickname: row.nickname, isLegacyDelegate: row.isLegacyDelegate,
+            ordinal: row.ordinal)
     }
 
     var row: EndpointRow {
@@ -83,8 +84,9 @@ extension Engine {
 
     private func register(_ id: Int64, of user: Int64, as update: EndpointUpdate, batch: Batch) {
         lastEndpointOrdinal += 1
-        let record = EndpointRecord(id: id, user: user, description: update.description, nickname: update.nickname ?? "",
-                                    isLegacyDelegate: update.isLegacyDelegate ?? false, ordinal: lastEndpointOrdinal)
+        let record = EndpointRecord(
+            id: id, user: user, description: update.description, nickname: update.nickname ?? "",
+            isLegacyDelegate: update.isLegacyDelegate ?? false, ordinal: lastEndpointOrdinal)
         endpoints[id] = record
         endpointsOfUser[user, default: []].append(id)
         batch.changed(record)
@@ -115,8 +117,10 @@ extension Engine {
             return ProtocolError(.notAuthenticated, "the session is not authenticated: send authToken first")
         }
         let name = users[identity]?.userId ?? String(identity)
-        return ProtocolError(.notAuthenticated, "setup is not complete (setupState Full): '\(name)' already has the most endpoints allowed "
-                             + "(\(maxEndpoints), --max-endpoints); deregister one (endpointsGet, endpointDeregister), then send setupRetry")
+        return ProtocolError(
+            .notAuthenticated,
+            "setup is not complete (setupState Full): '\(name)' already has the most endpoints allowed "
+                + "(\(maxEndpoints), --max-endpoints); deregister one (endpointsGet, endpointDeregister), then send setupRetry")
     }
 
     // MARK: requests
@@ -157,8 +161,10 @@ extension Engine {
         var list: [RegisteredEndpoint] = []
         for id in endpointsOfUser[user] ?? [] {
             guard let endpoint = endpoints[id] else { continue }
-            list.append(RegisteredEndpoint(endpointId: id, description: endpoint.description, nickname: endpoint.nickname,
-                                           isCurrent: id == session.endpoint))
+            list.append(
+                RegisteredEndpoint(
+                    endpointId: id, description: endpoint.description, nickname: endpoint.nickname,
+                    isCurrent: id == session.endpoint))
         }
         for other in unregisteredSessions(of: user).sorted(by: { $0.id < $1.id }) {
             guard let id = other.endpoint else { continue }

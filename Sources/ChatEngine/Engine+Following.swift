@@ -20,8 +20,9 @@ extension Engine {
         do {
             activity = try store.othersActivity(besides: feedSlot, after: followCursor, thoroughly: thoroughly)
         } catch {
-            logger.warning("what the other deciding nodes did could not be read: it is followed before the next batch",
-                           metadata: ["error": "\(error)"])
+            logger.warning(
+                "what the other deciding nodes did could not be read: it is followed before the next batch",
+                metadata: ["error": "\(error)"])
             return
         }
         guard let activity else {
@@ -52,8 +53,9 @@ extension Engine {
         } catch {
             // Memory of those chats may be behind: a decision on one then conflicts and
             // reads it again. Their events are missing here.
-            logger.error("what another deciding node committed could not be read: this node's sessions miss its events",
-                         metadata: ["error": "\(error)"])
+            logger.error(
+                "what another deciding node committed could not be read: this node's sessions miss its events",
+                metadata: ["error": "\(error)"])
         }
         for event in activity.transient { render(event, batch: batch) }
         batch.deliver()
@@ -217,8 +219,10 @@ extension Engine {
     /// Sends the users connected here what changed for them in `chat` (read again) since
     /// it was `old` (nil: memory did not have it).
     /// `order`: the position a changed message's change took (they are sent in that order).
-    private func renderFollowed(_ chat: ChatRecord, was old: ChatRecord?, before: [Int64: [Int64: ChatMessage]], whole: Set<Int64>,
-                                order: (Int64) -> Int64, batch: Batch) throws {
+    private func renderFollowed(
+        _ chat: ChatRecord, was old: ChatRecord?, before: [Int64: [Int64: ChatMessage]], whole: Set<Int64>,
+        order: (Int64) -> Int64, batch: Batch
+    ) throws {
         func active(_ chat: ChatRecord?, _ user: Int64) -> MemberRecord? {
             guard let member = chat?.members[user], member.isActive else { return nil }
             return member
@@ -286,8 +290,10 @@ extension Engine {
     /// whose membership they changed gets the chat whole (or its removal), the others
     /// the participants they changed, the messages they added, the ones they changed
     /// whole, and the chat whole. Nothing is missed; more is sent than changed.
-    private func renderCoarsely(_ chat: ChatRecord, inserted: Set<Int64>, changed: Set<Int64>, members changedMembers: Set<Int64>,
-                                order: (Int64) -> Int64, batch: Batch) throws {
+    private func renderCoarsely(
+        _ chat: ChatRecord, inserted: Set<Int64>, changed: Set<Int64>, members changedMembers: Set<Int64>,
+        order: (Int64) -> Int64, batch: Batch
+    ) throws {
         var staying: [MemberRecord] = []
         for (user, member) in chat.members.sorted(by: { $0.key < $1.key }) where isOnline(user) {
             if changedMembers.contains(user) {

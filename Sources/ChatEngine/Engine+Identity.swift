@@ -17,8 +17,9 @@ extension Engine {
             if users.find(userId: userId) == nil && users.find(regId: RegId.derive(userId)) != nil {
                 // Made, it would take a regId another user has: this sign-in fails, not
                 // the commit of everyone's.
-                batch.emit(ProtocolError.invalid("the user id cannot be used: the regId derived from it is another user's")
-                    .requestFailed(request: "authToken", cookie: cookie, line: line), to: session)
+                batch.emit(
+                    ProtocolError.invalid("the user id cannot be used: the regId derived from it is another user's")
+                        .requestFailed(request: "authToken", cookie: cookie, line: line), to: session)
                 return
             }
             batch.willChangeSetup(of: session)
@@ -81,7 +82,7 @@ extension Engine {
             setupState("Success"),
             Global(name: "localUri", value: .string(user.uri)),
             Global(name: "localRegId", value: .string(String(user.regId))),
-            Global(name: "endpointId", value: .string(String(endpoint))),
+            Global(name: "endpointId", value: .string(String(endpoint)))
         ]
     }
 

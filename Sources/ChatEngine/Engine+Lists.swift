@@ -19,8 +19,9 @@ extension Engine {
         case .chat, .chatParticipant:
             // They grow with the user's chats: a page of chats per batch.
             batch.emit(header, to: session)
-            let list = ListInProgress(kind: request.type, cookie: cookie, line: line, user: user, session: session,
-                                      chats: (chatsOfUser[user] ?? []).sorted())
+            let list = ListInProgress(
+                kind: request.type, cookie: cookie, line: line, user: user, session: session,
+                chats: (chatsOfUser[user] ?? []).sorted())
             continueList(list, batch: batch)
         case .typing:
             answer(header, typingSeen(by: user), to: session, batch: batch) { .typing(ListChunkTyping(cookie: cookie, elements: $0, last: $1)) }
@@ -79,7 +80,9 @@ extension Engine {
         if list.kind == .chat {
             emitChunks(chatElements, last: done, to: list.session, batch: batch) { .chat(ListChunkChat(cookie: cookie, elements: $0, last: $1)) }
         } else {
-            emitChunks(participants, last: done, to: list.session, batch: batch) { .chatParticipant(ListChunkChatParticipant(cookie: cookie, elements: $0, last: $1)) }
+            emitChunks(participants, last: done, to: list.session, batch: batch) {
+                .chatParticipant(ListChunkChatParticipant(cookie: cookie, elements: $0, last: $1))
+            }
         }
         if !done { continueLater(.continueList(rest), for: list.session, batch: batch) }
     }
@@ -95,8 +98,10 @@ extension Engine {
     /// `elements` as `listChunk`s of at most `chunkSize`; the last of them says `last`. A
     /// page that ends the list with no element is one empty chunk; one that does not end it
     /// and has none, nothing.
-    private func emitChunks<Element>(_ elements: [Element], last: Bool, to session: EngineSession, batch: Batch,
-                                     _ chunk: ([Element], Bool?) -> ListChunk) {
+    private func emitChunks<Element>(
+        _ elements: [Element], last: Bool, to session: EngineSession, batch: Batch,
+        _ chunk: ([Element], Bool?) -> ListChunk
+    ) {
         let pieces = elements.isEmpty ? (last ? [[]] : []) : elements.chunked(Engine.chunkSize)
         for (index, piece) in pieces.enumerated() {
             batch.emit(.listChunk(chunk(piece, last && index == pieces.count - 1 ? true : nil)), to: session)
@@ -132,7 +137,9 @@ extension Engine {
         case .global(let request):
             let all = globalElements(of: session)
             let (found, missing) = lookUp(request.elements) { key in all.first { $0.name == key.name } }
-            answer(.listElements(.global(ListElementsGlobal(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .global(ListChunkGlobal(cookie: request.cookie, elements: $0, last: $1)) }
+            answer(.listElements(.global(ListElementsGlobal(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) {
+                .global(ListChunkGlobal(cookie: request.cookie, elements: $0, last: $1))
+            }
         case .user(let request):
             // A user the asker knows (`knows`), by uri (a client resolving a sender it has
             // not seen yet) or regId.
@@ -141,40 +148,54 @@ extension Engine {
                 let found = key.uri.map { uri in self.user(fromURI: uri, viewer: user).flatMap { users[$0] } } ?? key.regId.flatMap { users.find(regId: $0) }
                 return found.flatMap { knows($0.number, viewer: user, session: session) ? userElement($0) : nil }
             }
-            answer(.listElements(.user(ListElementsUser(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .user(ListChunkUser(cookie: request.cookie, elements: $0, last: $1)) }
+            answer(.listElements(.user(ListElementsUser(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) {
+                .user(ListChunkUser(cookie: request.cookie, elements: $0, last: $1))
+            }
         case .chat(let request):
             let (found, missing) = lookUp(request.elements) { key in
                 (try? chat(key.chatId, of: user)).map { renderChat($0.0, for: $0.1) }
             }
-            answer(.listElements(.chat(ListElementsChat(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .chat(ListChunkChat(cookie: request.cookie, elements: $0, last: $1)) }
+            answer(.listElements(.chat(ListElementsChat(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) {
+                .chat(ListChunkChat(cookie: request.cookie, elements: $0, last: $1))
+            }
         case .chatParticipant(let request):
             let (found, missing) = lookUp(request.elements) { key -> ChatParticipant? in
                 guard let (chat, _) = try? chat(key.chatId, of: user), let number = self.user(fromURI: key.userUri, viewer: user),
-                      number != user, let member = chat.activeMember(number) else { return nil }
+                    number != user, let member = chat.activeMember(number)
+                else { return nil }
                 return renderParticipant(chat, member)
             }
-            answer(.listElements(.chatParticipant(ListElementsChatParticipant(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .chatParticipant(ListChunkChatParticipant(cookie: request.cookie, elements: $0, last: $1)) }
+            answer(.listElements(.chatParticipant(ListElementsChatParticipant(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) {
+                .chatParticipant(ListChunkChatParticipant(cookie: request.cookie, elements: $0, last: $1))
+            }
         case .chatMessage(let request):
             let (found, missing) = lookUp(request.elements) { key -> ChatMessage? in
                 guard let (chat, member) = try? chat(key.chatId, of: user),
-                      let message = try? message(key.messageId, in: chat, seenBy: member) else { return nil }
+                    let message = try? message(key.messageId, in: chat, seenBy: member)
+                else { return nil }
                 return renderMessage(message, in: chat, for: user)
             }
-            answer(.listElements(.chatMessage(ListElementsChatMessage(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .chatMessage(ListChunkChatMessage(cookie: request.cookie, elements: $0, last: $1)) }
+            answer(.listElements(.chatMessage(ListElementsChatMessage(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) {
+                .chatMessage(ListChunkChatMessage(cookie: request.cookie, elements: $0, last: $1))
+            }
         case .typing(let request):
             let current = typingSeen(by: user)
             let (found, missing) = lookUp(request.elements) { key in
                 current.first { $0.userUri == key.userUri && $0.chatId == key.chatId }
             }
-            answer(.listElements(.typing(ListElementsTyping(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) { .typing(ListChunkTyping(cookie: request.cookie, elements: $0, last: $1)) }
+            answer(.listElements(.typing(ListElementsTyping(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) {
+                .typing(ListChunkTyping(cookie: request.cookie, elements: $0, last: $1))
+            }
         }
     }
 
     /// A list answer (§4): its header, then `listChunk`s of at most
     /// `chunkSize` elements (at least one, possibly empty), the final one `last: true`.
     /// Clients apply a chunk to the list its header opened, so the header comes first.
-    func answer<Element>(_ header: Event, _ elements: [Element], to session: EngineSession, batch: Batch,
-                         _ chunk: ([Element], Bool?) -> ListChunk) {
+    func answer<Element>(
+        _ header: Event, _ elements: [Element], to session: EngineSession, batch: Batch,
+        _ chunk: ([Element], Bool?) -> ListChunk
+    ) {
         batch.emit(header, to: session)
         let pieces = elements.isEmpty ? [[]] : elements.chunked(Engine.chunkSize)
         for (index, piece) in pieces.enumerated() {
@@ -327,8 +348,10 @@ extension Engine {
             }
             refTargets = try loadMessages(in: chat, ids: targetIds).map { renderMessage($0, in: chat, for: user) }
         }
-        return (ListMatchingChatMessage(cookie: request.cookie, hasMoreBefore: hasMoreBefore, hasMoreAfter: hasMoreAfter, refTargets: refTargets),
-                result)
+        return (
+            ListMatchingChatMessage(cookie: request.cookie, hasMoreBefore: hasMoreBefore, hasMoreAfter: hasMoreAfter, refTargets: refTargets),
+            result
+        )
     }
 
     // MARK: requestListChanges
@@ -406,8 +429,10 @@ extension Engine {
 
     /// Up to `limit` messages of `chats` (each from its `firstId`) whose latest change is
     /// after `since` and at most `upTo`, both in one slot, with that position, ascending.
-    private func changes(in chats: [Int64: (chat: ChatRecord, firstId: Int64)], after since: Int64, upTo: Int64,
-                         limit: Int) throws -> [(seq: Int64, chat: ChatRecord, message: MessageRecord)] {
+    private func changes(
+        in chats: [Int64: (chat: ChatRecord, firstId: Int64)], after since: Int64, upTo: Int64,
+        limit: Int
+    ) throws -> [(seq: Int64, chat: ChatRecord, message: MessageRecord)] {
         let slot = FeedSlots.slot(of: since)
         let numbers = chats.keys.sorted()
         let ranges: [RangeChangeRow]
@@ -462,8 +487,9 @@ extension Engine {
             if let candidate = candidateOwn, best == nil || candidate.changeSeq < best!.seq {
                 ownIndex += 1
                 guard let (chat, firstId) = chats[candidate.chat], candidate.id >= firstId,
-                      rangeSeq(of: candidate.id, in: candidate.chat) < candidate.changeSeq,
-                      let message = try loadMessage(candidate.id, in: chat) else { continue }
+                    rangeSeq(of: candidate.id, in: candidate.chat) < candidate.changeSeq,
+                    let message = try loadMessage(candidate.id, in: chat)
+                else { continue }
                 result.append((candidate.changeSeq, chat, message))
             } else if let (index, seq) = best {
                 let range = ranges[index]
@@ -472,8 +498,9 @@ extension Engine {
                 // A change of the message's own in another slot is neither before nor after
                 // this one: the message counts here too.
                 guard let (chat, _) = chats[range.chat], rangeSeq(of: id, in: range.chat) == seq,
-                      let message = try loadMessage(id, in: chat),
-                      message.changeSeq < seq || FeedSlots.slot(of: message.changeSeq) != slot else { continue }
+                    let message = try loadMessage(id, in: chat),
+                    message.changeSeq < seq || FeedSlots.slot(of: message.changeSeq) != slot
+                else { continue }
                 result.append((seq, chat, message))
             } else {
                 break
@@ -524,7 +551,8 @@ struct FeedToken: CustomStringConvertible {
         var positions: [Int64] = []
         for part in parts {
             guard !part.isEmpty, part.allSatisfy({ $0.isASCII && $0.isNumber }), let position = Int64(part),
-                  position < FeedSlots.base(of: 1) else { return nil }
+                position < FeedSlots.base(of: 1)
+            else { return nil }
             positions.append(position)
         }
         self.positions = positions

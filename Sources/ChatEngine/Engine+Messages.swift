@@ -1,9 +1,9 @@
-import Foundation
 import ChatProtocol
+import Foundation
 import Storage
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Messages (§6): sending, states, reading, private delete, recall, typing,
@@ -31,7 +31,8 @@ extension Engine {
     func chat(_ chatId: String, of user: Int64) throws -> (ChatRecord, MemberRecord) {
         // Only the service's own spelling names a chat ("7", never "07" or "+7").
         if let number = Int64(chatId), chatId.utf8.first != UInt8(ascii: "+"), chatId.utf8.first != UInt8(ascii: "0"),
-           let chat = chats[number], let member = chat.activeMember(user) {
+            let chat = chats[number], let member = chat.activeMember(user)
+        {
             return (chat, member)
         }
         throw ProtocolError.notFound("chat '\(chatId)' was not found")
@@ -55,15 +56,18 @@ extension Engine {
     /// caller's). The chat must have been passed to `willChange` first; the targets of
     /// `refs` must be loaded (`send` checked them).
     @discardableResult
-    func append(to chat: ChatRecord, sender: Int64, tag: String, content: String? = nil, data: JSONValue? = nil, refs: [MessageRef] = [],
-                targets: [MessageRecord] = [], isControl: Bool = false, neverCountsUnread: Bool = false, batch: Batch,
-                changes: PendingChanges) -> MessageRecord {
+    func append(
+        to chat: ChatRecord, sender: Int64, tag: String, content: String? = nil, data: JSONValue? = nil, refs: [MessageRef] = [],
+        targets: [MessageRecord] = [], isControl: Bool = false, neverCountsUnread: Bool = false, batch: Batch,
+        changes: PendingChanges
+    ) -> MessageRecord {
         for target in targets { willChange(target, in: chat, changes) }
         changeSeq += 1
         let timestamp = max(now(), lastTimestamp(of: chat))
-        let message = MessageRecord(chat: chat.number, id: chat.lastMessage + 1, sender: sender, tag: tag, content: content, data: data,
-                                    refs: refs, timestamp: timestamp, isControl: isControl, neverCountsUnread: neverCountsUnread,
-                                    changeSeq: changeSeq)
+        let message = MessageRecord(
+            chat: chat.number, id: chat.lastMessage + 1, sender: sender, tag: tag, content: content, data: data,
+            refs: refs, timestamp: timestamp, isControl: isControl, neverCountsUnread: neverCountsUnread,
+            changeSeq: changeSeq)
         chat.lastMessage = message.id
         chat.lastTimestamp = timestamp
         if !neverCountsUnread { chat.lastActivity = max(chat.lastActivity, timestamp) }
@@ -98,8 +102,10 @@ extension Engine {
     /// and marks them delivered to recipients that are connected.
     /// With `answering`, that session's `listAdd chatMessage` carries the request's cookie
     /// (the answer to a send).
-    func announceNew(_ messages: [MessageRecord], in chat: ChatRecord, answering: (session: EngineSession, cookie: String?)? = nil,
-                     batch: Batch, changes: PendingChanges) throws {
+    func announceNew(
+        _ messages: [MessageRecord], in chat: ChatRecord, answering: (session: EngineSession, cookie: String?)? = nil,
+        batch: Batch, changes: PendingChanges
+    ) throws {
         guard !messages.isEmpty else { return }
         // As every online viewer sees them now: the delivery below changes them from this.
         var renderedNow: [Int64: [Int64: ChatMessage]] = [:]
@@ -130,8 +136,10 @@ extension Engine {
     /// Every connected member has now received everything up to the chat's last message:
     /// the senders' states move (§6). `renderedNow`: messages just rendered for every
     /// online viewer, by id, not rendered again.
-    func markDelivered(_ chat: ChatRecord, only user: Int64? = nil, batch: Batch, changes: PendingChanges,
-                       renderedNow: [Int64: [Int64: ChatMessage]] = [:]) throws {
+    func markDelivered(
+        _ chat: ChatRecord, only user: Int64? = nil, batch: Batch, changes: PendingChanges,
+        renderedNow: [Int64: [Int64: ChatMessage]] = [:]
+    ) throws {
         let last = chat.lastMessage
         let receiving = chat.members.values.filter { member in
             member.isActive && member.deliveredUpTo < last && isConnectedAnywhere(member.user) && (user == nil || member.user == user)
@@ -194,7 +202,8 @@ extension Engine {
             // Thread may point at anyone's message.
             if ref.tag == "Edit" {
                 guard target.sender == user else {
-                    throw ProtocolError.notPermitted("'ref[\(index)]' is an Edit of message \(ref.messageId), which you did not send: only its sender can edit it")
+                    throw ProtocolError.notPermitted(
+                        "'ref[\(index)]' is an Edit of message \(ref.messageId), which you did not send: only its sender can edit it")
                 }
                 guard !target.isRecalled else {
                     throw ProtocolError.notPermitted("'ref[\(index)]' is an Edit of message \(ref.messageId), which was recalled")
@@ -212,9 +221,10 @@ extension Engine {
         }
         let changes = PendingChanges()
         willChange(chat, changes)
-        let message = append(to: chat, sender: user, tag: request.tag, content: request.content, data: request.data, refs: refs,
-                             targets: targets, isControl: request.control ?? false, neverCountsUnread: request.neverCountUnread ?? false,
-                             batch: batch, changes: changes)
+        let message = append(
+            to: chat, sender: user, tag: request.tag, content: request.content, data: request.data, refs: refs,
+            targets: targets, isControl: request.control ?? false, neverCountsUnread: request.neverCountUnread ?? false,
+            batch: batch, changes: changes)
         if thumb != nil || file != nil {
             message.thumb = thumb.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
             message.file = file.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
@@ -298,8 +308,10 @@ extension Engine {
         }
         // Every own message not recalled yet, up to the last one now: the store finds them,
         // a page at a time.
-        try recallAll(RecallInProgress(chat: chat.number, user: user, session: session, cookie: request.cookie, line: line, from: 1,
-                                       upTo: chat.lastMessage), batch: batch)
+        try recallAll(
+            RecallInProgress(
+                chat: chat.number, user: user, session: session, cookie: request.cookie, line: line, from: 1,
+                upTo: chat.lastMessage), batch: batch)
     }
 
     /// A recall of everything a user sent in a chat (`chatMessageDestroy` without

@@ -36,10 +36,11 @@ extension Engine {
         if member.isHidden { flags += "H" }
         if chat.isOneToOne { flags += "O" }
         let last = chat.lastMessage
-        return Chat(chatId: chat.chatId, subject: chat.subject, state: chat.isDefunct ? .defunct : .ready, flags: flags,
-                    lastMessage: last, numMessages: last >= member.joinedAt ? last - member.joinedAt + 1 : 0,
-                    numUnread: member.numUnread, lastActivity: chat.lastActivity, invitePolicy: chat.invitePolicy,
-                    data: chat.data, localData: member.localData, privateData: member.privateData)
+        return Chat(
+            chatId: chat.chatId, subject: chat.subject, state: chat.isDefunct ? .defunct : .ready, flags: flags,
+            lastMessage: last, numMessages: last >= member.joinedAt ? last - member.joinedAt + 1 : 0,
+            numUnread: member.numUnread, lastActivity: chat.lastActivity, invitePolicy: chat.invitePolicy,
+            data: chat.data, localData: member.localData, privateData: member.privateData)
     }
 
     func renderParticipant(_ chat: ChatRecord, _ member: MemberRecord) -> ChatParticipant {
@@ -128,12 +129,13 @@ extension Engine {
                 }
             }
         }
-        return ChatMessage(chatId: chat.chatId, messageId: message.id, senderUri: uri(message.sender), tag: message.tag,
-                           content: hidesBody ? nil : message.content, data: hidesBody ? nil : message.data,
-                           localData: deleted ? nil : privateState?.localData, thumb: thumb, file: file, fileSize: fileSize,
-                           fileState: fileState, flags: flags, state: state, stateIsPartial: partial,
-                           recall: message.isRecalled ? .recalled : nil, ref: message.refs.isEmpty ? nil : message.refs,
-                           refBy: refBy, timestamp: message.timestamp)
+        return ChatMessage(
+            chatId: chat.chatId, messageId: message.id, senderUri: uri(message.sender), tag: message.tag,
+            content: hidesBody ? nil : message.content, data: hidesBody ? nil : message.data,
+            localData: deleted ? nil : privateState?.localData, thumb: thumb, file: file, fileSize: fileSize,
+            fileState: fileState, flags: flags, state: state, stateIsPartial: partial,
+            recall: message.isRecalled ? .recalled : nil, ref: message.refs.isEmpty ? nil : message.refs,
+            refBy: refBy, timestamp: message.timestamp)
     }
 
     func key(_ chat: ChatRecord, _ message: MessageRecord) -> ChatMessageKey {
@@ -189,8 +191,10 @@ extension Engine {
     /// one; many as one range, read from the store only when `someoneSees` (a viewer
     /// other than `user`, or `user` for a read, is online). `renderedNow`: messages the
     /// caller has just rendered for every online viewer, by id (`announceNew`'s).
-    func willChange(_ range: ClosedRange<Int64>, of chat: ChatRecord, notSentBy user: Int64, someoneSees: Bool,
-                    _ changes: PendingChanges, renderedNow: [Int64: [Int64: ChatMessage]] = [:]) throws {
+    func willChange(
+        _ range: ClosedRange<Int64>, of chat: ChatRecord, notSentBy user: Int64, someoneSees: Bool,
+        _ changes: PendingChanges, renderedNow: [Int64: [Int64: ChatMessage]] = [:]
+    ) throws {
         if range.count <= Engine.largeRange {
             // Nothing to read when this request recorded them all already: a new message
             // delivered to each member of a group is recorded for the first of them.

@@ -1,6 +1,6 @@
+import ChatProtocol
 import Dispatch
 import Foundation
-import ChatProtocol
 import Storage
 
 /// `search` (§9): message text from the store's index, chat subjects from
@@ -47,16 +47,20 @@ extension Engine {
         let chatIds = request.chatId != nil ? [] : scope.filter { $0.0.subject.range(of: text, options: [.caseInsensitive]) != nil }.map(\.0.chatId)
         guard let searchIndex else {
             let messages = try scan(scope, for: text, limit: limit, user: user)
-            batch.emit(.searchResult(SearchResult(cookie: request.cookie, chatIds: chatIds, messages: messages,
-                                                  returnIdentifier: request.returnIdentifier)), to: session)
+            batch.emit(
+                .searchResult(
+                    SearchResult(
+                        cookie: request.cookie, chatIds: chatIds, messages: messages,
+                        returnIdentifier: request.returnIdentifier)), to: session)
             return
         }
         // The index must see everything decided before now (this batch's posts and
         // recalls included), and everything it lacked at start-up.
         try commitSoFar(batch)
-        let searchScope = SearchScope(text: text, limit: limit, user: user,
-                                      maxCandidates: quotas.limits.searchCandidates, maxBytes: quotas.limits.searchBytes,
-                                      firstVisible: Dictionary(uniqueKeysWithValues: scope.map { ($0.0.number, max($0.1.joinedAt, 1)) }))
+        let searchScope = SearchScope(
+            text: text, limit: limit, user: user,
+            maxCandidates: quotas.limits.searchCandidates, maxBytes: quotas.limits.searchBytes,
+            firstVisible: Dictionary(uniqueKeysWithValues: scope.map { ($0.0.number, max($0.1.joinedAt, 1)) }))
         batch.answeredLater()
         // Ended when its hits come back (`searchFound`).
         ended = true
@@ -118,8 +122,10 @@ extension Engine {
     }
 
     /// The answer to a search whose hits came back from `searchQueue`.
-    func searchFound(_ request: Search, line: Int, chatIds: [String], user: Int64, hits: Result<SearchFound, ProtocolError>,
-                     session: EngineSession, batch: Batch) {
+    func searchFound(
+        _ request: Search, line: Int, chatIds: [String], user: Int64, hits: Result<SearchFound, ProtocolError>,
+        session: EngineSession, batch: Batch
+    ) {
         batch.begin(.request(name: Search.name, cookie: request.cookie, line: line), session: session)
         switch hits {
         case .failure(let error):
@@ -132,8 +138,11 @@ extension Engine {
                 if let cached = cache.get(chat: hit.chat, id: hit.id), !isVisible(cached, to: user) { return nil }
                 return MessageKey(chatId: chat.chatId, messageId: hit.id)
             }
-            batch.emit(.searchResult(SearchResult(cookie: request.cookie, chatIds: chatIds, messages: messages,
-                                                  returnIdentifier: request.returnIdentifier, incomplete: found.incomplete ? true : nil)), to: session)
+            batch.emit(
+                .searchResult(
+                    SearchResult(
+                        cookie: request.cookie, chatIds: chatIds, messages: messages,
+                        returnIdentifier: request.returnIdentifier, incomplete: found.incomplete ? true : nil)), to: session)
         }
     }
 

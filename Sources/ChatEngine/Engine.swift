@@ -1,8 +1,8 @@
 import Attachments
+import ChatMetrics
+import ChatProtocol
 import Foundation
 import Logging
-import ChatProtocol
-import ChatMetrics
 import Storage
 import Synchronization
 import Threads
@@ -54,7 +54,8 @@ public final class Engine: @unchecked Sendable {
         var session: EngineSession? {
             switch self {
             case .request(_, _, let session), .authenticate(_, _, _, _, let session), .passthrough(_, let session),
-                 .tokenRejected(_, let session), .tokenExpired(let session): session
+                .tokenRejected(_, let session), .tokenExpired(let session):
+                session
             default: nil
             }
         }
@@ -215,10 +216,12 @@ public final class Engine: @unchecked Sendable {
     /// `cacheBytes` bounds the messages kept in memory. `feedSlot`: where this process
     /// numbers its changes in the feed, one slot per process deciding on the store (nil:
     /// the store's, `ChatStore.feedSlot`).
-    public init(store: ChatStore, logger: Logger, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil,
-                attachmentsDirectory: String? = nil, cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int? = nil,
-                quotas: QuotaLimits = QuotaLimits(),
-                clock: @escaping @Sendable () -> Int64 = Engine.wallClock) throws {
+    public init(
+        store: ChatStore, logger: Logger, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil,
+        attachmentsDirectory: String? = nil, cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int? = nil,
+        quotas: QuotaLimits = QuotaLimits(),
+        clock: @escaping @Sendable () -> Int64 = Engine.wallClock
+    ) throws {
         self.quotas = Quotas(limits: quotas)
         let feedSlot = feedSlot ?? store.feedSlot
         precondition((0..<FeedSlots.count).contains(feedSlot), "a feed slot is below \(FeedSlots.count)")
@@ -311,8 +314,10 @@ public final class Engine: @unchecked Sendable {
     /// process's counters stay as memory has them (what the others did is followed: the
     /// directory was read while a commit of this process may have been in flight, and
     /// its counters would take this process's feed positions and search rows back).
-    func replace(_ numbers: Set<Int64>, with directory: StoreDirectory, droppingOnly messages: [Int64: Set<Int64>]? = nil,
-                 takingCounters: Bool = true) {
+    func replace(
+        _ numbers: Set<Int64>, with directory: StoreDirectory, droppingOnly messages: [Int64: Set<Int64>]? = nil,
+        takingCounters: Bool = true
+    ) {
         if let messages {
             for (chat, ids) in messages { cache.remove(chat: chat, ids: ids) }
         } else {
@@ -358,8 +363,9 @@ public final class Engine: @unchecked Sendable {
         do {
             if let ranges = try store.takeNumbers(for: kind, count: count - held) { numbersTaken[kind, default: []] += ranges }
         } catch {
-            logger.warning("the store gave no number for a new \(kind.rawValue): the commit judges the next one memory has",
-                           metadata: ["error": "\(error)"])
+            logger.warning(
+                "the store gave no number for a new \(kind.rawValue): the commit judges the next one memory has",
+                metadata: ["error": "\(error)"])
         }
     }
 
@@ -377,11 +383,12 @@ public final class Engine: @unchecked Sendable {
     func storeIsBroken(_ error: Error) {
         guard brokenStore == nil else { return }
         brokenStore = error
-        let reason = switch (error as? StoreFailure)?.kind {
-        case .io?: "the store hit \(error); restart chatcore: SQLite recovers the store when it opens it"
-        case .superseded?: "\(error)"
-        default: "the store failed and could not be read back: \(error)"
-        }
+        let reason =
+            switch (error as? StoreFailure)?.kind {
+            case .io?: "the store hit \(error); restart chatcore: SQLite recovers the store when it opens it"
+            case .superseded?: "\(error)"
+            default: "the store failed and could not be read back: \(error)"
+            }
         fatalLock.withLock { fatalStoreError = reason }
         onFatalStoreError?(reason)
     }
@@ -398,8 +405,9 @@ public final class Engine: @unchecked Sendable {
         let indexed = try searchIndex.indexedUpTo()
         let upTo = lastSearchRow
         guard indexed < upTo else { return }
-        logger.info("the search index lacks messages: filling it from the store in the background (searches wait for it)",
-                    metadata: ["indexedUpTo": "\(indexed)", "storeUpTo": "\(upTo)"])
+        logger.info(
+            "the search index lacks messages: filling it from the store in the background (searches wait for it)",
+            metadata: ["indexedUpTo": "\(indexed)", "storeUpTo": "\(upTo)"])
         let store = self.store
         let logger = self.logger
         searchRefill.enter()
@@ -584,12 +592,13 @@ public final class Engine: @unchecked Sendable {
             let work = inbox.take(limit: batchLimitNow, waitingAtMost: parked.isEmpty ? nil : 0.02)
             if followsOthers {
                 // A wake-up to follow, or a commit done, asks nobody anything.
-                followOthers(thoroughly: work.contains { item in
-                    switch item {
-                    case .othersActed, .committed: false
-                    default: true
-                    }
-                })
+                followOthers(
+                    thoroughly: work.contains { item in
+                        switch item {
+                        case .othersActed, .committed: false
+                        default: true
+                        }
+                    })
             }
             batchNumber += 1
             let batch = Batch(cache: cache, number: batchNumber)
@@ -785,7 +794,8 @@ public final class Engine: @unchecked Sendable {
                 return
             }
             if case .request = item, !isShuttingDown,
-               batch.pendingOutput(for: session) + inFlight.reduce(0, { $0 + $1.batch.builtOutput(for: session) }) > outputMark {
+                batch.pendingOutput(for: session) + inFlight.reduce(0, { $0 + $1.batch.builtOutput(for: session) }) > outputMark
+            {
                 parked[key] = (session, [item])
                 parkedOrder.append(key)
                 parkedCount.add(1, ordering: .relaxed)
@@ -809,8 +819,9 @@ public final class Engine: @unchecked Sendable {
             guard session.isOpen else { return }
             if isShuttingDown {
                 batch.begin(.answered, session: session)
-                batch.emit(ProtocolError(.internal, "the service is shutting down: the request was not started")
-                    .requestFailed(request: request.name, cookie: request.cookie, line: line), to: session)
+                batch.emit(
+                    ProtocolError(.internal, "the service is shutting down: the request was not started")
+                        .requestFailed(request: request.name, cookie: request.cookie, line: line), to: session)
                 return
             }
             batch.begin(.request(name: request.name, cookie: request.cookie, line: line), session: session)
@@ -1082,8 +1093,9 @@ public final class Engine: @unchecked Sendable {
             // again (a restart, which recovers the WAL) is sound. Another writer
             // (superseded) may have changed what memory holds. Refuse everything from
             // now on and let the process answer what it has and stop.
-            logger.critical(failure.kind == .io ? "the store hit an I/O error: stopping" : "another process writes the store: stopping",
-                            metadata: ["error": "\(failure)"])
+            logger.critical(
+                failure.kind == .io ? "the store hit an I/O error: stopping" : "another process writes the store: stopping",
+                metadata: ["error": "\(failure)"])
             storeIsBroken(failure)
             return
         }
@@ -1179,4 +1191,3 @@ public final class Engine: @unchecked Sendable {
         sessionsChanged(of: user)
     }
 }
-

@@ -50,7 +50,8 @@ final class MessageCache {
 
     /// What a record's place in the cache takes: its node, and its key and node in the
     /// table (whose buckets are between 3/8 and 3/4 full: twice the entry on average).
-    static let entryBytes = Heap.bytes(ofObject: Node(key: Key(chat: 0, id: 0), record: MessageRecord.sample, size: 0))
+    static let entryBytes =
+        Heap.bytes(ofObject: Node(key: Key(chat: 0, id: 0), record: MessageRecord.sample, size: 0))
         + 2 * (MemoryLayout<Key>.stride + MemoryLayout<Node>.stride)
 
     /// What a cached record counts against the budget now.
@@ -214,9 +215,9 @@ enum Heap {
     static func bytes(ofObject object: AnyObject) -> Int {
         let address = Unmanaged.passUnretained(object).toOpaque()
         #if canImport(Darwin)
-        return malloc_size(address)
+            return malloc_size(address)
         #else
-        return malloc_usable_size(address) + 8
+            return malloc_usable_size(address) + 8
         #endif
     }
 }

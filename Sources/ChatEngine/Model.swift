@@ -58,8 +58,9 @@ final class MemberRecord {
     }
 
     func row(chat: Int64) -> MemberRow {
-        MemberRow(chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
-                  localData: localData?.json, privateData: privateData?.json, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo, numUnread: numUnread)
+        MemberRow(
+            chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
+            localData: localData?.json, privateData: privateData?.json, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo, numUnread: numUnread)
     }
 
     /// Whether this member received message `id` (was in the chat when it was posted).
@@ -128,8 +129,10 @@ final class MessageRecord {
     /// What the store has in the columns a change may write (nil: not stored yet).
     var stored: MessageColumns?
 
-    init(chat: Int64, id: Int64, sender: Int64, tag: String, content: String?, data: JSONValue?, refs: [MessageRef], timestamp: Int64,
-         isControl: Bool, neverCountsUnread: Bool, changeSeq: Int64) {
+    init(
+        chat: Int64, id: Int64, sender: Int64, tag: String, content: String?, data: JSONValue?, refs: [MessageRef], timestamp: Int64,
+        isControl: Bool, neverCountsUnread: Bool, changeSeq: Int64
+    ) {
         self.chat = chat
         self.id = id
         self.sender = sender
@@ -174,8 +177,9 @@ final class MessageRecord {
         }
         for count in row.refCounts { refBy[ExactText(count.tag)] = (count.count, count.newest) }
         for state in row.privateStates {
-            privateStates[state.user] = PrivateState(localData: state.localData.map { JSONValue(compactJSON: $0) }, isDeleted: state.isDeleted,
-                                                     thumbDetached: state.thumbDetached, fileState: state.fileDownloaded ? .done : nil)
+            privateStates[state.user] = PrivateState(
+                localData: state.localData.map { JSONValue(compactJSON: $0) }, isDeleted: state.isDeleted,
+                thumbDetached: state.thumbDetached, fileState: state.fileDownloaded ? .done : nil)
         }
         stored = MessageColumns(row)
     }
@@ -183,9 +187,10 @@ final class MessageRecord {
     /// The message's own row as it now is (references included; counts and private states
     /// are rows of their own).
     var row: MessageRow {
-        var row = MessageRow(chat: chat, id: id, sender: sender, tag: tag, content: content, data: data?.json,
-                             refs: refs.map { RefRow(tag: $0.tag, target: $0.messageId) }, timestamp: timestamp, isControl: isControl,
-                             neverCountsUnread: neverCountsUnread, isRecalled: isRecalled, changeSeq: changeSeq, searchRow: searchRow)
+        var row = MessageRow(
+            chat: chat, id: id, sender: sender, tag: tag, content: content, data: data?.json,
+            refs: refs.map { RefRow(tag: $0.tag, target: $0.messageId) }, timestamp: timestamp, isControl: isControl,
+            neverCountsUnread: neverCountsUnread, isRecalled: isRecalled, changeSeq: changeSeq, searchRow: searchRow)
         row.thumbName = thumb?.name
         row.thumbBlob = thumb?.blob
         row.fileName = file?.name
@@ -235,8 +240,9 @@ final class MessageRecord {
 
     /// An empty record (for measuring).
     static var sample: MessageRecord {
-        MessageRecord(chat: 0, id: 0, sender: 0, tag: "", content: nil, data: nil, refs: [], timestamp: 0, isControl: false,
-                      neverCountsUnread: false, changeSeq: 0)
+        MessageRecord(
+            chat: 0, id: 0, sender: 0, tag: "", content: nil, data: nil, refs: [], timestamp: 0, isControl: false,
+            neverCountsUnread: false, changeSeq: 0)
     }
 }
 
@@ -288,8 +294,9 @@ final class ChatRecord {
     }
 
     var row: ChatRow {
-        ChatRow(number: number, subject: subject, isOneToOne: isOneToOne, invitePolicy: invitePolicy.rawValue, isDefunct: isDefunct,
-                data: data?.json, lastMessage: lastMessage, lastActivity: lastActivity)
+        ChatRow(
+            number: number, subject: subject, isOneToOne: isOneToOne, invitePolicy: invitePolicy.rawValue, isDefunct: isDefunct,
+            data: data?.json, lastMessage: lastMessage, lastActivity: lastActivity)
     }
 
     /// The members who currently take part.

@@ -1,5 +1,5 @@
-import ChatProtocol
 import ChatMetrics
+import ChatProtocol
 import Storage
 
 /// What one user may cost the others: per-user rates of requests, of chats started, of
@@ -25,9 +25,11 @@ public struct QuotaLimits: Sendable {
     public var searchCandidates: Int
     public var searchBytes: Int
 
-    public init(requestsPerSecond: Double = 50_000, chatsPerMinute: Double = 60, newUsersPerMinute: Double = 1_000,
-                eventsPerSecond: Double = 50, searchesPerUser: Int = 2, searchesInAll: Int = 8,
-                searchCandidates: Int = SearchBudget.defaultCandidates, searchBytes: Int = SearchBudget.defaultBytes) {
+    public init(
+        requestsPerSecond: Double = 50_000, chatsPerMinute: Double = 60, newUsersPerMinute: Double = 1_000,
+        eventsPerSecond: Double = 50, searchesPerUser: Int = 2, searchesInAll: Int = 8,
+        searchCandidates: Int = SearchBudget.defaultCandidates, searchBytes: Int = SearchBudget.defaultBytes
+    ) {
         self.requestsPerSecond = requestsPerSecond
         self.chatsPerMinute = chatsPerMinute
         self.newUsersPerMinute = newUsersPerMinute
@@ -103,8 +105,9 @@ struct Quotas {
             buckets[kind, default: [:]][user] = bucket
             let wait = (Double(count) - bucket.tokens) / rate
             ServiceMetrics.quotaRefused(kind.rawValue)
-            throw ProtocolError(.rateLimited, "over the limit of \(Quotas.describe(kind, limits: limits)) (\(kind.flag)): retry in \(Quotas.seconds(wait))",
-                                retryAfterMs: count > Int(burst) ? nil : Int64((wait * 1000).rounded(.up)))
+            throw ProtocolError(
+                .rateLimited, "over the limit of \(Quotas.describe(kind, limits: limits)) (\(kind.flag)): retry in \(Quotas.seconds(wait))",
+                retryAfterMs: count > Int(burst) ? nil : Int64((wait * 1000).rounded(.up)))
         }
         bucket.tokens -= Double(count)
         buckets[kind, default: [:]][user] = bucket
@@ -126,13 +129,15 @@ struct Quotas {
     mutating func beginSearch(by user: Int64) throws {
         if searching[user, default: 0] >= limits.searchesPerUser {
             ServiceMetrics.quotaRefused("searches")
-            throw ProtocolError(.rateLimited, "at most \(limits.searchesPerUser) searches of one user run at once: retry when one is answered",
-                                retryAfterMs: 100)
+            throw ProtocolError(
+                .rateLimited, "at most \(limits.searchesPerUser) searches of one user run at once: retry when one is answered",
+                retryAfterMs: 100)
         }
         if searchingInAll >= limits.searchesInAll {
             ServiceMetrics.quotaRefused("searches")
-            throw ProtocolError(.rateLimited, "the service runs its most searches at once (\(limits.searchesInAll)): retry in a moment",
-                                retryAfterMs: 100)
+            throw ProtocolError(
+                .rateLimited, "the service runs its most searches at once (\(limits.searchesInAll)): retry in a moment",
+                retryAfterMs: 100)
         }
         searching[user, default: 0] += 1
         searchingInAll += 1

@@ -1,7 +1,7 @@
-import CoreMetrics
-import Metrics
-import Foundation
 import ChatProtocol
+import CoreMetrics
+import Foundation
+import Metrics
 
 /// What the service counts and measures, through swift-metrics: whoever bootstraps the
 /// `MetricsSystem` (the command line, with `--metrics`) decides where it goes. Without a
@@ -40,13 +40,13 @@ public enum ServiceMetrics {
     public static let failureLabel = "chatcore_request_failures_total"
     /// Buckets of the histograms, by label (where the exporter's defaults do not fit).
     public static let valueBuckets: [String: [Double]] = [
-        "chatcore_batch_items": [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000],
+        "chatcore_batch_items": [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
     ]
     public static let durationBuckets: [String: [Duration]] = [
         "chatcore_commit_duration_seconds": [
             .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(5),
-            .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1),
-        ],
+            .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1)
+        ]
     ]
 
     /// Request names are labels only when the protocol has them: anything else a client
@@ -88,9 +88,10 @@ public enum ServiceMetrics {
     }
 
     /// Requests refused because their user was past a quota, by quota.
-    private static let quotaRefusals: [String: Counter] = Dictionary(uniqueKeysWithValues: ["requests", "chats", "newUsers", "events", "searches"].map {
-        ($0, Counter(label: "chatcore_quota_refusals_total", dimensions: [("quota", $0)]))
-    })
+    private static let quotaRefusals: [String: Counter] = Dictionary(
+        uniqueKeysWithValues: ["requests", "chats", "newUsers", "events", "searches"].map {
+            ($0, Counter(label: "chatcore_quota_refusals_total", dimensions: [("quota", $0)]))
+        })
 
     /// A request was refused by the quota `quota` (`Quotas`).
     public static func quotaRefused(_ quota: String) {

@@ -1,10 +1,11 @@
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Darwin)
-import Darwin
-#endif
 @_exported import struct ChatWire.JSONValue
 @_exported import enum ChatWire.Nullable
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
 
 // The chatcore protocol: every request, event and list element of docs/protocol.md, as Swift
 // types generated from `Schemas/` (see `Generated/`). Modules above this one speak these

@@ -1,9 +1,9 @@
+import ChatMetrics
 import Foundation
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
-import ChatMetrics
 
 /// What a node that does not hold the store's writer lock serves: every connection it
 /// accepts is relayed, byte for byte, to the node that does (the writer), so that one
@@ -70,7 +70,10 @@ public final class FollowerProxy: @unchecked Sendable {
     /// closed: the event loops go on serving the node. Once: later calls do nothing.
     public func stop() {
         let (listening, open) = lock.withLock { () -> ([Channel], [Channel]) in
-            defer { listeners = []; connections = [:] }
+            defer {
+                listeners = []
+                connections = [:]
+            }
             return (listeners, Array(connections.values))
         }
         for listener in listening { try? listener.close().wait() }
@@ -82,8 +85,9 @@ public final class FollowerProxy: @unchecked Sendable {
     /// back to the first client), instead of relaying it again without end.
     private func refuseIfOwn(_ client: Channel) -> Bool {
         guard let remote = FollowerProxy.ipAddress(client.remoteAddress), lock.withLock({ ownUpstreams.contains(remote) }) else { return false }
-        logger.error("the writer's advertised address reaches this node itself: refusing to relay to it (give the writer an --advertise address other nodes reach it at)",
-                     metadata: ["address": "\(client.localAddress.map { "\($0)" } ?? "?")"])
+        logger.error(
+            "the writer's advertised address reaches this node itself: refusing to relay to it (give the writer an --advertise address other nodes reach it at)",
+            metadata: ["address": "\(client.localAddress.map { "\($0)" } ?? "?")"])
         return true
     }
 

@@ -42,9 +42,10 @@ public final class MetricsEndpoint: Sendable {
                 return channel.eventLoop.makeCompletedFuture {
                     try channel.pipeline.syncOperations.addHandler(IdleStateHandler(allTimeout: MetricsEndpoint.idleTimeout))
                     try channel.pipeline.syncOperations.configureHTTPServerPipeline()
-                    try channel.pipeline.syncOperations.addHandler(ScrapeHandler(registry: registry, beforeScrape: beforeScrape) { awaiting in
-                        slots.mark(channel, awaitingRequest: awaiting)
-                    })
+                    try channel.pipeline.syncOperations.addHandler(
+                        ScrapeHandler(registry: registry, beforeScrape: beforeScrape) { awaiting in
+                            slots.mark(channel, awaitingRequest: awaiting)
+                        })
                 }
             }
             .bind(host: host, port: port).get()

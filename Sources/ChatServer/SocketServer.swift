@@ -1,12 +1,12 @@
+import ChatEngine
+import ChatSession
+import ChatWire
 import Dispatch
 import Foundation
-import ChatEngine
 import Logging
 import NIOCore
 import NIOPosix
-import ChatSession
 import Synchronization
-import ChatWire
 
 /// Where to listen: `HOST:PORT` (TCP, `[::1]:PORT` for IPv6) or `unix:PATH`.
 public enum ListenAddress: Sendable, CustomStringConvertible, Equatable {
@@ -85,9 +85,11 @@ public final class SocketServer: Sendable {
         /// the line that would go over is refused as too large.
         public var maxBufferedInput: Int
 
-        public init(session: Session.Limits = .init(), outputHighWater: Int = 1 << 20, maxOutputBytes: Int = 64 << 20,
-                    maxOutputTotal: Int = 256 << 20, maxSessions: Int = 10_000, idleTimeout: TimeAmount? = nil, authTimeout: TimeAmount? = nil,
-                    maxBufferedInput: Int = 256 << 20) {
+        public init(
+            session: Session.Limits = .init(), outputHighWater: Int = 1 << 20, maxOutputBytes: Int = 64 << 20,
+            maxOutputTotal: Int = 256 << 20, maxSessions: Int = 10_000, idleTimeout: TimeAmount? = nil, authTimeout: TimeAmount? = nil,
+            maxBufferedInput: Int = 256 << 20
+        ) {
             self.session = session
             self.outputHighWater = outputHighWater
             self.maxOutputBytes = maxOutputBytes
@@ -165,8 +167,9 @@ public final class SocketServer: Sendable {
                     if let idle = limits.idleTimeout {
                         try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle))
                     }
-                    let handler = SessionHandler(engine: engine, authenticator: authenticator, transport: transport, limits: limits,
-                                                 unreadByAll: self.unread, bufferedByAll: self.buffered, logger: logger)
+                    let handler = SessionHandler(
+                        engine: engine, authenticator: authenticator, transport: transport, limits: limits,
+                        unreadByAll: self.unread, bufferedByAll: self.buffered, logger: logger)
                     try channel.pipeline.syncOperations.addHandler(handler)
                 }
             }
@@ -262,7 +265,8 @@ private final class AcceptFailureLog: ChannelInboundHandler {
         var metadata: Logger.Metadata = ["error": "\(error)"]
         if unlogged > 0 { metadata["failedSinceLastLogged"] = "\(unlogged)" }
         unlogged = 0
-        let hint = (error as? IOError).map { [EMFILE, ENFILE].contains($0.errnoCode) } == true
+        let hint =
+            (error as? IOError).map { [EMFILE, ENFILE].contains($0.errnoCode) } == true
             ? "out of file descriptors: raise the limit (ulimit -n) or lower --max-sessions; connections wait until it can" : "connections wait until it can"
         logger.warning("cannot accept connections: \(hint)", metadata: metadata)
     }
@@ -290,8 +294,10 @@ final class SessionHandler: ChannelDuplexHandler {
     /// Closes the connection if it has not authenticated by then (`Limits.authTimeout`).
     private var authDeadline: Scheduled<Void>?
 
-    init(engine: Engine, authenticator: Authenticator, transport: Transport, limits: SocketServer.Limits, unreadByAll: UnreadOutput,
-         bufferedByAll: BufferedInput, logger: Logger) {
+    init(
+        engine: Engine, authenticator: Authenticator, transport: Transport, limits: SocketServer.Limits, unreadByAll: UnreadOutput,
+        bufferedByAll: BufferedInput, logger: Logger
+    ) {
         self.engine = engine
         self.authenticator = authenticator
         self.transport = transport
@@ -303,8 +309,9 @@ final class SessionHandler: ChannelDuplexHandler {
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
-        let output = SocketOutput(channel: context.channel, limits: limits, unreadByAll: unreadByAll, logger: logger,
-                                  resume: NIOLoopBound(self, eventLoop: context.eventLoop))
+        let output = SocketOutput(
+            channel: context.channel, limits: limits, unreadByAll: unreadByAll, logger: logger,
+            resume: NIOLoopBound(self, eventLoop: context.eventLoop))
         self.output = output
         session = Session(engine: engine, authenticator: authenticator, transport: transport, output: output, limits: limits.session)
         if let timeout = limits.authTimeout {
@@ -334,7 +341,8 @@ final class SessionHandler: ChannelDuplexHandler {
             bufferedByAll.change(by: -after)
             framer.abandonPartialLine {
                 if case .tooLarge(let number) = $0 {
-                    session.refuseLine(number: number, reason: "the service holds too much of its clients' unfinished lines: the line is refused (send it again later)")
+                    session.refuseLine(
+                        number: number, reason: "the service holds too much of its clients' unfinished lines: the line is refused (send it again later)")
                 }
             }
         }
@@ -524,9 +532,11 @@ final class SocketOutput: SessionOutput, @unchecked Sendable {
             let total = queued.add(count, ordering: .relaxed).newValue
             let overMine = total > maxOutputBytes
             if overMine || !unreadByAll.add(count, unread: total) {
-                logger.warning(overMine ? "closing a connection whose client does not read its output"
-                                   : "closing a connection whose client is behind while the unread output of all clients is over --max-output-total",
-                               metadata: ["queuedBytes": "\(total)"])
+                logger.warning(
+                    overMine
+                        ? "closing a connection whose client does not read its output"
+                        : "closing a connection whose client is behind while the unread output of all clients is over --max-output-total",
+                    metadata: ["queuedBytes": "\(total)"])
                 channel.close(promise: nil)
                 return
             }

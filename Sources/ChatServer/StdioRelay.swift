@@ -1,11 +1,11 @@
+import ChatProtocol
+import ChatWire
 import Foundation
 import Logging
-import ChatProtocol
 import Threads
-import ChatWire
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The standard input/output session of a node that is not the writer of a shared store:

@@ -1,12 +1,12 @@
 import ChatEngine
+import ChatSession
+import ChatWire
 import Foundation
 import Logging
-import ChatSession
 import Threads
-import ChatWire
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The standard input/output session (§1).
@@ -24,8 +24,10 @@ public final class StdioTransport: @unchecked Sendable {
     private let maxLineBytes: Int
     private let logger: Logger
 
-    public init(engine: Engine, authenticator: Authenticator, limits: Session.Limits, trustedUser: String?, logger: Logger,
-                input: Int32 = 0, outputDescriptor: Int32 = 1) {
+    public init(
+        engine: Engine, authenticator: Authenticator, limits: Session.Limits, trustedUser: String?, logger: Logger,
+        input: Int32 = 0, outputDescriptor: Int32 = 1
+    ) {
         self.input = input
         self.engine = engine
         self.logger = logger

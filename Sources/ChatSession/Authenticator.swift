@@ -1,8 +1,8 @@
+import ChatProtocol
+import ChatWire
 import Foundation
 import JWTKit
-import ChatProtocol
 import Threads
-import ChatWire
 
 /// What a token must say besides its signature: who it is for and from, and how far
 /// clocks may disagree.
@@ -19,8 +19,10 @@ public struct TokenPolicy: Sendable {
     public static let defaultLeeway: Double = 30
     public static let defaultMaxLifetime: Double = 86_400
 
-    public init(audience: String? = nil, issuer: String? = nil, leeway: Double = TokenPolicy.defaultLeeway,
-                maxLifetime: Double = TokenPolicy.defaultMaxLifetime) {
+    public init(
+        audience: String? = nil, issuer: String? = nil, leeway: Double = TokenPolicy.defaultLeeway,
+        maxLifetime: Double = TokenPolicy.defaultMaxLifetime
+    ) {
         self.audience = audience
         self.issuer = issuer
         self.leeway = leeway
@@ -152,7 +154,8 @@ public final class Authenticator: Sendable {
         var kinds: [String: (kty: String, alg: String?)] = [:]
         for (index, entry) in keys.enumerated() {
             guard let key = entry as? [String: Any], let kty = key["kty"] as? String, kty == "RSA" || kty == "EC",
-                  key["use"] as? String != "enc" else { continue }
+                key["use"] as? String != "enc"
+            else { continue }
             guard let kid = key["kid"] as? String else {
                 throw AuthenticatorError(description: "the JWKS file \(path): key \(index) has no 'kid'")
             }
@@ -178,7 +181,8 @@ public final class Authenticator: Sendable {
     public static func loadSecret(path: String) throws -> [UInt8] {
         let bytes = try KeyFile.read(path, what: "secret")
         guard bytes.count >= minimumSecretBytes else {
-            throw AuthenticatorError(description: "the secret file \(path) has \(bytes.count) bytes: HS256 needs at least \(minimumSecretBytes) (head -c 32 /dev/urandom > FILE)")
+            throw AuthenticatorError(
+                description: "the secret file \(path) has \(bytes.count) bytes: HS256 needs at least \(minimumSecretBytes) (head -c 32 /dev/urandom > FILE)")
         }
         return bytes
     }
@@ -220,7 +224,8 @@ public final class Authenticator: Sendable {
         // (nesting is limited, a member named twice refused), then by jwt-kit.
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3, let header = Base64URL.decodeJSON(parts[0]), let claims = Base64URL.decodeJSON(parts[1]),
-              let alg = header["alg"]?.stringValue, header["crit"] == nil else {
+            let alg = header["alg"]?.stringValue, header["crit"] == nil
+        else {
             return .refused(.invalidToken)
         }
         let kid: String?
@@ -268,7 +273,8 @@ public final class Authenticator: Sendable {
         }
         let clock = now.timeIntervalSince1970
         guard let expOrNil = time("exp"), let exp = expOrNil, let nbf = time("nbf"), let iat = time("iat"),
-              case .string(let sub)? = claims["sub"] else { return .refused(.invalidToken) }
+            case .string(let sub)? = claims["sub"]
+        else { return .refused(.invalidToken) }
         if clock >= exp + policy.leeway { return .refused(.tokenExpired) }
         if let nbf, nbf > clock + policy.leeway { return .refused(.invalidToken) }
         if let iat, iat > clock + policy.leeway { return .refused(.invalidToken) }
@@ -289,7 +295,7 @@ public final class Authenticator: Sendable {
     /// P-256's order over two, big-endian: an ES256 signature's S must not exceed it.
     private static let halfOrder: [UInt8] = [
         0x7F, 0xFF, 0xFF, 0xFF, 0x80, 0x00, 0x00, 0x00, 0x7F, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF,
-        0xDE, 0x73, 0x7D, 0x56, 0xD3, 0x8B, 0xCF, 0x42, 0x79, 0xDC, 0xE5, 0x61, 0x7E, 0x31, 0x92, 0xA8,
+        0xDE, 0x73, 0x7D, 0x56, 0xD3, 0x8B, 0xCF, 0x42, 0x79, 0xDC, 0xE5, 0x61, 0x7E, 0x31, 0x92, 0xA8
     ]
 
     /// Whether an ES256 signature (R ‖ S, 32 bytes each) has S in the lower half.
@@ -301,13 +307,16 @@ public final class Authenticator: Sendable {
 
     /// A token for `userId` (HS256, signed with `secret`) that expires `expiresIn` seconds
     /// from `now`, for `audience` from `issuer` when given.
-    public static func issue(userId: String, secret: [UInt8], expiresIn: Int64, audience: String? = nil, issuer: String? = nil,
-                             now: Date = Date()) async throws -> String {
+    public static func issue(
+        userId: String, secret: [UInt8], expiresIn: Int64, audience: String? = nil, issuer: String? = nil,
+        now: Date = Date()
+    ) async throws -> String {
         let keys = await JWTKeyCollection().add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
         let issuedAt = Date(timeIntervalSince1970: now.timeIntervalSince1970.rounded(.down))
-        let claims = TokenClaims(sub: SubjectClaim(value: userId), exp: ExpirationClaim(value: issuedAt.addingTimeInterval(Double(expiresIn))),
-                                 iat: IssuedAtClaim(value: issuedAt), aud: audience.map { AudienceClaim(value: [$0]) },
-                                 iss: issuer.map { IssuerClaim(value: $0) })
+        let claims = TokenClaims(
+            sub: SubjectClaim(value: userId), exp: ExpirationClaim(value: issuedAt.addingTimeInterval(Double(expiresIn))),
+            iat: IssuedAtClaim(value: issuedAt), aud: audience.map { AudienceClaim(value: [$0]) },
+            iss: issuer.map { IssuerClaim(value: $0) })
         return try await keys.sign(claims)
     }
 }
@@ -323,8 +332,10 @@ struct TokenClaims: JWTPayload {
     var aud: AudienceClaim?
     var iss: IssuerClaim?
 
-    init(sub: SubjectClaim, exp: ExpirationClaim, nbf: NotBeforeClaim? = nil, iat: IssuedAtClaim? = nil, aud: AudienceClaim? = nil,
-         iss: IssuerClaim? = nil) {
+    init(
+        sub: SubjectClaim, exp: ExpirationClaim, nbf: NotBeforeClaim? = nil, iat: IssuedAtClaim? = nil, aud: AudienceClaim? = nil,
+        iss: IssuerClaim? = nil
+    ) {
         self.sub = sub
         self.exp = exp
         self.nbf = nbf

@@ -1,7 +1,7 @@
+import ChatWire
 import Crypto
 import Foundation
 import Threads
-import ChatWire
 
 /// The key every node of a deployment is given out of band (`--node-key-file`), never
 /// written to the database: a node proves with it that the standard input/output session
@@ -52,12 +52,18 @@ public struct NodeKey: Sendable {
         for index in id.indices { id[index] = UInt8.random(in: 0...255, using: &generator) }
         var claims = JSONWriter(capacity: 256)
         claims.beginObject()
-        claims.key("iss"); claims.string(NodeKey.issuer)
-        claims.key("aud"); claims.string(instance)
-        claims.key("sub"); claims.string(user)
-        claims.key("iat"); claims.integer(issued)
-        claims.key("exp"); claims.integer(issued + Int64(NodeKey.tokenLifetime))
-        claims.key("jti"); claims.string(id.map { String(format: "%02x", $0) }.joined())
+        claims.key("iss")
+        claims.string(NodeKey.issuer)
+        claims.key("aud")
+        claims.string(instance)
+        claims.key("sub")
+        claims.string(user)
+        claims.key("iat")
+        claims.integer(issued)
+        claims.key("exp")
+        claims.integer(issued + Int64(NodeKey.tokenLifetime))
+        claims.key("jti")
+        claims.string(id.map { String(format: "%02x", $0) }.joined())
         claims.endObject()
         let signingInput = Base64URL.encode(Array(#"{"alg":"HS256","typ":"JWT"}"#.utf8)) + "." + Base64URL.encode(claims.bytes)
         let signature = HMAC<SHA256>.authenticationCode(for: Array(signingInput.utf8), using: key)
@@ -68,7 +74,8 @@ public struct NodeKey: Sendable {
     func claims(of token: String) -> JSONTree? {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3, let signature = Base64URL.decode(parts[2]),
-              let header = Base64URL.decodeJSON(parts[0]), header["alg"]?.stringValue == "HS256", header["crit"] == nil else { return nil }
+            let header = Base64URL.decodeJSON(parts[0]), header["alg"]?.stringValue == "HS256", header["crit"] == nil
+        else { return nil }
         let signingInput = Array(token.utf8.prefix(parts[0].utf8.count + 1 + parts[1].utf8.count))
         guard HMAC<SHA256>.isValidAuthenticationCode(signature, authenticating: signingInput, using: key) else { return nil }
         return Base64URL.decodeJSON(parts[1])
@@ -97,9 +104,10 @@ public final class NodeTokens: Sendable {
     /// used up.
     public func accept(_ token: String, userId: String, now: Date = Date()) -> Bool {
         guard let claims = key.claims(of: token), claims["iss"]?.stringValue == NodeKey.issuer,
-              claims["aud"]?.stringValue == instance, let sub = claims["sub"]?.stringValue, sub.utf8.elementsEqual(userId.utf8),
-              let id = claims["jti"]?.stringValue, case .number(let expText)? = claims["exp"], let exp = Int64(expText),
-              case .number(let iatText)? = claims["iat"], let iat = Int64(iatText) else { return false }
+            claims["aud"]?.stringValue == instance, let sub = claims["sub"]?.stringValue, sub.utf8.elementsEqual(userId.utf8),
+            let id = claims["jti"]?.stringValue, case .number(let expText)? = claims["exp"], let exp = Int64(expText),
+            case .number(let iatText)? = claims["iat"], let iat = Int64(iatText)
+        else { return false }
         let seconds = Int64(now.timeIntervalSince1970)
         let leeway = Int64(TokenPolicy.defaultLeeway)
         guard exp > seconds, exp - iat <= Int64(NodeKey.tokenLifetime), iat <= seconds + leeway else { return false }
@@ -130,7 +138,8 @@ enum Base64URL {
     /// second reader could take the other one).
     static func decodeJSON(_ part: Substring) -> JSONTree? {
         guard let bytes = decode(part), let tree = try? JSONTree.parse(bytes), case .object(let members) = tree,
-              Set(members.map(\.0)).count == members.count else { return nil }
+            Set(members.map(\.0)).count == members.count
+        else { return nil }
         return tree
     }
 }
@@ -143,7 +152,8 @@ enum KeyFile {
         do {
             data = try Data(contentsOf: URL(fileURLWithPath: path))
         } catch {
-            throw NodeKey.KeyError(description: "cannot read the \(what) file \(path): \((error as NSError).localizedFailureReason ?? error.localizedDescription)")
+            throw NodeKey.KeyError(
+                description: "cannot read the \(what) file \(path): \((error as NSError).localizedFailureReason ?? error.localizedDescription)")
         }
         return [UInt8](data)
     }

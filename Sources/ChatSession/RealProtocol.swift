@@ -18,8 +18,9 @@ enum RealProtocol {
             "wipe": "chatcore does not wipe its store on request: stop it and remove its data directory",
             "statsCommitted": "chatcore keeps no usage statistics",
             "requestListAdd": "lists change through the requests that own them (chatStart, chatMessageSend, chatInvite, ...): requestListAdd is not supported",
-            "requestListRemove": "lists change through the requests that own them (chatLeave, participantRemove, chatMessageDestroy, ...): requestListRemove is not supported",
-            "chatParticipantTimesGet": "chatcore keeps no per-participant times: chatMessageStateGet gives each recipient's state of a message",
+            "requestListRemove":
+                "lists change through the requests that own them (chatLeave, participantRemove, chatMessageDestroy, ...): requestListRemove is not supported",
+            "chatParticipantTimesGet": "chatcore keeps no per-participant times: chatMessageStateGet gives each recipient's state of a message"
         ]
     }()
 
@@ -27,7 +28,7 @@ enum RealProtocol {
     static let missingLists: [String: String] = [
         "appMessage": "there are no messages from BlackBerry's servers to the application",
         "stat": "chatcore keeps no usage statistics",
-        "chatMessageFileProgress": "attachments are stored and downloaded whole: a message's fileState says where its file is",
+        "chatMessageFileProgress": "attachments are stored and downloaded whole: a message's fileState says where its file is"
     ]
 
     /// The answer to a line that failed to decode, with the reason for a known request of
@@ -38,7 +39,8 @@ enum RealProtocol {
         }
         // Only on this (rare) path is the line read again, to see which list was meant.
         if failure.kind == .invalidParameter, let request, request.hasPrefix("requestList"), failure.reason.hasPrefix("'type' must be one of"),
-           let tree = try? JSONTree.parse(line), let type = tree[request]?["type"]?.stringValue, let why = missingLists[type] {
+            let tree = try? JSONTree.parse(line), let type = tree[request]?["type"]?.stringValue, let why = missingLists[type]
+        {
             return ProtocolError(.invalidParameter, "'type' \(type) is a list of the real protocol that chatcore does not have: \(why)")
         }
         return ProtocolError(failure)

@@ -1,10 +1,10 @@
 import ChatEngine
-import Foundation
-import ChatProtocol
 import ChatMetrics
+import ChatProtocol
+import ChatWire
+import Foundation
 import Synchronization
 import Threads
-import ChatWire
 
 /// Where a session's output goes: a transport's writer. Implementations buffer, keep
 /// order, and never block the caller.
@@ -63,7 +63,9 @@ public final class Session: EventSink, @unchecked Sendable {
     /// credential came first (transport thread only).
     private var lineOffset = 0
 
-    public init(engine: Engine, authenticator: Authenticator, transport: Transport, output: SessionOutput, limits: Limits = Limits(), trustedUser: String? = nil) {
+    public init(
+        engine: Engine, authenticator: Authenticator, transport: Transport, output: SessionOutput, limits: Limits = Limits(), trustedUser: String? = nil
+    ) {
         self.engine = engine
         self.authenticator = authenticator
         self.transport = transport
@@ -97,7 +99,8 @@ public final class Session: EventSink, @unchecked Sendable {
         case .line(let bytes, let number):
             receive(line: bytes, number: number)
         case .tooLarge(let number):
-            let reason = !isAuthenticated && limits.maxLineBytesBeforeAuth < limits.maxLineBytes
+            let reason =
+                !isAuthenticated && limits.maxLineBytesBeforeAuth < limits.maxLineBytes
                 ? "the line is longer than the \(limits.maxLineBytesBeforeAuth) bytes a line may have before a token is accepted"
                 : "the line is longer than the limit of \(limits.maxLineBytes) bytes (--max-line-bytes)"
             refuseLine(number: number, reason: reason)
@@ -118,8 +121,11 @@ public final class Session: EventSink, @unchecked Sendable {
         ServiceMetrics.received(decoded.request)
         switch decoded.result {
         case .failure(let failure):
-            respond(RealProtocol.failure(failure, request: decoded.request, line: line).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number))
-        case .success(.authToken(let request)) where number == 1 && transport != .stdio
+            respond(
+                RealProtocol.failure(failure, request: decoded.request, line: line).requestFailed(
+                    request: decoded.request, cookie: decoded.cookie, line: number))
+        case .success(.authToken(let request))
+        where number == 1 && transport != .stdio
             && authenticator.acceptsNodeToken(request.authToken, userId: request.userId):
             // Another node of a shared store relays its standard input/output session
             // here, started as `userId`, and vouched for it with the node key: from now on
@@ -133,8 +139,9 @@ public final class Session: EventSink, @unchecked Sendable {
             submitOrHold(.token(request, line: number))
         case .success(let request):
             if tokenHasExpired.load(ordering: .acquiring), let expired = token.withLock({ $0.expired }) {
-                respond(ProtocolError(.notAuthenticated, "the session's token expired at \(expired): send a new authToken for its user")
-                    .requestFailed(request: request.name, cookie: request.cookie, line: number))
+                respond(
+                    ProtocolError(.notAuthenticated, "the session's token expired at \(expired): send a new authToken for its user")
+                        .requestFailed(request: request.name, cookie: request.cookie, line: number))
                 return
             }
             handOver()

@@ -15,11 +15,11 @@ public indirect enum JSONTree: Sendable, Equatable {
     public static func == (lhs: JSONTree, rhs: JSONTree) -> Bool {
         switch (lhs, rhs) {
         case (.null, .null): return true
-        case let (.bool(a), .bool(b)): return a == b
-        case let (.number(a), .number(b)): return a == b
-        case let (.string(a), .string(b)): return a == b
-        case let (.array(a), .array(b)): return a == b
-        case let (.object(a), .object(b)):
+        case (.bool(let a), .bool(let b)): return a == b
+        case (.number(let a), .number(let b)): return a == b
+        case (.string(let a), .string(let b)): return a == b
+        case (.array(let a), .array(let b)): return a == b
+        case (.object(let a), .object(let b)):
             return a.count == b.count && zip(a, b).allSatisfy { $0.0 == $1.0 && $0.1 == $1.1 }
         default: return false
         }
@@ -109,8 +109,14 @@ private func text(_ pointer: UnsafePointer<UInt8>?, _ count: Int) -> String {
 }
 
 private let treeCallbacks = yajl_callbacks(
-    yajl_null: { context in TreeBuilder.from(context).add(.null); return 1 },
-    yajl_boolean: { context, value in TreeBuilder.from(context).add(.bool(value != 0)); return 1 },
+    yajl_null: { context in
+        TreeBuilder.from(context).add(.null)
+        return 1
+    },
+    yajl_boolean: { context, value in
+        TreeBuilder.from(context).add(.bool(value != 0))
+        return 1
+    },
     yajl_integer: nil,
     yajl_double: nil,
     yajl_number: { context, pointer, count in
@@ -118,7 +124,10 @@ private let treeCallbacks = yajl_callbacks(
         TreeBuilder.from(context).add(.number(spelled))
         return 1
     },
-    yajl_string: { context, pointer, count in TreeBuilder.from(context).add(.string(text(pointer, count))); return 1 },
+    yajl_string: { context, pointer, count in
+        TreeBuilder.from(context).add(.string(text(pointer, count)))
+        return 1
+    },
     yajl_start_map: { context in TreeBuilder.from(context).open(.object([], pendingKey: nil)) },
     yajl_map_key: { context, pointer, count in
         let builder = TreeBuilder.from(context)

@@ -1,9 +1,9 @@
 import CYAJL
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// The set of messages a line may carry (the generated `Request`): maps a top-level
@@ -57,7 +57,6 @@ public struct DecodedLine<Message: Sendable>: Sendable {
 public final class LineDecoder {
     private let state: UnsafeMutablePointer<DecodeState>
 
-
     public init() {
         state = .allocate(capacity: 1)
         state.initialize(to: DecodeState())
@@ -106,7 +105,8 @@ public final class LineDecoder {
                     return Outcome(request: nil, cookie: nil, failure: WireFailure(.parseError, "invalid JSON: \(syntax.message)"))
                 }
                 // Whatever of the line was read names the request (and maybe the cookie).
-                return Outcome(request: state.pointee.requestName, cookie: state.pointee.cookie, failure: WireFailure(.tooLarge, "the line's \(JSONLimits.tooDeep)"))
+                return Outcome(
+                    request: state.pointee.requestName, cookie: state.pointee.cookie, failure: WireFailure(.tooLarge, "the line's \(JSONLimits.tooDeep)"))
             }
             return Outcome(request: nil, cookie: nil, failure: WireFailure(.parseError, "invalid JSON: \(syntax.message)"))
         }
@@ -932,7 +932,8 @@ private struct DecodeState {
                 return
             case .object:
                 if frames[top].pointee.isRequest, frames[top].pointee.pending >= 0, frames[top].pointee.pending == frames[top].pointee.cookieIndex,
-                   case .string(let text) = value {
+                    case .string(let text) = value
+                {
                     cookie = String(decoding: text, as: UTF8.self)
                 }
             case .array:
@@ -1015,7 +1016,8 @@ private struct DecodeState {
             // Only the service's own spelling: answers name an id as the service writes
             // it, so "02" or "-0" would come back as an id the client never sent.
             guard let number = parseInteger(text), number >= 0, text[0] != UInt8(ascii: "-"),
-                  text.count == 1 || text[0] != UInt8(ascii: "0") else {
+                text.count == 1 || text[0] != UInt8(ascii: "0")
+            else {
                 failMismatch(type)
                 return nil
             }
@@ -1182,22 +1184,34 @@ nonisolated(unsafe) private let decodeCallbacks: UnsafePointer<yajl_callbacks> =
 }()
 
 private let decodeCallbackTable = yajl_callbacks(
-    yajl_null: { context in state(context).pointee.scalar(.null); return 1 },
-    yajl_boolean: { context, value in state(context).pointee.scalar(.bool(value != 0)); return 1 },
+    yajl_null: { context in
+        state(context).pointee.scalar(.null)
+        return 1
+    },
+    yajl_boolean: { context, value in
+        state(context).pointee.scalar(.bool(value != 0))
+        return 1
+    },
     yajl_integer: nil,
     yajl_double: nil,
     yajl_number: { context, pointer, count in
         state(context).pointee.scalar(.number(UnsafeRawBufferPointer(start: pointer, count: count)))
         return 1
     },
-    yajl_string: { context, pointer, count in state(context).pointee.scalar(.string(bytes(pointer, count))); return 1 },
+    yajl_string: { context, pointer, count in
+        state(context).pointee.scalar(.string(bytes(pointer, count)))
+        return 1
+    },
     yajl_start_map: { context in
         let state = state(context)
         guard state.pointee.enter() else { return 0 }
         state.pointee.startMap()
         return 1
     },
-    yajl_map_key: { context, pointer, count in state(context).pointee.mapKey(bytes(pointer, count)); return 1 },
+    yajl_map_key: { context, pointer, count in
+        state(context).pointee.mapKey(bytes(pointer, count))
+        return 1
+    },
     yajl_end_map: { context in
         state(context).pointee.nesting -= 1
         state(context).pointee.endMap()

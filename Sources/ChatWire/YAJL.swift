@@ -1,9 +1,9 @@
 import CYAJL
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// Runs YAJL over one complete buffer (one line) with the given callbacks.
@@ -131,11 +131,19 @@ enum YAJL {
             var high: UInt8 = 0xBF
             switch lead {
             case 0xC2...0xDF: following = 1
-            case 0xE0: following = 2; low = 0xA0
-            case 0xED: following = 2; high = 0x9F
+            case 0xE0:
+                following = 2
+                low = 0xA0
+            case 0xED:
+                following = 2
+                high = 0x9F
             case 0xE1...0xEF: following = 2
-            case 0xF0: following = 3; low = 0x90
-            case 0xF4: following = 3; high = 0x8F
+            case 0xF0:
+                following = 3
+                low = 0x90
+            case 0xF4:
+                following = 3
+                high = 0x8F
             case 0xF1...0xF3: following = 3
             default: return index
             }

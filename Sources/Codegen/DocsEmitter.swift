@@ -118,14 +118,23 @@ struct DocsEmitter {
         }
         switch declaration {
         case .structure(let structure):
-            if let text = structure.description { line(text); line() }
+            if let text = structure.description {
+                line(text)
+                line()
+            }
             fields(structure)
         case .enumeration(_, let description, let values):
-            if let description { line(description); line() }
+            if let description {
+                line(description)
+                line()
+            }
             line("One of \(values.map { "`\($0)`" }.joined(separator: ", ")).")
             line()
         case .union(_, let description, let discriminator, let variants):
-            if let description { line(description); line() }
+            if let description {
+                line(description)
+                line()
+            }
             line("By `\(discriminator)`:")
             line()
             for variant in variants {
@@ -133,7 +142,10 @@ struct DocsEmitter {
                 line("**`\(discriminator)`: `\(variant.value)`**")
                 line()
                 if case .structure(let structure)? = catalogue[variant.type] {
-                    if let text = structure.description { line(text); line() }
+                    if let text = structure.description {
+                        line(text)
+                        line()
+                    }
                     fields(structure)
                 }
             }

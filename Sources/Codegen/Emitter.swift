@@ -53,7 +53,7 @@ struct Emitter {
         "internal", "let", "open", "operator", "private", "protocol", "public", "static", "struct", "subscript",
         "typealias", "var", "break", "case", "continue", "default", "defer", "do", "else", "fallthrough", "for",
         "guard", "if", "in", "repeat", "return", "switch", "where", "while", "as", "catch", "false", "is", "nil",
-        "rethrows", "super", "self", "Self", "throw", "throws", "true", "try", "Type", "Protocol",
+        "rethrows", "super", "self", "Self", "throw", "throws", "true", "try", "Type", "Protocol"
     ]
 
     static func identifier(_ name: String) -> String {
@@ -232,7 +232,9 @@ struct Emitter {
                 if field.required {
                     line("        writer.rawKey(\(Emitter.literal("\"" + field.name + "\":"))); \(Emitter.encode(field.shape, "self.\(name)"))")
                 } else {
-                    line("        if let value = self.\(name) { writer.rawKey(\(Emitter.literal("\"" + field.name + "\":"))); \(Emitter.encode(field.shape, "value")) }")
+                    line(
+                        "        if let value = self.\(name) { writer.rawKey(\(Emitter.literal("\"" + field.name + "\":"))); \(Emitter.encode(field.shape, "value")) }"
+                    )
                 }
             }
         }
@@ -325,7 +327,9 @@ struct Emitter {
         line("    public init(name: String, value: WireValue) throws {")
         line("        switch name {")
         for message in messages {
-            line("        case \(Emitter.literal(message.wireName)): self = .\(Emitter.identifier(message.wireName))(\(Emitter.fromValue(message.shape, "value")))")
+            line(
+                "        case \(Emitter.literal(message.wireName)): self = .\(Emitter.identifier(message.wireName))(\(Emitter.fromValue(message.shape, "value")))"
+            )
         }
         line("        default: throw WireFailure(.unknownRequest, \"unknown message '\\(name)'\")")
         line("        }")
@@ -345,7 +349,9 @@ struct Emitter {
         line("        writer.beginObject()")
         line("        switch self {")
         for message in messages {
-            line("        case .\(Emitter.identifier(message.wireName))(let value): writer.rawKey(\(Emitter.literal("\"" + message.wireName + "\":"))); value.encode(to: &writer)")
+            line(
+                "        case .\(Emitter.identifier(message.wireName))(let value): writer.rawKey(\(Emitter.literal("\"" + message.wireName + "\":"))); value.encode(to: &writer)"
+            )
         }
         line("        }")
         line("        writer.endObject()")

@@ -1,5 +1,5 @@
-import Foundation
 import ChatWire
+import Foundation
 
 /// Reads every schema file and turns the nodes it reaches into declarations.
 ///
@@ -12,12 +12,14 @@ final class SchemaReader {
     /// Declarations by the file that defines them, in the order they were met.
     private(set) var declarations: [String: [Declaration]] = [:]
     private var declared: [String: String] = [:]  // "file#pointer" -> type name
-    private var typeOwner: [String: String] = [:] // type name -> "file#pointer"
+    private var typeOwner: [String: String] = [:]  // type name -> "file#pointer"
     /// Wire names of messages, by type name (for `static let name`).
     private(set) var wireNames: [String: String] = [:]
 
     /// Keywords that only annotate.
-    private static let annotations: Set<String> = ["title", "description", "$comment", "default", "examples", "readOnly", "$schema", "$id", "$defs", "x-key", "format"]
+    private static let annotations: Set<String> = [
+        "title", "description", "$comment", "default", "examples", "readOnly", "$schema", "$id", "$defs", "x-key", "format"
+    ]
 
     init(root: URL) throws {
         self.root = root
@@ -61,8 +63,9 @@ final class SchemaReader {
 
     private func readMessageSet(_ tree: JSONTree, file: String) throws {
         guard let name = tree["title"]?.stringValue, let properties = tree["properties"]?.members,
-              tree["minProperties"]?.integerValue == 1, tree["maxProperties"]?.integerValue == 1,
-              tree["additionalProperties"]?.boolValue == false else {
+            tree["minProperties"]?.integerValue == 1, tree["maxProperties"]?.integerValue == 1,
+            tree["additionalProperties"]?.boolValue == false
+        else {
             throw GeneratorError(description: "\(file): a message set needs title, properties, minProperties 1, maxProperties 1 and additionalProperties false")
         }
         var messages: [(String, FieldShape)] = []
@@ -234,8 +237,10 @@ final class SchemaReader {
         var fields: [Field] = []
         for (property, child) in node["properties"]?.members ?? [] {
             let shape = try shape(of: child, file: file, pointer: pointer + "/properties/" + property)
-            fields.append(Field(name: property, shape: shape, required: required.contains(property), description: describe(child, file: file),
-                                defaultValue: defaultValue(child, file: file)))
+            fields.append(
+                Field(
+                    name: property, shape: shape, required: required.contains(property), description: describe(child, file: file),
+                    defaultValue: defaultValue(child, file: file)))
         }
         for name in required where !fields.contains(where: { $0.name == name }) {
             throw fail(file, pointer, "'\(name)' is required but not a property")
@@ -253,7 +258,8 @@ final class SchemaReader {
     private func unionShape(_ node: JSONTree, file: String, pointer: String) throws -> FieldShape {
         try check(node, file: file, pointer: pointer, allowed: ["type", "oneOf"])
         guard let name = node["title"]?.stringValue, let discriminator = node["x-discriminator"]?.stringValue,
-              node["type"]?.stringValue == "object", let alternatives = node["oneOf"]?.elements else {
+            node["type"]?.stringValue == "object", let alternatives = node["oneOf"]?.elements
+        else {
             throw fail(file, pointer, "oneOf is supported only for objects with a title and x-discriminator")
         }
         let key = "\(file)#\(pointer)"
@@ -266,12 +272,14 @@ final class SchemaReader {
                     throw fail(file, altPointer, "each alternative must be an object with a title")
                 }
                 guard let value = alternative["properties"]?[discriminator]?["const"]?.stringValue,
-                      (alternative["required"]?.elements ?? []).contains(.string(discriminator)) else {
+                    (alternative["required"]?.elements ?? []).contains(.string(discriminator))
+                else {
                     throw fail(file, altPointer, "each alternative must require '\(discriminator)' with a const string")
                 }
                 variants.append((value, typeName))
             }
-            try declare(.union(name: name, description: node["description"]?.stringValue, discriminator: discriminator, variants: variants), file: file, key: key)
+            try declare(
+                .union(name: name, description: node["description"]?.stringValue, discriminator: discriminator, variants: variants), file: file, key: key)
         }
         return .union(name)
     }
@@ -279,7 +287,8 @@ final class SchemaReader {
     private func describe(_ node: JSONTree, file: String) -> String? {
         if let text = node["description"]?.stringValue { return text }
         if let reference = node["$ref"]?.stringValue, let (targetFile, targetPointer) = try? resolve(reference, from: file),
-           let target = try? self.node(in: targetFile, at: targetPointer) {
+            let target = try? self.node(in: targetFile, at: targetPointer)
+        {
             return describe(target, file: targetFile)
         }
         return nil
@@ -288,7 +297,8 @@ final class SchemaReader {
     private func defaultValue(_ node: JSONTree, file: String) -> String? {
         if let value = node["default"] { return value.compactText }
         if let reference = node["$ref"]?.stringValue, let (targetFile, targetPointer) = try? resolve(reference, from: file),
-           let target = try? self.node(in: targetFile, at: targetPointer) {
+            let target = try? self.node(in: targetFile, at: targetPointer)
+        {
             return defaultValue(target, file: targetFile)
         }
         return nil

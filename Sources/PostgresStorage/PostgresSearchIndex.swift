@@ -43,8 +43,10 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
             lock.withLock { addedByCommitsAfter = from }
             if upTo < from {
                 var binds = PostgresStore.Binds()
-                let missing = try store.run(connection, #"SELECT 1 FROM message WHERE "searchRow" > \#(binds.add(upTo)) AND "searchRow" <= \#(binds.add(from)) "#
-                                            + "AND content IS NOT NULL LIMIT 1", binds)
+                let missing = try store.run(
+                    connection,
+                    #"SELECT 1 FROM message WHERE "searchRow" > \#(binds.add(upTo)) AND "searchRow" <= \#(binds.add(from)) "#
+                        + "AND content IS NOT NULL LIMIT 1", binds)
                 if missing.first != nil { return upTo }
             }
             return counters["searchRow"] ?? 0
@@ -67,7 +69,8 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
             try store.withConnection { connection in
                 var binds = PostgresStore.Binds()
                 let rows = PostgresStore.searchRows(missing, &binds)
-                let sql = #"WITH added AS (INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", u.keys FROM \#(rows) "#
+                let sql =
+                    #"WITH added AS (INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", u.keys FROM \#(rows) "#
                     + #"JOIN message m ON m.chat = u.chat AND m.id = u.id AND m."searchRow" = u."row" ON CONFLICT (chat, id) DO NOTHING) "#
                     + #"UPDATE counter SET value = greatest(value, \#(binds.add(last))) WHERE name = 'searchIndexUpTo'"#
                 try store.runCommitted(connection, PostgresQuery(unsafeSQL: sql, binds: binds.bindings))
@@ -95,9 +98,11 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
         let keys = SearchText.queryKeys(text)
         let scopes = chats.count <= PostgresSearchIndex.scopedChats ? chats.map(SearchText.scope) : nil
         let page = max(limit * 4, 256)
-        var high = try belowRow ?? store.withConnection { connection in
-            try store.run(connection, #"SELECT coalesce(max("searchRow"), 0) + 1 FROM message_search"#).first?.decode(Int64.self) ?? 1
-        }
+        var high =
+            try belowRow
+            ?? store.withConnection { connection in
+                try store.run(connection, #"SELECT coalesce(max("searchRow"), 0) + 1 FROM message_search"#).first?.decode(Int64.self) ?? 1
+            }
         var span: Int64 = PostgresSearchIndex.firstWindow
         var found: [SearchHit] = []
         while found.count < limit && high > 1 && !budget.isExhausted {
@@ -131,14 +136,17 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
 
     /// Up to `limit` messages of `chats` filed under all of `keys`, with search rows from
     /// `from` to below `below`, newest first, with their content.
-    private func candidates(withAll keys: [Int32], chats: [Int64], scopes: [Int32]?, from low: Int64, below high: Int64,
-                            limit: Int, rare: Bool = false) throws -> [(chat: Int64, id: Int64, row: Int64, content: String?)] {
+    private func candidates(
+        withAll keys: [Int32], chats: [Int64], scopes: [Int32]?, from low: Int64, below high: Int64,
+        limit: Int, rare: Bool = false
+    ) throws -> [(chat: Int64, id: Int64, row: Int64, content: String?)] {
         // `rare`: keys that few messages have, read through GIN only (`+ 0` keeps the
         // search-row index out of the plan: through it, a window without such messages
         // cost a read of the whole window, 10 ms and more).
         let row = rare ? #"s."searchRow" + 0"# : #"s."searchRow""#
         var binds = PostgresStore.Binds()
-        var sql = #"SELECT s.chat, s.id, s."searchRow", m.content FROM message_search s JOIN message m ON m.chat = s.chat AND m.id = s.id "#
+        var sql =
+            #"SELECT s.chat, s.id, s."searchRow", m.content FROM message_search s JOIN message m ON m.chat = s.chat AND m.id = s.id "#
             + #"WHERE s.keys @> \#(binds.add(keys))::int4[] AND s.chat = ANY(\#(binds.add(chats))::bigint[]) "#
             + #"AND \#(row) >= \#(binds.add(low)) AND \#(row) < \#(binds.add(high)) "#
         if let scopes { sql += #"AND s.keys && \#(binds.add(scopes))::int4[] "# }
@@ -179,9 +187,11 @@ extension PostgresStore {
     /// (counted by the server: what is left out is never sent).
     static func searchEntriesQuery(after row: Int64, limit: Int, maxBytes: Int) -> (sql: String, binds: Binds) {
         var binds = Binds()
-        let page = #"SELECT "searchRow", chat, id, content FROM message WHERE "searchRow" > \#(binds.add(row)) AND "searchRow" > 0 "#
+        let page =
+            #"SELECT "searchRow", chat, id, content FROM message WHERE "searchRow" > \#(binds.add(row)) AND "searchRow" > 0 "#
             + #"AND content IS NOT NULL ORDER BY "searchRow" LIMIT \#(binds.add(Int64(limit)))"#
-        let sql = #"SELECT "searchRow", chat, id, content FROM (SELECT *, sum(octet_length(content)) OVER (ORDER BY "searchRow") AS upto "#
+        let sql =
+            #"SELECT "searchRow", chat, id, content FROM (SELECT *, sum(octet_length(content)) OVER (ORDER BY "searchRow") AS upto "#
             + #"FROM (\#(page)) page) counted WHERE upto <= \#(binds.add(Int64(maxBytes))) OR upto = octet_length(content) ORDER BY "searchRow""#
         return (sql, binds)
     }

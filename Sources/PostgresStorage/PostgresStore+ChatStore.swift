@@ -70,7 +70,8 @@ extension PostgresStore: ChatStore {
         directory.counters = StoreCounters(named: counters)
         directory.feedPositions = FeedSlots.positions(in: counters)
         var binds = Binds()
-        let sql = chats.map { "SELECT chat, version FROM chat_version WHERE chat = ANY(\(binds.add($0))::bigint[])" } ?? "SELECT chat, version FROM chat_version"
+        let sql =
+            chats.map { "SELECT chat, version FROM chat_version WHERE chat = ANY(\(binds.add($0))::bigint[])" } ?? "SELECT chat, version FROM chat_version"
         for row in try run(connection, sql, binds) {
             let (chat, version) = try row.decode((Int64, Int64).self)
             directory.chatVersions[chat] = version
@@ -84,8 +85,9 @@ extension PostgresStore: ChatStore {
 
     /// A chat from the next cells of a row (`Columns.chat`), which may go on with more.
     static func chat(_ cells: inout Cells) throws -> ChatRow {
-        ChatRow(number: try cells.next(), subject: try cells.next(), isOneToOne: try cells.next(), invitePolicy: try cells.next(),
-                isDefunct: try cells.next(), data: try cells.next(), lastMessage: try cells.next(), lastActivity: try cells.next())
+        ChatRow(
+            number: try cells.next(), subject: try cells.next(), isOneToOne: try cells.next(), invitePolicy: try cells.next(),
+            isDefunct: try cells.next(), data: try cells.next(), lastMessage: try cells.next(), lastActivity: try cells.next())
     }
 
     /// A row's cells, decoded one after the other.
@@ -110,8 +112,10 @@ extension PostgresStore: ChatStore {
         static let endpoint = #"id, "user", description, nickname, "isLegacyDelegate", ordinal"#
         static let chat = #""number", subject, "isOneToOne", "invitePolicy", "isDefunct", data, "lastMessage", "lastActivity""#
         static let refCount = "chat, target, tag, count, newest"
-        static let member = #"chat, "user", "isActive", "isAdmin", "joinedAt", "leftAt", "isHidden", "localData", "privateData", "deliveredUpTo", "readUpTo", "numUnread""#
-        static let message = #"chat, id, sender, tag, content, data, "timestamp", "isControl", "neverCountsUnread", "isRecalled", "changeSeq", "searchRow", "#
+        static let member =
+            #"chat, "user", "isActive", "isAdmin", "joinedAt", "leftAt", "isHidden", "localData", "privateData", "deliveredUpTo", "readUpTo", "numUnread""#
+        static let message =
+            #"chat, id, sender, tag, content, data, "timestamp", "isControl", "neverCountsUnread", "isRecalled", "changeSeq", "searchRow", "#
             + #""thumbName", "thumbBlob", "fileName", "fileBlob", "fileSize", attachment"#
         static let messageUser = #"chat, id, "user", "localData", "isDeleted", "thumbDetached", "fileDownloaded""#
     }
@@ -119,15 +123,17 @@ extension PostgresStore: ChatStore {
     static func member(_ row: PostgresRow) throws -> MemberRow {
         let (chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread) =
             try row.decode((Int64, Int64, Bool, Bool, Int64, Int64?, Bool, String?, String?, Int64, Int64, Int64).self)
-        return MemberRow(chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
-                         localData: localData, privateData: privateData, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo, numUnread: numUnread)
+        return MemberRow(
+            chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
+            localData: localData, privateData: privateData, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo, numUnread: numUnread)
     }
 
     static func message(_ row: PostgresRow) throws -> MessageRow {
         var cells = Cells(row, of: "message")
-        var message = MessageRow(chat: try cells.next(), id: try cells.next(), sender: try cells.next(), tag: try cells.next(), content: try cells.next(),
-                                 data: try cells.next(), refs: [], timestamp: try cells.next(), isControl: try cells.next(),
-                                 neverCountsUnread: try cells.next(), isRecalled: try cells.next(), changeSeq: try cells.next(), searchRow: try cells.next())
+        var message = MessageRow(
+            chat: try cells.next(), id: try cells.next(), sender: try cells.next(), tag: try cells.next(), content: try cells.next(),
+            data: try cells.next(), refs: [], timestamp: try cells.next(), isControl: try cells.next(),
+            neverCountsUnread: try cells.next(), isRecalled: try cells.next(), changeSeq: try cells.next(), searchRow: try cells.next())
         message.thumbName = try cells.next()
         message.thumbBlob = try cells.next()
         message.fileName = try cells.next()
@@ -174,7 +180,9 @@ extension PostgresStore: ChatStore {
         }
         for row in try read({ "SELECT \(Columns.refCount) FROM ref_count WHERE \($0) ORDER BY target, tag COLLATE \"C\"" }, column: "target") {
             let (chat, target, tag, count, newest) = try row.decode((Int64, Int64, String, Int64, Int64).self)
-            if let position = index[target] { messages[position].refCounts.append(RefCountRow(chat: chat, target: target, tag: tag, count: count, newest: newest)) }
+            if let position = index[target] {
+                messages[position].refCounts.append(RefCountRow(chat: chat, target: target, tag: tag, count: count, newest: newest))
+            }
         }
         for row in try read({ "SELECT \(Columns.messageUser) FROM message_user WHERE \($0) ORDER BY id, \"user\"" }, column: "id") {
             let (chat, id, user, localData, isDeleted, thumbDetached, fileDownloaded) = try row.decode((Int64, Int64, Int64, String?, Bool, Bool, Bool).self)
@@ -196,12 +204,16 @@ extension PostgresStore: ChatStore {
         if let referring = filter.referring {
             // Driven by the reference index: a thread's children, a message's edits.
             from = "message_ref r JOIN message m ON m.chat = r.chat AND m.id = r.source"
-            conditions = ["r.chat = \(binds.add(chat))", "r.target = \(binds.add(referring.target))", "r.tag = \(binds.add(referring.tag))",
-                          ascending ? "r.source >= \(binds.add(start))" : "r.source <= \(binds.add(start))", "r.source >= \(binds.add(filter.firstId))"]
+            conditions = [
+                "r.chat = \(binds.add(chat))", "r.target = \(binds.add(referring.target))", "r.tag = \(binds.add(referring.tag))",
+                ascending ? "r.source >= \(binds.add(start))" : "r.source <= \(binds.add(start))", "r.source >= \(binds.add(filter.firstId))"
+            ]
             order = "r.source"
         } else {
-            conditions = ["m.chat = \(binds.add(chat))", ascending ? "m.id >= \(binds.add(start))" : "m.id <= \(binds.add(start))",
-                          "m.id >= \(binds.add(filter.firstId))"]
+            conditions = [
+                "m.chat = \(binds.add(chat))", ascending ? "m.id >= \(binds.add(start))" : "m.id <= \(binds.add(start))",
+                "m.id >= \(binds.add(filter.firstId))"
+            ]
             order = "m.id"
         }
         if let last = filter.lastId { conditions.append("m.id <= \(binds.add(last))") }
@@ -214,7 +226,8 @@ extension PostgresStore: ChatStore {
             conditions.append(#"NOT m."isRecalled""#)
             conditions.append("m.tag <> ALL(\(binds.add(MessageFilter.reservedTags.sorted())))")
         }
-        let sql = "SELECT m.id FROM \(from) WHERE " + conditions.joined(separator: " AND ")
+        let sql =
+            "SELECT m.id FROM \(from) WHERE " + conditions.joined(separator: " AND ")
             + " ORDER BY \(order) \(ascending ? "ASC" : "DESC") LIMIT \(binds.add(Int64(limit)))"
         return try withConnection { connection in try run(connection, sql, binds).map { try $0.decode(Int64.self) } }
     }
@@ -241,7 +254,8 @@ extension PostgresStore: ChatStore {
 
     public func references(chat: Int64, to target: Int64, tag: String, excluding excluded: Set<Int64>) throws -> (count: Int64, newest: Int64?) {
         var binds = Binds()
-        let sql = "SELECT source FROM message_ref WHERE chat = \(binds.add(chat)) AND target = \(binds.add(target)) AND tag = \(binds.add(tag)) "
+        let sql =
+            "SELECT source FROM message_ref WHERE chat = \(binds.add(chat)) AND target = \(binds.add(target)) AND tag = \(binds.add(tag)) "
             + "AND NOT (source = ANY(\(binds.add(excluded.sorted())))) ORDER BY source DESC"
         return try withConnection { connection in
             let sources = try run(connection, sql, binds).map { try $0.decode(Int64.self) }
@@ -280,7 +294,8 @@ extension PostgresStore: ChatStore {
     public func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow] {
         guard !chats.isEmpty else { return [] }
         var binds = Binds()
-        let sql = #"SELECT chat, "firstSeq", "firstId", "lastId" FROM range_change WHERE chat = ANY(\#(binds.add(chats))) AND "lastSeq" > \#(binds.add(seq)) ORDER BY "firstSeq""#
+        let sql =
+            #"SELECT chat, "firstSeq", "firstId", "lastId" FROM range_change WHERE chat = ANY(\#(binds.add(chats))) AND "lastSeq" > \#(binds.add(seq)) ORDER BY "firstSeq""#
         return try withConnection { connection in
             try run(connection, sql, binds).map {
                 let (chat, firstSeq, firstId, lastId) = try $0.decode((Int64, Int64, Int64, Int64).self)
@@ -292,15 +307,17 @@ extension PostgresStore: ChatStore {
     public func searchable(by user: Int64, among hits: [SearchHit]) throws -> Set<SearchHit> {
         guard !hits.isEmpty else { return [] }
         var binds = Binds()
-        let sql = #"SELECT m.chat, m.id, m."searchRow" FROM unnest(\#(binds.add(hits.map(\.chat)))::bigint[], "#
+        let sql =
+            #"SELECT m.chat, m.id, m."searchRow" FROM unnest(\#(binds.add(hits.map(\.chat)))::bigint[], "#
             + #"\#(binds.add(hits.map(\.id)))::bigint[], \#(binds.add(hits.map(\.row)))::bigint[]) AS h(chat, id, "row") "#
             + #"JOIN message m ON m.chat = h.chat AND m.id = h.id AND m."searchRow" = h."row" "#
             + #"WHERE NOT EXISTS (SELECT 1 FROM message_user u WHERE u.chat = m.chat AND u.id = m.id AND u."user" = \#(binds.add(user)) AND u."isDeleted")"#
         return try withConnection { connection in
-            Set(try run(connection, sql, binds).map {
-                let (chat, id, row) = try $0.decode((Int64, Int64, Int64).self)
-                return SearchHit(chat: chat, id: id, row: row)
-            })
+            Set(
+                try run(connection, sql, binds).map {
+                    let (chat, id, row) = try $0.decode((Int64, Int64, Int64).self)
+                    return SearchHit(chat: chat, id: id, row: row)
+                })
         }
     }
 
@@ -336,11 +353,12 @@ extension PostgresStore: ChatStore {
     /// not given again when the commit it was taken for fails. Chats and users one at a
     /// time; search rows `searchRowBlock` at a time (the sequence moves on by that much).
     public func takeNumbers(for kind: NumberedKind, count: Int) throws -> [ClosedRange<Int64>]? {
-        let (sequence, block): (String, Int64) = switch kind {
-        case .chat: ("chat_number", 1)
-        case .user: ("user_number", 1)
-        case .searchRow: ("search_row", PostgresStore.searchRowBlock)
-        }
+        let (sequence, block): (String, Int64) =
+            switch kind {
+            case .chat: ("chat_number", 1)
+            case .user: ("user_number", 1)
+            case .searchRow: ("search_row", PostgresStore.searchRowBlock)
+            }
         let calls = max(1, (Int64(count) + block - 1) / block)
         var binds = Binds()
         let sql = "SELECT nextval('\(sequence)') FROM generate_series(1, \(binds.add(calls)))"
@@ -453,7 +471,8 @@ extension PostgresStore: ChatStore {
         let recalled = batch.messageUpdates.filter { $0.columns.contains(.searchRow) && $0.row.searchRow == 0 }.map(\.row)
         if !recalled.isEmpty {
             var binds = statement.binds()
-            statement.add("""
+            statement.add(
+                """
                 DELETE FROM message_search s USING unnest(\(binds.add(recalled.map(\.chat)))::bigint[], \(binds.add(recalled.map(\.id)))::bigint[])
                 AS r(chat, id) WHERE s.chat = r.chat AND s.id = r.id
                 """, binds)
@@ -518,8 +537,9 @@ extension PostgresStore: ChatStore {
             }
             let assignments = columns.enumerated().map { "\"\($1)\" = u.v\($0)" }
             let conditions = keyColumns.enumerated().map { "t.\($1) = u.k\($0)" }
-            statement.add("UPDATE \(table) AS t SET \(assignments.joined(separator: ", ")) FROM unnest(\(arrays.joined(separator: ", "))) "
-                         + "AS u(\(names.joined(separator: ", "))) WHERE \(conditions.joined(separator: " AND "))", binds)
+            statement.add(
+                "UPDATE \(table) AS t SET \(assignments.joined(separator: ", ")) FROM unnest(\(arrays.joined(separator: ", "))) "
+                    + "AS u(\(names.joined(separator: ", "))) WHERE \(conditions.joined(separator: " AND "))", binds)
         }
     }
 
@@ -540,104 +560,135 @@ extension PostgresStore: ChatStore {
     private func write(_ batch: StoreBatch, _ statement: OneStatement) {
         typealias S = PostgresStore
         insert(statement, into: #""user""#, columns: S.userColumns, rows: batch.newUsers.map { [.int($0.number), .text($0.userId), .int($0.regId)] })
-        insert(statement, into: "endpoint", columns: S.endpointColumns, rows: batch.endpoints.map {
-            [.int($0.id), .int($0.user), .text($0.description), .text($0.nickname), .bool($0.isLegacyDelegate), .int($0.ordinal)]
-        }, conflict: S.replacing(key: ["id"], columns: S.endpointColumns))
+        insert(
+            statement, into: "endpoint", columns: S.endpointColumns,
+            rows: batch.endpoints.map {
+                [.int($0.id), .int($0.user), .text($0.description), .text($0.nickname), .bool($0.isLegacyDelegate), .int($0.ordinal)]
+            }, conflict: S.replacing(key: ["id"], columns: S.endpointColumns))
         // Written and removed endpoints are never the same ones (`StoreBatch`).
         if !batch.removedEndpoints.isEmpty {
             var binds = statement.binds()
             statement.add("DELETE FROM endpoint WHERE id = ANY(\(binds.add(batch.removedEndpoints)))", binds)
         }
-        insert(statement, into: "chat", columns: S.chatColumns, rows: batch.newChats.map {
-            [.int($0.number), .text($0.subject), .bool($0.isOneToOne), .text($0.invitePolicy), .bool($0.isDefunct), .text($0.data), .int($0.lastMessage), .int($0.lastActivity)]
-        })
-        update(statement, "chat", keyColumns: [#""number""#], batch.chatUpdates.map { update in
-            let row = update.row
-            return RowUpdate(key: [row.number], values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
-                switch column {
-                case .subject: (column.rawValue, .text(row.subject))
-                case .isDefunct: (column.rawValue, .bool(row.isDefunct))
-                case .data: (column.rawValue, .text(row.data))
-                case .lastMessage: (column.rawValue, .int(row.lastMessage))
-                case .lastActivity: (column.rawValue, .int(row.lastActivity))
-                }
+        insert(
+            statement, into: "chat", columns: S.chatColumns,
+            rows: batch.newChats.map {
+                [
+                    .int($0.number), .text($0.subject), .bool($0.isOneToOne), .text($0.invitePolicy), .bool($0.isDefunct), .text($0.data), .int($0.lastMessage),
+                    .int($0.lastActivity)
+                ]
             })
-        })
-        insert(statement, into: "member", columns: S.memberColumns, rows: batch.members.map(S.values),
-                   conflict: S.replacing(key: ["chat", #""user""#], columns: S.memberColumns))
-        update(statement, "member", keyColumns: ["chat", #""user""#], batch.memberUpdates.map { update in
-            let row = update.row
-            return RowUpdate(key: [row.chat, row.user], values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
-                switch column {
-                case .isActive: (column.rawValue, .bool(row.isActive))
-                case .isAdmin: (column.rawValue, .bool(row.isAdmin))
-                case .joinedAt: (column.rawValue, .int(row.joinedAt))
-                case .leftAt: (column.rawValue, .int(row.leftAt))
-                case .isHidden: (column.rawValue, .bool(row.isHidden))
-                case .localData: (column.rawValue, .text(row.localData))
-                case .privateData: (column.rawValue, .text(row.privateData))
-                case .deliveredUpTo: (column.rawValue, .int(row.deliveredUpTo))
-                case .readUpTo: (column.rawValue, .int(row.readUpTo))
-                case .numUnread: (column.rawValue, .int(row.numUnread))
-                }
+        update(
+            statement, "chat", keyColumns: [#""number""#],
+            batch.chatUpdates.map { update in
+                let row = update.row
+                return RowUpdate(
+                    key: [row.number],
+                    values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
+                        switch column {
+                        case .subject: (column.rawValue, .text(row.subject))
+                        case .isDefunct: (column.rawValue, .bool(row.isDefunct))
+                        case .data: (column.rawValue, .text(row.data))
+                        case .lastMessage: (column.rawValue, .int(row.lastMessage))
+                        case .lastActivity: (column.rawValue, .int(row.lastActivity))
+                        }
+                    })
             })
-        })
+        insert(
+            statement, into: "member", columns: S.memberColumns, rows: batch.members.map(S.values),
+            conflict: S.replacing(key: ["chat", #""user""#], columns: S.memberColumns))
+        update(
+            statement, "member", keyColumns: ["chat", #""user""#],
+            batch.memberUpdates.map { update in
+                let row = update.row
+                return RowUpdate(
+                    key: [row.chat, row.user],
+                    values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
+                        switch column {
+                        case .isActive: (column.rawValue, .bool(row.isActive))
+                        case .isAdmin: (column.rawValue, .bool(row.isAdmin))
+                        case .joinedAt: (column.rawValue, .int(row.joinedAt))
+                        case .leftAt: (column.rawValue, .int(row.leftAt))
+                        case .isHidden: (column.rawValue, .bool(row.isHidden))
+                        case .localData: (column.rawValue, .text(row.localData))
+                        case .privateData: (column.rawValue, .text(row.privateData))
+                        case .deliveredUpTo: (column.rawValue, .int(row.deliveredUpTo))
+                        case .readUpTo: (column.rawValue, .int(row.readUpTo))
+                        case .numUnread: (column.rawValue, .int(row.numUnread))
+                        }
+                    })
+            })
         insert(statement, into: "message", columns: S.messageColumns, rows: batch.newMessages.map(S.values))
-        insert(statement, into: "message_ref", columns: ["chat", "source", "tag", "target"], rows: batch.newMessages.flatMap { message in
-            message.refs.map { [.int(message.chat), .int(message.id), .text($0.tag), .int($0.target)] }
-        }, conflict: "DO NOTHING")
-        update(statement, "message", keyColumns: ["chat", "id"], batch.messageUpdates.map { update in
-            let row = update.row
-            return RowUpdate(key: [row.chat, row.id], values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
-                switch column {
-                case .content: (column.rawValue, .text(row.content))
-                case .data: (column.rawValue, .text(row.data))
-                case .isRecalled: (column.rawValue, .bool(row.isRecalled))
-                case .changeSeq: (column.rawValue, .int(row.changeSeq))
-                case .searchRow: (column.rawValue, .int(row.searchRow))
-                case .thumbName: (column.rawValue, .text(row.thumbName))
-                case .thumbBlob: (column.rawValue, .text(row.thumbBlob))
-                case .fileName: (column.rawValue, .text(row.fileName))
-                case .fileBlob: (column.rawValue, .text(row.fileBlob))
-                case .fileSize: (column.rawValue, .int(row.fileSize))
-                case .attachment: (column.rawValue, .text(row.attachment))
-                }
+        insert(
+            statement, into: "message_ref", columns: ["chat", "source", "tag", "target"],
+            rows: batch.newMessages.flatMap { message in
+                message.refs.map { [.int(message.chat), .int(message.id), .text($0.tag), .int($0.target)] }
+            }, conflict: "DO NOTHING")
+        update(
+            statement, "message", keyColumns: ["chat", "id"],
+            batch.messageUpdates.map { update in
+                let row = update.row
+                return RowUpdate(
+                    key: [row.chat, row.id],
+                    values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
+                        switch column {
+                        case .content: (column.rawValue, .text(row.content))
+                        case .data: (column.rawValue, .text(row.data))
+                        case .isRecalled: (column.rawValue, .bool(row.isRecalled))
+                        case .changeSeq: (column.rawValue, .int(row.changeSeq))
+                        case .searchRow: (column.rawValue, .int(row.searchRow))
+                        case .thumbName: (column.rawValue, .text(row.thumbName))
+                        case .thumbBlob: (column.rawValue, .text(row.thumbBlob))
+                        case .fileName: (column.rawValue, .text(row.fileName))
+                        case .fileBlob: (column.rawValue, .text(row.fileBlob))
+                        case .fileSize: (column.rawValue, .int(row.fileSize))
+                        case .attachment: (column.rawValue, .text(row.attachment))
+                        }
+                    })
             })
-        })
         writeSearchKeys(batch, statement)
         if !batch.droppedReferences.isEmpty {
             var binds = statement.binds()
-            statement.add("""
+            statement.add(
+                """
                 DELETE FROM message_ref r USING unnest(\(binds.add(batch.droppedReferences.map(\.chat)))::bigint[], \(binds.add(batch.droppedReferences.map(\.id)))::bigint[])
                 AS d(chat, source) WHERE r.chat = d.chat AND r.source = d.source
                 """, binds)
         }
         if !batch.touches.isEmpty {
             var binds = statement.binds()
-            statement.add("""
+            statement.add(
+                """
                 UPDATE message m SET "changeSeq" = t.seq
                 FROM unnest(\(binds.add(batch.touches.map(\.chat)))::bigint[], \(binds.add(batch.touches.map(\.id)))::bigint[], \(binds.add(batch.touches.map(\.seq)))::bigint[])
                 AS t(chat, id, seq) WHERE m.chat = t.chat AND m.id = t.id
                 """, binds)
         }
-        insert(statement, into: "range_change", columns: S.rangeChangeColumns, rows: batch.rangeChanges.map {
-            [.int($0.chat), .int($0.lastSeq), .int($0.firstSeq), .int($0.firstId), .int($0.lastId)]
-        }, conflict: S.replacing(key: ["chat", #""lastSeq""#], columns: S.rangeChangeColumns))
+        insert(
+            statement, into: "range_change", columns: S.rangeChangeColumns,
+            rows: batch.rangeChanges.map {
+                [.int($0.chat), .int($0.lastSeq), .int($0.firstSeq), .int($0.firstId), .int($0.lastId)]
+            }, conflict: S.replacing(key: ["chat", #""lastSeq""#], columns: S.rangeChangeColumns))
         let kept = batch.refCounts.filter { $0.count > 0 }
-        insert(statement, into: "ref_count", columns: S.refCountColumns, rows: kept.map {
-            [.int($0.chat), .int($0.target), .text($0.tag), .int($0.count), .int($0.newest)]
-        }, conflict: S.replacing(key: ["chat", "target", "tag"], columns: S.refCountColumns))
+        insert(
+            statement, into: "ref_count", columns: S.refCountColumns,
+            rows: kept.map {
+                [.int($0.chat), .int($0.target), .text($0.tag), .int($0.count), .int($0.newest)]
+            }, conflict: S.replacing(key: ["chat", "target", "tag"], columns: S.refCountColumns))
         let gone = batch.refCounts.filter { $0.count <= 0 }
         if !gone.isEmpty {
             var binds = statement.binds()
-            statement.add("""
+            statement.add(
+                """
                 DELETE FROM ref_count c USING unnest(\(binds.add(gone.map(\.chat)))::bigint[], \(binds.add(gone.map(\.target)))::bigint[], \(binds.add(gone.map(\.tag)))::text[])
                 AS g(chat, target, tag) WHERE c.chat = g.chat AND c.target = g.target AND c.tag = g.tag
                 """, binds)
         }
-        insert(statement, into: "message_user", columns: S.messageUserColumns, rows: batch.privateStates.map {
-            [.int($0.chat), .int($0.id), .int($0.user), .text($0.localData), .bool($0.isDeleted), .bool($0.thumbDetached), .bool($0.fileDownloaded)]
-        }, conflict: S.replacing(key: ["chat", "id", #""user""#], columns: S.messageUserColumns))
+        insert(
+            statement, into: "message_user", columns: S.messageUserColumns,
+            rows: batch.privateStates.map {
+                [.int($0.chat), .int($0.id), .int($0.user), .text($0.localData), .bool($0.isDeleted), .bool($0.thumbDetached), .bool($0.fileDownloaded)]
+            }, conflict: S.replacing(key: ["chat", "id", #""user""#], columns: S.messageUserColumns))
         let blobs = batch.blobUses.filter { $0.value != 0 }.sorted { $0.key < $1.key }
         if !blobs.isEmpty {
             // A count that reaches zero is deleted, the others are added to (or made): two
@@ -646,7 +697,8 @@ extension PostgresStore: ChatStore {
             var binds = statement.binds()
             let uses = "unnest(\(binds.add(blobs.map(\.key)))::text[], \(binds.add(blobs.map(\.value)))::bigint[]) AS u(hash, delta)"
             statement.add("DELETE FROM blob b USING \(uses) WHERE b.hash = u.hash AND b.uses + u.delta <= 0", binds)
-            statement.add("""
+            statement.add(
+                """
                 INSERT INTO blob (hash, uses) SELECT u.hash, u.delta FROM \(uses) LEFT JOIN blob b ON b.hash = u.hash
                 WHERE coalesce(b.uses, 0) + u.delta > 0 ON CONFLICT (hash) DO UPDATE SET uses = blob.uses + EXCLUDED.uses
                 """, binds)
@@ -655,7 +707,8 @@ extension PostgresStore: ChatStore {
             // This node's feed slot's position only: the search rows' sequence keeps the
             // last search row (`takeNumbers`).
             var binds = statement.binds()
-            statement.add("""
+            statement.add(
+                """
                 INSERT INTO counter (name, value) VALUES (\(binds.add(FeedSlots.counterName(of: counters.slot))), \(binds.add(counters.changeSeq)))
                 ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value
                 """, binds)
@@ -663,14 +716,21 @@ extension PostgresStore: ChatStore {
     }
 
     private static func values(_ member: MemberRow) -> [Value] {
-        [.int(member.chat), .int(member.user), .bool(member.isActive), .bool(member.isAdmin), .int(member.joinedAt), .int(member.leftAt), .bool(member.isHidden),
-         .text(member.localData), .text(member.privateData), .int(member.deliveredUpTo), .int(member.readUpTo), .int(member.numUnread)]
+        [
+            .int(member.chat), .int(member.user), .bool(member.isActive), .bool(member.isAdmin), .int(member.joinedAt), .int(member.leftAt),
+            .bool(member.isHidden),
+            .text(member.localData), .text(member.privateData), .int(member.deliveredUpTo), .int(member.readUpTo), .int(member.numUnread)
+        ]
     }
 
     private static func values(_ message: MessageRow) -> [Value] {
-        [.int(message.chat), .int(message.id), .int(message.sender), .text(message.tag), .text(message.content), .text(message.data), .int(message.timestamp),
-         .bool(message.isControl), .bool(message.neverCountsUnread), .bool(message.isRecalled), .int(message.changeSeq), .int(message.searchRow),
-         .text(message.thumbName), .text(message.thumbBlob), .text(message.fileName), .text(message.fileBlob), .int(message.fileSize), .text(message.attachment)]
+        [
+            .int(message.chat), .int(message.id), .int(message.sender), .text(message.tag), .text(message.content), .text(message.data),
+            .int(message.timestamp),
+            .bool(message.isControl), .bool(message.neverCountsUnread), .bool(message.isRecalled), .int(message.changeSeq), .int(message.searchRow),
+            .text(message.thumbName), .text(message.thumbBlob), .text(message.fileName), .text(message.fileBlob), .int(message.fileSize),
+            .text(message.attachment)
+        ]
     }
 }
 

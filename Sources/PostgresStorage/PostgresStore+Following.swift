@@ -31,8 +31,10 @@ extension PostgresStore {
         var binds = statement.binds()
         let slot = binds.add(Int64(batch.feedSlot))
         // Unmoved, the slot's position is the one its counter holds before this commit.
-        let upTo = "coalesce(\(binds.add(batch.counters?.changeSeq))::bigint, (SELECT value FROM counter WHERE name = \(binds.add(FeedSlots.counterName(of: batch.feedSlot)))), \(binds.add(FeedSlots.base(of: batch.feedSlot))))"
-        statement.add("""
+        let upTo =
+            "coalesce(\(binds.add(batch.counters?.changeSeq))::bigint, (SELECT value FROM counter WHERE name = \(binds.add(FeedSlots.counterName(of: batch.feedSlot)))), \(binds.add(FeedSlots.base(of: batch.feedSlot))))"
+        statement.add(
+            """
             INSERT INTO node_commit (slot, "feedUpTo", chats, users, "rewrittenChat", "rewrittenId", "insertedChat", "insertedId", "memberChat", "memberUser")
             VALUES (\(slot)::int, \(upTo), \(binds.add(entry.chats))::bigint[], \(binds.add(entry.users))::bigint[],
                     \(binds.add(rewrittenChat))::bigint[], \(binds.add(rewrittenId))::bigint[], \(binds.add(insertedChat))::bigint[],
@@ -98,7 +100,9 @@ extension PostgresStore {
             }
             wake?()
         } catch {
-            logger.warning("cannot listen for the other deciding nodes: looking by itself every 50 ms instead, and trying again each second", metadata: ["error": "\(PostgresStore.describe(error))"])
+            logger.warning(
+                "cannot listen for the other deciding nodes: looking by itself every 50 ms instead, and trying again each second",
+                metadata: ["error": "\(PostgresStore.describe(error))"])
         }
     }
 
@@ -192,7 +196,8 @@ extension PostgresStore {
     /// read were trimmed), who is connected to the other nodes, and whether they have
     /// events after it. Most looks find no commit and no event.
     private func look(besides slot: Int, after cursor: FollowCursor, _ connection: PostgresConnection) throws
-    -> (commits: Bool, online: Set<Int64>, events: Bool) {
+        -> (commits: Bool, online: Set<Int64>, events: Bool)
+    {
         var binds = Binds()
         let known = PostgresStore.known(cursor.commits, &binds)
         let heard = PostgresStore.known(cursor.transient, &binds)
@@ -222,7 +227,9 @@ extension PostgresStore {
             var activity = OthersActivity(cursor: cursor)
             var binds = Binds()
             let known = PostgresStore.known(cursor.commits, &binds)
-            let commits = try run(connection, """
+            let commits = try run(
+                connection,
+                """
                 SELECT c.slot, c."number", c."feedUpTo", c.chats, c.users, c."rewrittenChat", c."rewrittenId", c."insertedChat", c."insertedId",
                        c."memberChat", c."memberUser"
                 FROM \(PostgresStore.after(known, besides: slot, &binds))
@@ -233,10 +240,12 @@ extension PostgresStore {
                     try row.decode((Int32, Int64, Int64, [Int64], [Int64], [Int64], [Int64], [Int64], [Int64], [Int64], [Int64]).self)
                 let committer = Int(slot32)
                 let after = next.feed[committer] ?? FeedSlots.base(of: committer)
-                activity.commits.append(FollowedCommit(slot: committer, feedAfter: after, feedUpTo: max(after, upTo), chats: chats, users: users,
-                                                       rewritten: PostgresStore.grouped(rewrittenChat, rewrittenId),
-                                                       inserted: PostgresStore.grouped(insertedChat, insertedId),
-                                                       members: PostgresStore.grouped(memberChat, memberUser)))
+                activity.commits.append(
+                    FollowedCommit(
+                        slot: committer, feedAfter: after, feedUpTo: max(after, upTo), chats: chats, users: users,
+                        rewritten: PostgresStore.grouped(rewrittenChat, rewrittenId),
+                        inserted: PostgresStore.grouped(insertedChat, insertedId),
+                        members: PostgresStore.grouped(memberChat, memberUser)))
                 next.commits[committer] = number
                 next.feed[committer] = max(after, upTo)
             }
@@ -250,7 +259,9 @@ extension PostgresStore {
                     let (number, userId, regId) = try $0.decode((Int64, String, Int64).self)
                     return UserRecord(number: number, userId: userId, regId: regId)
                 }
-                activity.endpoints = try run(connection, "SELECT \(Columns.endpoint) FROM endpoint WHERE \"user\" = ANY(\(wanted)::bigint[]) ORDER BY ordinal", binds).map {
+                activity.endpoints = try run(
+                    connection, "SELECT \(Columns.endpoint) FROM endpoint WHERE \"user\" = ANY(\(wanted)::bigint[]) ORDER BY ordinal", binds
+                ).map {
                     let (id, user, description, nickname, isLegacyDelegate, ordinal) = try $0.decode((Int64, Int64, String, String, Bool, Int64).self)
                     return EndpointRow(id: id, user: user, description: description, nickname: nickname, isLegacyDelegate: isLegacyDelegate, ordinal: ordinal)
                 }
@@ -268,7 +279,9 @@ extension PostgresStore {
         var directory = StoreDirectory()
         var binds = Binds()
         let wanted = binds.add(numbers)
-        let chats = try run(connection, """
+        let chats = try run(
+            connection,
+            """
             SELECT \(Columns.chat), coalesce(v.version, 0) FROM chat LEFT JOIN chat_version v ON v.chat = chat."number"
             WHERE chat."number" = ANY(\(wanted)::bigint[]) ORDER BY chat."number"
             """, binds)
@@ -289,7 +302,9 @@ extension PostgresStore {
             let cursor = activity.cursor
             var eventBinds = Binds()
             let heard = PostgresStore.known(cursor.transient, &eventBinds)
-            let events = try run(connection, """
+            let events = try run(
+                connection,
+                """
                 SELECT e.slot, e."number", e.kind, e."user", e.chat, e.tag, e.data FROM \(PostgresStore.after(heard, besides: slot, &eventBinds))
                 JOIN LATERAL (SELECT * FROM node_event e WHERE \(PostgresStore.inSlotAfter("e"))) e ON true ORDER BY e."number"
                 """, eventBinds)
@@ -355,7 +370,9 @@ extension PostgresStore {
         try withConnection { connection in
             var binds = Binds()
             let which = binds.add(Int64(slot))
-            try run(connection, """
+            try run(
+                connection,
+                """
                 WITH joined AS (INSERT INTO node_online (slot, "user") SELECT \(which)::int, u FROM unnest(\(binds.add(joined))::bigint[]) u ON CONFLICT DO NOTHING)
                 DELETE FROM node_online WHERE slot = \(which)::int AND "user" = ANY(\(binds.add(left))::bigint[])
                 """, binds)
@@ -363,13 +380,16 @@ extension PostgresStore {
     }
 
     public func announce(_ event: TransientEvent, slot: Int) throws {
-        let (kind, user, chat, tag, data): (String, Int64, Int64, String?, String?) = switch event {
-        case .typing(let user, let chat): ("typing", user, chat, nil, nil)
-        case .chatEvent(let user, let chat, let tag, let data): ("chatEvent", user, chat, tag, data)
-        }
+        let (kind, user, chat, tag, data): (String, Int64, Int64, String?, String?) =
+            switch event {
+            case .typing(let user, let chat): ("typing", user, chat, nil, nil)
+            case .chatEvent(let user, let chat, let tag, let data): ("chatEvent", user, chat, tag, data)
+            }
         try withConnection { connection in
             var binds = Binds()
-            try run(connection, """
+            try run(
+                connection,
+                """
                 INSERT INTO node_event (slot, kind, "user", chat, tag, data)
                 VALUES (\(binds.add(Int64(slot)))::int, \(binds.add(kind)), \(binds.add(user)), \(binds.add(chat)), \(binds.add(tag)), \(binds.add(data)))
                 """, binds)
@@ -382,7 +402,9 @@ extension PostgresStore {
     /// connected). Every deciding node does, every second.
     func trimFollowed(on connection: PostgresConnection) throws {
         var binds = Binds()
-        try run(connection, """
+        try run(
+            connection,
+            """
             WITH gone AS (DELETE FROM node_commit WHERE at < now() - interval '\(PostgresStore.followedSeconds) seconds' RETURNING slot, "number"),
             trimmed AS (INSERT INTO node_commit_trimmed (slot, "upTo") SELECT slot, max("number") FROM gone GROUP BY slot
                         ON CONFLICT (slot) DO UPDATE SET "upTo" = greatest(node_commit_trimmed."upTo", EXCLUDED."upTo")),

@@ -39,8 +39,9 @@ extension EndpointRow: SelectedInOrder, PersistableRecord {
     enum Field: Int, CaseIterable { case id, user, description, nickname, isLegacyDelegate, ordinal }
 
     public init(row: Row) throws {
-        self.init(id: row[Field.id.rawValue], user: row[Field.user.rawValue], description: row[Field.description.rawValue], nickname: row[Field.nickname.rawValue],
-                  isLegacyDelegate: row[Field.isLegacyDelegate.rawValue], ordinal: row[Field.ordinal.rawValue])
+        self.init(
+            id: row[Field.id.rawValue], user: row[Field.user.rawValue], description: row[Field.description.rawValue], nickname: row[Field.nickname.rawValue],
+            isLegacyDelegate: row[Field.isLegacyDelegate.rawValue], ordinal: row[Field.ordinal.rawValue])
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -58,9 +59,10 @@ extension ChatRow: SelectedInOrder, PersistableRecord {
     enum Field: Int, CaseIterable { case number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage, lastActivity }
 
     public init(row: Row) throws {
-        self.init(number: row[Field.number.rawValue], subject: row[Field.subject.rawValue], isOneToOne: row[Field.isOneToOne.rawValue],
-                  invitePolicy: row[Field.invitePolicy.rawValue], isDefunct: row[Field.isDefunct.rawValue], data: row[Field.data.rawValue],
-                  lastMessage: row[Field.lastMessage.rawValue], lastActivity: row[Field.lastActivity.rawValue])
+        self.init(
+            number: row[Field.number.rawValue], subject: row[Field.subject.rawValue], isOneToOne: row[Field.isOneToOne.rawValue],
+            invitePolicy: row[Field.invitePolicy.rawValue], isDefunct: row[Field.isDefunct.rawValue], data: row[Field.data.rawValue],
+            lastMessage: row[Field.lastMessage.rawValue], lastActivity: row[Field.lastActivity.rawValue])
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -82,10 +84,12 @@ extension MemberRow: SelectedInOrder, PersistableRecord {
     }
 
     public init(row: Row) throws {
-        self.init(chat: row[Field.chat.rawValue], user: row[Field.user.rawValue], isActive: row[Field.isActive.rawValue], isAdmin: row[Field.isAdmin.rawValue],
-                  joinedAt: row[Field.joinedAt.rawValue], leftAt: row[Field.leftAt.rawValue], isHidden: row[Field.isHidden.rawValue], localData: row[Field.localData.rawValue],
-                  privateData: row[Field.privateData.rawValue], deliveredUpTo: row[Field.deliveredUpTo.rawValue], readUpTo: row[Field.readUpTo.rawValue],
-                  numUnread: row[Field.numUnread.rawValue])
+        self.init(
+            chat: row[Field.chat.rawValue], user: row[Field.user.rawValue], isActive: row[Field.isActive.rawValue], isAdmin: row[Field.isAdmin.rawValue],
+            joinedAt: row[Field.joinedAt.rawValue], leftAt: row[Field.leftAt.rawValue], isHidden: row[Field.isHidden.rawValue],
+            localData: row[Field.localData.rawValue],
+            privateData: row[Field.privateData.rawValue], deliveredUpTo: row[Field.deliveredUpTo.rawValue], readUpTo: row[Field.readUpTo.rawValue],
+            numUnread: row[Field.numUnread.rawValue])
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -114,10 +118,12 @@ extension MessageRow: SelectedInOrder, PersistableRecord {
     /// The message's own columns (references, counts and private states are rows of
     /// their own tables, read beside it).
     public init(row: Row) throws {
-        self.init(chat: row[Field.chat.rawValue], id: row[Field.id.rawValue], sender: row[Field.sender.rawValue], tag: row[Field.tag.rawValue], content: row[Field.content.rawValue],
-                  data: row[Field.data.rawValue], refs: [], timestamp: row[Field.timestamp.rawValue], isControl: row[Field.isControl.rawValue],
-                  neverCountsUnread: row[Field.neverCountsUnread.rawValue], isRecalled: row[Field.isRecalled.rawValue], changeSeq: row[Field.changeSeq.rawValue],
-                  searchRow: row[Field.searchRow.rawValue])
+        self.init(
+            chat: row[Field.chat.rawValue], id: row[Field.id.rawValue], sender: row[Field.sender.rawValue], tag: row[Field.tag.rawValue],
+            content: row[Field.content.rawValue],
+            data: row[Field.data.rawValue], refs: [], timestamp: row[Field.timestamp.rawValue], isControl: row[Field.isControl.rawValue],
+            neverCountsUnread: row[Field.neverCountsUnread.rawValue], isRecalled: row[Field.isRecalled.rawValue], changeSeq: row[Field.changeSeq.rawValue],
+            searchRow: row[Field.searchRow.rawValue])
         thumbName = row[Field.thumbName.rawValue]
         thumbBlob = row[Field.thumbBlob.rawValue]
         fileName = row[Field.fileName.rawValue]
@@ -133,8 +139,10 @@ extension MessageRow: SelectedInOrder, PersistableRecord {
 
     /// The values of the columns, in the order of `Field`.
     var insertArguments: StatementArguments {
-        [chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow,
-         thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment]
+        [
+            chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow,
+            thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment
+        ]
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -164,7 +172,9 @@ extension RefCountRow: SelectedInOrder, PersistableRecord {
     enum Field: Int, CaseIterable { case chat, target, tag, count, newest }
 
     public init(row: Row) throws {
-        self.init(chat: row[Field.chat.rawValue], target: row[Field.target.rawValue], tag: row[Field.tag.rawValue], count: row[Field.count.rawValue], newest: row[Field.newest.rawValue])
+        self.init(
+            chat: row[Field.chat.rawValue], target: row[Field.target.rawValue], tag: row[Field.tag.rawValue], count: row[Field.count.rawValue],
+            newest: row[Field.newest.rawValue])
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -181,8 +191,9 @@ extension MessageUserRow: SelectedInOrder, PersistableRecord {
     enum Field: Int, CaseIterable { case chat, id, user, localData, isDeleted, thumbDetached, fileDownloaded }
 
     public init(row: Row) throws {
-        self.init(chat: row[Field.chat.rawValue], id: row[Field.id.rawValue], user: row[Field.user.rawValue], localData: row[Field.localData.rawValue],
-                  isDeleted: row[Field.isDeleted.rawValue])
+        self.init(
+            chat: row[Field.chat.rawValue], id: row[Field.id.rawValue], user: row[Field.user.rawValue], localData: row[Field.localData.rawValue],
+            isDeleted: row[Field.isDeleted.rawValue])
         thumbDetached = row[Field.thumbDetached.rawValue]
         fileDownloaded = row[Field.fileDownloaded.rawValue]
     }
@@ -203,7 +214,8 @@ extension RangeChangeRow: SelectedInOrder, PersistableRecord {
     enum Field: Int, CaseIterable { case chat, firstSeq, firstId, lastId }
 
     public init(row: Row) throws {
-        self.init(chat: row[Field.chat.rawValue], firstSeq: row[Field.firstSeq.rawValue], firstId: row[Field.firstId.rawValue], lastId: row[Field.lastId.rawValue])
+        self.init(
+            chat: row[Field.chat.rawValue], firstSeq: row[Field.firstSeq.rawValue], firstId: row[Field.firstId.rawValue], lastId: row[Field.lastId.rawValue])
     }
 
     public func encode(to container: inout PersistenceContainer) throws {

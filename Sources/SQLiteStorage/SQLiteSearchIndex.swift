@@ -88,13 +88,14 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
                 throw DatabaseError(message: "search index layout \(layout), not \(SQLiteSearchIndex.layout)")
             }
             try queue.write { db in
-                try db.execute(sql: """
-                    CREATE VIRTUAL TABLE IF NOT EXISTS message_search
-                    USING fts5(text, scope, chat UNINDEXED, id UNINDEXED, tokenize = 'trigram', detail = 'column', columnsize = 0);
-                    CREATE VIRTUAL TABLE IF NOT EXISTS message_grams
-                    USING fts5(grams, tokenize = 'ascii', detail = 'none', content = '', columnsize = 0);
-                    PRAGMA user_version = \(SQLiteSearchIndex.layout);
-                    """)
+                try db.execute(
+                    sql: """
+                        CREATE VIRTUAL TABLE IF NOT EXISTS message_search
+                        USING fts5(text, scope, chat UNINDEXED, id UNINDEXED, tokenize = 'trigram', detail = 'column', columnsize = 0);
+                        CREATE VIRTUAL TABLE IF NOT EXISTS message_grams
+                        USING fts5(grams, tokenize = 'ascii', detail = 'none', content = '', columnsize = 0);
+                        PRAGMA user_version = \(SQLiteSearchIndex.layout);
+                        """)
             }
             // No check of the whole file here: that would make opening cost what history
             // holds. A damaged index shows as a search that fails (Internal); removing

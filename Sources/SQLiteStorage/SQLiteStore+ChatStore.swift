@@ -35,9 +35,10 @@ extension SQLiteStore: ChatStore {
     }
 
     private func namedCounters(_ db: Database) throws -> [String: Int64] {
-        try Dictionary(uniqueKeysWithValues: Row.fetchAll(db, sql: "SELECT name, value FROM counter").map {
-            (String.fromDatabaseValue($0[0]) ?? "", Int64.fromDatabaseValue($0[1]) ?? 0)
-        })
+        try Dictionary(
+            uniqueKeysWithValues: Row.fetchAll(db, sql: "SELECT name, value FROM counter").map {
+                (String.fromDatabaseValue($0[0]) ?? "", Int64.fromDatabaseValue($0[1]) ?? 0)
+            })
     }
 
     public func feedPositions() throws -> [Int: Int64] {
@@ -111,7 +112,8 @@ extension SQLiteStore: ChatStore {
         static let refs = both { "SELECT source, tag, target FROM message_ref WHERE chat = ? AND \($0("source")) ORDER BY source, tag" }
         static let refCounts = both { "SELECT \(RefCountRow.selectionSQL) FROM ref_count WHERE chat = ? AND \($0("target")) ORDER BY target, tag" }
         static let privateStates = both { "SELECT \(MessageUserRow.selectionSQL) FROM message_user WHERE chat = ? AND \($0("id")) ORDER BY id, user" }
-        static let rangeChanges = "SELECT \(RangeChangeRow.selectionSQL) FROM range_change WHERE chat IN (SELECT value FROM json_each(?)) AND lastSeq > ? ORDER BY firstSeq"
+        static let rangeChanges =
+            "SELECT \(RangeChangeRow.selectionSQL) FROM range_change WHERE chat IN (SELECT value FROM json_each(?)) AND lastSeq > ? ORDER BY firstSeq"
     }
 
     /// The messages `selection` names, each with its references, reference counts and
@@ -203,8 +205,9 @@ extension SQLiteStore: ChatStore {
 
     public func references(chat: Int64, to target: Int64, tag: String, excluding excluded: Set<Int64>) throws -> (count: Int64, newest: Int64?) {
         try pool.read { db in
-            let sources = try Int64.fetchCursor(db.cachedStatement(sql: "SELECT source FROM message_ref WHERE chat = ? AND target = ? AND tag = ? ORDER BY source DESC"),
-                                                arguments: [chat, target, tag])
+            let sources = try Int64.fetchCursor(
+                db.cachedStatement(sql: "SELECT source FROM message_ref WHERE chat = ? AND target = ? AND tag = ? ORDER BY source DESC"),
+                arguments: [chat, target, tag])
             var count: Int64 = 0
             var newest: Int64?
             while let source = try sources.next() {
@@ -226,9 +229,10 @@ extension SQLiteStore: ChatStore {
             // back in a busy feed this reads O(chats × limit) index entries, not every
             // change since `seq`.
             let first = try db.cachedStatement(sql: "SELECT id, changeSeq FROM message WHERE chat = ? AND changeSeq > ? ORDER BY changeSeq LIMIT ?")
-            let bounded = try db.cachedStatement(sql: """
-                SELECT id, changeSeq FROM message WHERE chat = ? AND changeSeq > ? AND changeSeq < ? ORDER BY changeSeq LIMIT ?
-                """)
+            let bounded = try db.cachedStatement(
+                sql: """
+                    SELECT id, changeSeq FROM message WHERE chat = ? AND changeSeq > ? AND changeSeq < ? ORDER BY changeSeq LIMIT ?
+                    """)
             var found: [MessageChangeRow] = []
             for chat in chats {
                 let rows: RowCursor
@@ -343,8 +347,9 @@ extension SQLiteStore: ChatStore {
         }
         for state in batch.privateStates { try state.insert(db, onConflict: .replace) }
         for (blob, delta) in batch.blobUses where delta != 0 {
-            try db.execute(sql: "INSERT INTO blob (hash, uses) VALUES (?, ?) ON CONFLICT(hash) DO UPDATE SET uses = uses + excluded.uses",
-                           arguments: [blob, delta])
+            try db.execute(
+                sql: "INSERT INTO blob (hash, uses) VALUES (?, ?) ON CONFLICT(hash) DO UPDATE SET uses = uses + excluded.uses",
+                arguments: [blob, delta])
             try db.execute(sql: "DELETE FROM blob WHERE hash = ? AND uses <= 0", arguments: [blob])
         }
         if let counters = batch.counters {

@@ -4,7 +4,7 @@ import Storage
 import Threads
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// `ChatStore` on one SQLite file (WAL, synchronous=FULL) through GRDB.
@@ -153,8 +153,9 @@ public final class SQLiteStore: @unchecked Sendable {
         if checkEverything {
             let check = try writer.read { db in try String.fetchAll(db, sql: "PRAGMA quick_check") }
             guard check == ["ok"] else {
-                throw OpenError(description: "the store \(name) is damaged (it changed while chatcore was stopped; quick_check: "
-                                + "\(check.prefix(3).joined(separator: "; "))); restore it from a backup or move it away")
+                throw OpenError(
+                    description: "the store \(name) is damaged (it changed while chatcore was stopped; quick_check: "
+                        + "\(check.prefix(3).joined(separator: "; "))); restore it from a backup or move it away")
             }
         }
         try SQLiteStore.migrator.migrate(writer)
@@ -164,7 +165,8 @@ public final class SQLiteStore: @unchecked Sendable {
         for table in SQLiteStore.directoryTables {
             let check = try writer.read { db in try String.fetchOne(db, sql: "PRAGMA quick_check(\(table))") }
             guard check == "ok" else {
-                throw OpenError(description: "the store \(name) is damaged (quick_check of \(table): \(check ?? "no answer")); restore it from a backup or move it away")
+                throw OpenError(
+                    description: "the store \(name) is damaged (quick_check of \(table): \(check ?? "no answer")); restore it from a backup or move it away")
             }
         }
     }
@@ -201,104 +203,108 @@ public final class SQLiteStore: @unchecked Sendable {
             }
         }
         migrator.registerMigration("v2-chats") { db in
-            try db.execute(sql: """
-                CREATE TABLE chat (
-                    number INTEGER PRIMARY KEY,
-                    subject TEXT NOT NULL,
-                    isOneToOne INTEGER NOT NULL,
-                    invitePolicy TEXT NOT NULL,
-                    isDefunct INTEGER NOT NULL,
-                    data TEXT,
-                    lastMessage INTEGER NOT NULL
-                );
-                CREATE TABLE member (
-                    chat INTEGER NOT NULL,
-                    user INTEGER NOT NULL,
-                    isActive INTEGER NOT NULL,
-                    isAdmin INTEGER NOT NULL,
-                    joinedAt INTEGER NOT NULL,
-                    leftAt INTEGER,
-                    isHidden INTEGER NOT NULL,
-                    localData TEXT,
-                    deliveredUpTo INTEGER NOT NULL,
-                    readUpTo INTEGER NOT NULL,
-                    PRIMARY KEY (chat, user)
-                ) WITHOUT ROWID;
-                CREATE INDEX member_by_user ON member(user);
-                CREATE TABLE message (
-                    chat INTEGER NOT NULL,
-                    id INTEGER NOT NULL,
-                    sender INTEGER NOT NULL,
-                    tag TEXT NOT NULL,
-                    content TEXT,
-                    data TEXT,
-                    timestamp INTEGER NOT NULL,
-                    isControl INTEGER NOT NULL,
-                    neverCountsUnread INTEGER NOT NULL,
-                    isRecalled INTEGER NOT NULL,
-                    changeSeq INTEGER NOT NULL,
-                    PRIMARY KEY (chat, id)
-                ) WITHOUT ROWID;
-                CREATE INDEX message_by_change ON message(chat, changeSeq);
-                CREATE TABLE message_ref (
-                    chat INTEGER NOT NULL,
-                    source INTEGER NOT NULL,
-                    tag TEXT NOT NULL,
-                    target INTEGER NOT NULL,
-                    PRIMARY KEY (chat, source, tag)
-                ) WITHOUT ROWID;
-                CREATE INDEX message_ref_by_target ON message_ref(chat, target, tag, source);
-                CREATE TABLE message_user (
-                    chat INTEGER NOT NULL,
-                    id INTEGER NOT NULL,
-                    user INTEGER NOT NULL,
-                    localData TEXT,
-                    isDeleted INTEGER NOT NULL,
-                    PRIMARY KEY (chat, id, user)
-                ) WITHOUT ROWID;
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE chat (
+                        number INTEGER PRIMARY KEY,
+                        subject TEXT NOT NULL,
+                        isOneToOne INTEGER NOT NULL,
+                        invitePolicy TEXT NOT NULL,
+                        isDefunct INTEGER NOT NULL,
+                        data TEXT,
+                        lastMessage INTEGER NOT NULL
+                    );
+                    CREATE TABLE member (
+                        chat INTEGER NOT NULL,
+                        user INTEGER NOT NULL,
+                        isActive INTEGER NOT NULL,
+                        isAdmin INTEGER NOT NULL,
+                        joinedAt INTEGER NOT NULL,
+                        leftAt INTEGER,
+                        isHidden INTEGER NOT NULL,
+                        localData TEXT,
+                        deliveredUpTo INTEGER NOT NULL,
+                        readUpTo INTEGER NOT NULL,
+                        PRIMARY KEY (chat, user)
+                    ) WITHOUT ROWID;
+                    CREATE INDEX member_by_user ON member(user);
+                    CREATE TABLE message (
+                        chat INTEGER NOT NULL,
+                        id INTEGER NOT NULL,
+                        sender INTEGER NOT NULL,
+                        tag TEXT NOT NULL,
+                        content TEXT,
+                        data TEXT,
+                        timestamp INTEGER NOT NULL,
+                        isControl INTEGER NOT NULL,
+                        neverCountsUnread INTEGER NOT NULL,
+                        isRecalled INTEGER NOT NULL,
+                        changeSeq INTEGER NOT NULL,
+                        PRIMARY KEY (chat, id)
+                    ) WITHOUT ROWID;
+                    CREATE INDEX message_by_change ON message(chat, changeSeq);
+                    CREATE TABLE message_ref (
+                        chat INTEGER NOT NULL,
+                        source INTEGER NOT NULL,
+                        tag TEXT NOT NULL,
+                        target INTEGER NOT NULL,
+                        PRIMARY KEY (chat, source, tag)
+                    ) WITHOUT ROWID;
+                    CREATE INDEX message_ref_by_target ON message_ref(chat, target, tag, source);
+                    CREATE TABLE message_user (
+                        chat INTEGER NOT NULL,
+                        id INTEGER NOT NULL,
+                        user INTEGER NOT NULL,
+                        localData TEXT,
+                        isDeleted INTEGER NOT NULL,
+                        PRIMARY KEY (chat, id, user)
+                    ) WITHOUT ROWID;
+                    """)
         }
         migrator.registerMigration("v3-search") { db in
             // A message's row in the search index (SQLiteSearchIndex, its own file). It
             // grows with every message: newest first is row order.
-            try db.execute(sql: """
-                ALTER TABLE message ADD COLUMN searchRow INTEGER NOT NULL DEFAULT 0;
-                WITH ordered AS (
-                    SELECT chat, id, ROW_NUMBER() OVER (ORDER BY timestamp, chat, id) AS row FROM message
-                    WHERE content IS NOT NULL AND isRecalled = 0
-                      AND tag NOT IN ('Join', 'Leave', 'Subject', 'Gap', 'Shred', 'Clear', 'Admin', 'Remove')
-                )
-                UPDATE message SET searchRow = (SELECT row FROM ordered WHERE ordered.chat = message.chat AND ordered.id = message.id)
-                WHERE EXISTS (SELECT 1 FROM ordered WHERE ordered.chat = message.chat AND ordered.id = message.id);
-                """)
+            try db.execute(
+                sql: """
+                    ALTER TABLE message ADD COLUMN searchRow INTEGER NOT NULL DEFAULT 0;
+                    WITH ordered AS (
+                        SELECT chat, id, ROW_NUMBER() OVER (ORDER BY timestamp, chat, id) AS row FROM message
+                        WHERE content IS NOT NULL AND isRecalled = 0
+                          AND tag NOT IN ('Join', 'Leave', 'Subject', 'Gap', 'Shred', 'Clear', 'Admin', 'Remove')
+                    )
+                    UPDATE message SET searchRow = (SELECT row FROM ordered WHERE ordered.chat = message.chat AND ordered.id = message.id)
+                    WHERE EXISTS (SELECT 1 FROM ordered WHERE ordered.chat = message.chat AND ordered.id = message.id);
+                    """)
         }
         migrator.registerMigration("v4-attachments") { db in
-            try db.execute(sql: """
-                ALTER TABLE message ADD COLUMN thumbName TEXT;
-                ALTER TABLE message ADD COLUMN thumbBlob TEXT;
-                ALTER TABLE message ADD COLUMN fileName TEXT;
-                ALTER TABLE message ADD COLUMN fileBlob TEXT;
-                ALTER TABLE message ADD COLUMN fileSize INTEGER;
-                ALTER TABLE message ADD COLUMN attachment TEXT;
-                ALTER TABLE message_user ADD COLUMN thumbDetached INTEGER NOT NULL DEFAULT 0;
-                ALTER TABLE message_user ADD COLUMN fileDownloaded INTEGER NOT NULL DEFAULT 0;
-                """)
+            try db.execute(
+                sql: """
+                    ALTER TABLE message ADD COLUMN thumbName TEXT;
+                    ALTER TABLE message ADD COLUMN thumbBlob TEXT;
+                    ALTER TABLE message ADD COLUMN fileName TEXT;
+                    ALTER TABLE message ADD COLUMN fileBlob TEXT;
+                    ALTER TABLE message ADD COLUMN fileSize INTEGER;
+                    ALTER TABLE message ADD COLUMN attachment TEXT;
+                    ALTER TABLE message_user ADD COLUMN thumbDetached INTEGER NOT NULL DEFAULT 0;
+                    ALTER TABLE message_user ADD COLUMN fileDownloaded INTEGER NOT NULL DEFAULT 0;
+                    """)
         }
         migrator.registerMigration("v5-private-data") { db in
             try db.execute(sql: "ALTER TABLE member ADD COLUMN privateData TEXT")
         }
         migrator.registerMigration("v6-endpoints") { db in
-            try db.execute(sql: """
-                CREATE TABLE endpoint (
-                    id INTEGER PRIMARY KEY,
-                    user INTEGER NOT NULL,
-                    description TEXT NOT NULL,
-                    nickname TEXT NOT NULL,
-                    isLegacyDelegate INTEGER NOT NULL,
-                    ordinal INTEGER NOT NULL
-                );
-                CREATE INDEX endpoint_by_user ON endpoint(user, ordinal);
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE endpoint (
+                        id INTEGER PRIMARY KEY,
+                        user INTEGER NOT NULL,
+                        description TEXT NOT NULL,
+                        nickname TEXT NOT NULL,
+                        isLegacyDelegate INTEGER NOT NULL,
+                        ordinal INTEGER NOT NULL
+                    );
+                    CREATE INDEX endpoint_by_user ON endpoint(user, ordinal);
+                    """)
         }
         migrator.registerMigration("v7-store-is-the-truth") { db in
             // What start-up used to recompute from every message is kept, exact, with the
@@ -306,54 +312,55 @@ public final class SQLiteStore: @unchecked Sendable {
             // stored contents, the feed and search positions. Marks moving over many
             // messages are one row each (range_change). Tags and search rows get indexes:
             // messages are read on demand now.
-            try db.execute(sql: """
-                ALTER TABLE member ADD COLUMN numUnread INTEGER NOT NULL DEFAULT 0;
-                UPDATE member SET numUnread = (
-                    SELECT count(*) FROM message m
-                    WHERE m.chat = member.chat AND m.id >= max(member.readUpTo + 1, member.joinedAt)
-                      AND (member.leftAt IS NULL OR m.id < member.leftAt)
-                      AND m.sender != member.user AND m.neverCountsUnread = 0);
-                ALTER TABLE chat ADD COLUMN lastActivity INTEGER NOT NULL DEFAULT 0;
-                UPDATE chat SET lastActivity = coalesce(
-                    (SELECT max(timestamp) FROM message m WHERE m.chat = chat.number AND m.neverCountsUnread = 0), 0);
-                CREATE TABLE ref_count (
-                    chat INTEGER NOT NULL,
-                    target INTEGER NOT NULL,
-                    tag TEXT NOT NULL,
-                    count INTEGER NOT NULL,
-                    newest INTEGER NOT NULL,
-                    PRIMARY KEY (chat, target, tag)
-                ) WITHOUT ROWID;
-                INSERT INTO ref_count (chat, target, tag, count, newest)
-                    SELECT chat, target, tag, count(*), max(source) FROM message_ref GROUP BY chat, target, tag;
-                CREATE TABLE range_change (
-                    chat INTEGER NOT NULL,
-                    lastSeq INTEGER NOT NULL,
-                    firstSeq INTEGER NOT NULL,
-                    firstId INTEGER NOT NULL,
-                    lastId INTEGER NOT NULL,
-                    PRIMARY KEY (chat, lastSeq)
-                ) WITHOUT ROWID;
-                CREATE TABLE blob (
-                    hash TEXT PRIMARY KEY,
-                    uses INTEGER NOT NULL
-                ) WITHOUT ROWID;
-                INSERT INTO blob (hash, uses)
-                    SELECT hash, count(*) FROM (
-                        SELECT thumbBlob AS hash FROM message WHERE isRecalled = 0 AND thumbBlob IS NOT NULL
-                        UNION ALL
-                        SELECT fileBlob FROM message WHERE isRecalled = 0 AND fileBlob IS NOT NULL)
-                    GROUP BY hash;
-                CREATE TABLE counter (
-                    name TEXT PRIMARY KEY,
-                    value INTEGER NOT NULL
-                ) WITHOUT ROWID;
-                INSERT INTO counter (name, value) VALUES
-                    ('changeSeq', (SELECT coalesce(max(changeSeq), 0) FROM message)),
-                    ('searchRow', (SELECT coalesce(max(searchRow), 0) FROM message));
-                CREATE INDEX message_by_tag ON message(chat, tag, id);
-                CREATE INDEX message_by_search_row ON message(searchRow) WHERE searchRow > 0;
-                """)
+            try db.execute(
+                sql: """
+                    ALTER TABLE member ADD COLUMN numUnread INTEGER NOT NULL DEFAULT 0;
+                    UPDATE member SET numUnread = (
+                        SELECT count(*) FROM message m
+                        WHERE m.chat = member.chat AND m.id >= max(member.readUpTo + 1, member.joinedAt)
+                          AND (member.leftAt IS NULL OR m.id < member.leftAt)
+                          AND m.sender != member.user AND m.neverCountsUnread = 0);
+                    ALTER TABLE chat ADD COLUMN lastActivity INTEGER NOT NULL DEFAULT 0;
+                    UPDATE chat SET lastActivity = coalesce(
+                        (SELECT max(timestamp) FROM message m WHERE m.chat = chat.number AND m.neverCountsUnread = 0), 0);
+                    CREATE TABLE ref_count (
+                        chat INTEGER NOT NULL,
+                        target INTEGER NOT NULL,
+                        tag TEXT NOT NULL,
+                        count INTEGER NOT NULL,
+                        newest INTEGER NOT NULL,
+                        PRIMARY KEY (chat, target, tag)
+                    ) WITHOUT ROWID;
+                    INSERT INTO ref_count (chat, target, tag, count, newest)
+                        SELECT chat, target, tag, count(*), max(source) FROM message_ref GROUP BY chat, target, tag;
+                    CREATE TABLE range_change (
+                        chat INTEGER NOT NULL,
+                        lastSeq INTEGER NOT NULL,
+                        firstSeq INTEGER NOT NULL,
+                        firstId INTEGER NOT NULL,
+                        lastId INTEGER NOT NULL,
+                        PRIMARY KEY (chat, lastSeq)
+                    ) WITHOUT ROWID;
+                    CREATE TABLE blob (
+                        hash TEXT PRIMARY KEY,
+                        uses INTEGER NOT NULL
+                    ) WITHOUT ROWID;
+                    INSERT INTO blob (hash, uses)
+                        SELECT hash, count(*) FROM (
+                            SELECT thumbBlob AS hash FROM message WHERE isRecalled = 0 AND thumbBlob IS NOT NULL
+                            UNION ALL
+                            SELECT fileBlob FROM message WHERE isRecalled = 0 AND fileBlob IS NOT NULL)
+                        GROUP BY hash;
+                    CREATE TABLE counter (
+                        name TEXT PRIMARY KEY,
+                        value INTEGER NOT NULL
+                    ) WITHOUT ROWID;
+                    INSERT INTO counter (name, value) VALUES
+                        ('changeSeq', (SELECT coalesce(max(changeSeq), 0) FROM message)),
+                        ('searchRow', (SELECT coalesce(max(searchRow), 0) FROM message));
+                    CREATE INDEX message_by_tag ON message(chat, tag, id);
+                    CREATE INDEX message_by_search_row ON message(searchRow) WHERE searchRow > 0;
+                    """)
         }
         return migrator
     }

@@ -294,9 +294,11 @@ extension MessageSearchIndex {
     /// page of 10,000 entries counted only by number, when they are long: 254 MB for 3,000
     /// texts of 71 KB), up to `upTo` (nil: until the store has no more), while `goOn` says
     /// so. Returns the last row handed over (`row` when none was).
-    public func fill(after row: Int64, upTo: Int64? = nil,
-                     from entries: (_ after: Int64, _ limit: Int, _ maxBytes: Int) throws -> [SearchEntry],
-                     while goOn: () -> Bool = { true }) throws -> Int64 {
+    public func fill(
+        after row: Int64, upTo: Int64? = nil,
+        from entries: (_ after: Int64, _ limit: Int, _ maxBytes: Int) throws -> [SearchEntry],
+        while goOn: () -> Bool = { true }
+    ) throws -> Int64 {
         var after = row
         while goOn() && after < upTo ?? Int64.max {
             let page = try entries(after, 10_000, searchFillPageBytes).filter { upTo == nil || $0.row <= upTo! }

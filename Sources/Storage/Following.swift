@@ -28,8 +28,10 @@ public struct FollowedCommit: Sendable, Equatable {
     /// by chat.
     public var members: [Int64: [Int64]]
 
-    public init(slot: Int, feedAfter: Int64, feedUpTo: Int64, chats: [Int64], users: [Int64] = [], rewritten: [Int64: [Int64]] = [:],
-                inserted: [Int64: [Int64]] = [:], members: [Int64: [Int64]] = [:]) {
+    public init(
+        slot: Int, feedAfter: Int64, feedUpTo: Int64, chats: [Int64], users: [Int64] = [], rewritten: [Int64: [Int64]] = [:],
+        inserted: [Int64: [Int64]] = [:], members: [Int64: [Int64]] = [:]
+    ) {
         self.slot = slot
         self.feedAfter = feedAfter
         self.feedUpTo = feedUpTo
@@ -58,10 +60,11 @@ public struct FollowedCommit: Sendable, Equatable {
         for update in batch.memberUpdates where !update.columns.isDisjoint(with: [.isActive, .isAdmin, .joinedAt]) {
             members[update.row.chat, default: []].insert(update.row.user)
         }
-        self.init(slot: batch.feedSlot, feedAfter: feedAfter, feedUpTo: batch.counters?.changeSeq ?? feedAfter,
-                  chats: batch.chatVersions.map(\.chat).sorted(), users: users.sorted(),
-                  rewritten: rewritten.mapValues { $0.sorted() }, inserted: inserted.mapValues { $0.sorted() },
-                  members: members.mapValues { $0.sorted() })
+        self.init(
+            slot: batch.feedSlot, feedAfter: feedAfter, feedUpTo: batch.counters?.changeSeq ?? feedAfter,
+            chats: batch.chatVersions.map(\.chat).sorted(), users: users.sorted(),
+            rewritten: rewritten.mapValues { $0.sorted() }, inserted: inserted.mapValues { $0.sorted() },
+            members: members.mapValues { $0.sorted() })
     }
 }
 

@@ -76,8 +76,10 @@ public struct ChatRow: Sendable, Equatable {
     /// The timestamp of the newest message without flag N (0 before the first).
     public var lastActivity: Int64
 
-    public init(number: Int64, subject: String, isOneToOne: Bool, invitePolicy: String, isDefunct: Bool, data: String?, lastMessage: Int64,
-                lastActivity: Int64 = 0) {
+    public init(
+        number: Int64, subject: String, isOneToOne: Bool, invitePolicy: String, isDefunct: Bool, data: String?, lastMessage: Int64,
+        lastActivity: Int64 = 0
+    ) {
         self.number = number
         self.subject = subject
         self.isOneToOne = isOneToOne
@@ -115,8 +117,10 @@ public struct MemberRow: Sendable, Equatable {
     /// Incoming messages after `readUpTo` without flag N, kept exact with every change.
     public var numUnread: Int64
 
-    public init(chat: Int64, user: Int64, isActive: Bool, isAdmin: Bool, joinedAt: Int64, leftAt: Int64?, isHidden: Bool,
-                localData: String?, privateData: String? = nil, deliveredUpTo: Int64, readUpTo: Int64, numUnread: Int64 = 0) {
+    public init(
+        chat: Int64, user: Int64, isActive: Bool, isAdmin: Bool, joinedAt: Int64, leftAt: Int64?, isHidden: Bool,
+        localData: String?, privateData: String? = nil, deliveredUpTo: Int64, readUpTo: Int64, numUnread: Int64 = 0
+    ) {
         self.chat = chat
         self.user = user
         self.isActive = isActive
@@ -217,8 +221,10 @@ public struct MessageRow: Sendable, Equatable {
     /// Read with the message: every user's private state of it.
     public var privateStates: [MessageUserRow] = []
 
-    public init(chat: Int64, id: Int64, sender: Int64, tag: String, content: String?, data: String?, refs: [RefRow], timestamp: Int64,
-                isControl: Bool, neverCountsUnread: Bool, isRecalled: Bool, changeSeq: Int64, searchRow: Int64) {
+    public init(
+        chat: Int64, id: Int64, sender: Int64, tag: String, content: String?, data: String?, refs: [RefRow], timestamp: Int64,
+        isControl: Bool, neverCountsUnread: Bool, isRecalled: Bool, changeSeq: Int64, searchRow: Int64
+    ) {
         self.chat = chat
         self.id = id
         self.sender = sender
@@ -507,7 +513,8 @@ public struct MessageColumns: Sendable {
         hasReferences = !row.refs.isEmpty
         changeSeq = row.changeSeq
         searchRow = row.searchRow
-        let none = row.thumbName == nil && row.thumbBlob == nil && row.fileName == nil && row.fileBlob == nil && row.fileSize == nil
+        let none =
+            row.thumbName == nil && row.thumbBlob == nil && row.fileName == nil && row.fileBlob == nil && row.fileSize == nil
             && row.attachment == nil
         attachments = none ? nil : AttachmentColumns(row)
     }

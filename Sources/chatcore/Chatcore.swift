@@ -1,8 +1,8 @@
 import ArgumentParser
-
 import Foundation
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 @main

@@ -13,11 +13,15 @@ enum OpenedStore {
     /// Opens what `--store` names (nil: SQLite in `directory`). The PostgreSQL password
     /// comes from `passwordFile`, else from PGPASSWORD: never from the command line.
     /// `allNodesDecide`, `besideTheWriter`: see `PostgresStore.init`.
-    static func open(_ url: String?, passwordFile: String?, directory: URL, logger: Logger, writerLock: PostgresStore.WriterLock? = nil,
-                     allNodesDecide: Bool = false, besideTheWriter: Bool = false) throws -> OpenedStore {
+    static func open(
+        _ url: String?, passwordFile: String?, directory: URL, logger: Logger, writerLock: PostgresStore.WriterLock? = nil,
+        allNodesDecide: Bool = false, besideTheWriter: Bool = false
+    ) throws -> OpenedStore {
         guard let url else { return .sqlite(try SQLiteStore(directory: directory)) }
-        return .postgres(try PostgresStore(location: try location(url, passwordFile: passwordFile), logger: logger, writerLock: writerLock,
-                                           allNodesDecide: allNodesDecide, besideTheWriter: besideTheWriter))
+        return .postgres(
+            try PostgresStore(
+                location: try location(url, passwordFile: passwordFile), logger: logger, writerLock: writerLock,
+                allNodesDecide: allNodesDecide, besideTheWriter: besideTheWriter))
     }
 
     /// Where the PostgreSQL store is, and the password to reach it.

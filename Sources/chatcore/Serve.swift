@@ -1,23 +1,23 @@
 import ArgumentParser
-import Dispatch
 import Attachments
 import ChatEngine
+import ChatMetrics
+import ChatServer
+import ChatSession
+import Dispatch
 import Foundation
 import Logging
 import Metrics
-import Prometheus
-import ChatMetrics
 import NIOCore
 import NIOPosix
 import PostgresStorage
+import Prometheus
 import SQLiteStorage
 import Storage
-import ChatServer
-import ChatSession
 import Threads
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// `chatcore serve`: the long-running service.
@@ -42,31 +42,57 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Accept connections at HOST:PORT (TCP; [::1]:PORT for IPv6) or unix:PATH. Repeatable.", valueName: "address"))
     var listen: [String] = []
 
-    @Option(name: .long, help: ArgumentHelp("Where the store lives (created if missing). Default: $XDG_DATA_HOME/chatcore, else ~/.local/share/chatcore.", valueName: "dir"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("Where the store lives (created if missing). Default: $XDG_DATA_HOME/chatcore, else ~/.local/share/chatcore.", valueName: "dir"))
     var dataDir: String?
 
-    @Option(name: .long, help: ArgumentHelp("Keep everything in this PostgreSQL database instead of SQLite in --data-dir: postgres://USER@HOST[:PORT]/DATABASE[?sslmode=MODE&sslrootcert=CA_FILE] (libpq's modes; default prefer), or postgres://USER@/DATABASE?host=SOCKET_DIR. No password here: --store-password-file or PGPASSWORD.", valueName: "url"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Keep everything in this PostgreSQL database instead of SQLite in --data-dir: postgres://USER@HOST[:PORT]/DATABASE[?sslmode=MODE&sslrootcert=CA_FILE] (libpq's modes; default prefer), or postgres://USER@/DATABASE?host=SOCKET_DIR. No password here: --store-password-file or PGPASSWORD.",
+            valueName: "url"))
     var store: String?
 
-    @Option(name: .long, help: ArgumentHelp("With --store postgres: the address other nodes relay their connections to while this node is the writer (HOST:PORT or unix:PATH). Default: the first --listen as bound (127.0.0.1 for 0.0.0.0). Without --listen the node listens on 127.0.0.1 on a free port for the sessions of other nodes on this machine, and advertises that.", valueName: "address"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "With --store postgres: the address other nodes relay their connections to while this node is the writer (HOST:PORT or unix:PATH). Default: the first --listen as bound (127.0.0.1 for 0.0.0.0). Without --listen the node listens on 127.0.0.1 on a free port for the sessions of other nodes on this machine, and advertises that.",
+            valueName: "address"))
     var advertise: String?
 
-    @Flag(name: .long, help: "With --store postgres: every node decides for its own sessions, following the others' commits, instead of relaying its connections to the writer. Give it to every node of the database (experimental: docs/several-deciding-nodes.md).")
+    @Flag(
+        name: .long,
+        help:
+            "With --store postgres: every node decides for its own sessions, following the others' commits, instead of relaying its connections to the writer. Give it to every node of the database (experimental: docs/several-deciding-nodes.md)."
+    )
     var allNodesDecide = false
 
     @Option(name: .long, help: ArgumentHelp("A file holding the PostgreSQL password of --store (trailing whitespace removed).", valueName: "file"))
     var storePasswordFile: String?
 
-    @Option(name: .long, help: ArgumentHelp("With --store postgres, on a node waiting to be the writer: take over from a writer that has not said it is alive (it does every second) for this long, ending its database sessions. At least 3.", valueName: "seconds"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "With --store postgres, on a node waiting to be the writer: take over from a writer that has not said it is alive (it does every second) for this long, ending its database sessions. At least 3.",
+            valueName: "seconds"))
     var writerTimeout: Double = 10
 
     @Option(name: .long, help: ArgumentHelp("A file whose bytes, as they are (at least 32), are the HMAC key for authToken JWTs (HS256).", valueName: "file"))
     var authSecretFile: String?
 
-    @Option(name: .long, help: ArgumentHelp("A JWKS file (JSON Web Key Set): authToken JWTs signed RS256 or ES256 by one of its keys are accepted. Read again on SIGHUP. Give --auth-audience with it.", valueName: "file"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "A JWKS file (JSON Web Key Set): authToken JWTs signed RS256 or ES256 by one of its keys are accepted. Read again on SIGHUP. Give --auth-audience with it.",
+            valueName: "file"))
     var authJwks: String?
 
-    @Option(name: .long, help: ArgumentHelp("A token's 'aud' must name this (the identity provider's name for this service): other applications of the same provider cannot sign in here. Without it, --auth-jwks starts with a warning.", valueName: "audience"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "A token's 'aud' must name this (the identity provider's name for this service): other applications of the same provider cannot sign in here. Without it, --auth-jwks starts with a warning.",
+            valueName: "audience"))
     var authAudience: String?
 
     @Option(name: .long, help: ArgumentHelp("A token's 'iss' must be this (the identity provider).", valueName: "issuer"))
@@ -78,13 +104,21 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("A token valid for longer than this (exp from iat) is refused.", valueName: "seconds"))
     var authMaxLifetime: Double = TokenPolicy.defaultMaxLifetime
 
-    @Option(name: .long, help: ArgumentHelp("With --store postgres: a file whose bytes (at least 32) every node of the database is given, never stored in it. A node relaying its standard input/output session (--user) to the writer vouches for its user with it.", valueName: "file"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "With --store postgres: a file whose bytes (at least 32) every node of the database is given, never stored in it. A node relaying its standard input/output session (--user) to the writer vouches for its user with it.",
+            valueName: "file"))
     var nodeKeyFile: String?
 
     @Flag(name: .long, help: "Accept any authToken. Refuses to listen on anything but loopback addresses and Unix sockets.")
     var insecureNoAuth = false
 
-    @Option(name: .long, help: ArgumentHelp("The only directory socket sessions may attach files from (after resolving links). Without it they attach nothing; standard input/output may name any readable file.", valueName: "dir"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "The only directory socket sessions may attach files from (after resolving links). Without it they attach nothing; standard input/output may name any readable file.",
+            valueName: "dir"))
     var attachmentsDir: String?
 
     @Option(name: .long, help: "A longer line is skipped without being buffered and answered with TooLarge.")
@@ -99,19 +133,28 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: "Unread output of a socket session above which it is disconnected.")
     var maxOutputBytes: Int = 64 << 20
 
-    @Option(name: .long, help: "Unread output of all socket sessions together above which a session behind by more than its share (this over the sessions open, at least --output-high-water) is disconnected when more is written to it. Default: 4 × --max-output-bytes.")
+    @Option(
+        name: .long,
+        help:
+            "Unread output of all socket sessions together above which a session behind by more than its share (this over the sessions open, at least --output-high-water) is disconnected when more is written to it. Default: 4 × --max-output-bytes."
+    )
     var maxOutputTotal: Int?
 
     @Option(name: .long, help: "Bytes of unfinished lines all socket sessions together may hold; the line that would go over is refused (TooLarge).")
     var maxInputTotal: Int = 256 << 20
 
-    @Option(name: .long, help: "Socket connections open at once; further ones are closed when accepted. Lowered to what the file descriptor limit leaves room for.")
+    @Option(
+        name: .long, help: "Socket connections open at once; further ones are closed when accepted. Lowered to what the file descriptor limit leaves room for.")
     var maxSessions: Int = 10_000
 
     @Option(name: .long, help: ArgumentHelp("Close a socket connection that sends nothing for this many seconds (0: never).", valueName: "seconds"))
     var idleTimeout: Int = 0
 
-    @Option(name: .long, help: ArgumentHelp("Close a socket connection whose authToken has not been accepted this many seconds after it connected, or after its token expired (0: never).", valueName: "seconds"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Close a socket connection whose authToken has not been accepted this many seconds after it connected, or after its token expired (0: never).",
+            valueName: "seconds"))
     var authTimeout: Int = 60
 
     @Option(name: .long, help: ArgumentHelp("Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT).", valueName: "ADDR"))
@@ -120,7 +163,10 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Memory for messages kept in memory (the hot ones; the store has them all), in MiB.", valueName: "MiB"))
     var cacheMb: Int = Engine.defaultCacheBytes >> 20
 
-    @Option(name: .long, help: ArgumentHelp("Requests of one user per second, with a burst of ten seconds' worth; past it they are refused (RateLimited). 0: no limit.", valueName: "n"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Requests of one user per second, with a burst of ten seconds' worth; past it they are refused (RateLimited). 0: no limit.", valueName: "n"))
     var maxRequestsPerSecond: Double = QuotaLimits().requestsPerSecond
 
     @Option(name: .long, help: ArgumentHelp("Chats one user may start per minute (the minute's worth at once). 0: no limit.", valueName: "n"))
@@ -129,16 +175,21 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Users one user's invitations may make per minute (invitees chatcore did not know). 0: no limit.", valueName: "n"))
     var maxNewUsersPerMinute: Double = QuotaLimits().newUsersPerMinute
 
-    @Option(name: .long, help: ArgumentHelp("Chat events and typing notices of one user per second, with a burst of ten seconds' worth. 0: no limit.", valueName: "n"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("Chat events and typing notices of one user per second, with a burst of ten seconds' worth. 0: no limit.", valueName: "n"))
     var maxEventsPerSecond: Double = QuotaLimits().eventsPerSecond
 
     @Option(name: .long, help: ArgumentHelp("Candidates one search checks at most; past it, it answers what it found, marked incomplete.", valueName: "n"))
     var maxSearchCandidates: Int = SearchBudget.defaultCandidates
 
-    @Option(name: .long, help: ArgumentHelp("Bytes of text one search checks at most; past it, it answers what it found, marked incomplete.", valueName: "bytes"))
+    @Option(
+        name: .long, help: ArgumentHelp("Bytes of text one search checks at most; past it, it answers what it found, marked incomplete.", valueName: "bytes"))
     var maxSearchBytes: Int = SearchBudget.defaultBytes
 
-    @Option(name: .long, help: "Endpoints one user may have at once: registered ones (endpointUpdate) and connected sessions. A session past it waits in setupState Full.")
+    @Option(
+        name: .long,
+        help: "Endpoints one user may have at once: registered ones (endpointUpdate) and connected sessions. A session past it waits in setupState Full.")
     var maxEndpoints: Int = 100
 
     @Option(name: .long, help: "trace, debug, info, notice, warning, error or critical. Logs go to standard error.")
@@ -157,8 +208,10 @@ struct Serve: AsyncParsableCommand {
         guard maxRequestsInFlight > 0 else { throw ValidationError("--max-requests-in-flight must be positive") }
         guard maxSessions > 0 else { throw ValidationError("--max-sessions must be positive") }
         guard maxInputTotal > 0 else { throw ValidationError("--max-input-total must be positive") }
-        for (value, flag) in [(maxRequestsPerSecond, "--max-requests-per-second"), (maxChatsPerMinute, "--max-chats-per-minute"),
-                              (maxNewUsersPerMinute, "--max-new-users-per-minute"), (maxEventsPerSecond, "--max-events-per-second")] {
+        for (value, flag) in [
+            (maxRequestsPerSecond, "--max-requests-per-second"), (maxChatsPerMinute, "--max-chats-per-minute"),
+            (maxNewUsersPerMinute, "--max-new-users-per-minute"), (maxEventsPerSecond, "--max-events-per-second")
+        ] {
             guard value >= 0, value.isFinite else { throw ValidationError("\(flag) must be 0 (no limit) or positive") }
         }
         guard maxSearchCandidates > 0, maxSearchBytes > 0 else { throw ValidationError("--max-search-candidates and --max-search-bytes must be positive") }
@@ -195,7 +248,9 @@ struct Serve: AsyncParsableCommand {
         if store != nil, advertise == nil, let first = listen.first, case .tcp(let host, _)? = ListenAddress(first), host == "0.0.0.0" || host == "::" {
             // It would be advertised as loopback: a node on another machine configured the
             // same way would relay every connection to itself.
-            throw ValidationError("--listen \(first) with --store needs --advertise HOST:PORT, the address other nodes reach this one at (a wildcard listener would be advertised as loopback, where a node on another machine reaches only itself)")
+            throw ValidationError(
+                "--listen \(first) with --store needs --advertise HOST:PORT, the address other nodes reach this one at (a wildcard listener would be advertised as loopback, where a node on another machine reaches only itself)"
+            )
         }
         if !listen.isEmpty && authSecretFile == nil && authJwks == nil && !insecureNoAuth {
             throw ValidationError("sockets need --auth-secret-file or --auth-jwks (or --insecure-no-auth on loopback): no one could authenticate")
@@ -224,7 +279,9 @@ struct Serve: AsyncParsableCommand {
             // Every application of an identity provider gets tokens signed by its keys:
             // without the audience, any of them signs its users in here. Refusing to start
             // would break every deployment configured before the flag existed: it is said.
-            logger.warning("--auth-jwks without --auth-audience: a token the identity provider made for any of its applications signs in here; give --auth-audience (the 'aud' it puts in tokens for this service)")
+            logger.warning(
+                "--auth-jwks without --auth-audience: a token the identity provider made for any of its applications signs in here; give --auth-audience (the 'aud' it puts in tokens for this service)"
+            )
         }
         let authenticator: Authenticator
         if authSecretFile != nil || authJwks != nil {
@@ -238,8 +295,9 @@ struct Serve: AsyncParsableCommand {
                 Serve.warnIfOthersMayRead(authSecretFile, what: "--auth-secret-file: whoever reads it can sign in as any user", logger: logger)
             }
             do {
-                authenticator = try await Authenticator(mode: .keys(secret: secret, jwksPath: authJwks),
-                                                        policy: TokenPolicy(audience: authAudience, issuer: authIssuer, leeway: authLeeway, maxLifetime: authMaxLifetime))
+                authenticator = try await Authenticator(
+                    mode: .keys(secret: secret, jwksPath: authJwks),
+                    policy: TokenPolicy(audience: authAudience, issuer: authIssuer, leeway: authLeeway, maxLifetime: authMaxLifetime))
             } catch {
                 throw ValidationError(authSecretFile != nil && authJwks == nil ? "--auth-secret-file: \(error)" : "\(error)")
             }
@@ -283,8 +341,12 @@ struct Serve: AsyncParsableCommand {
             }
             do {
                 let channel = try await endpoint.bind(host: host, port: port, group: loops)
-                logger.info("serving metrics", metadata: ["address": "\(metrics)", "bound": "\(channel.localAddress.map { "\($0)" } ?? metrics)",
-                                                          "port": "\(channel.localAddress?.port ?? port)"])
+                logger.info(
+                    "serving metrics",
+                    metadata: [
+                        "address": "\(metrics)", "bound": "\(channel.localAddress.map { "\($0)" } ?? metrics)",
+                        "port": "\(channel.localAddress?.port ?? port)"
+                    ])
             } catch {
                 logger.critical("cannot serve metrics", metadata: ["address": "\(metrics)", "error": "\(error)"])
                 throw ExitCode(1)
@@ -301,8 +363,9 @@ struct Serve: AsyncParsableCommand {
                 store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, allNodesDecide: allNodesDecide)
             } catch is PostgresStore.WriterLockHeld where allNodesDecide {
                 // Another node is the writer: this one decides beside it.
-                store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, allNodesDecide: true,
-                                             besideTheWriter: true)
+                store = try OpenedStore.open(
+                    self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, allNodesDecide: true,
+                    besideTheWriter: true)
             } catch let held as PostgresStore.WriterLockHeld {
                 ServiceMetrics.deciding.record(0)
                 // Another node is the writer. Without --listen this node's one session is
@@ -311,7 +374,9 @@ struct Serve: AsyncParsableCommand {
                 // goes, then be it.
                 if listen.isEmpty { throw ExitCode(relayStandardIO(held.location, nodeKey: nodeKey, logger: logger)) }
                 guard user == nil else {
-                    logger.critical("\(held); a node that is not the writer relays either its standard input/output (without --listen) or its socket connections (with --listen, without --user), not both")
+                    logger.critical(
+                        "\(held); a node that is not the writer relays either its standard input/output (without --listen) or its socket connections (with --listen, without --user), not both"
+                    )
                     throw ExitCode(1)
                 }
                 let lock = try await follow(held.location, loops: eventLoops(), logger: logger)
@@ -327,7 +392,8 @@ struct Serve: AsyncParsableCommand {
         if let attachmentsDir {
             var isDirectory: ObjCBool = false
             guard let resolved = AttachmentStore.realPath(attachmentsDir),
-                  FileManager.default.fileExists(atPath: resolved, isDirectory: &isDirectory), isDirectory.boolValue else {
+                FileManager.default.fileExists(atPath: resolved, isDirectory: &isDirectory), isDirectory.boolValue
+            else {
                 logger.critical("--attachments-dir must be an existing directory", metadata: ["path": "\(attachmentsDir)"])
                 throw ExitCode(1)
             }
@@ -335,9 +401,11 @@ struct Serve: AsyncParsableCommand {
             // store in it, they could attach the store (or the secrets beside it); with it
             // in the data directory, they could fill the store's own files.
             if let data = AttachmentStore.realPath(directory.path),
-               data == resolved || AttachmentStore.isInside(data, resolved) || AttachmentStore.isInside(resolved, data) {
-                logger.critical("--attachments-dir and --data-dir must not be inside one another: give them separate directories",
-                                metadata: ["attachmentsDir": "\(resolved)", "dataDir": "\(data)"])
+                data == resolved || AttachmentStore.isInside(data, resolved) || AttachmentStore.isInside(resolved, data)
+            {
+                logger.critical(
+                    "--attachments-dir and --data-dir must not be inside one another: give them separate directories",
+                    metadata: ["attachmentsDir": "\(resolved)", "dataDir": "\(data)"])
                 throw ExitCode(1)
             }
             allowedDirectory = resolved
@@ -359,17 +427,19 @@ struct Serve: AsyncParsableCommand {
             logger.critical("cannot prepare the attachment store or the search index", metadata: ["error": "\(error)"])
             throw ExitCode(1)
         }
-        let quotaLimits = QuotaLimits(requestsPerSecond: maxRequestsPerSecond, chatsPerMinute: maxChatsPerMinute,
-                                      newUsersPerMinute: maxNewUsersPerMinute, eventsPerSecond: maxEventsPerSecond,
-                                      searchCandidates: maxSearchCandidates, searchBytes: maxSearchBytes)
+        let quotaLimits = QuotaLimits(
+            requestsPerSecond: maxRequestsPerSecond, chatsPerMinute: maxChatsPerMinute,
+            newUsersPerMinute: maxNewUsersPerMinute, eventsPerSecond: maxEventsPerSecond,
+            searchCandidates: maxSearchCandidates, searchBytes: maxSearchBytes)
         var clock = Engine.wallClock
         if let fixed = ProcessInfo.processInfo.environment["CHATCORE_FIXED_TIME"].flatMap(Int64.init) {
             // For golden transcripts: every message gets this timestamp.
             logger.warning("CHATCORE_FIXED_TIME is set: every timestamp is \(fixed)")
             clock = { fixed }
         }
-        let engine = try Engine(store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments,
-                                attachmentsDirectory: allowedDirectory, cacheBytes: cacheMb << 20, quotas: quotaLimits, clock: clock)
+        let engine = try Engine(
+            store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments,
+            attachmentsDirectory: allowedDirectory, cacheBytes: cacheMb << 20, quotas: quotaLimits, clock: clock)
         engine.maxEndpoints = maxEndpoints
         engine.start()
         engine.sweepUnusedBlobs()
@@ -378,15 +448,21 @@ struct Serve: AsyncParsableCommand {
             Serve.followOthers(engine, every: told ? Serve.followIntervalWhenTold : Serve.followInterval)
         }
         ServiceMetrics.deciding.record(1)
-        logger.info("store ready", metadata: ["store": "\(store.description)", "dataDir": "\(directory.path)", "openedIn": "\(ContinuousClock.now - opening)",
-                                              "chats": "\(engine.chatCount)", "users": "\(engine.userCount)",
-                                              "wholeFileCheck": "\(store.wholeFileCheck)"])
+        logger.info(
+            "store ready",
+            metadata: [
+                "store": "\(store.description)", "dataDir": "\(directory.path)", "openedIn": "\(ContinuousClock.now - opening)",
+                "chats": "\(engine.chatCount)", "users": "\(engine.userCount)",
+                "wholeFileCheck": "\(store.wholeFileCheck)"
+            ])
 
-        let sessionLimits = Session.Limits(maxRequestsInFlight: maxRequestsInFlight, maxLineBytes: maxLineBytes,
-                                           authTimeout: authTimeout > 0 ? .seconds(authTimeout) : nil)
+        let sessionLimits = Session.Limits(
+            maxRequestsInFlight: maxRequestsInFlight, maxLineBytes: maxLineBytes,
+            authTimeout: authTimeout > 0 ? .seconds(authTimeout) : nil)
         // The standard input/output session exists (and a --user is authenticated) before
         // any socket is accepted: the trusted user is always the first user of a new store.
-        let stdio = user != nil || listen.isEmpty
+        let stdio =
+            user != nil || listen.isEmpty
             ? StdioTransport(engine: engine, authenticator: authenticator, limits: sessionLimits, trustedUser: user, logger: logger)
             : nil
         var server: SocketServer?
@@ -397,20 +473,24 @@ struct Serve: AsyncParsableCommand {
         if store.isShared, listen.isEmpty { listening = ["127.0.0.1:0"] }
         let relayedOnly = listen.isEmpty && !listening.isEmpty
         if !listening.isEmpty {
-            let sockets = SocketServer(group: eventLoops(), engine: engine, authenticator: authenticator,
-                                      limits: .init(session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
-                                                    maxOutputTotal: outputTotalLimit,
-                                                    maxSessions: Serve.sessionsThatFit(maxSessions, relaying: store.isShared, logger: logger), idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil,
-                                                    authTimeout: authTimeout > 0 ? .seconds(Int64(authTimeout)) : nil, maxBufferedInput: maxInputTotal),
-                                      logger: logger)
+            let sockets = SocketServer(
+                group: eventLoops(), engine: engine, authenticator: authenticator,
+                limits: .init(
+                    session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
+                    maxOutputTotal: outputTotalLimit,
+                    maxSessions: Serve.sessionsThatFit(maxSessions, relaying: store.isShared, logger: logger),
+                    idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil,
+                    authTimeout: authTimeout > 0 ? .seconds(Int64(authTimeout)) : nil, maxBufferedInput: maxInputTotal),
+                logger: logger)
             server = sockets
             for text in listening {
                 let address = ListenAddress(text)!
                 do {
                     let channel = try await sockets.bind(address)
                     let bound = channel.localAddress.map { "\($0)" } ?? text
-                    logger.info(relayedOnly ? "listening for sessions relayed by other nodes" : "listening",
-                                metadata: ["address": "\(address)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
+                    logger.info(
+                        relayedOnly ? "listening for sessions relayed by other nodes" : "listening",
+                        metadata: ["address": "\(address)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
                     if case .postgres(let database) = store, database.isWriter, text == listening[0] {
                         let advertised = (relayedOnly ? nil : advertise) ?? Serve.reachable(address, port: channel.localAddress?.port)
                         // Nodes given the node key vouch for the users of the sessions
@@ -422,7 +502,8 @@ struct Serve: AsyncParsableCommand {
                     }
                 } catch {
                     // NIO's own words for this one are only its type's name.
-                    let reason = error is UnixDomainSocketPathWrongType
+                    let reason =
+                        error is UnixDomainSocketPathWrongType
                         ? "the path exists and is not a socket (only a socket left by an earlier run is replaced)" : "\(error)"
                     logger.critical("cannot listen", metadata: ["address": "\(address)", "error": "\(reason)"])
                     throw ExitCode(1)
@@ -512,7 +593,8 @@ struct Serve: AsyncParsableCommand {
     /// next writer).
     private func relayStandardIO(_ location: PostgresStore.Location, nodeKey: NodeKey?, logger: Logger) -> Int32 {
         if user != nil && nodeKey == nil {
-            logger.critical("another node is the writer of the store: relaying a session started as --user to it needs --node-key-file (the same file on every node)")
+            logger.critical(
+                "another node is the writer of the store: relaying a session started as --user to it needs --node-key-file (the same file on every node)")
             return 1
         }
         let deadline = ContinuousClock.now + .nanoseconds(FollowerProxy.writerPatience.nanoseconds)
@@ -522,7 +604,9 @@ struct Serve: AsyncParsableCommand {
             if let writer = PostgresStore.WriterLock.writer(location: location, logger: logger) {
                 if let address = ListenAddress(writer.address) {
                     if user != nil && writer.instance.isEmpty {
-                        logger.critical("the writer node was started without --node-key-file: it accepts no session relayed as a --user; give every node the same --node-key-file")
+                        logger.critical(
+                            "the writer node was started without --node-key-file: it accepts no session relayed as a --user; give every node the same --node-key-file"
+                        )
                         return 1
                     }
                     let first = user.map { StdioRelay.trustedStart(user: $0, token: nodeKey!.vouch(for: $0, to: writer.instance)) } ?? []
@@ -575,9 +659,11 @@ struct Serve: AsyncParsableCommand {
     /// sockets will; returns once this node holds the lock (the writer stopped or died),
     /// with the relayed connections closed and the addresses free again.
     private func follow(_ location: PostgresStore.Location, loops: MultiThreadedEventLoopGroup, logger: Logger) async throws -> PostgresStore.WriterLock {
-        let proxy = FollowerProxy(group: loops, writer: {
-            PostgresStore.WriterLock.writerAddress(location: location, logger: logger).flatMap(ListenAddress.init)
-        }, maxConnections: Serve.sessionsThatFit(maxSessions, relaying: true, logger: logger), logger: logger)
+        let proxy = FollowerProxy(
+            group: loops,
+            writer: {
+                PostgresStore.WriterLock.writerAddress(location: location, logger: logger).flatMap(ListenAddress.init)
+            }, maxConnections: Serve.sessionsThatFit(maxSessions, relaying: true, logger: logger), logger: logger)
         for text in listen {
             let channel = try await proxy.bind(ListenAddress(text)!)
             logger.info("listening (relaying to the writer node)", metadata: ["address": "\(text)", "port": "\(channel.localAddress?.port ?? 0)"])
@@ -620,8 +706,9 @@ struct Serve: AsyncParsableCommand {
     /// does for keys; only a warning, since some deployments mount secrets 0644).
     static func warnIfOthersMayRead(_ path: String, what: String, logger: Logger) {
         guard let mode = permissions(of: path), mode & 0o077 != 0 else { return }
-        logger.warning("other users of this machine may read \(what): chmod 600 it",
-                       metadata: ["path": "\(path)", "mode": "\(String(mode, radix: 8))"])
+        logger.warning(
+            "other users of this machine may read \(what): chmod 600 it",
+            metadata: ["path": "\(path)", "mode": "\(String(mode, radix: 8))"])
     }
 
     /// The permission bits of what is at `path` (nil: nothing is there).
@@ -642,8 +729,9 @@ struct Serve: AsyncParsableCommand {
     static func prepareDataDirectory(_ directory: URL, logger: Logger) throws {
         if let mode = permissions(of: directory.path) {
             if mode & 0o077 != 0 {
-                logger.notice("other users of this machine may read the data directory, and so every message: chmod 700 it to keep them out",
-                              metadata: ["dataDir": "\(directory.path)", "mode": "\(String(mode, radix: 8))"])
+                logger.notice(
+                    "other users of this machine may read the data directory, and so every message: chmod 700 it to keep them out",
+                    metadata: ["dataDir": "\(directory.path)", "mode": "\(String(mode, radix: 8))"])
             }
             return
         }
@@ -701,8 +789,9 @@ struct Serve: AsyncParsableCommand {
         guard limit.rlim_cur != rlim_t.max else { return wanted }  // RLIM_INFINITY
         let room = max(1, (Int(clamping: limit.rlim_cur) - descriptorsKept) / (relaying ? 2 : 1))
         guard wanted > room else { return wanted }
-        logger.warning("the file descriptor limit leaves room for fewer socket sessions than --max-sessions: raise it (ulimit -n)",
-                       metadata: ["maxSessions": "\(wanted)", "servingAtMost": "\(room)", "fileDescriptorLimit": "\(limit.rlim_cur)"])
+        logger.warning(
+            "the file descriptor limit leaves room for fewer socket sessions than --max-sessions: raise it (ulimit -n)",
+            metadata: ["maxSessions": "\(wanted)", "servingAtMost": "\(room)", "fileDescriptorLimit": "\(limit.rlim_cur)"])
         return room
     }
 

@@ -78,10 +78,14 @@ struct CodegenTests {
 
     /// A property of requests/ping.json replaced by something the generator refuses.
     static let refused: [(property: String, message: String)] = [
-        (#"{"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": false}"#,
-         "an object with properties needs a title"),
-        (#"{"title": "Open", "type": "object", "properties": {"a": {"type": "string"}}}"#,
-         "objects must say additionalProperties: false"),
+        (
+            #"{"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": false}"#,
+            "an object with properties needs a title"
+        ),
+        (
+            #"{"title": "Open", "type": "object", "properties": {"a": {"type": "string"}}}"#,
+            "objects must say additionalProperties: false"
+        ),
         (#"{"type": "string", "pattern": "^a"}"#, "unsupported keyword 'pattern' here"),
         (#"{"anyOf": [{"type": "string"}, {"type": "integer"}]}"#, "anyOf is supported only as"),
         (#"{"type": ["string", "boolean"]}"#, "a list of types is supported only as"),
@@ -94,7 +98,7 @@ struct CodegenTests {
         (#"{"$ref": "../nowhere.json"}"#, "$ref to unknown file"),
         (#"{"$ref": "../../outside.json"}"#, "$ref leaves Schemas/"),
         (#"{"$ref": "../events/pong.json#/$defs/missing"}"#, "the pointer leads nowhere"),
-        (#"{"type": "tuple"}"#, "unsupported type"),
+        (#"{"type": "tuple"}"#, "unsupported type")
     ]
 
     @Test(arguments: refused.indices)

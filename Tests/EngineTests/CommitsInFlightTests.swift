@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import SQLiteStorage
 import XCTest
+
 @testable import ChatEngine
 
 /// Two commits in flight (`ChatStore.commitsInFlight`, PostgreSQL's): the engine hands a
@@ -16,8 +17,10 @@ final class CommitsInFlightTests: XCTestCase {
 
     /// Holds the commit of `first`, submits `next`, waits until the engine has handed
     /// `next`'s commit over too (both in flight), runs `whileBoth`, then lets them go.
-    private func commitBehind(_ first: [(String, String)], then next: [(String, String)], in h: EngineHarness, store: FailingStore,
-                              whileBoth: () -> Void = {}) {
+    private func commitBehind(
+        _ first: [(String, String)], then next: [(String, String)], in h: EngineHarness, store: FailingStore,
+        whileBoth: () -> Void = {}
+    ) {
         let begun = store.commitsBegun.load(ordering: .relaxed)
         store.holding.store(true, ordering: .relaxed)
         h.submitTogether(first)
@@ -35,9 +38,10 @@ final class CommitsInFlightTests: XCTestCase {
         let (h, store) = try aliceAndBobInAChat()
         // The first batch makes a chat (and its members, and a Join message); the next,
         // decided on top of it, posts into it: it must update those rows, not insert them again.
-        commitBehind([("a", #"{"chatStart":{"cookie":"new","invitees":[{"userId":"bob"}],"subject":"second"}}"#)],
-                     then: [("a", #"{"chatMessageSend":{"chatId":"2","tag":"Text","content":"into it","cookie":"m"}}"#)],
-                     in: h, store: store)
+        commitBehind(
+            [("a", #"{"chatStart":{"cookie":"new","invitees":[{"userId":"bob"}],"subject":"second"}}"#)],
+            then: [("a", #"{"chatMessageSend":{"chatId":"2","tag":"Text","content":"into it","cookie":"m"}}"#)],
+            in: h, store: store)
         let alice = h.events("a")
         XCTAssertEqual(store.failedCommits.load(ordering: .relaxed), 0)
         let started = alice.firstIndex { $0.contains(#""type":"chat""#) && $0.contains(#""cookie":"new""#) }
@@ -57,14 +61,15 @@ final class CommitsInFlightTests: XCTestCase {
     private static let first = [("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)]
     private static let secondAndThird = [
         ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c2"}}"#),
-        ("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"third","cookie":"c3"}}"#),
+        ("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"third","cookie":"c3"}}"#)
     ]
 
     func testABatchBehindACommitThatFailsFailsWithItAndNothingOfEitherIsSeen() throws {
         let (h, store) = try aliceAndBobInAChat()
-        commitBehind(Self.first, then: Self.secondAndThird, in: h, store: store,
-                     // Only the first commit fails: the one behind it would go through.
-                     whileBoth: { store.failOnce.store(true, ordering: .relaxed) })
+        commitBehind(
+            Self.first, then: Self.secondAndThird, in: h, store: store,
+            // Only the first commit fails: the one behind it would go through.
+            whileBoth: { store.failOnce.store(true, ordering: .relaxed) })
         FailedCommitTests.assertFirstSecondAndThirdFailedTogether(h, store)
     }
 
@@ -73,8 +78,9 @@ final class CommitsInFlightTests: XCTestCase {
     /// once, as if nothing had happened.
     func testBatchesBehindACommitThatConflictsAreDecidedAgainInOrder() throws {
         let (h, store) = try aliceAndBobInAChat()
-        commitBehind(Self.first, then: Self.secondAndThird, in: h, store: store,
-                     whileBoth: { store.conflictOnce.store(true, ordering: .relaxed) })
+        commitBehind(
+            Self.first, then: Self.secondAndThird, in: h, store: store,
+            whileBoth: { store.conflictOnce.store(true, ordering: .relaxed) })
         let alice = h.events("a")
         let bob = h.events("b")
         XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 1)

@@ -3,6 +3,7 @@ import GRDB
 import SQLiteStorage
 import Storage
 import XCTest
+
 @testable import ChatEngine
 
 /// A commit that conflicts (`StoreFailure.Kind.conflict`: another node committed first to
@@ -18,7 +19,8 @@ final class ConflictTests: XCTestCase {
     private static func added(_ events: [[String: Any]]) -> [String] {
         events.compactMap { event in
             guard let add = event["listAdd"] as? [String: Any], add["type"] as? String == "chatMessage",
-                  let element = (add["elements"] as? [[String: Any]])?.first, element["tag"] as? String == "Text" else { return nil }
+                let element = (add["elements"] as? [[String: Any]])?.first, element["tag"] as? String == "Text"
+            else { return nil }
             return "\(element["messageId"]!):\(element["content"]!)"
         }
     }
@@ -30,7 +32,8 @@ final class ConflictTests: XCTestCase {
     }
 
     private func listed(_ h: EngineHarness, as name: String) -> [String] {
-        let lines = h.send(name, #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":20}}}"#)
+        let lines = h.send(
+            name, #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":20}}}"#)
         let objects = lines.map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
         return objects.flatMap { ($0["listChunk"] as? [String: Any])?["elements"] as? [[String: Any]] ?? [] }
             .filter { $0["tag"] as? String == "Text" }.map { "\($0["messageId"]!):\($0["content"]!)" }
@@ -68,7 +71,8 @@ final class ConflictTests: XCTestCase {
     private static func startedChats(_ events: [[String: Any]]) -> [String] {
         events.compactMap { event in
             guard let add = event["listAdd"] as? [String: Any], add["type"] as? String == "chat",
-                  let element = (add["elements"] as? [[String: Any]])?.first else { return nil }
+                let element = (add["elements"] as? [[String: Any]])?.first
+            else { return nil }
             return element["chatId"] as? String
         }
     }
@@ -141,7 +145,7 @@ final class ConflictTests: XCTestCase {
             h.work("b", Self.send("m2", cookie: "c2")),
             h.authentication("x", as: "xavier"),
             h.work("a", Self.send("m3", cookie: "c3")),
-            h.work("x", #"{"identitiesGet":{"cookie":"who","appUserIds":["xavier"]}}"#),
+            h.work("x", #"{"identitiesGet":{"cookie":"who","appUserIds":["xavier"]}}"#)
         ])
         let alice = h.objects("a")
         let bob = h.objects("b")
@@ -157,7 +161,8 @@ final class ConflictTests: XCTestCase {
             return Self.added([event]).first
         }
         XCTAssertEqual(order, ["2:m1", "failed", "3:m2", "4:m3"])
-        XCTAssertEqual(xavier.filter { $0.contains(#""authTokenResult""#) || $0.contains(#""setupState""#) && $0.contains("Success") }.count >= 1, true, "\(xavier)")
+        XCTAssertEqual(
+            xavier.filter { $0.contains(#""authTokenResult""#) || $0.contains(#""setupState""#) && $0.contains("Success") }.count >= 1, true, "\(xavier)")
         XCTAssertEqual(xavier.filter { $0.contains(#""identities""#) }.count, 1, "\(xavier)")
         XCTAssertFalse(xavier.joined().contains("NotAuthenticated"), "\(xavier)")
         XCTAssertEqual(listed(h, as: "a"), ["2:m1", "3:m2", "4:m3"])
@@ -174,7 +179,7 @@ final class ConflictTests: XCTestCase {
         h.engine.put(together: [
             h.work("a", Self.send("findable", cookie: "c1")),
             h.work("a", #"{"search":{"cookie":"q","text":"findable"}}"#),
-            h.work("a", Self.send("after", cookie: "c2")),
+            h.work("a", Self.send("after", cookie: "c2"))
         ])
         let alice = h.objects("a")
         XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 1)

@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import SQLiteStorage
 import XCTest
+
 @testable import ChatEngine
 
 /// Endpoints under failed commits (§3): a deregistration or a registration

@@ -1,13 +1,14 @@
 import Attachments
+import ChatProtocol
+import ChatWire
 import Foundation
 import GRDB
 import Logging
-import ChatProtocol
 import SQLiteStorage
 import Storage
 import Synchronization
-import ChatWire
 import XCTest
+
 @testable import ChatEngine
 
 /// The engine in-process: a real SQLite store (in memory unless a file is given), a
@@ -20,16 +21,19 @@ final class EngineHarness {
     private let decoder = LineDecoder()
     private var line = 0
 
-    init(store: ChatStore? = nil, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil, attachmentsDirectory: String? = nil,
-         cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int? = nil, quotas: QuotaLimits = QuotaLimits(),
-         clock: TestClock = TestClock(1_700_000_000)) throws {
+    init(
+        store: ChatStore? = nil, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil, attachmentsDirectory: String? = nil,
+        cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int? = nil, quotas: QuotaLimits = QuotaLimits(),
+        clock: TestClock = TestClock(1_700_000_000)
+    ) throws {
         let store = try store ?? SQLiteStore(writer: DatabaseQueue())
         self.store = store
         self.clock = clock
         var logger = Logger(label: "engine-tests")
         logger.logLevel = .critical
-        engine = try Engine(store: store, logger: logger, searchIndex: searchIndex, attachments: attachments,
-                            attachmentsDirectory: attachmentsDirectory, cacheBytes: cacheBytes, feedSlot: feedSlot, quotas: quotas, clock: { clock.now })
+        engine = try Engine(
+            store: store, logger: logger, searchIndex: searchIndex, attachments: attachments,
+            attachmentsDirectory: attachmentsDirectory, cacheBytes: cacheBytes, feedSlot: feedSlot, quotas: quotas, clock: { clock.now })
         engine.start()
     }
 
@@ -84,8 +88,10 @@ final class EngineHarness {
     /// `whileHeld`, submits `next` as the following batch, and lets the commit go on once
     /// the engine has decided `next` on top of `first` (it then waits for that commit,
     /// asking nothing else of the store first).
-    func decideWhileCommitting(_ first: [(String, String)], in store: FailingStore, whileHeld: () -> Void = {},
-                               then next: [(String, String)]) {
+    func decideWhileCommitting(
+        _ first: [(String, String)], in store: FailingStore, whileHeld: () -> Void = {},
+        then next: [(String, String)]
+    ) {
         store.holding.store(true, ordering: .relaxed)
         submitTogether(first)
         store.held.wait()
@@ -315,8 +321,10 @@ final class FailingStore: ChatStore, @unchecked Sendable {
         return try numbersLock.withLock {
             if lastNumbers == nil {
                 let directory = try inner.loadDirectory()
-                lastNumbers = [.chat: directory.chats.map(\.number).max() ?? 0, .user: directory.users.map(\.number).max() ?? 0,
-                               .searchRow: directory.counters.searchRow]
+                lastNumbers = [
+                    .chat: directory.chats.map(\.number).max() ?? 0, .user: directory.users.map(\.number).max() ?? 0,
+                    .searchRow: directory.counters.searchRow
+                ]
             }
             let first = lastNumbers![kind]! + 1
             lastNumbers![kind]! += kind == .searchRow ? 4 * ((Int64(count) + 3) / 4) : Int64(count)
@@ -371,7 +379,9 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     func references(chat: Int64, to target: Int64, tag: String, excluding excluded: Set<Int64>) throws -> (count: Int64, newest: Int64?) {
         try inner.references(chat: chat, to: target, tag: tag, excluding: excluded)
     }
-    func changedMessages(chats: [Int64], after seq: Int64, limit: Int) throws -> [MessageChangeRow] { try inner.changedMessages(chats: chats, after: seq, limit: limit) }
+    func changedMessages(chats: [Int64], after seq: Int64, limit: Int) throws -> [MessageChangeRow] {
+        try inner.changedMessages(chats: chats, after: seq, limit: limit)
+    }
     func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow] { try inner.rangeChanges(chats: chats, after: seq) }
     func feedPositions() throws -> [Int: Int64] { try inner.feedPositions() }
     func blobUses(_ blob: String) throws -> Int64 { try inner.blobUses(blob) }

@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import SQLiteStorage
 import XCTest
+
 @testable import ChatEngine
 
 /// A commit that fails (docs/protocol.md §2 `Internal`; issue 11): every request of the batch
@@ -78,7 +79,8 @@ final class FailedCommitTests: XCTestCase {
         XCTAssertEqual(events.filter { $0.contains(#""requestFailed""#) }.count, 2, "\(events)")
         XCTAssertFalse(events.contains { $0.contains(#""content":"lost""#) })
         store.failing.store(false, ordering: .relaxed)
-        let listed = h.send("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":10}}}"#)
+        let listed = h.send(
+            "a", #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":10}}}"#)
         XCTAssertTrue(listed.joined().contains(#""content":"kept""#))
         XCTAssertFalse(listed.joined().contains(#""content":"lost""#))
     }
@@ -88,13 +90,14 @@ final class FailedCommitTests: XCTestCase {
     /// although its own commit would have succeeded.
     func testABatchDecidedWhileTheOneBeforeFailedToCommitFailsWithIt() throws {
         let (h, store) = try aliceAndBobInAChat()
-        h.decideWhileCommitting([("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)], in: store,
-                                // Only the commit in flight fails: the next one would go through.
-                                whileHeld: { store.failOnce.store(true, ordering: .relaxed) },
-                                then: [
-                                    ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c2"}}"#),
-                                    ("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"third","cookie":"c3"}}"#),
-                                ])
+        h.decideWhileCommitting(
+            [("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)], in: store,
+            // Only the commit in flight fails: the next one would go through.
+            whileHeld: { store.failOnce.store(true, ordering: .relaxed) },
+            then: [
+                ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c2"}}"#),
+                ("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"third","cookie":"c3"}}"#)
+            ])
         Self.assertFirstSecondAndThirdFailedTogether(h, store)
     }
 
@@ -111,7 +114,9 @@ final class FailedCommitTests: XCTestCase {
         XCTAssertEqual(alice.count + bob.count, 3, "events of batches that were not committed were seen: \(alice) \(bob)", file: file, line: line)
         let again = h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"again"}}"#)
         XCTAssertTrue(again.first?.contains(#""messageId":"2""#) ?? false, "\(again)", file: file, line: line)
-        let listed = h.send("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":10}}}"#).joined()
+        let listed = h.send(
+            "a", #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":10}}}"#
+        ).joined()
         XCTAssertTrue(listed.contains(#""content":"again""#), listed, file: file, line: line)
         for lost in ["first", "second", "third"] { XCTAssertFalse(listed.contains(#""content":"\#(lost)""#), listed, file: file, line: line) }
     }
@@ -127,7 +132,11 @@ final class FailedCommitTests: XCTestCase {
         // The next new user takes the number the failed one did not keep...
         h.connect("y", as: "yvonne")
         let seen = h.send("a", #"{"identitiesGet":{"cookie":"who","appUserIds":["yvonne","xavier"]}}"#)
-        XCTAssertEqual(seen, [#"{"identities":{"cookie":"who","result":"Success","info":[{"appUserId":"yvonne","regId":"\#(RegId.derive("yvonne"))","uri":"bbmpim://user/id/2"}]}}"#])
+        XCTAssertEqual(
+            seen,
+            [
+                #"{"identities":{"cookie":"who","result":"Success","info":[{"appUserId":"yvonne","regId":"\#(RegId.derive("yvonne"))","uri":"bbmpim://user/id/2"}]}}"#
+            ])
         // ...and the session of the failed authentication is nobody.
         let answer = h.send("x", #"{"identitiesGet":{"cookie":"i","appUserIds":["xavier"]}}"#)
         XCTAssertTrue(answer.joined().contains("NotAuthenticated"), "\(answer)")

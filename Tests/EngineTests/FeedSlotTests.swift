@@ -3,6 +3,7 @@ import GRDB
 import SQLiteStorage
 import Storage
 import XCTest
+
 @testable import ChatEngine
 
 /// The change feed with several processes deciding on one store (`FeedSlots`): each
@@ -25,8 +26,9 @@ final class FeedSlotTests: XCTestCase {
         let lines = h.send(name, #"{"requestListChanges":{"type":"chatMessage","cookie":"f","limit":\#(limit)\#(sinceField)}}"#)
         let answer = try XCTUnwrap(lines.map(Self.object).compactMap { $0["listChanges"] as? [String: Any] }.first, "\(lines)")
         let changed = answer["changed"] as! [[String: Any]]
-        return Feed(messages: changed.map { "\($0["messageId"]!):\($0["content"] as? String ?? $0["tag"] as! String)" },
-                    token: answer["token"] as! String, hasMore: answer["hasMore"] as! Bool)
+        return Feed(
+            messages: changed.map { "\($0["messageId"]!):\($0["content"] as? String ?? $0["tag"] as! String)" },
+            token: answer["token"] as! String, hasMore: answer["hasMore"] as! Bool)
     }
 
     private func failure(_ h: EngineHarness, _ name: String, since: String) -> String? {
@@ -119,8 +121,9 @@ final class FeedSlotTests: XCTestCase {
         // Node A reads the chat again (its send conflicts), then alice reads everything.
         nodeA.send("a", Self.send("from A"))
         nodeA.send("a", #"{"chatMessageRead":{"chatId":"1","messageId":"\(count + 2)"}}"#)
-        XCTAssertEqual(try store.rangeChanges(chats: [1], after: 0).map { "\($0.firstId)-\($0.lastId) in slot \(FeedSlots.slot(of: $0.firstSeq))" },
-                       ["2-\(count + 2) in slot 0"])
+        XCTAssertEqual(
+            try store.rangeChanges(chats: [1], after: 0).map { "\($0.firstId)-\($0.lastId) in slot \(FeedSlots.slot(of: $0.firstSeq))" },
+            ["2-\(count + 2) in slot 0"])
         // Node B reads the chat again too.
         nodeB.send("b", Self.send("again"))
         let after = try feed(nodeB, "b", since: seen.token, limit: 1000)

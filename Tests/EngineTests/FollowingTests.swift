@@ -3,6 +3,7 @@ import GRDB
 import SQLiteStorage
 import Storage
 import XCTest
+
 @testable import ChatEngine
 
 /// Several deciding nodes that follow one another (docs/several-deciding-nodes.md, step 4):

@@ -1,18 +1,21 @@
+import CMalloc
 import GRDB
 import SQLiteStorage
 import Storage
 import XCTest
+
 @testable import ChatEngine
-import CMalloc
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The cache of hot messages lets go of what it no longer holds.
 final class MessageCacheTests: XCTestCase {
     private func record(_ id: Int64) -> MessageRecord {
-        MessageRecord(chat: 1, id: id, sender: 1, tag: "Text", content: String(repeating: "x", count: 100), data: nil, refs: [],
-                      timestamp: 0, isControl: false, neverCountsUnread: false, changeSeq: id)
+        MessageRecord(
+            chat: 1, id: id, sender: 1, tag: "Text", content: String(repeating: "x", count: 100), data: nil, refs: [],
+            timestamp: 0, isControl: false, neverCountsUnread: false, changeSeq: id)
     }
 
     /// Records dropped by `removeAll` (a failed commit rebuilds memory), by eviction, or with
@@ -94,10 +97,15 @@ final class MessageCacheTests: XCTestCase {
         let h = try EngineHarness(store: store, cacheBytes: 0)
         h.connect("a", as: "alice")
         h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"f"}}"#)
-        h.decideWhileCommitting([("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)], in: store, then: [
-            ("a", #"{"requestListElements":{"type":"chatMessage","elements":[{"chatId":"1","messageId":"2"}],"cookie":"read"}}"#),
-            ("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"query","criteria":{"chatId":"1","tag":"Text"},"window":{"messageId":1,"before":0,"after":10}}}"#),
-        ])
+        h.decideWhileCommitting(
+            [("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#)], in: store,
+            then: [
+                ("a", #"{"requestListElements":{"type":"chatMessage","elements":[{"chatId":"1","messageId":"2"}],"cookie":"read"}}"#),
+                (
+                    "a",
+                    #"{"requestListMatching":{"type":"chatMessage","cookie":"query","criteria":{"chatId":"1","tag":"Text"},"window":{"messageId":1,"before":0,"after":10}}}"#
+                )
+            ])
         let events = h.events("a")
         let read = events.filter { $0.contains(#""cookie":"read""#) }.joined()
         XCTAssertTrue(read.contains(#""content":"first""#), "\(events)")
@@ -115,14 +123,19 @@ final class MessageCacheTests: XCTestCase {
         h.connect("a", as: "alice")
         h.send("a", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"bob"}],"subject":"one"}}"#)
         h.send("a", #"{"chatStart":{"cookie":"t","invitees":[{"userId":"carol"}],"subject":"two"}}"#)
-        h.decideWhileCommitting([
-            ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#),
-            ("a", #"{"chatMessageSend":{"chatId":"2","tag":"Text","content":"other","cookie":"c2"}}"#),
-        ], in: store, then: [
-            ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c3"}}"#),
-            ("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"query","criteria":{"chatId":"2","tag":"Text"},"window":{"messageId":1,"before":0,"after":10}}}"#),
-            ("a", #"{"requestListElements":{"type":"chatMessage","elements":[{"chatId":"1","messageId":"3"}],"cookie":"read"}}"#),
-        ])
+        h.decideWhileCommitting(
+            [
+                ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"first","cookie":"c1"}}"#),
+                ("a", #"{"chatMessageSend":{"chatId":"2","tag":"Text","content":"other","cookie":"c2"}}"#)
+            ], in: store,
+            then: [
+                ("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"second","cookie":"c3"}}"#),
+                (
+                    "a",
+                    #"{"requestListMatching":{"type":"chatMessage","cookie":"query","criteria":{"chatId":"2","tag":"Text"},"window":{"messageId":1,"before":0,"after":10}}}"#
+                ),
+                ("a", #"{"requestListElements":{"type":"chatMessage","elements":[{"chatId":"1","messageId":"3"}],"cookie":"read"}}"#)
+            ])
         let events = h.events("a")
         XCTAssertTrue(events.filter { $0.contains(#""cookie":"query""#) }.joined().contains(#""content":"other""#), "\(events)")
         XCTAssertTrue(events.filter { $0.contains(#""cookie":"read""#) }.joined().contains(#""content":"second""#), "\(events)")
@@ -130,37 +143,41 @@ final class MessageCacheTests: XCTestCase {
     }
 
     #if os(Linux)
-    /// `--cache-mb` is what the cached records really take from the heap, texts, references
-    /// and private states included, not a fraction of it: messages read as from the store
-    /// (each row with its own texts) fill a cache, and the heap grows by what it counts.
-    func testTheBudgetCountsWhatTheRecordsReallyTakeFromTheHeap() throws {
-        if ["__asan_init", "__tsan_init"].contains(where: { (name: String) in dlsym(nil, name) != nil }) {
-            throw XCTSkip("a sanitizer's allocator (make asan, make tsan) keeps a heap of its own, which the C library does not count")
-        }
-        func row(_ id: Int64) -> MessageRow {
-            let words = String(repeating: "word \(id) ", count: Int(id % 40))
-            var row = MessageRow(chat: 1 + id % 7, id: id, sender: 1 + id % 3, tag: id.isMultiple(of: 9) ? "PictureMessage" : "Text",
-                                 content: "message \(id): " + words, data: id.isMultiple(of: 4) ? #"{"kind":"note \#(id)","n":\#(id)}"# : nil,
-                                 refs: id.isMultiple(of: 5) ? [RefRow(tag: "Quote", target: id - 1)] : [], timestamp: 1_700_000_000 + id,
-                                 isControl: false, neverCountsUnread: false, isRecalled: false, changeSeq: id, searchRow: id)
-            if id.isMultiple(of: 6) {
-                row.refCounts = [RefCountRow(chat: row.chat, target: id, tag: "Quote", count: 1, newest: id + 1)]
-                row.privateStates = [MessageUserRow(chat: row.chat, id: id, user: 2, localData: #"{"pinned":true,"note":"for later \#(id)"}"#,
-                                                    isDeleted: false)]
+        /// `--cache-mb` is what the cached records really take from the heap, texts, references
+        /// and private states included, not a fraction of it: messages read as from the store
+        /// (each row with its own texts) fill a cache, and the heap grows by what it counts.
+        func testTheBudgetCountsWhatTheRecordsReallyTakeFromTheHeap() throws {
+            if ["__asan_init", "__tsan_init"].contains(where: { (name: String) in dlsym(nil, name) != nil }) {
+                throw XCTSkip("a sanitizer's allocator (make asan, make tsan) keeps a heap of its own, which the C library does not count")
             }
-            return row
+            func row(_ id: Int64) -> MessageRow {
+                let words = String(repeating: "word \(id) ", count: Int(id % 40))
+                var row = MessageRow(
+                    chat: 1 + id % 7, id: id, sender: 1 + id % 3, tag: id.isMultiple(of: 9) ? "PictureMessage" : "Text",
+                    content: "message \(id): " + words, data: id.isMultiple(of: 4) ? #"{"kind":"note \#(id)","n":\#(id)}"# : nil,
+                    refs: id.isMultiple(of: 5) ? [RefRow(tag: "Quote", target: id - 1)] : [], timestamp: 1_700_000_000 + id,
+                    isControl: false, neverCountsUnread: false, isRecalled: false, changeSeq: id, searchRow: id)
+                if id.isMultiple(of: 6) {
+                    row.refCounts = [RefCountRow(chat: row.chat, target: id, tag: "Quote", count: 1, newest: id + 1)]
+                    row.privateStates = [
+                        MessageUserRow(
+                            chat: row.chat, id: id, user: 2, localData: #"{"pinned":true,"note":"for later \#(id)"}"#,
+                            isDeleted: false)
+                    ]
+                }
+                return row
+            }
+            func heap() -> Int {
+                let info = mallinfo2()
+                return Int(info.uordblks + info.hblkhd)
+            }
+            let before = heap()
+            let cache = MessageCache(budget: 1 << 40)
+            for id in Int64(1)...50_000 { cache.put(MessageRecord(row(id), storing: false)) }
+            let taken = heap() - before
+            let ratio = Double(cache.bytes) / Double(taken)
+            XCTAssert((0.85...1.15).contains(ratio), "the cache counts \(cache.bytes) bytes for \(taken) taken from the heap (\(ratio))")
+            withExtendedLifetime(cache) {}
         }
-        func heap() -> Int {
-            let info = mallinfo2()
-            return Int(info.uordblks + info.hblkhd)
-        }
-        let before = heap()
-        let cache = MessageCache(budget: 1 << 40)
-        for id in Int64(1)...50_000 { cache.put(MessageRecord(row(id), storing: false)) }
-        let taken = heap() - before
-        let ratio = Double(cache.bytes) / Double(taken)
-        XCTAssert((0.85...1.15).contains(ratio), "the cache counts \(cache.bytes) bytes for \(taken) taken from the heap (\(ratio))")
-        withExtendedLifetime(cache) {}
-    }
     #endif
 }

@@ -1,5 +1,6 @@
 import Foundation
 import XCTest
+
 @testable import ChatEngine
 
 /// Requests whose work grows with what a user has are answered a page per batch, so that
@@ -20,8 +21,10 @@ final class PagingTests: XCTestCase {
             h.send("a", #"{"chatStart":{"cookie":"c\#(chat)","invitees":[\#(invitees)],"subject":"s\#(chat)"}}"#)
         }
         let before = h.deliveries("a")
-        h.submitTogether([("a", #"{"requestListAll":{"type":"chatParticipant","cookie":"p"}}"#),
-                          ("a", #"{"identitiesGet":{"cookie":"after","appUserIds":["alice"]}}"#)])
+        h.submitTogether([
+            ("a", #"{"requestListAll":{"type":"chatParticipant","cookie":"p"}}"#),
+            ("a", #"{"identitiesGet":{"cookie":"after","appUserIds":["alice"]}}"#)
+        ])
         let events = Self.objects(h.events("a"))
         let headers = events.filter { $0["listAll"] != nil }
         let chunks = events.compactMap { $0["listChunk"] as? [String: Any] }
@@ -54,8 +57,10 @@ final class PagingTests: XCTestCase {
         _ = h.events("a")
         _ = h.events("b")
         let before = h.deliveries("b")
-        h.submitTogether([("a", #"{"chatMessageDestroy":{"chatId":"1","cookie":"all"}}"#),
-                          ("a", #"{"identitiesGet":{"cookie":"after","appUserIds":["alice"]}}"#)])
+        h.submitTogether([
+            ("a", #"{"chatMessageDestroy":{"chatId":"1","cookie":"all"}}"#),
+            ("a", #"{"identitiesGet":{"cookie":"after","appUserIds":["alice"]}}"#)
+        ])
         let alice = Self.objects(h.events("a"))
         let bob = Self.objects(h.events("b")).flatMap { event -> [[String: Any]] in
             ((event["listChange"] as? [String: Any])?["elements"] as? [[String: Any]]) ?? []

@@ -1,9 +1,10 @@
+import ChatProtocol
 import Foundation
 import GRDB
-import ChatProtocol
 import SQLiteStorage
 import Storage
 import XCTest
+
 @testable import ChatEngine
 
 /// What one user may cost the others: the quotas as a part (with a clock the test moves),
@@ -75,8 +76,10 @@ final class QuotaTests: XCTestCase {
         h.connect("c", as: "carol")
         h.send("c", #"{"chatStart":{"cookie":"s","invitees":[{"userId":"alice"}],"subject":"ok"}}"#)
         _ = h.events("a")
-        h.submitTogether([("a", #"{"chatStart":{"cookie":"bob","invitees":[{"userId":"bob"}],"subject":"x"}}"#),
-                          ("c", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"still sent","cookie":"m"}}"#)])
+        h.submitTogether([
+            ("a", #"{"chatStart":{"cookie":"bob","invitees":[{"userId":"bob"}],"subject":"x"}}"#),
+            ("c", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"still sent","cookie":"m"}}"#)
+        ])
         let alice = h.events("a").joined()
         XCTAssertTrue(alice.contains("chatStartFailed") && alice.contains("regId"), alice)
         XCTAssertTrue(alice.contains("still sent"), "carol's send in the same batch reached alice: \(alice)")

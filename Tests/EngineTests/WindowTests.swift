@@ -1,5 +1,6 @@
 import Foundation
 import XCTest
+
 @testable import ChatEngine
 
 /// `requestListMatching` windows (§8) against a brute-force model.
@@ -71,8 +72,14 @@ final class WindowTests: XCTestCase {
                 var notRefTag: String?
                 var sender: String?
                 var ref: (tag: String, target: Int64)?
-                if Int.random(in: 0..<3, using: &rng) == 0 { tag = ["Text", "Note", "Join"].randomElement(using: &rng)!; criteria.append(#""tag":"\#(tag!)""#) }
-                if Int.random(in: 0..<4, using: &rng) == 0 { notRefTag = "Thread"; criteria.append(#""notRefTag":"Thread""#) }
+                if Int.random(in: 0..<3, using: &rng) == 0 {
+                    tag = ["Text", "Note", "Join"].randomElement(using: &rng)!
+                    criteria.append(#""tag":"\#(tag!)""#)
+                }
+                if Int.random(in: 0..<4, using: &rng) == 0 {
+                    notRefTag = "Thread"
+                    criteria.append(#""notRefTag":"Thread""#)
+                }
                 if Int.random(in: 0..<4, using: &rng) == 0 {
                     sender = Bool.random(using: &rng) ? "alice" : "bob"
                     criteria.append(#""senderUri":"bbmpim://user/id/\#(sender == "alice" ? 1 : 2)""#)
@@ -118,8 +125,9 @@ final class WindowTests: XCTestCase {
                 var expected = Array(older.suffix(before)) + (inclusive ? anchored : []) + Array(newer.prefix(after))
                 if reverse { expected.reverse() }
                 let criteriaText = ([#""chatId":"1""#] + criteria).joined(separator: ",")
-                let got = window(harness, #""window":{\#(anchorText),"before":\#(before),"after":\#(after),"inclusive":\#(inclusive),"reverse":\#(reverse)}"#,
-                                 criteria: criteriaText)
+                let got = window(
+                    harness, #""window":{\#(anchorText),"before":\#(before),"after":\#(after),"inclusive":\#(inclusive),"reverse":\#(reverse)}"#,
+                    criteria: criteriaText)
                 let context = "criteria {\(criteriaText)} anchor \(anchorText) before \(before) after \(after) inclusive \(inclusive) reverse \(reverse)"
                 XCTAssertEqual(got.ids, expected, context)
                 XCTAssertEqual(got.hasMoreBefore, older.count > before, context)

@@ -1,10 +1,10 @@
-import Crypto
-import Foundation
 import ChatSession
 import ChatWire
+import Crypto
+import Foundation
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Plays one transcript (format: Tests/Fixtures/README.md) against the real binary.
@@ -303,10 +303,10 @@ enum Matcher {
                 return nil
             case "$int":
                 if case .number(let text) = actual, Int64(text) != nil { return nil }
-                return "\(where_(path)) expected an integer"
+                return "\(place(path)) expected an integer"
             case "$id":
                 if case .string(let text) = actual, !text.isEmpty, text.allSatisfy(\.isNumber) { return nil }
-                return "\(where_(path)) expected a decimal-string id"
+                return "\(place(path)) expected a decimal-string id"
             default:
                 if pattern.hasPrefix("$capture:") {
                     let name = String(pattern.dropFirst("$capture:".count))
@@ -320,33 +320,33 @@ enum Matcher {
             }
         }
         switch (expected, actual) {
-        case let (.object(expectedMembers), .object(actualMembers)):
+        case (.object(let expectedMembers), .object(let actualMembers)):
             let expectedKeys = Set(expectedMembers.map(\.0))
             let actualKeys = Set(actualMembers.map(\.0))
-            if let missing = expectedKeys.subtracting(actualKeys).sorted().first { return "\(where_(path)) lacks '\(missing)'" }
-            if let extra = actualKeys.subtracting(expectedKeys).sorted().first { return "\(where_(path)) has an unexpected '\(extra)'" }
+            if let missing = expectedKeys.subtracting(actualKeys).sorted().first { return "\(place(path)) lacks '\(missing)'" }
+            if let extra = actualKeys.subtracting(expectedKeys).sorted().first { return "\(place(path)) has an unexpected '\(extra)'" }
             for (key, value) in expectedMembers {
                 let other = actualMembers.first(where: { $0.0 == key })!.1
                 if let difference = match(value, other, captures: &captures, path: path.isEmpty ? key : path + "." + key) { return difference }
             }
             return nil
-        case let (.array(expectedElements), .array(actualElements)):
+        case (.array(let expectedElements), .array(let actualElements)):
             if expectedElements.count != actualElements.count {
-                return "\(where_(path)) has \(actualElements.count) elements, expected \(expectedElements.count)"
+                return "\(place(path)) has \(actualElements.count) elements, expected \(expectedElements.count)"
             }
             for (index, pair) in zip(expectedElements, actualElements).enumerated() {
                 if let difference = match(pair.0, pair.1, captures: &captures, path: "\(path)[\(index)]") { return difference }
             }
             return nil
-        case let (.string(expectedText), .string(actualText)):
+        case (.string(let expectedText), .string(let actualText)):
             // Byte for byte: Swift's `==` would take "e\u{301}" for "\u{E9}".
-            return expectedText.utf8.elementsEqual(actualText.utf8) ? nil : "\(where_(path)) differs"
+            return expectedText.utf8.elementsEqual(actualText.utf8) ? nil : "\(place(path)) differs"
         default:
-            return expected == actual ? nil : "\(where_(path)) differs"
+            return expected == actual ? nil : "\(place(path)) differs"
         }
     }
 
-    private static func where_(_ path: String) -> String { path.isEmpty ? "the line" : "'\(path)'" }
+    private static func place(_ path: String) -> String { path.isEmpty ? "the line" : "'\(path)'" }
 }
 
 /// An HS256 token for `userId` signed with `secret`, expiring an hour after `now`. Made

@@ -22,7 +22,7 @@ struct FixtureTests {
         let candidates = [
             URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("chatcore"),
             Bundle.main.bundleURL.appendingPathComponent("chatcore"),
-            Bundle.main.bundleURL.deletingLastPathComponent().appendingPathComponent("chatcore"),
+            Bundle.main.bundleURL.deletingLastPathComponent().appendingPathComponent("chatcore")
         ]
         return candidates.first { FileManager.default.isExecutableFile(atPath: $0.path) } ?? candidates[0]
     }

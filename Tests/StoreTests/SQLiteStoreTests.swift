@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import Storage
 import XCTest
+
 @testable import SQLiteStorage
 
 final class SQLiteStoreTests: XCTestCase {
@@ -35,7 +36,9 @@ final class SQLiteStoreTests: XCTestCase {
         XCTAssertEqual(directory.counters, StoreCounters())
         // And today's rows can be written into it.
         var batch = StoreBatch()
-        batch.newChats = [ChatRow(number: 1, subject: "after the upgrade", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 0)]
+        batch.newChats = [
+            ChatRow(number: 1, subject: "after the upgrade", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 0)
+        ]
         try store.commit(batch)
         XCTAssertEqual(try store.loadDirectory().chats.map(\.subject), ["after the upgrade"])
     }
@@ -45,24 +48,31 @@ final class SQLiteStoreTests: XCTestCase {
         let store = try SQLiteStore(writer: DatabaseQueue())
         var batch = StoreBatch()
         batch.newUsers = [UserRecord(number: 1, userId: "alice", regId: 7), UserRecord(number: 2, userId: "bob", regId: 8)]
-        let chat = ChatRow(number: 1, subject: "s", isOneToOne: true, invitePolicy: "AdminsOnly", isDefunct: true, data: #"{"k":[1,2]}"#, lastMessage: 2,
-                           lastActivity: 1_700_000_000)
+        let chat = ChatRow(
+            number: 1, subject: "s", isOneToOne: true, invitePolicy: "AdminsOnly", isDefunct: true, data: #"{"k":[1,2]}"#, lastMessage: 2,
+            lastActivity: 1_700_000_000)
         batch.newChats = [chat]
-        let starter = MemberRow(chat: 1, user: 1, isActive: true, isAdmin: true, joinedAt: 1, leftAt: nil, isHidden: false, localData: nil,
-                                privateData: #"{"mine":true}"#, deliveredUpTo: 2, readUpTo: 2)
-        let other = MemberRow(chat: 1, user: 2, isActive: false, isAdmin: false, joinedAt: 1, leftAt: 2, isHidden: true, localData: #"{"x":1}"#,
-                              deliveredUpTo: 1, readUpTo: 0, numUnread: 1)
+        let starter = MemberRow(
+            chat: 1, user: 1, isActive: true, isAdmin: true, joinedAt: 1, leftAt: nil, isHidden: false, localData: nil,
+            privateData: #"{"mine":true}"#, deliveredUpTo: 2, readUpTo: 2)
+        let other = MemberRow(
+            chat: 1, user: 2, isActive: false, isAdmin: false, joinedAt: 1, leftAt: 2, isHidden: true, localData: #"{"x":1}"#,
+            deliveredUpTo: 1, readUpTo: 0, numUnread: 1)
         batch.members = [starter, other]
-        var first = MessageRow(chat: 1, id: 1, sender: 1, tag: "Text", content: "héllo ✓", data: #"{"a":null}"#, refs: [], timestamp: 1_700_000_000,
-                               isControl: false, neverCountsUnread: false, isRecalled: false, changeSeq: 1, searchRow: 1)
+        var first = MessageRow(
+            chat: 1, id: 1, sender: 1, tag: "Text", content: "héllo ✓", data: #"{"a":null}"#, refs: [], timestamp: 1_700_000_000,
+            isControl: false, neverCountsUnread: false, isRecalled: false, changeSeq: 1, searchRow: 1)
         first.fileName = "a.pdf"
         first.fileBlob = String(repeating: "ab", count: 32)
         first.fileSize = 1234
         first.attachment = "Stored"
-        let second = MessageRow(chat: 1, id: 2, sender: 2, tag: "Text", content: nil, data: nil, refs: [RefRow(tag: "Quote", target: 1), RefRow(tag: "Thread", target: 1)],
-                                timestamp: 1_700_000_001, isControl: true, neverCountsUnread: true, isRecalled: false, changeSeq: 2, searchRow: 0)
+        let second = MessageRow(
+            chat: 1, id: 2, sender: 2, tag: "Text", content: nil, data: nil, refs: [RefRow(tag: "Quote", target: 1), RefRow(tag: "Thread", target: 1)],
+            timestamp: 1_700_000_001, isControl: true, neverCountsUnread: true, isRecalled: false, changeSeq: 2, searchRow: 0)
         batch.newMessages = [first, second]
-        batch.refCounts = [RefCountRow(chat: 1, target: 1, tag: "Quote", count: 1, newest: 2), RefCountRow(chat: 1, target: 1, tag: "Thread", count: 1, newest: 2)]
+        batch.refCounts = [
+            RefCountRow(chat: 1, target: 1, tag: "Quote", count: 1, newest: 2), RefCountRow(chat: 1, target: 1, tag: "Thread", count: 1, newest: 2)
+        ]
         var state = MessageUserRow(chat: 1, id: 1, user: 2, localData: #"{"seen":true}"#, isDeleted: false)
         state.fileDownloaded = true
         batch.privateStates = [state]
@@ -125,8 +135,9 @@ final class SQLiteStoreTests: XCTestCase {
         var batch = StoreBatch()
         batch.newChats = [ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 6)]
         func message(_ id: Int64, sender: Int64, tag: String, at time: Int64, refs: [RefRow] = []) -> MessageRow {
-            MessageRow(chat: 1, id: id, sender: sender, tag: tag, content: "m\(id)", data: nil, refs: refs, timestamp: time, isControl: false,
-                       neverCountsUnread: false, isRecalled: false, changeSeq: id, searchRow: 0)
+            MessageRow(
+                chat: 1, id: id, sender: sender, tag: tag, content: "m\(id)", data: nil, refs: refs, timestamp: time, isControl: false,
+                neverCountsUnread: false, isRecalled: false, changeSeq: id, searchRow: 0)
         }
         batch.newMessages = [
             message(1, sender: 1, tag: "Join", at: 10),
@@ -134,7 +145,7 @@ final class SQLiteStoreTests: XCTestCase {
             message(3, sender: 2, tag: "Text", at: 12, refs: [RefRow(tag: "Thread", target: 2)]),
             message(4, sender: 2, tag: "Pic", at: 12),
             message(5, sender: 1, tag: "Text", at: 15, refs: [RefRow(tag: "Thread", target: 2)]),
-            message(6, sender: 2, tag: "Text", at: 15),
+            message(6, sender: 2, tag: "Text", at: 15)
         ]
         try store.commit(batch)
         let all = MessageFilter(firstId: 1)
@@ -200,8 +211,12 @@ final class SQLiteStoreTests: XCTestCase {
         let plan = try store.pool.read { db in
             try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN " + SQLiteStore.searchableSQL, arguments: ["[[1,2,3]]", 1]).map { $0["detail"] as String }
         }
-        XCTAssertEqual(plan, ["SCAN h VIRTUAL TABLE INDEX 1:", "SEARCH m USING PRIMARY KEY (chat=? AND id=?)", "CORRELATED SCALAR SUBQUERY 1",
-                              "SEARCH u USING PRIMARY KEY (chat=? AND id=? AND user=?)"])
+        XCTAssertEqual(
+            plan,
+            [
+                "SCAN h VIRTUAL TABLE INDEX 1:", "SEARCH m USING PRIMARY KEY (chat=? AND id=?)", "CORRELATED SCALAR SUBQUERY 1",
+                "SEARCH u USING PRIMARY KEY (chat=? AND id=? AND user=?)"
+            ])
     }
 
     /// Search hits the store no longer has as found are left out: a recalled message (its
@@ -212,8 +227,9 @@ final class SQLiteStoreTests: XCTestCase {
         var batch = StoreBatch()
         batch.newChats = [ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 3)]
         batch.newMessages = [(1, 1), (2, 0), (3, 3)].map { id, row in
-            MessageRow(chat: 1, id: id, sender: 1, tag: "Text", content: row == 0 ? nil : "m", data: nil, refs: [], timestamp: 10,
-                       isControl: false, neverCountsUnread: false, isRecalled: row == 0, changeSeq: id, searchRow: row)
+            MessageRow(
+                chat: 1, id: id, sender: 1, tag: "Text", content: row == 0 ? nil : "m", data: nil, refs: [], timestamp: 10,
+                isControl: false, neverCountsUnread: false, isRecalled: row == 0, changeSeq: id, searchRow: row)
         }
         batch.privateStates = [MessageUserRow(chat: 1, id: 3, user: 7, localData: nil, isDeleted: true)]
         try store.commit(batch)
@@ -231,8 +247,9 @@ final class SQLiteStoreTests: XCTestCase {
         var batch = StoreBatch()
         batch.newChats = [ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 6)]
         batch.newMessages = (1...6).map { id in
-            MessageRow(chat: 1, id: id, sender: 1, tag: "Text", content: String(repeating: "é", count: 500), data: nil, refs: [], timestamp: 10,
-                       isControl: false, neverCountsUnread: false, isRecalled: false, changeSeq: id, searchRow: id)
+            MessageRow(
+                chat: 1, id: id, sender: 1, tag: "Text", content: String(repeating: "é", count: 500), data: nil, refs: [], timestamp: 10,
+                isControl: false, neverCountsUnread: false, isRecalled: false, changeSeq: id, searchRow: id)
         }
         try store.commit(batch)
         // 1,000 bytes each (two-byte characters).

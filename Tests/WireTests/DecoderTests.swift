@@ -1,6 +1,7 @@
-import Foundation
 import ChatProtocol
+import Foundation
 import Testing
+
 @testable import ChatWire
 
 private func decode(_ line: String) -> DecodedLine<Request> {
@@ -76,18 +77,24 @@ private func decode(_ line: String) -> DecodedLine<Request> {
 }
 
 @Test func unionsDecodeTheSameWhereverTheDiscriminatorStands() {
-    let expected = Request.requestListMatching(.chatMessage(RequestListMatchingChatMessage(
-        criteria: ChatMessageCriteria(chatId: "1", notRefTag: "Thread"), window: Window(messageId: 9, before: 5), cookie: "k")))
-    let first = decode(#"{"requestListMatching":{"type":"chatMessage","criteria":{"chatId":"1","notRefTag":"Thread"},"window":{"messageId":"9","before":5},"cookie":"k"}}"#)
-    let last = decode(#"{"requestListMatching":{"criteria":{"chatId":"1","notRefTag":"Thread"},"window":{"messageId":9,"before":5},"cookie":"k","type":"chatMessage"}}"#)
+    let expected = Request.requestListMatching(
+        .chatMessage(
+            RequestListMatchingChatMessage(
+                criteria: ChatMessageCriteria(chatId: "1", notRefTag: "Thread"), window: Window(messageId: 9, before: 5), cookie: "k")))
+    let first = decode(
+        #"{"requestListMatching":{"type":"chatMessage","criteria":{"chatId":"1","notRefTag":"Thread"},"window":{"messageId":"9","before":5},"cookie":"k"}}"#)
+    let last = decode(
+        #"{"requestListMatching":{"criteria":{"chatId":"1","notRefTag":"Thread"},"window":{"messageId":9,"before":5},"cookie":"k","type":"chatMessage"}}"#)
     #expect(first.result == .success(expected))
     #expect(last.result == .success(expected))
 }
 
 @Test func aBadDiscriminatorNamesTheChoicesAndKeepsTheCookie() {
-    for line in [#"{"requestListMatching":{"type":"typing","criteria":{},"cookie":"c"}}"#,
-                 #"{"requestListMatching":{"type":{"x":[1]},"criteria":{},"cookie":"c"}}"#,
-                 #"{"requestListMatching":{"criteria":{},"type":"typing","cookie":"c"}}"#] {
+    for line in [
+        #"{"requestListMatching":{"type":"typing","criteria":{},"cookie":"c"}}"#,
+        #"{"requestListMatching":{"type":{"x":[1]},"criteria":{},"cookie":"c"}}"#,
+        #"{"requestListMatching":{"criteria":{},"type":"typing","cookie":"c"}}"#
+    ] {
         let decoded = decode(line)
         #expect(decoded.cookie == "c", "\(line)")
         #expect(decoded.result == .failure(WireFailure(.invalidParameter, "'type' must be one of 'chatMessage', 'chatParticipant', 'chat', 'user'")), "\(line)")
@@ -104,8 +111,10 @@ private func decode(_ line: String) -> DecodedLine<Request> {
 /// The check before YAJL agrees with Swift's own UTF-8 validation on every sequence of up
 /// to three bytes drawn from the bytes where UTF-8's rules change, and on random ones.
 @Test func theUTF8CheckAgreesWithSwiftsValidation() {
-    let interesting: [UInt8] = [0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1,
-                                0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xF7, 0xF8, 0xFF]
+    let interesting: [UInt8] = [
+        0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1,
+        0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xF7, 0xF8, 0xFF
+    ]
     func agrees(_ bytes: [UInt8]) -> Bool {
         let valid = String(validating: bytes, as: UTF8.self) != nil
         return bytes.withUnsafeBytes { YAJL.firstInvalidUTF8($0) == nil } == valid
@@ -138,11 +147,13 @@ private func decode(_ line: String) -> DecodedLine<Request> {
 /// takes (text, optional text, lists of text, a change's nullable text, nested elements):
 /// two spellings of one word are two values, as they are on the wire and in the stores.
 @Test func generatedTypesCompareTextByteForByte() {
-    let composed = "caf\u{E9}", decomposed = "cafe\u{301}"
+    let composed = "caf\u{E9}"
+    let decomposed = "cafe\u{301}"
     #expect(composed == decomposed, "Swift's own == is canonical equivalence")
     func chat(_ subject: String) -> Chat {
-        Chat(chatId: "1", subject: subject, state: .ready, flags: "", lastMessage: 1, numMessages: 1, numUnread: 0, lastActivity: 0,
-             invitePolicy: .participantsOnly)
+        Chat(
+            chatId: "1", subject: subject, state: .ready, flags: "", lastMessage: 1, numMessages: 1, numUnread: 0, lastActivity: 0,
+            invitePolicy: .participantsOnly)
     }
     #expect(chat(composed) != chat(decomposed))
     #expect(chat(composed) == chat(composed))
@@ -151,8 +162,9 @@ private func decode(_ line: String) -> DecodedLine<Request> {
     #expect(IdentitiesGet(cookie: "c", appUserIds: [composed]) != IdentitiesGet(cookie: "c", appUserIds: [decomposed]))
     #expect(IdentitiesGet(cookie: composed) != IdentitiesGet(cookie: decomposed))
     func message(_ tag: String) -> ChatMessage {
-        ChatMessage(chatId: "1", messageId: 2, senderUri: "bbmpim://user/id/0", tag: "Text", flags: "", state: .sent, stateIsPartial: false,
-                    ref: [MessageRef(tag: tag, messageId: 1)], timestamp: 0)
+        ChatMessage(
+            chatId: "1", messageId: 2, senderUri: "bbmpim://user/id/0", tag: "Text", flags: "", state: .sent, stateIsPartial: false,
+            ref: [MessageRef(tag: tag, messageId: 1)], timestamp: 0)
     }
     #expect(message(composed) != message(decomposed))
     #expect(message(composed) == message(composed))
@@ -162,7 +174,8 @@ private func decode(_ line: String) -> DecodedLine<Request> {
 /// canonically equivalent spellings of the same length differ, long texts built apart
 /// are equal, and a difference in the last byte counts.
 @Test func sameBytesComparesEveryByte() {
-    let dotAboveFirst = "\u{1E0B}\u{323}", dotBelowFirst = "\u{1E0D}\u{307}"
+    let dotAboveFirst = "\u{1E0B}\u{323}"
+    let dotBelowFirst = "\u{1E0D}\u{307}"
     #expect(dotAboveFirst.utf8.count == dotBelowFirst.utf8.count && dotAboveFirst == dotBelowFirst)
     #expect(!sameBytes(dotAboveFirst, dotBelowFirst))
     let long = String(repeating: "lunch tomorrow ", count: 20)

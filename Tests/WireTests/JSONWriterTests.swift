@@ -1,4 +1,5 @@
 import Testing
+
 @testable import ChatWire
 
 private func written(_ body: (inout JSONWriter) -> Void) -> String {
@@ -14,9 +15,16 @@ private func written(_ body: (inout JSONWriter) -> Void) -> String {
 @Test func separatesMembersAndElements() {
     let text = written { writer in
         writer.beginObject()
-        writer.rawKey("\"a\":"); writer.integer(Int64(-12))
-        writer.rawKey("\"b\":"); writer.beginArray(); writer.bool(true); writer.null(); writer.id64(42); writer.endArray()
-        writer.key(dynamic: "c\"d"); writer.json(JSONValue(compactJSON: "{\"x\":1E400}"))
+        writer.rawKey("\"a\":")
+        writer.integer(Int64(-12))
+        writer.rawKey("\"b\":")
+        writer.beginArray()
+        writer.bool(true)
+        writer.null()
+        writer.id64(42)
+        writer.endArray()
+        writer.key(dynamic: "c\"d")
+        writer.json(JSONValue(compactJSON: "{\"x\":1E400}"))
         writer.endObject()
     }
     #expect(text == #"{"a":-12,"b":[true,null,"42"],"c\"d":{"x":1E400}}"#)
@@ -61,8 +69,9 @@ private func written(_ body: (inout JSONWriter) -> Void) -> String {
     writer.replaceAll(needle, with: replacement, from: start)
     // Adjacent and at both ends are replaced; a longer id, a shorter one and what lies
     // before `start` are not.
-    #expect(String(decoding: writer.bytes, as: UTF8.self) == before
-        + #"["bbmpim://user/id/0","bbmpim://user/id/0""bbmpim://user/id/123","bbmpim://user/id/1",""bbmpim://user/id/0"]"#)
+    #expect(
+        String(decoding: writer.bytes, as: UTF8.self) == before
+            + #"["bbmpim://user/id/0","bbmpim://user/id/0""bbmpim://user/id/123","bbmpim://user/id/1",""bbmpim://user/id/0"]"#)
     writer.replaceAll(needle, with: replacement, from: writer.count - 3)
     #expect(writer.count == before.utf8.count + after.utf8.count - 3)
     // The needle alone: it ends where the bytes end.

@@ -1,4 +1,5 @@
 import Testing
+
 @testable import ChatWire
 
 /// Collects what a framer hands out for a sequence of chunks.

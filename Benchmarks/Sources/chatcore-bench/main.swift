@@ -1,7 +1,7 @@
 import CYAJL
-import Foundation
 import ChatProtocol
 import ChatWire
+import Foundation
 
 // chatcore-bench: codec speed on a corpus file, one JSON line per request.
 //
@@ -71,7 +71,10 @@ data.withUnsafeBytes { all in
             case .failure(let failure):
                 ProtocolError(failure).requestFailed(request: decoded.request, cookie: decoded.cookie, line: number + 1).encode(to: &writer)
             }
-            if writer.count > 1 << 20 { sink &+= writer.count; writer.removeAll() }
+            if writer.count > 1 << 20 {
+                sink &+= writer.count
+                writer.removeAll()
+            }
         }
     }
     measure("foundation", lines: ranges.count) {

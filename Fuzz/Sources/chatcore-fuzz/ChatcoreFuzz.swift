@@ -8,11 +8,11 @@
 // itself) or `request` (lines through decode, then a real engine on a scratch SQLite
 // store, as an authenticated user with a chat, then encoding every event).
 import ChatEngine
+import ChatProtocol
+import ChatWire
 import Foundation
 import Logging
-import ChatProtocol
 import SQLiteStorage
-import ChatWire
 
 nonisolated(unsafe) let decoder = LineDecoder()
 
@@ -105,46 +105,50 @@ func fuzz(_ target: String, _ bytes: UnsafeRawBufferPointer) {
 }
 
 #if FUZZING
-@_cdecl("LLVMFuzzerInitialize")
-public func fuzzerInitialize(_ argc: UnsafeMutablePointer<CInt>?, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>?) -> CInt {
-    WireSchema.prepare(Request.wireMessages)
-    if ProcessInfo.processInfo.environment["CHATCORE_FUZZ_TARGET"] == "request" { requestPath = RequestPath() }
-    return 0
-}
-
-@_cdecl("LLVMFuzzerTestOneInput")
-public func fuzzerTestOneInput(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
-    let target = ProcessInfo.processInfo.environment["CHATCORE_FUZZ_TARGET"] ?? "decoder"
-    fuzz(target, UnsafeRawBufferPointer(start: data, count: size))
-    return 0
-}
-
-@_silgen_name("LLVMFuzzerRunDriver")
-func runFuzzerDriver(_ argc: UnsafeMutablePointer<CInt>,
-                     _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>,
-                     _ callback: @convention(c) (UnsafePointer<UInt8>?, Int) -> CInt) -> CInt
-
-/// SwiftPM links an executable's entry point under this name: hand over to libFuzzer.
-@_cdecl("chatcore_fuzz_main")
-public func fuzzMain(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> CInt {
-    var count = argc
-    var vector = argv
-    return runFuzzerDriver(&count, &vector) { data, size in fuzzerTestOneInput(data, size) }
-}
-#else
-@main
-enum ChatcoreFuzz {
-    static func main() throws {
-        let arguments = CommandLine.arguments
-        guard arguments.count >= 3 else {
-            FileHandle.standardError.write(Data("usage: chatcore-fuzz decoder|request FILE...\n".utf8))
-            exit(2)
-        }
-        for path in arguments.dropFirst(2) {
-            let data = try [UInt8](Data(contentsOf: URL(fileURLWithPath: path)))
-            data.withUnsafeBytes { fuzz(arguments[1], $0) }
-        }
-        print("ran \(arguments.count - 2) inputs through \(arguments[1])")
+    @_cdecl("LLVMFuzzerInitialize")
+    public func fuzzerInitialize(_ argc: UnsafeMutablePointer<CInt>?, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>?)
+        -> CInt
+    {
+        WireSchema.prepare(Request.wireMessages)
+        if ProcessInfo.processInfo.environment["CHATCORE_FUZZ_TARGET"] == "request" { requestPath = RequestPath() }
+        return 0
     }
-}
+
+    @_cdecl("LLVMFuzzerTestOneInput")
+    public func fuzzerTestOneInput(_ data: UnsafePointer<UInt8>?, _ size: Int) -> CInt {
+        let target = ProcessInfo.processInfo.environment["CHATCORE_FUZZ_TARGET"] ?? "decoder"
+        fuzz(target, UnsafeRawBufferPointer(start: data, count: size))
+        return 0
+    }
+
+    @_silgen_name("LLVMFuzzerRunDriver")
+    func runFuzzerDriver(
+        _ argc: UnsafeMutablePointer<CInt>,
+        _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?>,
+        _ callback: @convention(c) (UnsafePointer<UInt8>?, Int) -> CInt
+    ) -> CInt
+
+    /// SwiftPM links an executable's entry point under this name: hand over to libFuzzer.
+    @_cdecl("chatcore_fuzz_main")
+    public func fuzzMain(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>?) -> CInt {
+        var count = argc
+        var vector = argv
+        return runFuzzerDriver(&count, &vector) { data, size in fuzzerTestOneInput(data, size) }
+    }
+#else
+    @main
+    enum ChatcoreFuzz {
+        static func main() throws {
+            let arguments = CommandLine.arguments
+            guard arguments.count >= 3 else {
+                FileHandle.standardError.write(Data("usage: chatcore-fuzz decoder|request FILE...\n".utf8))
+                exit(2)
+            }
+            for path in arguments.dropFirst(2) {
+                let data = try [UInt8](Data(contentsOf: URL(fileURLWithPath: path)))
+                data.withUnsafeBytes { fuzz(arguments[1], $0) }
+            }
+            print("ran \(arguments.count - 2) inputs through \(arguments[1])")
+        }
+    }
 #endif
