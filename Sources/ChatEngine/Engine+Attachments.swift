@@ -39,16 +39,16 @@ extension Engine {
     /// posted. On a throw nothing stays open.
     func admitAttachments(_ request: ChatMessageSend, session: EngineSession) throws -> (thumb: AttachmentStore.Source?, file: AttachmentStore.Source?) {
         guard request.thumb != nil || request.file != nil else { return (nil, nil) }
-        guard attachments != nil else {
+        guard attachmentWork.store != nil else {
             throw ProtocolError.notPermitted("this service keeps no attachments")
         }
         let allowed: String?
         if session.transport == .stdio {
             allowed = nil
-        } else if let directory = attachmentsDirectory, let user = session.user.flatMap({ users[$0] }) {
+        } else if let root = attachmentWork.allowedDirectory, let user = session.user.flatMap({ directory.users[$0] }) {
             // A socket session attaches only its own user's files: the directory the
             // application fills for that user.
-            allowed = directory + "/" + AttachmentStore.userDirectory(user.userId)
+            allowed = root + "/" + AttachmentStore.userDirectory(user.userId)
         } else {
             throw ProtocolError.notPermitted("sessions over sockets may not attach files: the service was started without --attachments-dir")
         }
@@ -86,7 +86,7 @@ extension Engine {
         of message: MessageRecord, in chat: ChatRecord, thumb: AttachmentStore.Source?, file: AttachmentStore.Source?,
         request: ChatMessageSend, session: EngineSession, batch: Batch
     ) {
-        guard let attachments else { return }
+        guard let attachments = attachmentWork.store else { return }
         let chatNumber = chat.number
         let id = message.id
         let sources = SourcesInFlight(
@@ -94,8 +94,8 @@ extension Engine {
             removeFile: (request.filePolicy ?? .copy) != .copy)
         batch.ifNotCommitted { sources.close() }
         batch.whenCommitted { [self] in
-            attachmentsInFlight[Batch.RowKey(chat: chatNumber, item: id)] = sources
-            attachmentJobs.add(1, ordering: .relaxed)
+            attachmentWork.inFlight[Batch.RowKey(chat: chatNumber, item: id)] = sources
+            attachmentWork.jobs.add(1, ordering: .relaxed)
             DispatchQueue.global(qos: .utility).async { [self] in
                 var thumbBlob: String?
                 var fileBlob: String?
@@ -110,7 +110,7 @@ extension Engine {
                 }
                 // The sources stay open: the engine removes (Move, Delete) and closes them.
                 attachmentsFinished(chat: chatNumber, id: id, thumb: thumbBlob, file: fileBlob, error: failure)
-                attachmentJobs.subtract(1, ordering: .releasing)
+                attachmentWork.jobs.subtract(1, ordering: .releasing)
             }
         }
     }
@@ -120,12 +120,12 @@ extension Engine {
     func attachmentsStored(chat number: Int64, id: Int64, thumb: String?, file: String?, error: String?, batch: Batch) {
         // Read while it still counts as being stored (read from the store, it would
         // otherwise be taken for one whose storing failed).
-        let message = chats[number].flatMap { try? loadMessage(id, in: $0) }
-        let sources = attachmentsInFlight.removeValue(forKey: Batch.RowKey(chat: number, item: id))
+        let message = directory.chats[number].flatMap { try? loadMessage(id, in: $0) }
+        let sources = attachmentWork.inFlight.removeValue(forKey: Batch.RowKey(chat: number, item: id))
         let stored = [thumb, file].compactMap { $0 }
         // The worker's pins end with this item, once its outcome is durable (or not).
         defer {
-            if let attachments {
+            if let attachments = attachmentWork.store {
                 let release = { [self] in
                     for blob in stored { attachments.unpin(blob) }
                     releaseUnused(stored)
@@ -134,7 +134,7 @@ extension Engine {
                 batch.ifNotCommitted(release)
             }
         }
-        guard let attachments, let chat = chats[number], let message, message.attachment == .sending else {
+        guard let attachments = attachmentWork.store, let chat = directory.chats[number], let message, message.attachment == .sending else {
             // Recalled while being stored: nothing holds on to what was stored.
             sources?.close()
             return
@@ -177,7 +177,7 @@ extension Engine {
     /// thread between other work; a content stored since is pinned until its use is
     /// counted, so it is never taken for unused.
     public func sweepUnusedBlobs() {
-        guard let attachments else { return }
+        guard let attachments = attachmentWork.store else { return }
         DispatchQueue.global(qos: .utility).async { [self] in
             let candidates = attachments.storedBlobs()
             let removed = Atomic<Int>(0)
@@ -199,7 +199,7 @@ extension Engine {
     /// Deletes the stored contents no message uses (and no worker has pinned). Engine
     /// thread, after the commit that let go of them: the store counts the uses.
     func releaseUnused(_ blobs: [String]) {
-        guard let attachments else { return }
+        guard let attachments = attachmentWork.store else { return }
         for blob in Set(blobs) {
             guard let uses = try? store.blobUses(blob) else {
                 logger.warning("the uses of a stored attachment could not be read: it is kept", metadata: ["blob": "\(blob)"])
@@ -212,7 +212,7 @@ extension Engine {
     /// A recalled message lets go of its stored contents, links and downloads; the files
     /// go once the recall is durable.
     func releaseAttachments(of message: MessageRecord, in chat: ChatRecord, batch: Batch) {
-        guard let attachments, message.thumb != nil || message.file != nil else { return }
+        guard let attachments = attachmentWork.store, message.thumb != nil || message.file != nil else { return }
         let number = chat.number
         let id = message.id
         var links: [String] = []
@@ -240,7 +240,7 @@ extension Engine {
 
     /// A user deleted a message for themselves: their downloaded copy goes (once durable).
     func releaseDownload(of message: MessageRecord, in chat: ChatRecord, for user: Int64, batch: Batch) {
-        guard let attachments, let name = message.file?.name, message.privateStates[user]?.fileState == .done else { return }
+        guard let attachments = attachmentWork.store, let name = message.file?.name, message.privateStates[user]?.fileState == .done else { return }
         let path = attachments.downloadPath(user: user, chat: chat.number, id: message.id, name: name)
         batch.whenCommitted { attachments.removeLink(path) }
     }
@@ -250,7 +250,7 @@ extension Engine {
     func download(_ request: ChatMessageFileDownload, user: Int64, batch: Batch) throws {
         let (chat, member) = try chat(request.chatId, of: user)
         let message = try message(request.messageId, in: chat, seenBy: member)
-        guard let attachments, let file = message.file, let blob = file.blob, !message.isRecalled,
+        guard let attachments = attachmentWork.store, let file = message.file, let blob = file.blob, !message.isRecalled,
             message.privateStates[user]?.isDeleted != true
         else {
             throw ProtocolError.invalid("message \(message.id) has no stored file to download")

@@ -22,14 +22,14 @@ extension Engine {
         for (index, invitee) in invitees.enumerated() {
             switch (invitee.regId, invitee.userId) {
             case (let regId?, nil):
-                guard let user = users.find(regId: regId) else {
+                guard let user = directory.users.find(regId: regId) else {
                     throw .invalidInvitee("'invitees[\(index)].regId' \(regId) is not a known user")
                 }
                 guard user.number != inviter else { throw .invalidInvitee("'invitees[\(index)]' is yourself") }
                 guard seenNumbers.insert(user.number).inserted else { throw .invalidInvitee("'invitees[\(index)]' is given twice") }
                 targets.append(.existing(user.number))
             case (nil, let userId?):
-                if let user = users.find(userId: userId) {
+                if let user = directory.users.find(userId: userId) {
                     guard user.number != inviter else { throw .invalidInvitee("'invitees[\(index)]' is yourself") }
                     guard seenNumbers.insert(user.number).inserted else { throw .invalidInvitee("'invitees[\(index)]' is given twice") }
                     targets.append(.existing(user.number))
@@ -39,7 +39,7 @@ extension Engine {
                     // can find two ids that share one): this request fails, not the
                     // commit of everyone's.
                     let regId = RegId.derive(userId)
-                    guard users.find(regId: regId) == nil, newRegIds.insert(regId).inserted else {
+                    guard directory.users.find(regId: regId) == nil, newRegIds.insert(regId).inserted else {
                         throw .invalidInvitee("'invitees[\(index)]' cannot be made a user: the regId derived from its id is another user's")
                     }
                     targets.append(.new(userId))
@@ -68,7 +68,7 @@ extension Engine {
     func user(for target: InviteeTarget, batch: Batch) -> Int64 {
         switch target {
         case .existing(let number): number
-        case .new(let userId): users.ensure(userId: userId, batch: &batch.store) { newNumber(for: .user, after: $0) }.number
+        case .new(let userId): directory.users.ensure(userId: userId, batch: &batch.store) { newNumber(for: .user, after: $0) }.number
         }
     }
 
@@ -122,22 +122,22 @@ extension Engine {
         }
 
         reserveNumbers(for: targets)
-        let number = newNumber(for: .chat, after: lastChatNumber)
-        lastChatNumber = max(lastChatNumber, number)
+        let number = newNumber(for: .chat, after: directory.lastChatNumber)
+        directory.lastChatNumber = max(directory.lastChatNumber, number)
         let chat = ChatRecord(
             number: number, subject: request.subject ?? "", isOneToOne: isOneToOne,
             invitePolicy: request.invitePolicy ?? .participantsOnly, data: request.data)
-        chats[chat.number] = chat
+        directory.chats[chat.number] = chat
         let starter = MemberRecord(user: user, isAdmin: true, joinedAt: 1)
         starter.localData = request.localData
         starter.privateData = request.privateData
         chat.members[user] = starter
-        chatsOfUser[user, default: []].insert(chat.number)
+        directory.chatsOfUser[user, default: []].insert(chat.number)
         var invited: [Int64] = []
         for target in targets {
             let number = self.user(for: target, batch: batch)
             chat.members[number] = MemberRecord(user: number, isAdmin: false, joinedAt: 1)
-            chatsOfUser[number, default: []].insert(chat.number)
+            directory.chatsOfUser[number, default: []].insert(chat.number)
             invited.append(number)
         }
         let changes = PendingChanges()
@@ -158,8 +158,8 @@ extension Engine {
 
     /// The one-to-one chat of two users that is not Defunct, if there is one.
     func oneToOne(between user: Int64, and other: Int64) -> ChatRecord? {
-        for number in chatsOfUser[user] ?? [] {
-            guard let chat = chats[number], chat.isOneToOne, !chat.isDefunct, chat.activeMember(other) != nil else { continue }
+        for number in directory.chatsOfUser[user] ?? [] {
+            guard let chat = directory.chats[number], chat.isOneToOne, !chat.isDefunct, chat.activeMember(other) != nil else { continue }
             return chat
         }
         return nil
@@ -251,7 +251,7 @@ extension Engine {
             }
             // Nothing after the Join yet: nothing unread.
             newMember.numUnread = 0
-            chatsOfUser[number, default: []].insert(chat.number)
+            directory.chatsOfUser[number, default: []].insert(chat.number)
             batch.changed(newMember, of: chat)
             joined.append(newMember)
         }
@@ -297,7 +297,7 @@ extension Engine {
         member.leftAt = message.id
         member.isHidden = false
         batch.changed(member, of: chat)
-        chatsOfUser[user]?.remove(chat.number)
+        directory.chatsOfUser[user]?.remove(chat.number)
         stopTyping(user: user, chat: chat, batch: batch)
         emit(.listRemove(.chat(ListRemoveChat(elements: [ChatKey(chatId: chat.chatId)]))), toUser: user, batch: batch)
         let key = ChatParticipantKey(chatId: chat.chatId, userUri: uri(user))
@@ -411,12 +411,12 @@ extension Engine {
     /// A user's endpoint authenticated: everything in their chats counts as delivered, the
     /// first chats' in this batch, the others' in the batches after (`deliverDue`).
     func deliverPending(to user: Int64, batch: Batch) throws {
-        let due = (chatsOfUser[user] ?? []).filter { number in
-            guard let chat = chats[number], let member = chat.members[user] else { return false }
+        let due = (directory.chatsOfUser[user] ?? []).filter { number in
+            guard let chat = directory.chats[number], let member = chat.members[user] else { return false }
             return member.deliveredUpTo < chat.lastMessage
         }
         guard !due.isEmpty else { return }
-        deliveriesDue.append((user, due.sorted()))
+        timed.deliveriesDue.append((user, due.sorted()))
         try deliverDue(batch: batch)
     }
 
@@ -427,14 +427,14 @@ extension Engine {
         defer { publish(changes, batch: batch) }
         var budget = Engine.deliveriesPerBatch
         let deadline = ContinuousClock.now + Engine.pageTime
-        while budget > 0, !deliveriesDue.isEmpty, budget == Engine.deliveriesPerBatch || ContinuousClock.now < deadline {
-            let user = deliveriesDue[0].user
-            let number = deliveriesDue[0].chats.removeFirst()
-            if deliveriesDue[0].chats.isEmpty { deliveriesDue.removeFirst() }
+        while budget > 0, !timed.deliveriesDue.isEmpty, budget == Engine.deliveriesPerBatch || ContinuousClock.now < deadline {
+            let user = timed.deliveriesDue[0].user
+            let number = timed.deliveriesDue[0].chats.removeFirst()
+            if timed.deliveriesDue[0].chats.isEmpty { timed.deliveriesDue.removeFirst() }
             budget -= 1
-            guard let chat = chats[number] else { continue }
+            guard let chat = directory.chats[number] else { continue }
             try markDelivered(chat, only: user, batch: batch, changes: changes)
         }
-        if !deliveriesDue.isEmpty { put(.deliverDue) }
+        if !timed.deliveriesDue.isEmpty { put(.deliverDue) }
     }
 }

@@ -44,19 +44,19 @@ extension Engine {
     func setUp(_ session: EngineSession, as user: Int64, batch: Batch) -> Bool {
         let pending = session.pendingEndpoint
         let endpoint: Int64
-        if let claimed = pending?.endpointId, let registered = endpoints[claimed], registered.user == user {
+        if let claimed = pending?.endpointId, let registered = directory.endpoints[claimed], registered.user == user {
             // A reconnect: the session is that registered endpoint again.
             rename(registered, as: pending!, batch: batch)
             endpoint = registered.id
         } else {
-            guard endpointCount(of: user) < maxEndpoints else { return false }
+            guard endpointCount(of: user) < quotas.limits.endpointsPerUser else { return false }
             endpoint = newEndpointId()
             if let pending { register(endpoint, of: user, as: pending, batch: batch) }
         }
         session.pendingEndpoint = nil
         session.endpoint = endpoint
         session.user = user
-        sessionsByUser[user, default: []].append(session)
+        directory.sessionsByUser[user, default: []].append(session)
         sessionsChanged(of: user)
         return true
     }
@@ -64,12 +64,12 @@ extension Engine {
     /// How many endpoints `user` has now: registered ones, and connected sessions that
     /// have not registered.
     func endpointCount(of user: Int64) -> Int {
-        (endpointsOfUser[user]?.count ?? 0) + unregisteredSessions(of: user).count
+        (directory.endpointsOfUser[user]?.count ?? 0) + unregisteredSessions(of: user).count
     }
 
     /// The user's connected sessions that are endpoints only while connected.
     private func unregisteredSessions(of user: Int64) -> [EngineSession] {
-        sessions(of: user).filter { session in session.endpoint.map { endpoints[$0] == nil } ?? false }
+        sessions(of: user).filter { session in session.endpoint.map { directory.endpoints[$0] == nil } ?? false }
     }
 
     /// A random positive 63-bit id no registered endpoint has (two sessions drawing the
@@ -78,17 +78,17 @@ extension Engine {
         var generator = SystemRandomNumberGenerator()
         while true {
             let id = Int64.random(in: 1...Int64.max, using: &generator)
-            if endpoints[id] == nil { return id }
+            if directory.endpoints[id] == nil { return id }
         }
     }
 
     private func register(_ id: Int64, of user: Int64, as update: EndpointUpdate, batch: Batch) {
-        lastEndpointOrdinal += 1
+        directory.lastEndpointOrdinal += 1
         let record = EndpointRecord(
             id: id, user: user, description: update.description, nickname: update.nickname ?? "",
-            isLegacyDelegate: update.isLegacyDelegate ?? false, ordinal: lastEndpointOrdinal)
-        endpoints[id] = record
-        endpointsOfUser[user, default: []].append(id)
+            isLegacyDelegate: update.isLegacyDelegate ?? false, ordinal: directory.lastEndpointOrdinal)
+        directory.endpoints[id] = record
+        directory.endpointsOfUser[user, default: []].append(id)
         batch.changed(record)
     }
 
@@ -116,11 +116,11 @@ extension Engine {
         guard let identity = session.identity else {
             return ProtocolError(.notAuthenticated, "the session is not authenticated: send authToken first")
         }
-        let name = users[identity]?.userId ?? String(identity)
+        let name = directory.users[identity]?.userId ?? String(identity)
         return ProtocolError(
             .notAuthenticated,
             "setup is not complete (setupState Full): '\(name)' already has the most endpoints allowed "
-                + "(\(maxEndpoints), --max-endpoints); deregister one (endpointsGet, endpointDeregister), then send setupRetry")
+                + "(\(quotas.limits.endpointsPerUser), --max-endpoints); deregister one (endpointsGet, endpointDeregister), then send setupRetry")
     }
 
     // MARK: requests
@@ -137,8 +137,8 @@ extension Engine {
             return
         }
         let target = request.endpointId ?? own
-        if let registered = endpoints[target], registered.user == user {
-            if target != own && endpoints[own] == nil {
+        if let registered = directory.endpoints[target], registered.user == user {
+            if target != own && directory.endpoints[own] == nil {
                 // A session that never registered names a registered endpoint: it is that
                 // endpoint again (a reconnect that authenticated first).
                 batch.willChangeSetup(of: session)
@@ -159,8 +159,8 @@ extension Engine {
     func endpointsGet(_ request: EndpointsGet, session: EngineSession) throws -> Event {
         guard let user = session.identity else { throw notSetUp(session) }
         var list: [RegisteredEndpoint] = []
-        for id in endpointsOfUser[user] ?? [] {
-            guard let endpoint = endpoints[id] else { continue }
+        for id in directory.endpointsOfUser[user] ?? [] {
+            guard let endpoint = directory.endpoints[id] else { continue }
             list.append(
                 RegisteredEndpoint(
                     endpointId: id, description: endpoint.description, nickname: endpoint.nickname,
@@ -170,17 +170,17 @@ extension Engine {
             guard let id = other.endpoint else { continue }
             list.append(RegisteredEndpoint(endpointId: id, description: "", nickname: "", isCurrent: id == session.endpoint))
         }
-        return .endpoints(Endpoints(cookie: request.cookie, result: .success, registeredEndpoints: list, maxEndpoints: Int64(maxEndpoints)))
+        return .endpoints(Endpoints(cookie: request.cookie, result: .success, registeredEndpoints: list, maxEndpoints: Int64(quotas.limits.endpointsPerUser)))
     }
 
     func endpointDeregister(_ request: EndpointDeregister, session: EngineSession, batch: Batch) throws {
         guard let user = session.identity else { throw notSetUp(session) }
         let target = request.endpointId
         let holders = sessions(of: user).filter { $0.endpoint == target }
-        if let registered = endpoints[target], registered.user == user {
-            endpoints[target] = nil
-            endpointsOfUser[user]?.removeAll { $0 == target }
-            if endpointsOfUser[user]?.isEmpty == true { endpointsOfUser[user] = nil }
+        if let registered = directory.endpoints[target], registered.user == user {
+            directory.endpoints[target] = nil
+            directory.endpointsOfUser[user]?.removeAll { $0 == target }
+            if directory.endpointsOfUser[user]?.isEmpty == true { directory.endpointsOfUser[user] = nil }
             batch.removed(registered)
         } else if holders.isEmpty {
             batch.emit(.endpointDeregisterResult(EndpointDeregisterResult(cookie: request.cookie, result: .failure)), to: session)

@@ -18,7 +18,7 @@ extension Engine {
     func followOthers(thoroughly: Bool) {
         let activity: OthersActivity?
         do {
-            activity = try store.othersActivity(besides: feedSlot, after: followCursor, thoroughly: thoroughly)
+            activity = try store.othersActivity(besides: following.feedSlot, after: following.cursor, thoroughly: thoroughly)
         } catch {
             logger.warning(
                 "what the other deciding nodes did could not be read: it is followed before the next batch",
@@ -29,10 +29,10 @@ extension Engine {
             readEverythingAgain()
             return
         }
-        onlineElsewhere = activity.online
+        following.onlineElsewhere = activity.online
         guard !activity.isEmpty else {
-            followCursor = activity.cursor
-            readAheadOfFollowing = []
+            following.cursor = activity.cursor
+            following.readAheadOfFollowing = []
             return
         }
         // What this process committed is applied first, so that reading the store again
@@ -40,11 +40,11 @@ extension Engine {
         // before anything is followed (the activity is read again then).
         settle()
         guard !hasFailedCommit else { return }
-        followCursor = activity.cursor
+        following.cursor = activity.cursor
         // Everything memory read after a failed commit is followed now.
-        let coarse = readAheadOfFollowing
-        readAheadOfFollowing = []
-        let batch = Batch(cache: cache, number: batchNumber)
+        let coarse = following.readAheadOfFollowing
+        following.readAheadOfFollowing = []
+        let batch = Batch(cache: cache, number: commits.batchNumber)
         // What is followed is durable already: its events are sent whatever happens next.
         batch.begin(.answered, session: nil)
         learn(activity.users, endpoints: activity.endpoints)
@@ -67,10 +67,10 @@ extension Engine {
         guard !hasFailedCommit else { return }
         logger.warning("this node fell behind what the other deciding nodes did: reading the store again whole")
         do {
-            followCursor = try store.othersActivity(besides: feedSlot, after: nil, thoroughly: true)?.cursor
+            following.cursor = try store.othersActivity(besides: following.feedSlot, after: nil, thoroughly: true)?.cursor
             try reload()
             // What was committed between the cursor and the reading is in memory already.
-            readAheadOfFollowing = nil
+            following.readAheadOfFollowing = nil
         } catch {
             logger.critical("cannot read the store again after falling behind the other nodes: stopping", metadata: ["error": "\(error)"])
             storeIsBroken(error)
@@ -81,15 +81,15 @@ extension Engine {
     private func learn(_ records: [UserRecord], endpoints rows: [EndpointRow]) {
         guard !records.isEmpty else { return }
         let numbers = Set(records.map(\.number))
-        for record in records { users.learn(record) }
+        for record in records { directory.users.learn(record) }
         for user in numbers {
-            for id in endpointsOfUser[user] ?? [] { endpoints[id] = nil }
-            endpointsOfUser[user] = nil
+            for id in directory.endpointsOfUser[user] ?? [] { directory.endpoints[id] = nil }
+            directory.endpointsOfUser[user] = nil
         }
         for row in rows.sorted(by: { $0.ordinal < $1.ordinal }) where numbers.contains(row.user) {
-            endpoints[row.id] = EndpointRecord(row)
-            endpointsOfUser[row.user, default: []].append(row.id)
-            lastEndpointOrdinal = max(lastEndpointOrdinal, row.ordinal)
+            directory.endpoints[row.id] = EndpointRecord(row)
+            directory.endpointsOfUser[row.user, default: []].append(row.id)
+            directory.lastEndpointOrdinal = max(directory.lastEndpointOrdinal, row.ordinal)
         }
     }
 
@@ -107,11 +107,11 @@ extension Engine {
     /// Memory of these chats (nil: of everything) was read again after a commit failed:
     /// it may hold what the others committed since they were last followed.
     func readAhead(_ numbers: Set<Int64>?) {
-        guard let numbers, let already = readAheadOfFollowing else {
-            readAheadOfFollowing = nil
+        guard let numbers, let already = following.readAheadOfFollowing else {
+            following.readAheadOfFollowing = nil
             return
         }
-        readAheadOfFollowing = already.union(numbers)
+        following.readAheadOfFollowing = already.union(numbers)
     }
 
     /// Makes memory of the chats `commits` changed what the store has, and sends this
@@ -122,7 +122,7 @@ extension Engine {
         let isCoarse = { (number: Int64) in coarse?.contains(number) ?? true }
         let spans = Engine.spans(of: commits)
         defer {
-            for (slot, span) in spans { followedFeed[slot] = max(followedFeed[slot] ?? FeedSlots.base(of: slot), span.upTo) }
+            for (slot, span) in spans { following.followedFeed[slot] = max(following.followedFeed[slot] ?? FeedSlots.base(of: slot), span.upTo) }
         }
         guard !numbers.isEmpty else { return }
         var rewritten: [Int64: Set<Int64>] = [:]
@@ -134,7 +134,7 @@ extension Engine {
         // of theirs is read (on a node whose sessions chat among themselves, most).
         var membersNow: Set<Int64> = []
         for member in chatsNow.members where isOnline(member.user) { membersNow.insert(member.chat) }
-        let watched = numbers.filter { number in membersNow.contains(number) || chats[number]?.members.keys.contains(where: isOnline) == true }
+        let watched = numbers.filter { number in membersNow.contains(number) || directory.chats[number]?.members.keys.contains(where: isOnline) == true }
         cache.remove(chats: Set(numbers).subtracting(watched))
         // The messages they changed: each slot's own changes between the positions they
         // took, and the marks that moved over many at once; with the position each change
@@ -167,7 +167,7 @@ extension Engine {
         var before: [Int64: [Int64: [Int64: ChatMessage]]] = [:]
         var whole: [Int64: Set<Int64>] = [:]
         for number in numbers where !isCoarse(number) {
-            guard let chat = chats[number] else { continue }
+            guard let chat = directory.chats[number] else { continue }
             previous[number] = chat
             guard chat.members.values.contains(where: { $0.isActive && isOnline($0.user) }) else { continue }
             let ids = (changed[number] ?? []).filter { $0 <= chat.lastMessage }.sorted()
@@ -186,7 +186,7 @@ extension Engine {
         replace(Set(numbers), with: chatsNow, droppingOnly: changed, takingCounters: false)
         var undelivered: [Int64] = []
         for number in numbers {
-            guard let chat = chats[number] else { continue }
+            guard let chat = directory.chats[number] else { continue }
             let order = { (id: Int64) in positions[Batch.RowKey(chat: number, item: id)] ?? Int64.max }
             if isCoarse(number) {
                 var inserted: Set<Int64> = []
@@ -211,7 +211,7 @@ extension Engine {
     /// commits that only moved a mark over it (`rewritten`: they wrote it).
     private func knowsBefore(_ message: MessageRecord, spans: [Int: (after: Int64, upTo: Int64)], rewritten: Bool) -> Bool {
         let slot = FeedSlots.slot(of: message.changeSeq)
-        if slot == feedSlot || message.changeSeq <= followedFeed[slot] ?? FeedSlots.base(of: slot) { return true }
+        if slot == following.feedSlot || message.changeSeq <= following.followedFeed[slot] ?? FeedSlots.base(of: slot) { return true }
         if let span = spans[slot], message.changeSeq <= span.upTo { return !rewritten }
         return false
     }
@@ -357,10 +357,10 @@ extension Engine {
     private func render(_ event: TransientEvent, batch: Batch) {
         switch event {
         case .typing(let user, let number):
-            guard let chat = chats[number], chat.activeMember(user) != nil else { return }
+            guard let chat = directory.chats[number], chat.activeMember(user) != nil else { return }
             typingStarted(user, in: chat, batch: batch)
         case .chatEvent(let user, let number, let tag, let data):
-            guard let chat = chats[number] else { return }
+            guard let chat = directory.chats[number] else { return }
             let event = Event.chatEvent(ChatEvent(chatId: chat.chatId, senderUri: uri(user), tag: tag, data: data.map { JSONValue(compactJSON: $0) }))
             for member in chat.activeMembers {
                 for session in sessions(of: member.user) { batch.emit(event, to: session) }
@@ -373,7 +373,7 @@ extension Engine {
     func deliverFollowed(_ numbers: [Int64], batch: Batch) {
         let changes = PendingChanges()
         for number in numbers {
-            guard let chat = chats[number] else { continue }
+            guard let chat = directory.chats[number] else { continue }
             do {
                 try markDelivered(chat, batch: batch, changes: changes)
             } catch {
@@ -387,7 +387,7 @@ extension Engine {
     func tellOthers(_ event: TransientEvent) {
         guard followsOthers else { return }
         do {
-            try store.announce(event, slot: feedSlot)
+            try store.announce(event, slot: following.feedSlot)
         } catch {
             logger.warning("could not tell the other deciding nodes of a typing or chat event", metadata: ["error": "\(error)"])
         }
@@ -397,33 +397,33 @@ extension Engine {
     /// the user is still connected here (`announcePresence`). Nothing is kept when no
     /// other node decides.
     func sessionsChanged(of user: Int64) {
-        if followsOthers { presenceChanged.insert(user) }
+        if followsOthers { following.presenceChanged.insert(user) }
     }
 
     /// Tells the other deciding nodes who came and went here since they were last told.
     func announcePresence() {
-        guard !presenceChanged.isEmpty else { return }
+        guard !following.presenceChanged.isEmpty else { return }
         var joined: [Int64] = []
         var left: [Int64] = []
-        for user in presenceChanged.sorted() {
-            if isOnline(user) && !announcedOnline.contains(user) { joined.append(user) }
-            if !isOnline(user) && announcedOnline.contains(user) { left.append(user) }
+        for user in following.presenceChanged.sorted() {
+            if isOnline(user) && !following.announcedOnline.contains(user) { joined.append(user) }
+            if !isOnline(user) && following.announcedOnline.contains(user) { left.append(user) }
         }
-        presenceChanged = []
+        following.presenceChanged = []
         guard !joined.isEmpty || !left.isEmpty else { return }
         do {
-            try store.announceOnline(slot: feedSlot, joined: joined, left: left)
-            announcedOnline.formUnion(joined)
-            announcedOnline.subtract(left)
+            try store.announceOnline(slot: following.feedSlot, joined: joined, left: left)
+            following.announcedOnline.formUnion(joined)
+            following.announcedOnline.subtract(left)
         } catch {
             // Told again after the next batch.
-            presenceChanged.formUnion(joined + left)
+            following.presenceChanged.formUnion(joined + left)
             logger.warning("could not tell the other deciding nodes who is connected here", metadata: ["error": "\(error)"])
         }
     }
 
     /// Whether a user has a session here or on another deciding node.
     func isConnectedAnywhere(_ user: Int64) -> Bool {
-        isOnline(user) || onlineElsewhere.contains(user)
+        isOnline(user) || following.onlineElsewhere.contains(user)
     }
 }

@@ -8,13 +8,13 @@ extension Engine {
     /// when the user has no endpoint free. With `announce` it receives its `global`
     /// list as it now is.
     func authenticate(userId: String, cookie: String?, line: Int, announce: Bool, session: EngineSession, batch: Batch) {
-        if let current = session.identity, let currentUser = users[current] {
+        if let current = session.identity, let currentUser = directory.users[current] {
             guard sameBytes(currentUser.userId, userId) else {
                 batch.emit(.setupError(SetupError(error: .alreadyAuthenticated, cookie: cookie)), to: session)
                 return
             }
         } else {
-            if users.find(userId: userId) == nil && users.find(regId: RegId.derive(userId)) != nil {
+            if directory.users.find(userId: userId) == nil && directory.users.find(regId: RegId.derive(userId)) != nil {
                 // Made, it would take a regId another user has: this sign-in fails, not
                 // the commit of everyone's.
                 batch.emit(
@@ -23,7 +23,7 @@ extension Engine {
                 return
             }
             batch.willChangeSetup(of: session)
-            session.identity = users.ensure(userId: userId, batch: &batch.store) { newNumber(for: .user, after: $0) }.number
+            session.identity = directory.users.ensure(userId: userId, batch: &batch.store) { newNumber(for: .user, after: $0) }.number
         }
         let user = session.identity!
         session.tokenExpired = false
@@ -74,7 +74,7 @@ extension Engine {
             return [Global(name: "authTokenState", value: .string(session.tokenRejected ? "Rejected" : "Needed")), setupState("NotRequested")]
         }
         let tokenState = Global(name: "authTokenState", value: .string(session.tokenExpired ? "Needed" : "Ok"))
-        guard let number = session.user, let user = users[number], let endpoint = session.endpoint else {
+        guard let number = session.user, let user = directory.users[number], let endpoint = session.endpoint else {
             return [tokenState, setupState("Full")]
         }
         return [
@@ -112,10 +112,10 @@ extension Engine {
     /// The users a user sees in their `user` list: themselves and everyone they share a chat with.
     func visibleUsers(of user: Int64) -> [UserRecord] {
         var numbers: Set<Int64> = [user]
-        for number in chatsOfUser[user] ?? [] {
-            for member in chats[number]?.activeMembers ?? [] { numbers.insert(member.user) }
+        for number in directory.chatsOfUser[user] ?? [] {
+            for member in directory.chats[number]?.activeMembers ?? [] { numbers.insert(member.user) }
         }
-        return numbers.sorted().compactMap { users[$0] }
+        return numbers.sorted().compactMap { directory.users[$0] }
     }
 
     /// The users the session asked for by id; from then on it may list them (`knows`).
@@ -127,8 +127,8 @@ extension Engine {
             found.append(Identity(appUserId: user.userId, regId: user.regId, uri: user.uri))
             session.lookedUp(user.number)
         }
-        for userId in request.appUserIds ?? [] { add(users.find(userId: userId)) }
-        for regId in request.regIds ?? [] { add(users.find(regId: regId)) }
+        for userId in request.appUserIds ?? [] { add(directory.users.find(userId: userId)) }
+        for regId in request.regIds ?? [] { add(directory.users.find(regId: regId)) }
         return .identities(Identities(cookie: request.cookie, result: "Success", info: found))
     }
 
@@ -138,7 +138,7 @@ extension Engine {
     /// one by one would list every user of the service.
     func knows(_ other: Int64, viewer: Int64, session: EngineSession) -> Bool {
         if other == viewer || session.hasLookedUp(other) { return true }
-        for number in chatsOfUser[viewer] ?? [] where chats[number]?.members[other] != nil { return true }
+        for number in directory.chatsOfUser[viewer] ?? [] where directory.chats[number]?.members[other] != nil { return true }
         return false
     }
 

@@ -21,7 +21,7 @@ extension Engine {
             batch.emit(header, to: session)
             let list = ListInProgress(
                 kind: request.type, cookie: cookie, line: line, user: user, session: session,
-                chats: (chatsOfUser[user] ?? []).sorted())
+                chats: (directory.chatsOfUser[user] ?? []).sorted())
             continueList(list, batch: batch)
         case .typing:
             answer(header, typingSeen(by: user), to: session, batch: batch) { .typing(ListChunkTyping(cookie: cookie, elements: $0, last: $1)) }
@@ -64,7 +64,7 @@ extension Engine {
         while elements < Engine.listPage, taken < rest.chats.count, taken == 0 || ContinuousClock.now < deadline {
             let number = rest.chats[taken]
             taken += 1
-            guard let chat = chats[number], let member = chat.activeMember(list.user) else { continue }
+            guard let chat = directory.chats[number], let member = chat.activeMember(list.user) else { continue }
             if list.kind == .chat {
                 chatElements.append(renderChat(chat, for: member))
                 elements += 1
@@ -120,12 +120,12 @@ extension Engine {
 
     /// The chats `user` takes part in, in the order they were started.
     func chatsOf(_ user: Int64) -> [ChatRecord] {
-        (chatsOfUser[user] ?? []).sorted().compactMap { chats[$0] }
+        (directory.chatsOfUser[user] ?? []).sorted().compactMap { directory.chats[$0] }
     }
 
     func typingSeen(by user: Int64) -> [Typing] {
-        typing.keys
-            .filter { $0.user != user && chats[$0.chat]?.activeMember(user) != nil }
+        timed.typing.keys
+            .filter { $0.user != user && directory.chats[$0.chat]?.activeMember(user) != nil }
             .sorted { ($0.chat, $0.user) < ($1.chat, $1.user) }
             .map { Typing(userUri: uri($0.user), chatId: String($0.chat)) }
     }
@@ -145,7 +145,9 @@ extension Engine {
             // not seen yet) or regId.
             let (found, missing) = lookUp(request.elements) { key -> User? in
                 guard user != Engine.nobody else { return nil }
-                let found = key.uri.map { uri in self.user(fromURI: uri, viewer: user).flatMap { users[$0] } } ?? key.regId.flatMap { users.find(regId: $0) }
+                let found =
+                    key.uri.map { uri in self.user(fromURI: uri, viewer: user).flatMap { directory.users[$0] } }
+                    ?? key.regId.flatMap { directory.users.find(regId: $0) }
                 return found.flatMap { knows($0.number, viewer: user, session: session) ? userElement($0) : nil }
             }
             answer(.listElements(.user(ListElementsUser(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) {
@@ -414,16 +416,16 @@ extension Engine {
     /// only this process writes has no other slots.
     private func feedNow() throws -> [Int64] {
         var positions = [Int64](repeating: 0, count: FeedSlots.count)
-        if comparesChatVersions {
+        if commits.comparesChatVersions {
             let stored: [Int: Int64]
             do {
                 stored = try store.feedPositions()
             } catch {
                 throw unreadable(error)
             }
-            for (slot, position) in stored where slot != feedSlot { positions[slot] = position - FeedSlots.base(of: slot) }
+            for (slot, position) in stored where slot != following.feedSlot { positions[slot] = position - FeedSlots.base(of: slot) }
         }
-        positions[feedSlot] = changeSeq - FeedSlots.base(of: feedSlot)
+        positions[following.feedSlot] = directory.changeSeq - FeedSlots.base(of: following.feedSlot)
         return positions
     }
 

@@ -31,7 +31,7 @@ extension Engine {
     func chat(_ chatId: String, of user: Int64) throws -> (ChatRecord, MemberRecord) {
         // Only the service's own spelling names a chat ("7", never "07" or "+7").
         if let number = Int64(chatId), chatId.utf8.first != UInt8(ascii: "+"), chatId.utf8.first != UInt8(ascii: "0"),
-            let chat = chats[number], let member = chat.activeMember(user)
+            let chat = directory.chats[number], let member = chat.activeMember(user)
         {
             return (chat, member)
         }
@@ -62,12 +62,12 @@ extension Engine {
         changes: PendingChanges
     ) -> MessageRecord {
         for target in targets { willChange(target, in: chat, changes) }
-        changeSeq += 1
+        directory.changeSeq += 1
         let timestamp = max(now(), lastTimestamp(of: chat))
         let message = MessageRecord(
             chat: chat.number, id: chat.lastMessage + 1, sender: sender, tag: tag, content: content, data: data,
             refs: refs, timestamp: timestamp, isControl: isControl, neverCountsUnread: neverCountsUnread,
-            changeSeq: changeSeq)
+            changeSeq: directory.changeSeq)
         chat.lastMessage = message.id
         chat.lastTimestamp = timestamp
         if !neverCountsUnread { chat.lastActivity = max(chat.lastActivity, timestamp) }
@@ -79,8 +79,8 @@ extension Engine {
             }
         }
         if let content, !message.isSystem {
-            message.searchRow = newNumber(for: .searchRow, after: lastSearchRow)
-            lastSearchRow = max(lastSearchRow, message.searchRow)
+            message.searchRow = newNumber(for: .searchRow, after: searches.lastRow)
+            searches.lastRow = max(searches.lastRow, message.searchRow)
             batch.searchAdds.append(SearchEntry(row: message.searchRow, chat: chat.number, id: message.id, text: content))
         }
         batch.changed(message)
@@ -337,7 +337,7 @@ extension Engine {
     /// Recalls the next page; the last page posts the `Shred`. Until then the session's
     /// later requests wait, and the next page is decided once this one is committed.
     func recallAll(_ recall: RecallInProgress, batch: Batch) throws {
-        guard let chat = chats[recall.chat], chat.activeMember(recall.user) != nil else {
+        guard let chat = directory.chats[recall.chat], chat.activeMember(recall.user) != nil else {
             throw ProtocolError.notFound("chat \(recall.chat) is no longer yours")
         }
         var filter = MessageFilter(firstId: recall.from, lastId: recall.upTo, sender: recall.user)
@@ -442,8 +442,8 @@ extension Engine {
     /// were not typing there yet, and it ends `typingSeconds` from now unless said again.
     func typingStarted(_ user: Int64, in chat: ChatRecord, batch: Batch) {
         let entry = TypingEntry(user: user, chat: chat.number)
-        let isNew = typing[entry] == nil
-        typing[entry] = monotonicSeconds() + Engine.typingSeconds
+        let isNew = timed.typing[entry] == nil
+        timed.typing[entry] = monotonicSeconds() + Engine.typingSeconds
         scheduleTick()
         guard isNew else { return }
         let element = Typing(userUri: uri(user), chatId: chat.chatId)
@@ -453,7 +453,7 @@ extension Engine {
     }
 
     func stopTyping(user: Int64, chat: ChatRecord, batch: Batch) {
-        guard typing.removeValue(forKey: TypingEntry(user: user, chat: chat.number)) != nil else { return }
+        guard timed.typing.removeValue(forKey: TypingEntry(user: user, chat: chat.number)) != nil else { return }
         let key = TypingKey(userUri: uri(user), chatId: chat.chatId)
         for member in chat.members.values where member.isActive && member.user != user {
             emit(.listRemove(.typing(ListRemoveTyping(elements: [key]))), toUser: member.user, batch: batch)
@@ -462,14 +462,14 @@ extension Engine {
 
     func expireTyping(batch: Batch) {
         let now = monotonicSeconds()
-        for (entry, expiry) in typing where expiry <= now {
-            if let chat = chats[entry.chat] {
+        for (entry, expiry) in timed.typing where expiry <= now {
+            if let chat = directory.chats[entry.chat] {
                 stopTyping(user: entry.user, chat: chat, batch: batch)
             } else {
-                typing[entry] = nil
+                timed.typing[entry] = nil
             }
         }
-        if !typing.isEmpty { scheduleTick() }
+        if !timed.typing.isEmpty { scheduleTick() }
     }
 
     static let typingSeconds = 5.0
@@ -479,8 +479,8 @@ extension Engine {
     }
 
     func scheduleTick() {
-        guard !tickScheduled, let earliest = typing.values.min() else { return }
-        tickScheduled = true
+        guard !timed.tickScheduled, let earliest = timed.typing.values.min() else { return }
+        timed.tickScheduled = true
         let delay = max(0.01, earliest - monotonicSeconds())
         DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [self] in tick() }
     }

@@ -8,11 +8,11 @@ extension Engine {
     // MARK: sessions
 
     func sessions(of user: Int64) -> [EngineSession] {
-        sessionsByUser[user] ?? []
+        directory.sessionsByUser[user] ?? []
     }
 
     func isOnline(_ user: Int64) -> Bool {
-        !(sessionsByUser[user]?.isEmpty ?? true)
+        !(directory.sessionsByUser[user]?.isEmpty ?? true)
     }
 
     func emit(_ event: Event, toUser user: Int64, batch: Batch) {
@@ -113,7 +113,7 @@ extension Engine {
         var file: String?
         var fileSize: Int64?
         var fileState: FileState?
-        if !hidesBody, let attachments {
+        if !hidesBody, let attachments = attachmentWork.store {
             if let stored = message.thumb, stored.blob != nil, privateState?.thumbDetached != true {
                 thumb = attachments.messagePath(chat: chat.number, id: message.id, kind: "thumb", name: stored.name)
             }
@@ -240,8 +240,8 @@ extension Engine {
         for entry in changes.entries {
             switch entry {
             case .message(let chat, let message, let before):
-                changeSeq += 1
-                message.changeSeq = changeSeq
+                directory.changeSeq += 1
+                message.changeSeq = directory.changeSeq
                 batch.changed(message)
                 compare(message, in: chat, before)
             case .range(let chat, let range, let loaded):
@@ -252,8 +252,8 @@ extension Engine {
                     let single = id <= range.upperBound && changes.messageIndex.contains(Batch.RowKey(chat: chat.number, item: id))
                     guard single || id > range.upperBound else { continue }
                     if start < id {
-                        batch.changed(RangeChangeRow(chat: chat.number, firstSeq: changeSeq + 1, firstId: start, lastId: id - 1))
-                        changeSeq += id - start
+                        batch.changed(RangeChangeRow(chat: chat.number, firstSeq: directory.changeSeq + 1, firstId: start, lastId: id - 1))
+                        directory.changeSeq += id - start
                     }
                     start = id + 1
                 }

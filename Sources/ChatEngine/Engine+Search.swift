@@ -45,7 +45,7 @@ extension Engine {
         var ended = false
         defer { if !ended { quotas.endSearch(by: user) } }
         let chatIds = request.chatId != nil ? [] : scope.filter { $0.0.subject.range(of: text, options: [.caseInsensitive]) != nil }.map(\.0.chatId)
-        guard let searchIndex else {
+        guard let searchIndex = searches.index else {
             let messages = try scan(scope, for: text, limit: limit, user: user)
             batch.emit(
                 .searchResult(
@@ -67,8 +67,8 @@ extension Engine {
         awaitOutside(session)
         beginOutsideWork()
         let store = self.store
-        let refill = searchRefill
-        searchQueue.async { [self] in
+        let refill = searches.refill
+        searches.queue.async { [self] in
             let found: Result<SearchFound, ProtocolError>
             // An index being rebuilt (after an upgrade) can take minutes: a shutdown does
             // not wait for it.
@@ -134,7 +134,7 @@ extension Engine {
             // What changed while the index was read: a message recalled or deleted for
             // the user since is left out when its record says so.
             let messages = found.hits.compactMap { hit -> MessageKey? in
-                guard let chat = chats[hit.chat] else { return nil }
+                guard let chat = directory.chats[hit.chat] else { return nil }
                 if let cached = cache.get(chat: hit.chat, id: hit.id), !isVisible(cached, to: user) { return nil }
                 return MessageKey(chatId: chat.chatId, messageId: hit.id)
             }

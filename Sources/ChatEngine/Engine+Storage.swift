@@ -71,7 +71,7 @@ extension Engine {
     }
 
     private func remember(_ row: MessageRow) -> MessageRecord {
-        let record = MessageRecord(row, storing: attachmentsInFlight[Batch.RowKey(chat: row.chat, item: row.id)] != nil)
+        let record = MessageRecord(row, storing: attachmentWork.inFlight[Batch.RowKey(chat: row.chat, item: row.id)] != nil)
         cache.put(record)
         return record
     }

@@ -68,21 +68,6 @@ public final class Engine: @unchecked Sendable {
     /// sends of 70 KB into a chat whose users have many endpoints would be held at once
     /// (70 KB × 4,096 × each endpoint).
     static let batchOutputLimit = 16 << 20
-    /// A session's output (built in the batch, plus handed over and not yet taken by its
-    /// client) above which its next requests wait in the engine, in order, until the
-    /// client has taken half of it: a client that never reads costs at most this and one
-    /// answer, however many requests it pipelines.
-    public var outputMark = 4 << 20
-    /// Work parked per session, and the order sessions were parked in.
-    private var parked: [ObjectIdentifier: (session: EngineSession, work: [Work])] = [:]
-    private var parkedOrder: [ObjectIdentifier] = []
-    /// Parked work items (read by `drain` on other threads).
-    private let parkedCount = Atomic<Int>(0)
-    /// Sessions whose work is parked until an answer being made off the engine thread
-    /// (a search) comes back, whatever their output.
-    private var awaitingOutside: Set<ObjectIdentifier> = []
-    /// Where searches look up the index and the store, several at once.
-    let searchQueue = DispatchQueue(label: "chatcore-search", qos: .userInitiated, attributes: .concurrent)
     /// `listChunk` carries at most this many elements (§4).
     static let chunkSize = 500
 
@@ -90,155 +75,57 @@ public final class Engine: @unchecked Sendable {
     let logger: Logger
     /// Seconds since 1970: message timestamps.
     let clock: @Sendable () -> Int64
-    /// Where attached files are kept (nil: attachments are refused).
-    let attachments: AttachmentStore?
-    /// The only directory socket sessions may attach files from (resolved), if any.
-    let attachmentsDirectory: String?
-    /// The text index behind `search` (nil: search scans memory).
-    let searchIndex: MessageSearchIndex?
-    private let inbox = Inbox<Work>()
-    private let sessionCounter = Atomic<Int>(0)
-    /// Left once the search index has every message it lacked at start-up.
-    let searchRefill = DispatchGroup()
-    /// Attachments being stored on worker threads, and work of sessions being prepared
-    /// off their threads (tokens being checked): `drain` waits for both.
-    let attachmentJobs = Atomic<Int>(0)
-    private let outsideWork = Atomic<Int>(0)
-    private var thread: Thread?
-    /// Where batches are committed while the engine decides the next one (as many at
-    /// once as the store takes: `ChatStore.commitsInFlight`).
-    private let committer = DispatchQueue(label: "chatcore-commit", qos: .userInitiated, attributes: .concurrent)
-    /// The batches being committed there, oldest first (engine thread). Their events are
-    /// delivered in this order, and their output counts toward a session's pending output
-    /// while later batches are decided.
-    private var inFlight: [Commit] = []
-    /// How many batches may be in flight at once.
-    private let commitsInFlight: Int
-    /// Whether commits carry the versions of the chats they change (`ChatStore`): several
-    /// processes may decide on the store (and the feed has their slots too).
-    let comparesChatVersions: Bool
-    /// The last commit's `StoreBatch.sequence`.
-    private var lastSequence: Int64 = 0
-    /// Commits that failed while the batch after them was being decided (the first failed;
-    /// those after it were decided on memory holding its changes, so they fail with it,
-    /// and so does the batch being decided, at its end). No commits: the batch being
-    /// decided conflicted committing what it had so far (`commitSoFar`).
-    private var failedCommit: (commits: [Commit], error: Error)?
-    /// Whether a commit failed and its batches wait to be decided again or answered (`end`).
-    var hasFailedCommit: Bool { failedCommit != nil }
-    /// The number of the batch being decided (its pins in the cache).
-    private(set) var batchNumber = 0
-    /// Since the last commit that was applied: the chats read again after conflicts (nil:
-    /// everything was), and how many conflicts found nothing more to read with batches of
-    /// one work item (`redo`).
-    private var readAfterConflicts: Set<Int64>? = []
-    private var repeatedConflicts = 0
-    /// How many work items a batch takes now. A conflict that found nothing more to read
-    /// divides it by four (a smaller batch touches fewer chats, and is decided and committed
-    /// sooner: less time for another node to move one of them on); each applied commit
-    /// doubles it again, up to `batchLimit`.
-    private var batchLimitNow = Engine.batchLimit
-
-    /// How many endpoints one user may have at once: registered ones and sessions that
-    /// have not registered (docs/protocol.md §3, `--max-endpoints`).
-    public var maxEndpoints = 100
-
-    // Engine-thread state.
-    var users = UserDirectory()
-    /// Registered endpoints by id, and each user's in registration order.
-    var endpoints: [Int64: EndpointRecord] = [:]
-    var endpointsOfUser: [Int64: [Int64]] = [:]
-    var lastEndpointOrdinal: Int64 = 0
-    var sessionsByUser: [Int64: [EngineSession]] = [:]
-    var chats: [Int64: ChatRecord] = [:]
-    /// The chats each user takes part in now.
-    var chatsOfUser: [Int64: Set<Int64>] = [:]
-    var lastChatNumber: Int64 = 0
-    /// The change feed's position: every message change takes the next number of this
-    /// process's slot (`feedSlot`).
-    var changeSeq: Int64 = 0
-    /// Where this process numbers its changes in the feed (`FeedSlots`): 0 unless several
-    /// processes decide on one store.
-    let feedSlot: Int
-    /// The newest message's row in the search index.
-    var lastSearchRow: Int64 = 0
-    /// What is left of the numbers taken from the store (`newNumber`), ascending.
-    private var numbersTaken: [NumberedKind: [ClosedRange<Int64>]] = [:]
-    /// The counters as the store has them.
-    private var storedCounters = StoreCounters()
     /// The messages in memory: the hot ones, up to a budget.
     let cache: MessageCache
-    /// Whether other processes decide on the store beside this one (`ChatStore.othersDecide`):
-    /// what they do is followed before each batch (`followOthers`).
-    public let followsOthers: Bool
-    /// How far what the other deciding processes did has been followed.
-    var followCursor: FollowCursor?
-    /// Users with a session on another deciding process (they are delivered to as if
-    /// connected here).
-    var onlineElsewhere: Set<Int64> = []
-    /// Users whose sessions here came or went since the others were last told, and who
-    /// the others were told has a session here (`announcePresence`).
-    var presenceChanged: Set<Int64> = []
-    var announcedOnline: Set<Int64> = []
-    /// Per feed slot of another process, the position up to which its changes were
-    /// followed (read whole: where the store was then).
-    var followedFeed: [Int: Int64] = [:]
-    /// Chats memory read again after a commit of this process failed (nil: everything),
-    /// since the others were last followed: memory of them may already hold what the
-    /// others committed, so the next follow cannot tell what changed, and sends their
-    /// elements whole (`renderCoarsely`).
-    var readAheadOfFollowing: Set<Int64>? = []
-    /// Who is typing where, and when that expires (seconds on the monotonic clock).
-    var typing: [TypingEntry: Double] = [:]
-    var tickScheduled = false
     /// What each user may cost the others (rates, searches at once).
     var quotas: Quotas
-    /// Users who came online, with their chats whose deliveries are still to be marked
-    /// (`deliverDue`), oldest first.
-    var deliveriesDue: [(user: Int64, chats: [Int64])] = []
-    /// Messages whose attachments a worker is storing now (they stay `Sending` when
-    /// memory is rebuilt after a failed commit), with their sources, held open until the
-    /// message's link to its copy is durable.
-    var attachmentsInFlight: [Batch.RowKey: SourcesInFlight] = [:]
-    /// Set when memory could not be rebuilt after a failed commit: nothing more is done.
-    var brokenStore: Error?
-    private let shuttingDown = Atomic<Bool>(false)
-    /// Signalled when the engine thread ends (`stop`).
-    private let ended = DispatchSemaphore(value: 0)
-    /// Under `fatalLock` (NSLock: ThreadSanitizer sees pthread locks, not `Mutex`'s futex).
-    nonisolated(unsafe) private var fatalStoreError: String?
-    private let fatalLock = NSLock()
-    /// Called (once, on the engine thread) when the store failed in a way the engine
-    /// cannot recover from; the process should answer what it has and exit non-zero.
-    public var onFatalStoreError: (@Sendable (String) -> Void)?
+
+    // The parts, each owning one concern's state (EngineParts.swift).
+    let directory = Directory()
+    let outputs: SessionOutputs
+    let commits: Commits
+    let following: Following
+    let searches: Searches
+    let attachmentWork: AttachmentWork
+    let timed = TimedWork()
+    let life: EngineLife
+
+    /// Whether a commit failed and its batches wait to be decided again or answered (`end`).
+    var hasFailedCommit: Bool { commits.failed != nil }
+    /// Whether other processes decide on the store beside this one: what they do is
+    /// followed before each batch.
+    public var followsOthers: Bool { following.othersDecide }
 
     /// `clock` gives message timestamps (seconds since 1970); tests pass a fixed one.
     /// `cacheBytes` bounds the messages kept in memory. `feedSlot`: where this process
     /// numbers its changes in the feed, one slot per process deciding on the store (nil:
     /// the store's, `ChatStore.feedSlot`).
+    /// `onFatalStoreError` is called (once, on the engine thread) when the store failed in
+    /// a way the engine cannot recover from; the process should answer what it has and
+    /// exit non-zero.
     public init(
         store: ChatStore, logger: Logger, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil,
         attachmentsDirectory: String? = nil, cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int? = nil,
         quotas: QuotaLimits = QuotaLimits(),
-        clock: @escaping @Sendable () -> Int64 = Engine.wallClock
+        clock: @escaping @Sendable () -> Int64 = Engine.wallClock,
+        onFatalStoreError: (@Sendable (String) -> Void)? = nil
     ) throws {
         self.quotas = Quotas(limits: quotas)
         let feedSlot = feedSlot ?? store.feedSlot
         precondition((0..<FeedSlots.count).contains(feedSlot), "a feed slot is below \(FeedSlots.count)")
-        self.feedSlot = feedSlot
         self.cache = MessageCache(budget: cacheBytes)
-        self.searchIndex = searchIndex
         self.store = store
-        self.commitsInFlight = max(1, store.commitsInFlight)
-        self.comparesChatVersions = store.comparesChatVersions
-        self.followsOthers = store.othersDecide
         self.logger = logger
         self.clock = clock
-        self.attachments = attachments
-        self.attachmentsDirectory = attachmentsDirectory
+        self.outputs = SessionOutputs(mark: quotas.outputMark)
+        self.commits = Commits(limit: max(1, store.commitsInFlight), comparesChatVersions: store.comparesChatVersions)
+        self.following = Following(othersDecide: store.othersDecide, feedSlot: feedSlot)
+        self.searches = Searches(index: searchIndex)
+        self.attachmentWork = AttachmentWork(store: attachments, allowedDirectory: attachmentsDirectory)
+        self.life = EngineLife(onFatalStoreError: onFatalStoreError)
         // From here on: what the others commit while memory is read is followed again
         // (reading a chat again is harmless), never missed.
-        if followsOthers { followCursor = try store.othersActivity(besides: feedSlot, after: nil, thoroughly: true)?.cursor }
+        if followsOthers { following.cursor = try store.othersActivity(besides: feedSlot, after: nil, thoroughly: true)?.cursor }
         try reload()
     }
 
@@ -251,44 +138,44 @@ public final class Engine: @unchecked Sendable {
     /// Reads what is per user and per chat from the store (never every message): at
     /// start-up, and after a failed commit, when memory must be what the store has.
     func reload() throws {
-        let directory = try store.loadDirectory()
-        users = UserDirectory(directory.users)
-        endpoints = [:]
-        endpointsOfUser = [:]
-        lastEndpointOrdinal = 0
-        for row in directory.endpoints {
-            endpoints[row.id] = EndpointRecord(row)
-            endpointsOfUser[row.user, default: []].append(row.id)
-            lastEndpointOrdinal = max(lastEndpointOrdinal, row.ordinal)
+        let loaded = try store.loadDirectory()
+        directory.users = UserDirectory(loaded.users)
+        directory.endpoints = [:]
+        directory.endpointsOfUser = [:]
+        directory.lastEndpointOrdinal = 0
+        for row in loaded.endpoints {
+            directory.endpoints[row.id] = EndpointRecord(row)
+            directory.endpointsOfUser[row.user, default: []].append(row.id)
+            directory.lastEndpointOrdinal = max(directory.lastEndpointOrdinal, row.ordinal)
         }
-        chats = [:]
-        chatsOfUser = [:]
-        lastChatNumber = 0
-        install(directory)
+        directory.chats = [:]
+        directory.chatsOfUser = [:]
+        directory.lastChatNumber = 0
+        install(loaded)
         cache.removeAll()
-        typing = [:]
-        followedFeed = directory.feedPositions
+        timed.typing = [:]
+        following.followedFeed = loaded.feedPositions
         try refillSearchIndex()
     }
 
     /// The directory's chats with their memberships, and its counters, into memory
     /// (unless not `takingCounters`).
-    private func install(_ directory: StoreDirectory, takingCounters: Bool = true) {
-        for row in directory.chats {
+    private func install(_ loaded: StoreDirectory, takingCounters: Bool = true) {
+        for row in loaded.chats {
             let chat = ChatRecord(row)
-            chat.version = directory.chatVersions[row.number] ?? 0
-            chats[row.number] = chat
-            lastChatNumber = max(lastChatNumber, row.number)
+            chat.version = loaded.chatVersions[row.number] ?? 0
+            directory.chats[row.number] = chat
+            directory.lastChatNumber = max(directory.lastChatNumber, row.number)
         }
-        for row in directory.members {
-            guard let chat = chats[row.chat] else { continue }
+        for row in loaded.members {
+            guard let chat = directory.chats[row.chat] else { continue }
             chat.members[row.user] = MemberRecord(row)
-            if row.isActive { chatsOfUser[row.user, default: []].insert(row.chat) }
+            if row.isActive { directory.chatsOfUser[row.user, default: []].insert(row.chat) }
         }
         guard takingCounters else { return }
-        changeSeq = directory.feedPositions[feedSlot] ?? FeedSlots.base(of: feedSlot)
-        lastSearchRow = directory.counters.searchRow
-        storedCounters = StoreCounters(changeSeq: changeSeq, slot: feedSlot, searchRow: lastSearchRow)
+        directory.changeSeq = loaded.feedPositions[following.feedSlot] ?? FeedSlots.base(of: following.feedSlot)
+        searches.lastRow = loaded.counters.searchRow
+        directory.storedCounters = StoreCounters(changeSeq: directory.changeSeq, slot: following.feedSlot, searchRow: searches.lastRow)
     }
 
     /// What memory must read again after `batches` failed to commit: the chats they changed
@@ -315,7 +202,7 @@ public final class Engine: @unchecked Sendable {
     /// directory was read while a commit of this process may have been in flight, and
     /// its counters would take this process's feed positions and search rows back).
     func replace(
-        _ numbers: Set<Int64>, with directory: StoreDirectory, droppingOnly messages: [Int64: Set<Int64>]? = nil,
+        _ numbers: Set<Int64>, with loaded: StoreDirectory, droppingOnly messages: [Int64: Set<Int64>]? = nil,
         takingCounters: Bool = true
     ) {
         if let messages {
@@ -324,15 +211,15 @@ public final class Engine: @unchecked Sendable {
             cache.remove(chats: numbers)
         }
         for number in numbers {
-            guard let old = chats.removeValue(forKey: number) else { continue }
+            guard let old = directory.chats.removeValue(forKey: number) else { continue }
             for (user, member) in old.members where member.isActive {
-                chatsOfUser[user]?.remove(number)
-                if chatsOfUser[user]?.isEmpty == true { chatsOfUser[user] = nil }
+                directory.chatsOfUser[user]?.remove(number)
+                if directory.chatsOfUser[user]?.isEmpty == true { directory.chatsOfUser[user] = nil }
             }
         }
         // A chat the batches made is not in the store: its number is free again.
-        if directory.chats.count < numbers.count && numbers.contains(lastChatNumber) { lastChatNumber = chats.keys.max() ?? 0 }
-        install(directory, takingCounters: takingCounters)
+        if loaded.chats.count < numbers.count && numbers.contains(directory.lastChatNumber) { directory.lastChatNumber = directory.chats.keys.max() ?? 0 }
+        install(loaded, takingCounters: takingCounters)
     }
 
     /// The number of a new chat, user or search row: the store's (`ChatStore.takeNumbers`,
@@ -342,14 +229,14 @@ public final class Engine: @unchecked Sendable {
     /// the number did (the store is unreachable), or conflicts when another process has
     /// that number (and the request is decided again), or stores it.
     func newNumber(for kind: NumberedKind, after last: Int64) -> Int64 {
-        if numbersTaken[kind]?.isEmpty ?? true { reserveNumbers(for: kind, count: 1) }
-        guard var ranges = numbersTaken[kind], let first = ranges.first else { return last + 1 }
+        if directory.numbersTaken[kind]?.isEmpty ?? true { reserveNumbers(for: kind, count: 1) }
+        guard var ranges = directory.numbersTaken[kind], let first = ranges.first else { return last + 1 }
         if first.count > 1 {
             ranges[0] = (first.lowerBound + 1)...first.upperBound
         } else {
             ranges.removeFirst()
         }
-        numbersTaken[kind] = ranges
+        directory.numbersTaken[kind] = ranges
         return first.lowerBound
     }
 
@@ -358,10 +245,10 @@ public final class Engine: @unchecked Sendable {
     /// first (a chat started with 249 new invitees on PostgreSQL took 48 ms with a round
     /// trip per number, 12–15 ms so, and 11–13 ms when memory numbered them).
     func reserveNumbers(for kind: NumberedKind, count: Int) {
-        let held = numbersTaken[kind, default: []].reduce(0) { $0 + $1.count }
+        let held = directory.numbersTaken[kind, default: []].reduce(0) { $0 + $1.count }
         guard count > held else { return }
         do {
-            if let ranges = try store.takeNumbers(for: kind, count: count - held) { numbersTaken[kind, default: []] += ranges }
+            if let ranges = try store.takeNumbers(for: kind, count: count - held) { directory.numbersTaken[kind, default: []] += ranges }
         } catch {
             logger.warning(
                 "the store gave no number for a new \(kind.rawValue): the commit judges the next one memory has",
@@ -370,48 +257,48 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// How many chats and users the engine knows (logged at start-up).
-    public var chatCount: Int { chats.count }
-    public var userCount: Int { users.byNumber.count }
+    public var chatCount: Int { directory.chats.count }
+    public var userCount: Int { directory.users.byNumber.count }
 
     /// Requests taken from now on are refused ("shutting down") instead of started.
     public func beginShutdown() {
-        shuttingDown.store(true, ordering: .releasing)
+        life.shuttingDown.store(true, ordering: .releasing)
     }
 
-    public var isShuttingDown: Bool { shuttingDown.load(ordering: .acquiring) }
+    public var isShuttingDown: Bool { life.shuttingDown.load(ordering: .acquiring) }
 
     func storeIsBroken(_ error: Error) {
-        guard brokenStore == nil else { return }
-        brokenStore = error
+        guard commits.brokenStore == nil else { return }
+        commits.brokenStore = error
         let reason =
             switch (error as? StoreFailure)?.kind {
             case .io?: "the store hit \(error); restart chatcore: SQLite recovers the store when it opens it"
             case .superseded?: "\(error)"
             default: "the store failed and could not be read back: \(error)"
             }
-        fatalLock.withLock { fatalStoreError = reason }
-        onFatalStoreError?(reason)
+        life.fatalStoreError.withLock { $0 = reason }
+        life.onFatalStoreError?(reason)
     }
 
     /// Why the store can no longer be used (the process should exit non-zero), if so.
-    public var storeFailure: String? { fatalLock.withLock { fatalStoreError } }
+    public var storeFailure: String? { life.fatalStoreError.withLock { $0 } }
 
     /// Hands the index every searchable message it does not have yet (it lags commits, may
     /// lose its tail in a crash, and is rebuilt whole when its file is lost or laid out by
     /// an older release): the store finds them by search row, on a thread of its own, so
     /// that start-up does not wait; a search waits for it (`searchRefill`).
     private func refillSearchIndex() throws {
-        guard let searchIndex else { return }
+        guard let searchIndex = searches.index else { return }
         let indexed = try searchIndex.indexedUpTo()
-        let upTo = lastSearchRow
+        let upTo = searches.lastRow
         guard indexed < upTo else { return }
         logger.info(
             "the search index lacks messages: filling it from the store in the background (searches wait for it)",
             metadata: ["indexedUpTo": "\(indexed)", "storeUpTo": "\(upTo)"])
         let store = self.store
         let logger = self.logger
-        searchRefill.enter()
-        let thread = Thread { [searchRefill] in
+        searches.refill.enter()
+        let thread = Thread { [searchRefill = searches.refill] in
             nameCurrentThread("search-refill")
             do {
                 _ = try searchIndex.fill(after: indexed, upTo: upTo, from: store.searchEntries)
@@ -435,107 +322,107 @@ public final class Engine: @unchecked Sendable {
             run()
         }
         thread.stackSize = 8 << 20
-        self.thread = thread
+        self.life.thread = thread
         thread.start()
     }
 
     // MARK: submitting work (any thread)
 
     public func openSession(transport: Transport, sink: EventSink) -> EngineSession {
-        let id = sessionCounter.add(1, ordering: .relaxed).newValue
+        let id = life.sessionCounter.add(1, ordering: .relaxed).newValue
         ServiceMetrics.sessions.increment()
         ServiceMetrics.sessionsOpened.increment()
         return EngineSession(id: id, transport: transport, sink: sink)
     }
 
     public func submit(_ request: Request, line: Int, from session: EngineSession) {
-        inbox.put(.request(request, line: line, session: session))
+        life.inbox.put(.request(request, line: line, session: session))
     }
 
     /// The session proved (token or trusted start) that it is `userId`. With `announce`
     /// it receives the `global` changes (authTokenState, setupState, localUri, localRegId).
     public func authenticate(userId: String, cookie: String?, line: Int, announce: Bool, session: EngineSession) {
-        inbox.put(.authenticate(userId: userId, cookie: cookie, line: line, announce: announce, session: session))
+        life.inbox.put(.authenticate(userId: userId, cookie: cookie, line: line, announce: announce, session: session))
     }
 
     /// Events the session made itself (e.g. a decode failure) that must come out after
     /// everything it submitted before.
     public func passthrough(_ events: [Event], to session: EngineSession) {
-        inbox.put(.passthrough(events, session: session))
+        life.inbox.put(.passthrough(events, session: session))
     }
 
     /// The session layer refused a token: the answer keeps its place behind the session's
     /// work, and changes `authTokenState` for an unauthenticated session.
     public func rejectToken(_ error: SetupError, session: EngineSession) {
-        inbox.put(.tokenRejected(error, session: session))
+        life.inbox.put(.tokenRejected(error, session: session))
     }
 
     /// The session's token expired: its `authTokenState` goes to `Needed` until a new
     /// token for its user is accepted (the session layer refuses its requests meanwhile).
     public func tokenExpired(session: EngineSession) {
-        inbox.put(.tokenExpired(session: session))
+        life.inbox.put(.tokenExpired(session: session))
     }
 
     public func close(_ session: EngineSession) {
-        inbox.put(.close(session))
+        life.inbox.put(.close(session))
     }
 
     /// Runs `body` on the engine thread once everything submitted before it is done.
     public func barrier(_ body: @escaping @Sendable () -> Void) {
-        inbox.put(.barrier(body))
+        life.inbox.put(.barrier(body))
     }
 
     /// Hands the outcome of storing a message's attachments to the engine thread.
     func attachmentsFinished(chat: Int64, id: Int64, thumb: String?, file: String?, error: String?) {
-        inbox.put(.attachmentsStored(chat: chat, id: id, thumb: thumb, file: file, error: error))
+        life.inbox.put(.attachmentsStored(chat: chat, id: id, thumb: thumb, file: file, error: error))
     }
 
     /// Asks the engine thread to look at the clock (typing expiry).
     func tick() {
-        inbox.put(.tick)
+        life.inbox.put(.tick)
     }
 
     /// Another deciding process committed or said something: the engine follows it before
     /// its next batch (a store that hears of it calls this so that an idle engine does).
     public func othersActed() {
-        inbox.put(.othersActed)
+        life.inbox.put(.othersActed)
     }
 
     /// Hands work made off the engine thread to it.
     func put(_ work: Work) {
-        inbox.put(work)
+        life.inbox.put(work)
     }
 
     /// Hands several items over at once: they are taken into one batch (tests).
     func put(together work: [Work]) {
-        inbox.put(contentsOf: work)
+        life.inbox.put(contentsOf: work)
     }
 
     /// The session's work goes on (its parked work is taken again): what `awaitOutside`
     /// waited for is answered.
     func outsideAnswered(_ session: EngineSession) {
-        awaitingOutside.remove(ObjectIdentifier(session))
+        outputs.awaitingOutside.remove(ObjectIdentifier(session))
     }
 
     /// The session's next work waits (in order) until `outsideAnswered`: its current
     /// request is being answered off the engine thread, or in later batches.
     func awaitOutside(_ session: EngineSession) {
         let key = ObjectIdentifier(session)
-        awaitingOutside.insert(key)
-        if parked[key] == nil {
-            parked[key] = (session, [])
-            parkedOrder.append(key)
+        outputs.awaitingOutside.insert(key)
+        if outputs.parked[key] == nil {
+            outputs.parked[key] = (session, [])
+            outputs.parkedOrder.append(key)
         }
     }
 
     /// A session is preparing work off its thread (checking a token's signature) that it
     /// will submit: `drain` waits for it. Pair with `endOutsideWork` after submitting.
     public func beginOutsideWork() {
-        outsideWork.add(1, ordering: .relaxed)
+        outputs.outsideWork.add(1, ordering: .relaxed)
     }
 
     public func endOutsideWork() {
-        outsideWork.subtract(1, ordering: .releasing)
+        outputs.outsideWork.subtract(1, ordering: .releasing)
     }
 
     /// Waits until everything submitted before this call is done, attachments being
@@ -547,8 +434,8 @@ public final class Engine: @unchecked Sendable {
             done.wait()
         }
         func idle() -> Bool {
-            attachmentJobs.load(ordering: .acquiring) == 0 && parkedCount.load(ordering: .acquiring) == 0
-                && outsideWork.load(ordering: .acquiring) == 0
+            attachmentWork.jobs.load(ordering: .acquiring) == 0 && outputs.parkedCount.load(ordering: .acquiring) == 0
+                && outputs.outsideWork.load(ordering: .acquiring) == 0
         }
         while true {
             // Everything submitted so far is decided, so every attachment job it started
@@ -562,7 +449,7 @@ public final class Engine: @unchecked Sendable {
                 guard idle() else { continue }
                 // The index is derived data, but a clean stop should not leave it to be
                 // rebuilt at the next start.
-                try? searchIndex?.waitUntilWritten()
+                try? searches.index?.waitUntilWritten()
                 return
             }
             usleep(10_000)
@@ -572,7 +459,7 @@ public final class Engine: @unchecked Sendable {
     /// Ends the engine thread once everything submitted before is done (tests, fuzzing).
     /// Nothing may be submitted afterwards (`drain` would wait for ever).
     public func stop() {
-        inbox.put(.stop)
+        life.inbox.put(.stop)
     }
 
     /// `stop`, then waits up to `seconds` for the engine thread to end; returns whether it
@@ -580,7 +467,7 @@ public final class Engine: @unchecked Sendable {
     /// otherwise go on reading (and taking connections of) a store being closed.
     public func stop(waitingAtMost seconds: Double) -> Bool {
         stop()
-        return ended.wait(timeout: .now() + seconds) == .success
+        return life.ended.wait(timeout: .now() + seconds) == .success
     }
 
     // MARK: the loop
@@ -589,7 +476,7 @@ public final class Engine: @unchecked Sendable {
         var stopping = false
         while !stopping {
             // While sessions wait for their clients to read, look again every 20 ms.
-            let work = inbox.take(limit: batchLimitNow, waitingAtMost: parked.isEmpty ? nil : 0.02)
+            let work = life.inbox.take(limit: commits.batchLimitNow, waitingAtMost: outputs.parked.isEmpty ? nil : 0.02)
             if followsOthers {
                 // A wake-up to follow, or a commit done, asks nobody anything.
                 followOthers(
@@ -600,8 +487,8 @@ public final class Engine: @unchecked Sendable {
                         }
                     })
             }
-            batchNumber += 1
-            let batch = Batch(cache: cache, number: batchNumber)
+            commits.batchNumber += 1
+            let batch = Batch(cache: cache, number: commits.batchNumber)
             batch.inboxWork = work
             var barriers: [@Sendable () -> Void] = []
             takeUnparkedWork(batch: batch)
@@ -609,7 +496,7 @@ public final class Engine: @unchecked Sendable {
             var taken = 0
             for (index, item) in work.enumerated() {
                 if batch.builtBytes > Engine.batchOutputLimit {
-                    inbox.putBack(work[index...])
+                    life.inbox.putBack(work[index...])
                     break
                 }
                 switch item {
@@ -637,12 +524,12 @@ public final class Engine: @unchecked Sendable {
             cache.trim()
         }
         // The thread object holds this engine through its closure: let go of it.
-        thread = nil
-        ended.signal()
+        life.thread = nil
+        life.ended.signal()
     }
 
     /// A batch handed to the committer: its rows, and what follows once they are durable.
-    private final class Commit: @unchecked Sendable {
+    final class Commit: @unchecked Sendable {
         let batch: Batch
         let rows: StoreBatch
         let counters: StoreCounters
@@ -686,12 +573,12 @@ public final class Engine: @unchecked Sendable {
         let later = !stopping && !batch.hasActionsAfterCommit
         settleFinished()
         if later {
-            while inFlight.count >= commitsInFlight && failedCommit == nil { settleOldest() }
+            while commits.inFlight.count >= commits.limit && commits.failed == nil { settleOldest() }
         } else {
             settle()
         }
-        if let failed = failedCommit {
-            failedCommit = nil
+        if let failed = commits.failed {
+            commits.failed = nil
             if redo(failed.commits.map { ($0.batch, $0.barriers) } + [(batch, barriers)], stopping: stopping, after: failed.error) {
                 return true
             }
@@ -712,22 +599,22 @@ public final class Engine: @unchecked Sendable {
         }
         let counters = collect(batch)
         batch.takeAsWritten()
-        if batch.store.isEmpty && inFlight.isEmpty {
+        if batch.store.isEmpty && commits.inFlight.isEmpty {
             batch.committed()
             deliver(batch, then: barriers)
             return false
         }
         // The store applies it only after the last commit in flight, and only if that is.
-        batch.store.follows = inFlight.last { !$0.rows.isEmpty }?.rows.sequence
+        batch.store.follows = commits.inFlight.last { !$0.rows.isEmpty }?.rows.sequence
         let commit = Commit(batch: batch, counters: counters, barriers: barriers)
-        inFlight.append(commit)
+        commits.inFlight.append(commit)
         // A batch that wrote nothing behind commits in flight waits for them, in order.
         guard !commit.rows.isEmpty else {
             commit.finish()
             return false
         }
         let store = self.store
-        committer.async { [self] in
+        commits.committer.async { [self] in
             let started = ContinuousClock.now
             do {
                 try store.commit(commit.rows)
@@ -746,14 +633,14 @@ public final class Engine: @unchecked Sendable {
     /// failed, the batches in flight after it are waited for too, and the failure of all
     /// of them is kept for the end of the batch being decided (`end`).
     private func settleOldest() {
-        guard !inFlight.isEmpty else { return }
-        let commit = inFlight.removeFirst()
+        guard !commits.inFlight.isEmpty else { return }
+        let commit = commits.inFlight.removeFirst()
         commit.done.wait()
         if let error = commit.error {
             ServiceMetrics.commitFailures.increment()
-            for later in inFlight { later.done.wait() }
-            failedCommit = ([commit] + inFlight, error)
-            inFlight = []
+            for later in commits.inFlight { later.done.wait() }
+            commits.failed = ([commit] + commits.inFlight, error)
+            commits.inFlight = []
             return
         }
         if !commit.rows.isEmpty {
@@ -766,13 +653,13 @@ public final class Engine: @unchecked Sendable {
 
     /// Waits for every batch in flight (see `settleOldest`).
     func settle() {
-        while !inFlight.isEmpty { settleOldest() }
+        while !commits.inFlight.isEmpty { settleOldest() }
     }
 
     /// Delivers the batches in flight whose commits are done, oldest first, without
     /// waiting for any.
     private func settleFinished() {
-        while let oldest = inFlight.first, oldest.finished.load(ordering: .acquiring) { settleOldest() }
+        while let oldest = commits.inFlight.first, oldest.finished.load(ordering: .acquiring) { settleOldest() }
     }
 
     /// Hands the batch's events to its sessions, then runs what waited for them (`drain`'s
@@ -788,17 +675,17 @@ public final class Engine: @unchecked Sendable {
     private func take(_ item: Work, batch: Batch, inboxIndex: Int? = nil) {
         if let session = item.session, session.isOpen {
             let key = ObjectIdentifier(session)
-            if parked[key] != nil {
-                parked[key]!.work.append(item)
-                parkedCount.add(1, ordering: .relaxed)
+            if outputs.parked[key] != nil {
+                outputs.parked[key]!.work.append(item)
+                outputs.parkedCount.add(1, ordering: .relaxed)
                 return
             }
             if case .request = item, !isShuttingDown,
-                batch.pendingOutput(for: session) + inFlight.reduce(0, { $0 + $1.batch.builtOutput(for: session) }) > outputMark
+                batch.pendingOutput(for: session) + commits.inFlight.reduce(0, { $0 + $1.batch.builtOutput(for: session) }) > outputs.mark
             {
-                parked[key] = (session, [item])
-                parkedOrder.append(key)
-                parkedCount.add(1, ordering: .relaxed)
+                outputs.parked[key] = (session, [item])
+                outputs.parkedOrder.append(key)
+                outputs.parkedCount.add(1, ordering: .relaxed)
                 return
             }
         }
@@ -849,7 +736,7 @@ public final class Engine: @unchecked Sendable {
             detach(session)
         case .tick:
             batch.begin(.internal, session: nil)
-            tickScheduled = false
+            timed.tickScheduled = false
             expireTyping(batch: batch)
         case .continueList(let list):
             listContinues(list, batch: batch)
@@ -888,7 +775,7 @@ public final class Engine: @unchecked Sendable {
     private func takeUnparkedWork(batch: Batch) {
         for item in unparkedWork() {
             take(item, batch: batch)
-            parkedCount.subtract(1, ordering: .releasing)
+            outputs.parkedCount.subtract(1, ordering: .releasing)
         }
     }
 
@@ -896,16 +783,16 @@ public final class Engine: @unchecked Sendable {
     /// `whateverTheBacklog`, that of every session not waiting for an answer from outside
     /// (`redo`).
     private func unparkedWork(whateverTheBacklog: Bool = false) -> [Work] {
-        guard !parked.isEmpty else { return [] }
+        guard !outputs.parked.isEmpty else { return [] }
         var released: [Work] = []
         let everyone = whateverTheBacklog || isShuttingDown
-        parkedOrder.removeAll { key in
-            guard let entry = parked[key] else { return true }
-            guard !awaitingOutside.contains(key) else { return false }
+        outputs.parkedOrder.removeAll { key in
+            guard let entry = outputs.parked[key] else { return true }
+            guard !outputs.awaitingOutside.contains(key) else { return false }
             let backlog = entry.session.sink?.backlog ?? 0
-            guard everyone || !entry.session.isOpen || backlog <= outputMark / 2 else { return false }
+            guard everyone || !entry.session.isOpen || backlog <= outputs.mark / 2 else { return false }
             released += entry.work
-            parked[key] = nil
+            outputs.parked[key] = nil
             return true
         }
         return released
@@ -937,34 +824,34 @@ public final class Engine: @unchecked Sendable {
     /// Turns what the batch changed into its store rows, numbered as the next commit when
     /// there are any (`StoreBatch.sequence`); returns the counters they hold.
     private func collect(_ batch: Batch) -> StoreCounters {
-        let counters = StoreCounters(changeSeq: changeSeq, slot: feedSlot, searchRow: lastSearchRow)
+        let counters = StoreCounters(changeSeq: directory.changeSeq, slot: following.feedSlot, searchRow: searches.lastRow)
         // The counters as the store will hold them once the commits in flight are applied
         // (this one is applied only after them): unmoved, they are not written again, and
         // a batch that changed nothing is not committed at all.
-        let stored = inFlight.last { !$0.rows.isEmpty }?.counters ?? storedCounters
+        let stored = commits.inFlight.last { !$0.rows.isEmpty }?.counters ?? directory.storedCounters
         batch.collectRows(counters: counters == stored ? nil : counters)
         // Each chat changed is decided on the version memory has; the next commit expects
         // the one after (a commit in flight that fails makes memory be read again). A
         // batch that writes nothing is not committed, so it moves no version on.
-        if comparesChatVersions && !batch.store.isEmpty {
+        if commits.comparesChatVersions && !batch.store.isEmpty {
             batch.store.chatVersions = batch.changedChats.sorted().compactMap { number in
-                guard let chat = chats[number] else { return nil }
+                guard let chat = directory.chats[number] else { return nil }
                 defer { chat.version += 1 }
                 return ChatVersion(chat: number, version: chat.version)
             }
         }
         if !batch.store.isEmpty {
-            lastSequence += 1
-            batch.store.sequence = lastSequence
-            batch.store.feedSlot = feedSlot
+            commits.lastSequence += 1
+            batch.store.sequence = commits.lastSequence
+            batch.store.feedSlot = following.feedSlot
         }
         return counters
     }
 
     /// The batch's rows are durable: the index gets their text, and what waited is done.
     private func wrote(_ batch: Batch, counters: StoreCounters) {
-        storedCounters = counters
-        searchIndex?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
+        directory.storedCounters = counters
+        searches.index?.add(batch.takeSearchAdds(), removing: batch.takeSearchRemovals())
         batch.committed()
     }
 
@@ -977,7 +864,7 @@ public final class Engine: @unchecked Sendable {
         do {
             try writeChanges(batch)
         } catch {
-            if (error as? StoreFailure)?.kind == .conflict { failedCommit = ([], error) }
+            if (error as? StoreFailure)?.kind == .conflict { commits.failed = ([], error) }
             throw ProtocolError(.internal, Engine.storeFailure(error))
         }
     }
@@ -986,14 +873,14 @@ public final class Engine: @unchecked Sendable {
     /// changed); throws when a commit failed (this batch then fails whole at its end).
     func settleBeforeReading() throws {
         settle()
-        if let failedCommit {
+        if let failedCommit = commits.failed {
             throw ProtocolError(.internal, Engine.storeFailure(failedCommit.error))
         }
     }
 
     /// Whether a batch being committed changed `chat` (the store may not have it yet).
     func committing(_ chat: Int64) -> Bool {
-        inFlight.contains { $0.batch.hasUncommittedChanges(in: chat) }
+        commits.inFlight.contains { $0.batch.hasUncommittedChanges(in: chat) }
     }
 
     static func storeFailure(_ error: Error) -> String {
@@ -1017,15 +904,15 @@ public final class Engine: @unchecked Sendable {
     /// `Internal`).
     private func redo(_ batches: [(batch: Batch, barriers: [@Sendable () -> Void])], stopping: Bool, after error: Error) -> Bool {
         let uncommitted = Engine.uncommitted(batches.map(\.batch))
-        let repeated = readAfterConflicts.map { read in uncommitted?.isSubset(of: read) ?? false } ?? true
-        guard (error as? StoreFailure)?.kind == .conflict, !repeated || repeatedConflicts < Engine.maxRedos else { return false }
+        let repeated = commits.readAfterConflicts.map { read in uncommitted?.isSubset(of: read) ?? false } ?? true
+        guard (error as? StoreFailure)?.kind == .conflict, !repeated || commits.repeatedConflicts < Engine.maxRedos else { return false }
         do {
             try readAgain(uncommitted)
         } catch {
             return false
         }
         if followsOthers { readAhead(uncommitted) }
-        readAfterConflicts = uncommitted.flatMap { chats in readAfterConflicts?.union(chats) }
+        commits.readAfterConflicts = uncommitted.flatMap { chats in commits.readAfterConflicts?.union(chats) }
         ServiceMetrics.commitConflicts.increment()
         logger.info("a commit conflicted with another node's: deciding its requests again", metadata: ["error": "\(error)"])
         var work: [[Work]] = []
@@ -1043,12 +930,12 @@ public final class Engine: @unchecked Sendable {
         if repeated {
             // Smaller batches are progress too: only conflicts of one work item at a time
             // count toward answering `Internal`.
-            if batchLimitNow == 1 { repeatedConflicts += 1 }
-            batchLimitNow = max(1, batchLimitNow / 4)
+            if commits.batchLimitNow == 1 { commits.repeatedConflicts += 1 }
+            commits.batchLimitNow = max(1, commits.batchLimitNow / 4)
         }
-        inbox.putBack(again)
+        life.inbox.putBack(again)
         // Counted as parked until they are in the inbox (`drain` looks at both).
-        parkedCount.subtract(released.count, ordering: .releasing)
+        outputs.parkedCount.subtract(released.count, ordering: .releasing)
         return true
     }
 
@@ -1063,7 +950,7 @@ public final class Engine: @unchecked Sendable {
             unregister(session)
             session.setup = before
             if let user = session.user, session.isOpen {
-                sessionsByUser[user, default: []].append(session)
+                directory.sessionsByUser[user, default: []].append(session)
                 sessionsChanged(of: user)
             }
         }
@@ -1071,9 +958,9 @@ public final class Engine: @unchecked Sendable {
 
     /// A commit was applied: conflicts start over, and batches grow again.
     private func conflictsResolved() {
-        readAfterConflicts = []
-        repeatedConflicts = 0
-        if batchLimitNow < Engine.batchLimit { batchLimitNow = min(Engine.batchLimit, batchLimitNow * 2) }
+        commits.readAfterConflicts = []
+        commits.repeatedConflicts = 0
+        if commits.batchLimitNow < Engine.batchLimit { commits.batchLimitNow = min(Engine.batchLimit, commits.batchLimitNow * 2) }
     }
 
     /// The commit of `batches` (the latest first) failed. Nothing since their last
@@ -1135,8 +1022,8 @@ public final class Engine: @unchecked Sendable {
 
     private func process(_ request: Request, line: Int, session: EngineSession, batch: Batch) {
         do {
-            if let brokenStore {
-                throw ProtocolError(.internal, "the store failed and the service is stopping: \(brokenStore)")
+            if let brokenStore = commits.brokenStore {
+                throw ProtocolError(.internal, "the store failed and the service is stopping: \(commits.brokenStore)")
             }
             guard let user = session.user else {
                 if try serveBeforeSetUp(request, session: session, line: line, batch: batch) { return }
@@ -1186,8 +1073,8 @@ public final class Engine: @unchecked Sendable {
     /// The session no longer receives its user's events.
     func unregister(_ session: EngineSession) {
         guard let user = session.user else { return }
-        sessionsByUser[user]?.removeAll { $0 === session }
-        if sessionsByUser[user]?.isEmpty == true { sessionsByUser[user] = nil }
+        directory.sessionsByUser[user]?.removeAll { $0 === session }
+        if directory.sessionsByUser[user]?.isEmpty == true { directory.sessionsByUser[user] = nil }
         sessionsChanged(of: user)
     }
 }

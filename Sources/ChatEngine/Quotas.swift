@@ -24,12 +24,21 @@ public struct QuotaLimits: Sendable {
     /// What one search may check before it answers what it found (`SearchBudget`).
     public var searchCandidates: Int
     public var searchBytes: Int
+    /// How many endpoints one user may have at once: registered ones and sessions that
+    /// have not registered (docs/protocol.md §3, `--max-endpoints`).
+    public var endpointsPerUser: Int
+    /// A session's output (built, plus handed over and not yet taken by its client) above
+    /// which its next requests wait in the engine until the client has taken half of it.
+    public var outputMark: Int
 
     public init(
         requestsPerSecond: Double = 50_000, chatsPerMinute: Double = 60, newUsersPerMinute: Double = 1_000,
         eventsPerSecond: Double = 50, searchesPerUser: Int = 2, searchesInAll: Int = 8,
-        searchCandidates: Int = SearchBudget.defaultCandidates, searchBytes: Int = SearchBudget.defaultBytes
+        searchCandidates: Int = SearchBudget.defaultCandidates, searchBytes: Int = SearchBudget.defaultBytes,
+        endpointsPerUser: Int = 100, outputMark: Int = 4 << 20
     ) {
+        self.endpointsPerUser = endpointsPerUser
+        self.outputMark = outputMark
         self.requestsPerSecond = requestsPerSecond
         self.chatsPerMinute = chatsPerMinute
         self.newUsersPerMinute = newUsersPerMinute

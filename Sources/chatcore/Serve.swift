@@ -430,17 +430,23 @@ struct Serve: AsyncParsableCommand {
         let quotaLimits = QuotaLimits(
             requestsPerSecond: maxRequestsPerSecond, chatsPerMinute: maxChatsPerMinute,
             newUsersPerMinute: maxNewUsersPerMinute, eventsPerSecond: maxEventsPerSecond,
-            searchCandidates: maxSearchCandidates, searchBytes: maxSearchBytes)
+            searchCandidates: maxSearchCandidates, searchBytes: maxSearchBytes, endpointsPerUser: maxEndpoints)
         var clock = Engine.wallClock
         if let fixed = ProcessInfo.processInfo.environment["CHATCORE_FIXED_TIME"].flatMap(Int64.init) {
             // For golden transcripts: every message gets this timestamp.
             logger.warning("CHATCORE_FIXED_TIME is set: every timestamp is \(fixed)")
             clock = { fixed }
         }
+        // The store's failure stops the service through `shutdown`, made once the engine is.
+        let stopping = Locked<Shutdown?>(nil)
+        let stopForStore: @Sendable (String) -> Void = { reason in
+            logger.critical("stopping: \(reason)")
+            stopping.withLock { $0 }?.run(exitCode: 1)
+        }
         let engine = try Engine(
             store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments,
-            attachmentsDirectory: allowedDirectory, cacheBytes: cacheMb << 20, quotas: quotaLimits, clock: clock)
-        engine.maxEndpoints = maxEndpoints
+            attachmentsDirectory: allowedDirectory, cacheBytes: cacheMb << 20, quotas: quotaLimits, clock: clock,
+            onFatalStoreError: stopForStore)
         engine.start()
         engine.sweepUnusedBlobs()
         if engine.followsOthers {
@@ -512,6 +518,7 @@ struct Serve: AsyncParsableCommand {
         }
 
         let shutdown = Shutdown(engine: engine, store: store, stdio: stdio, server: server, logger: logger)
+        stopping.withLock { $0 = shutdown }
         // Opening read only what start-up needs. After a crash (or a store of an older
         // release) the rest of the file is checked now, at the lowest priority: a damaged
         // store stops the service, as it would refuse to start. After a clean stop that
@@ -522,11 +529,6 @@ struct Serve: AsyncParsableCommand {
             logger.critical("the store is damaged (quick_check: \(damage)); restore it from a backup or move it away")
             shutdown.run(exitCode: 1)
         }
-        let stopForStore: @Sendable (String) -> Void = { reason in
-            logger.critical("stopping: \(reason)")
-            shutdown.run(exitCode: 1)
-        }
-        engine.onFatalStoreError = stopForStore
         if case .postgres(let database) = store {
             // Another node took the writer lock (this one's lock connection was lost):
             // stop now, not at the next commit, so no client reads what may be behind.

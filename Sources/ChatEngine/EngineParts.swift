@@ -1,0 +1,191 @@
+import Attachments
+import Foundation
+import Storage
+import Threads
+import Synchronization
+
+// The parts the engine coordinates. Each owns one concern's state; all of it is confined
+// to the engine thread unless a property says otherwise (its atomics and queues are read
+// or used from other threads, as said beside them).
+
+/// Who and what the engine knows: users, their endpoints and sessions, chats and their
+/// memberships, and the numbers it hands out (chats, endpoints, the change feed's).
+final class Directory {
+    var users = UserDirectory()
+    /// Registered endpoints by id, and each user's in registration order.
+    var endpoints: [Int64: EndpointRecord] = [:]
+    var endpointsOfUser: [Int64: [Int64]] = [:]
+    var lastEndpointOrdinal: Int64 = 0
+    var sessionsByUser: [Int64: [EngineSession]] = [:]
+    var chats: [Int64: ChatRecord] = [:]
+    /// The chats each user takes part in now.
+    var chatsOfUser: [Int64: Set<Int64>] = [:]
+    var lastChatNumber: Int64 = 0
+    /// The change feed's position: every message change takes the next number of this
+    /// process's slot (`Following.feedSlot`).
+    var changeSeq: Int64 = 0
+    /// What is left of the numbers taken from the store (`newNumber`), ascending.
+    var numbersTaken: [NumberedKind: [ClosedRange<Int64>]] = [:]
+    /// The counters as the store has them.
+    var storedCounters = StoreCounters()
+}
+
+/// Per-session output: work parked behind a session whose client does not read, or that
+/// waits for an answer made off the engine thread, and work being prepared elsewhere.
+final class SessionOutputs {
+    /// A session's output (built in the batch, plus handed over and not yet taken by its
+    /// client) above which its next requests wait in the engine, in order, until the
+    /// client has taken half of it: a client that never reads costs at most this and one
+    /// answer, however many requests it pipelines.
+    let mark: Int
+    /// Work parked per session, and the order sessions were parked in.
+    var parked: [ObjectIdentifier: (session: EngineSession, work: [Engine.Work])] = [:]
+    var parkedOrder: [ObjectIdentifier] = []
+    /// Parked work items (read by `drain` on other threads).
+    let parkedCount = Atomic<Int>(0)
+    /// Sessions whose work is parked until an answer being made off the engine thread
+    /// (a search) comes back, whatever their output.
+    var awaitingOutside: Set<ObjectIdentifier> = []
+    /// Work of sessions being prepared off their threads (tokens being checked), counted
+    /// from any thread: `drain` waits for it.
+    let outsideWork = Atomic<Int>(0)
+
+    init(mark: Int) { self.mark = mark }
+}
+
+/// Batches being committed while the engine decides the next one, and recovery from a
+/// commit that failed.
+final class Commits {
+    /// Where batches are committed (as many at once as the store takes:
+    /// `ChatStore.commitsInFlight`).
+    let committer = DispatchQueue(label: "chatcore-commit", qos: .userInitiated, attributes: .concurrent)
+    /// The batches being committed there, oldest first. Their events are delivered in
+    /// this order, and their output counts toward a session's pending output while later
+    /// batches are decided.
+    var inFlight: [Engine.Commit] = []
+    /// How many batches may be in flight at once.
+    let limit: Int
+    /// Whether commits carry the versions of the chats they change (`ChatStore`): several
+    /// processes may decide on the store (and the feed has their slots too).
+    let comparesChatVersions: Bool
+    /// The last commit's `StoreBatch.sequence`.
+    var lastSequence: Int64 = 0
+    /// Commits that failed while the batch after them was being decided (the first failed;
+    /// those after it were decided on memory holding its changes, so they fail with it,
+    /// and so does the batch being decided, at its end). No commits: the batch being
+    /// decided conflicted committing what it had so far (`commitSoFar`).
+    var failed: (commits: [Engine.Commit], error: Error)?
+    /// The number of the batch being decided (its pins in the cache).
+    var batchNumber = 0
+    /// Since the last commit that was applied: the chats read again after conflicts (nil:
+    /// everything was), and how many conflicts found nothing more to read with batches of
+    /// one work item (`redo`).
+    var readAfterConflicts: Set<Int64>? = []
+    var repeatedConflicts = 0
+    /// How many work items a batch takes now. A conflict that found nothing more to read
+    /// divides it by four (a smaller batch touches fewer chats, and is decided and committed
+    /// sooner: less time for another node to move one of them on); each applied commit
+    /// doubles it again, up to `Engine.batchLimit`.
+    var batchLimitNow = Engine.batchLimit
+    /// Set when memory could not be rebuilt after a failed commit: nothing more is done.
+    var brokenStore: Error?
+
+    init(limit: Int, comparesChatVersions: Bool) {
+        self.limit = limit
+        self.comparesChatVersions = comparesChatVersions
+    }
+}
+
+/// What the other processes deciding on the store did, as far as it was followed, and who
+/// is online there.
+final class Following {
+    /// Whether other processes decide on the store beside this one (`ChatStore.othersDecide`):
+    /// what they do is followed before each batch (`followOthers`).
+    let othersDecide: Bool
+    /// Where this process numbers its changes in the feed (`FeedSlots`): 0 unless several
+    /// processes decide on one store.
+    let feedSlot: Int
+    /// How far what the other deciding processes did has been followed.
+    var cursor: FollowCursor?
+    /// Users with a session on another deciding process (they are delivered to as if
+    /// connected here).
+    var onlineElsewhere: Set<Int64> = []
+    /// Users whose sessions here came or went since the others were last told, and who
+    /// the others were told has a session here (`announcePresence`).
+    var presenceChanged: Set<Int64> = []
+    var announcedOnline: Set<Int64> = []
+    /// Per feed slot of another process, the position up to which its changes were
+    /// followed (read whole: where the store was then).
+    var followedFeed: [Int: Int64] = [:]
+    /// Chats memory read again after a commit of this process failed (nil: everything),
+    /// since the others were last followed: memory of them may already hold what the
+    /// others committed, so the next follow cannot tell what changed, and sends their
+    /// elements whole (`renderCoarsely`).
+    var readAheadOfFollowing: Set<Int64>? = []
+
+    init(othersDecide: Bool, feedSlot: Int) {
+        self.othersDecide = othersDecide
+        self.feedSlot = feedSlot
+    }
+}
+
+/// Searches: the index, the queue they run on off the engine thread, and its refill.
+final class Searches {
+    /// Where searches look up the index and the store, several at once.
+    let queue = DispatchQueue(label: "chatcore-search", qos: .userInitiated, attributes: .concurrent)
+    /// The text index behind `search` (nil: search scans memory).
+    let index: MessageSearchIndex?
+    /// Left once the search index has every message it lacked at start-up.
+    let refill = DispatchGroup()
+    /// The newest message's row in the search index.
+    var lastRow: Int64 = 0
+
+    init(index: MessageSearchIndex?) { self.index = index }
+}
+
+/// Attached files: where they are kept, and those being stored on worker threads.
+final class AttachmentWork {
+    /// Where attached files are kept (nil: attachments are refused).
+    let store: AttachmentStore?
+    /// The only directory socket sessions may attach files from (resolved), if any.
+    let allowedDirectory: String?
+    /// Attachments being stored on worker threads (counted from them): `drain` waits.
+    let jobs = Atomic<Int>(0)
+    /// Messages whose attachments a worker is storing now (they stay `Sending` when
+    /// memory is rebuilt after a failed commit), with their sources, held open until the
+    /// message's link to its copy is durable.
+    var inFlight: [Batch.RowKey: SourcesInFlight] = [:]
+
+    init(store: AttachmentStore?, allowedDirectory: String?) {
+        self.store = store
+        self.allowedDirectory = allowedDirectory
+    }
+}
+
+/// What is due later: typing indications expiring, deliveries of users who came online.
+final class TimedWork {
+    /// Who is typing where, and when that expires (seconds on the monotonic clock).
+    var typing: [TypingEntry: Double] = [:]
+    var tickScheduled = false
+    /// Users who came online, with their chats whose deliveries are still to be marked
+    /// (`deliverDue`), oldest first.
+    var deliveriesDue: [(user: Int64, chats: [Int64])] = []
+}
+
+/// The engine thread's life: its inbox (filled from any thread), the thread, and how it
+/// ends.
+final class EngineLife {
+    let inbox = Inbox<Engine.Work>()
+    let sessionCounter = Atomic<Int>(0)
+    var thread: Thread?
+    let shuttingDown = Atomic<Bool>(false)
+    /// Signalled when the engine thread ends (`stop`).
+    let ended = DispatchSemaphore(value: 0)
+    /// Why the store can no longer be used, read from any thread.
+    let fatalStoreError = Locked<String?>(nil)
+    /// Called (once, on the engine thread) when the store failed in a way the engine
+    /// cannot recover from; the process should answer what it has and exit non-zero.
+    let onFatalStoreError: (@Sendable (String) -> Void)?
+
+    init(onFatalStoreError: (@Sendable (String) -> Void)?) { self.onFatalStoreError = onFatalStoreError }
+}
