@@ -1,8 +1,8 @@
 import Attachments
 import Foundation
 import Storage
-import Threads
 import Synchronization
+import Threads
 
 // The parts the engine coordinates. Each owns one concern's state; all of it is confined
 // to the engine thread unless a property says otherwise (its atomics and queues are read
