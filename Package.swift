@@ -35,7 +35,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
-        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6")
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0")
     ],
     targets: [
         .systemLibrary(
@@ -46,7 +47,7 @@ let package = Package(
         .systemLibrary(name: "CMalloc"),
         .target(name: "ChatWire", dependencies: ["CYAJL"]),
         .target(name: "ChatProtocol", dependencies: ["ChatWire"]),
-        .target(name: "Storage"),
+        .target(name: "Storage", dependencies: ["Threads"]),
         .target(name: "Threads"),
         .target(
             name: "ChatMetrics",
@@ -104,6 +105,8 @@ let package = Package(
             dependencies: [
                 "ChatServer", "ChatSession", "ChatEngine", "Storage", "SQLiteStorage", "PostgresStorage", "Attachments", "ChatMetrics", "Threads",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "Logging", package: "swift-log")

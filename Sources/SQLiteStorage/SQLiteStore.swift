@@ -1,6 +1,7 @@
 import Foundation
 import GRDB
 import Storage
+import Synchronization
 import Threads
 
 #if canImport(Glibc)
@@ -20,6 +21,8 @@ public final class SQLiteStore: @unchecked Sendable {
     public let stoppedCleanly: Bool
     /// The store was created by this open (there was nothing to check).
     public let isNew: Bool
+    /// Set by `closeCleanly`: a whole-file check it interrupts reports nothing.
+    private let closing = Atomic<Bool>(false)
 
     public struct OpenError: Error, CustomStringConvertible {
         public let description: String
@@ -121,10 +124,22 @@ public final class SQLiteStore: @unchecked Sendable {
         return stamps(path) == recorded ? .clean : .changedSince
     }
 
-    /// A clean stop (nothing is written after it): how the files were left is written, so
-    /// that the next open can tell whether anything else changed them meanwhile.
+    /// A clean stop (nothing is written after it): the connections are closed (SQLite
+    /// checkpoints the log into the file as the last one closes, so it happens before, not
+    /// after, what follows), then how the files were left is written, so that the next
+    /// open can tell whether anything else changed them meanwhile. A whole-file check
+    /// still running is interrupted, and the store not marked clean if it cannot close.
     public func closeCleanly() {
         guard let directory else { return }
+        closing.store(true, ordering: .sequentiallyConsistent)
+        if let pool = pool as? DatabasePool {
+            pool.interrupt()
+            do {
+                try pool.close()
+            } catch {
+                return
+            }
+        }
         let path = directory.appendingPathComponent("chatcore.sqlite").path
         SQLiteStore.writeState("clean " + SQLiteStore.stamps(path), directory: directory)
     }
@@ -178,16 +193,18 @@ public final class SQLiteStore: @unchecked Sendable {
     /// what it found (nil: nothing is damaged). A damaged page otherwise shows only when
     /// a request reads it.
     public func checkInBackground(report: @escaping @Sendable (String?) -> Void) {
-        let pool = self.pool
-        let thread = Thread {
+        let thread = Thread { [self] in
             nameCurrentThread("store-check")
             setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, 19)
+            let found: String?
             do {
                 let check = try pool.read { db in try String.fetchAll(db, sql: "PRAGMA quick_check") }
-                report(check == ["ok"] ? nil : check.prefix(5).joined(separator: "; "))
+                found = check == ["ok"] ? nil : check.prefix(5).joined(separator: "; ")
             } catch {
-                report("\(error)")
+                found = "\(error)"
             }
+            // A check the clean stop interrupted found nothing.
+            if !closing.load(ordering: .sequentiallyConsistent) { report(found) }
         }
         thread.start()
     }

@@ -13,6 +13,7 @@ import NIOPosix
 import PostgresStorage
 import Prometheus
 import SQLiteStorage
+import ServiceLifecycle
 import Storage
 import Threads
 
@@ -318,29 +319,19 @@ struct Serve: AsyncParsableCommand {
             }
         }
 
-        // From the store's opening on, SIGINT/SIGTERM never kill the process half started:
-        // a signal that comes before the service can stop cleanly waits for it (then it
-        // stops at once). Made here, not first thing: with the signal sources made before
-        // the authenticator's set-up, ASan builds stalled 30 s at times in transcripts.
-        Serve.signalSources.holdTermination()
         let directory = URL(fileURLWithPath: try dataDir ?? Serve.defaultDataDirectory(), isDirectory: true)
         // Metrics are served from the start, while this node waits for the store or
         // relays to the node that decides too (`chatcore_deciding`).
         // The metrics and the sockets share one group of event loops, made for the first.
-        var group: MultiThreadedEventLoopGroup?
-        func eventLoops() -> MultiThreadedEventLoopGroup {
-            if let group { return group }
-            let loops = MultiThreadedEventLoopGroup(numberOfThreads: listen.isEmpty ? 1 : System.coreCount)
-            group = loops
-            return loops
-        }
+        let loops = EventLoops(threads: listen.isEmpty ? 1 : System.coreCount)
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = []
         if let registry, let metrics, case .tcp(let host, let port)? = ListenAddress(metrics) {
-            let loops = eventLoops()
             let endpoint = MetricsEndpoint(registry: registry) {
                 ServiceMetrics.storeBytes.record(Serve.bytes(in: directory))
             }
             do {
-                let channel = try await endpoint.bind(host: host, port: port, group: loops)
+                let channel = try await endpoint.bind(host: host, port: port, group: loops.group)
+                services.append(.init(service: MetricsService(channel: channel)))
                 logger.info(
                     "serving metrics",
                     metadata: [
@@ -352,240 +343,26 @@ struct Serve: AsyncParsableCommand {
                 throw ExitCode(1)
             }
         }
-        let store: OpenedStore
-        let opening = ContinuousClock.now
-        do {
-            try Serve.prepareDataDirectory(directory, logger: logger)
-            if let storePasswordFile {
-                Serve.warnIfOthersMayRead(storePasswordFile, what: "--store-password-file: the database's password", logger: logger)
-            }
-            do {
-                store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, allNodesDecide: allNodesDecide)
-            } catch is PostgresStore.WriterLockHeld where allNodesDecide {
-                // Another node is the writer: this one decides beside it.
-                store = try OpenedStore.open(
-                    self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, allNodesDecide: true,
-                    besideTheWriter: true)
-            } catch let held as PostgresStore.WriterLockHeld {
-                ServiceMetrics.deciding.record(0)
-                // Another node is the writer. Without --listen this node's one session is
-                // standard input/output: relayed to the writer, and this process ends
-                // with it. With --listen: relay every connection to the writer until it
-                // goes, then be it.
-                if listen.isEmpty { throw ExitCode(relayStandardIO(held.location, nodeKey: nodeKey, logger: logger)) }
-                guard user == nil else {
-                    logger.critical(
-                        "\(held); a node that is not the writer relays either its standard input/output (without --listen) or its socket connections (with --listen, without --user), not both"
-                    )
-                    throw ExitCode(1)
-                }
-                let lock = try await follow(held.location, loops: eventLoops(), logger: logger)
-                store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, writerLock: lock)
-            }
-        } catch let exit as ExitCode {
-            throw exit
-        } catch {
-            logger.critical("cannot open the store", metadata: ["error": "\(error)"])
-            throw ExitCode(1)
-        }
-        var allowedDirectory: String?
-        if let attachmentsDir {
-            var isDirectory: ObjCBool = false
-            guard let resolved = AttachmentStore.realPath(attachmentsDir),
-                FileManager.default.fileExists(atPath: resolved, isDirectory: &isDirectory), isDirectory.boolValue
-            else {
-                logger.critical("--attachments-dir must be an existing directory", metadata: ["path": "\(attachmentsDir)"])
-                throw ExitCode(1)
-            }
-            // Socket sessions may attach what is in the attachments directory: with the
-            // store in it, they could attach the store (or the secrets beside it); with it
-            // in the data directory, they could fill the store's own files.
-            if let data = AttachmentStore.realPath(directory.path),
-                data == resolved || AttachmentStore.isInside(data, resolved) || AttachmentStore.isInside(resolved, data)
-            {
-                logger.critical(
-                    "--attachments-dir and --data-dir must not be inside one another: give them separate directories",
-                    metadata: ["attachmentsDir": "\(resolved)", "dataDir": "\(data)"])
-                throw ExitCode(1)
-            }
-            allowedDirectory = resolved
-        }
-        let attachments: AttachmentStore
-        let searchIndex: MessageSearchIndex
-        do {
-            attachments = try AttachmentStore(directory: directory)
-            switch store {
-            case .sqlite:
-                // Derived from the store and kept beside it, out of its transactions: it is
-                // refilled from the store when it lags.
-                searchIndex = try SQLiteSearchIndex(directory: directory)
-            case .postgres(let postgres):
-                // In the database, written by each commit: shared by every node.
-                searchIndex = PostgresSearchIndex(store: postgres)
-            }
-        } catch {
-            logger.critical("cannot prepare the attachment store or the search index", metadata: ["error": "\(error)"])
-            throw ExitCode(1)
-        }
-        let quotaLimits = QuotaLimits(
-            requestsPerSecond: maxRequestsPerSecond, chatsPerMinute: maxChatsPerMinute,
-            newUsersPerMinute: maxNewUsersPerMinute, eventsPerSecond: maxEventsPerSecond,
-            searchCandidates: maxSearchCandidates, searchBytes: maxSearchBytes, endpointsPerUser: maxEndpoints)
-        var clock = Engine.wallClock
-        if let fixed = ProcessInfo.processInfo.environment["CHATCORE_FIXED_TIME"].flatMap(Int64.init) {
-            // For golden transcripts: every message gets this timestamp.
-            logger.warning("CHATCORE_FIXED_TIME is set: every timestamp is \(fixed)")
-            clock = { fixed }
-        }
-        // The store's failure stops the service through `shutdown`, made once the engine is.
-        let stopping = Locked<Shutdown?>(nil)
-        let stopForStore: @Sendable (String) -> Void = { reason in
-            logger.critical("stopping: \(reason)")
-            stopping.withLock { $0 }?.run(exitCode: 1)
-        }
-        let engine = try Engine(
-            store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments,
-            attachmentsDirectory: allowedDirectory, cacheBytes: cacheMb << 20, quotas: quotaLimits, clock: clock,
-            onFatalStoreError: stopForStore)
-        engine.start()
-        engine.sweepUnusedBlobs()
-        if engine.followsOthers {
-            let told = store.chatStore.wakeWhenOthersAct { [weak engine] in engine?.othersActed() }
-            Serve.followOthers(engine, every: told ? Serve.followIntervalWhenTold : Serve.followInterval)
-        }
-        ServiceMetrics.deciding.record(1)
-        logger.info(
-            "store ready",
-            metadata: [
-                "store": "\(store.description)", "dataDir": "\(directory.path)", "openedIn": "\(ContinuousClock.now - opening)",
-                "chats": "\(engine.chatCount)", "users": "\(engine.userCount)",
-                "wholeFileCheck": "\(store.wholeFileCheck)"
-            ])
-
-        let sessionLimits = Session.Limits(
-            maxRequestsInFlight: maxRequestsInFlight, maxLineBytes: maxLineBytes,
-            authTimeout: authTimeout > 0 ? .seconds(authTimeout) : nil)
-        // The standard input/output session exists (and a --user is authenticated) before
-        // any socket is accepted: the trusted user is always the first user of a new store.
-        let stdio =
-            user != nil || listen.isEmpty
-            ? StdioTransport(engine: engine, authenticator: authenticator, limits: sessionLimits, trustedUser: user, logger: logger)
-            : nil
-        var server: SocketServer?
-        // Other nodes of a shared store relay their sessions to the writer: one that has
-        // nothing to listen on listens on loopback for them (nodes on this machine), and
-        // ends, as a node of standard input/output does, at the end of its input.
-        var listening = listen
-        if store.isShared, listen.isEmpty { listening = ["127.0.0.1:0"] }
-        let relayedOnly = listen.isEmpty && !listening.isEmpty
-        if !listening.isEmpty {
-            let sockets = SocketServer(
-                group: eventLoops(), engine: engine, authenticator: authenticator,
-                limits: .init(
-                    session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
-                    maxOutputTotal: outputTotalLimit,
-                    maxSessions: Serve.sessionsThatFit(maxSessions, relaying: store.isShared, logger: logger),
-                    idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil,
-                    authTimeout: authTimeout > 0 ? .seconds(Int64(authTimeout)) : nil, maxBufferedInput: maxInputTotal),
-                logger: logger)
-            server = sockets
-            for text in listening {
-                let address = ListenAddress(text)!
-                do {
-                    let channel = try await sockets.bind(address)
-                    let bound = channel.localAddress.map { "\($0)" } ?? text
-                    logger.info(
-                        relayedOnly ? "listening for sessions relayed by other nodes" : "listening",
-                        metadata: ["address": "\(address)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
-                    if case .postgres(let database) = store, database.isWriter, text == listening[0] {
-                        let advertised = (relayedOnly ? nil : advertise) ?? Serve.reachable(address, port: channel.localAddress?.port)
-                        // Nodes given the node key vouch for the users of the sessions
-                        // they relay; without it, none can.
-                        let tokens = nodeKey.map(NodeTokens.init)
-                        if let tokens { authenticator.acceptNodeTokens(tokens) }
-                        try database.advertise(advertised, instance: tokens?.instance ?? "")
-                        logger.info("this node is the writer: other nodes relay their connections to it", metadata: ["advertised": "\(advertised)"])
-                    }
-                } catch {
-                    // NIO's own words for this one are only its type's name.
-                    let reason =
-                        error is UnixDomainSocketPathWrongType
-                        ? "the path exists and is not a socket (only a socket left by an earlier run is replaced)" : "\(error)"
-                    logger.critical("cannot listen", metadata: ["address": "\(address)", "error": "\(reason)"])
-                    throw ExitCode(1)
-                }
-            }
-        }
-
-        let shutdown = Shutdown(engine: engine, store: store, stdio: stdio, server: server, logger: logger)
-        stopping.withLock { $0 = shutdown }
-        // Opening read only what start-up needs. After a crash (or a store of an older
-        // release) the rest of the file is checked now, at the lowest priority: a damaged
-        // store stops the service, as it would refuse to start. After a clean stop that
-        // left the files as they are, it is not read whole at all (on 10M messages that
-        // is 45 s of reading at every start).
-        store.checkInBackground { damage in
-            guard let damage else { return }
-            logger.critical("the store is damaged (quick_check: \(damage)); restore it from a backup or move it away")
-            shutdown.run(exitCode: 1)
-        }
-        if case .postgres(let database) = store {
-            // Another node took the writer lock (this one's lock connection was lost):
-            // stop now, not at the next commit, so no client reads what may be behind.
-            database.onSuperseded = stopForStore
-        }
-        installTerminationHandlers(shutdown: shutdown, logger: logger)
-        installReloadHandler(authenticator: authenticator, logger: logger)
-
-        if let stdio {
-            await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
-                let thread = Thread {
-                    nameCurrentThread("stdin")
-                    stdio.run()
-                    done.resume()
-                }
-                thread.start()
-            }
-            if relayedOnly {
-                // Sessions relayed here go to the node that takes over.
-                if let failure = engine.storeFailure { logger.critical("stopped: \(failure)") }
-                logger.info("end of standard input: stopping (sessions relayed here end, and another node takes over)")
-                shutdown.run(exitCode: engine.storeFailure == nil ? 0 : 1)
-                while true { try await Task.sleep(for: .seconds(3600)) }
-            }
-            if server == nil {
-                if let failure = engine.storeFailure {
-                    logger.critical("stopped: \(failure)")
-                    throw ExitCode(1)
-                }
-                logger.debug("end of standard input: every answer is written")
-                store.closeCleanly()
-                return
-            }
-            logger.info("end of standard input; still serving sockets")
-        }
-        // Serve sockets until a signal ends the process.
-        while true { try await Task.sleep(for: .seconds(3600)) }
+        // The node runs from inside the group, so that SIGTERM and SIGINT stop it cleanly
+        // from the store's opening on (a signal that comes while it starts stops it once
+        // it can). Not first thing: with the signals trapped before the authenticator's
+        // set-up, ASan builds stalled 30 s at times in transcripts.
+        services.append(.init(service: KeyReloadService(authenticator: authenticator, logger: logger)))
+        let stop = StopState()
+        let node = NodeService(
+            serve: self, authenticator: authenticator, nodeKey: nodeKey, directory: directory, loops: loops, stop: stop, logger: logger)
+        services.append(.init(service: node, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup))
+        let group = ServiceGroup(configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+        try await group.run()
+        if stop.exitCode != 0 { throw ExitCode(stop.exitCode) }
     }
 
     /// How often a node that follows the other deciding nodes looks at what they did when
     /// it has nothing else to do (before each batch it always does), when the store cannot
     /// tell it when they did something; and when it can (PostgreSQL's notifications), for
     /// when its connection for them broke until it is made again.
-    static let followInterval = DispatchTimeInterval.milliseconds(5)
-    static let followIntervalWhenTold = DispatchTimeInterval.milliseconds(50)
-
-    /// Wakes the engine every `interval`, so that what the other nodes committed reaches
-    /// this node's idle sessions.
-    static func followOthers(_ engine: Engine, every interval: DispatchTimeInterval) {
-        let timer = DispatchSource.makeTimerSource(queue: DispatchQueue.global())
-        timer.schedule(deadline: .now() + interval, repeating: interval)
-        timer.setEventHandler { engine.othersActed() }
-        timer.resume()
-        followTimer = timer
-    }
-
-    nonisolated(unsafe) static var followTimer: DispatchSourceTimer?
+    static let followInterval = Duration.milliseconds(5)
+    static let followIntervalWhenTold = Duration.milliseconds(50)
 
     /// This node's standard input/output session, relayed to the writer of the shared
     /// store (which may still be starting: its address is awaited for
@@ -593,7 +370,7 @@ struct Serve: AsyncParsableCommand {
     /// the writer answered all of it, 1 when the writer went first (the session is over:
     /// its client starts chatcore again, which then serves by itself or relays to the
     /// next writer).
-    private func relayStandardIO(_ location: PostgresStore.Location, nodeKey: NodeKey?, logger: Logger) -> Int32 {
+    func relayStandardIO(_ location: PostgresStore.Location, nodeKey: NodeKey?, logger: Logger) async -> Int32 {
         if user != nil && nodeKey == nil {
             logger.critical(
                 "another node is the writer of the store: relaying a session started as --user to it needs --node-key-file (the same file on every node)")
@@ -627,19 +404,31 @@ struct Serve: AsyncParsableCommand {
                     logger.critical("another node is the writer of the store, and it cannot be reached: \(problem)", metadata: ["store": "\(location)"])
                     return 1
                 }
-                Thread.sleep(forTimeInterval: 0.2)
+                try? await Task.sleep(for: .milliseconds(200))
             }
         }
         guard let relay else { return 1 }
-        Serve.signalSources.onTermination { number in
-            logger.info("stopping: the writer answers what it was sent", metadata: ["signal": "\(number)"])
+        // At a stop, the writer answers what it was sent, within the flush deadline.
+        let outcome = OneShot<StdioRelay.Outcome?>()
+        let ended = await withGracefulShutdownHandler {
+            await outcome.wait {
+                Thread {
+                    nameCurrentThread("relay")
+                    outcome.resume(relay.run())
+                }.start()
+            }
+        } onGracefulShutdown: {
+            logger.info("stopping: the writer answers what it was sent")
             relay.endInput()
-            DispatchQueue.global().asyncAfter(deadline: .now() + Shutdown.flushSeconds) { _exit(0) }
+            Task {
+                try? await Task.sleep(for: .seconds(StopState.flushSeconds))
+                outcome.resume(nil)
+            }
         }
-        switch relay.run() {
-        case .answered, .outputClosed:
+        switch ended {
+        case .answered?, .outputClosed?, nil:
             return 0
-        case .writerGone:
+        case .writerGone?:
             logger.critical("the writer node closed the relayed session (it stopped or died): start chatcore again to serve it or relay to the next writer")
             return 1
         }
@@ -660,7 +449,7 @@ struct Serve: AsyncParsableCommand {
     /// (FollowerProxy) on `loops`, the event loops the metrics use and the node's own
     /// sockets will; returns once this node holds the lock (the writer stopped or died),
     /// with the relayed connections closed and the addresses free again.
-    private func follow(_ location: PostgresStore.Location, loops: MultiThreadedEventLoopGroup, logger: Logger) async throws -> PostgresStore.WriterLock {
+    func follow(_ location: PostgresStore.Location, loops: MultiThreadedEventLoopGroup, logger: Logger) async throws -> PostgresStore.WriterLock {
         let proxy = FollowerProxy(
             group: loops,
             writer: {
@@ -670,29 +459,27 @@ struct Serve: AsyncParsableCommand {
             let channel = try await proxy.bind(ListenAddress(text)!)
             logger.info("listening (relaying to the writer node)", metadata: ["address": "\(text)", "port": "\(channel.localAddress?.port ?? 0)"])
         }
-        // Until this node serves by itself, a signal just stops it: it holds nothing that
-        // must be written. `_exit`, not `exit`: the writer-lock thread may be taking over
-        // meanwhile, and `exit` can wait for ever on what that thread holds.
-        Serve.signalSources.onTermination { number in
-            logger.info("stopping (relaying node)", metadata: ["signal": "\(number)"])
+        logger.info("another node is the writer of the store: relaying connections to it until it stops", metadata: ["store": "\(location)"])
+        let taken = OneShot<Result<PostgresStore.WriterLock, Error>>()
+        let writerTimeout = self.writerTimeout
+        let lock = try await withGracefulShutdownHandler {
+            try await taken.wait {
+                Thread {
+                    nameCurrentThread("writer-lock")
+                    taken.resume(Result { try PostgresStore.WriterLock.wait(location: location, logger: logger, takeoverAfter: writerTimeout) })
+                }.start()
+            }.get()
+        } onGracefulShutdown: {
+            // Until this node serves by itself, a stop just ends the process: it holds
+            // nothing that must be written. `_exit`, not `exit`: the writer-lock thread
+            // may be taking over meanwhile, and `exit` can wait for ever on what that
+            // thread holds. Once it holds the lock, a stop is the writer's (the group
+            // stops the services it runs).
+            logger.info("stopping (relaying node)")
             proxy.stop()
             fflush(nil)
             Glibc._exit(0)
         }
-        logger.info("another node is the writer of the store: relaying connections to it until it stops", metadata: ["store": "\(location)"])
-        let lock = try await withCheckedThrowingContinuation { (taken: CheckedContinuation<PostgresStore.WriterLock, Error>) in
-            let thread = Thread {
-                nameCurrentThread("writer-lock")
-                do {
-                    taken.resume(returning: try PostgresStore.WriterLock.wait(location: location, logger: logger, takeoverAfter: writerTimeout))
-                } catch {
-                    taken.resume(throwing: error)
-                }
-            }
-            thread.start()
-        }
-        // A signal from now on waits for the writer's stop (it is kept until that is set).
-        Serve.signalSources.holdNextTermination()
         proxy.stop()
         logger.info("this node holds the writer lock now: serving by itself (relayed clients connect again)")
         return lock
@@ -797,138 +584,6 @@ struct Serve: AsyncParsableCommand {
         return room
     }
 
-    /// SIGINT and SIGTERM: stop reading at once, answer everything accepted (requests not
-    /// yet started are refused as "shutting down"), write it out, then exit 0.
-    private func installTerminationHandlers(shutdown: Shutdown, logger: Logger) {
-        Serve.signalSources.onTermination { number in
-            logger.info("stopping", metadata: ["signal": "\(number)"])
-            shutdown.run(exitCode: 0)
-        }
-    }
-
-    /// SIGHUP: read the JWKS file again; on failure the keys in use stay.
-    private func installReloadHandler(authenticator: Authenticator, logger: Logger) {
-        signal(SIGHUP, SIG_IGN)
-        let source = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
-        source.setEventHandler {
-            Task {
-                do {
-                    let count = try await authenticator.reloadKeys()
-                    if count > 0 { logger.info("reloaded the JWKS file", metadata: ["keys": "\(count)"]) }
-                } catch {
-                    logger.error("the JWKS file was not reloaded: the keys in use stay", metadata: ["error": "\(error)"])
-                }
-            }
-        }
-        source.resume()
-        Serve.signalSources.withLock { $0.append(source) }
-    }
-
-    static let signalSources = SignalSources()
-}
-
-/// Keeps the signal sources alive for the life of the process. SIGINT and SIGTERM have
-/// one source each, made once (libdispatch on Linux does not deliver a signal again to a
-/// source made after one for it was cancelled); what they do is set by each phase, and a
-/// signal that comes while nothing is set is kept for the first action set.
-final class SignalSources: @unchecked Sendable {
-    private let lock = NSLock()
-    private var sources: [DispatchSourceSignal] = []
-    private var termination: (@Sendable (Int32) -> Void)?
-    private var pendingTermination: Int32?
-    private var terminationInstalled = false
-
-    func withLock(_ body: (inout [DispatchSourceSignal]) -> Void) {
-        lock.lock()
-        body(&sources)
-        lock.unlock()
-    }
-
-    /// Catches SIGINT and SIGTERM from now on, keeping one that comes before an action is
-    /// set (`onTermination`).
-    func holdTermination() {
-        lock.lock()
-        let install = !terminationInstalled
-        terminationInstalled = true
-        lock.unlock()
-        guard install else { return }
-        for number in [SIGINT, SIGTERM] {
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler { [self] in
-                lock.lock()
-                let action = termination
-                if action == nil { pendingTermination = number }
-                lock.unlock()
-                action?(number)
-            }
-            source.resume()
-            withLock { $0.append(source) }
-        }
-    }
-
-    /// SIGINT and SIGTERM from now on are kept for the next `onTermination` (between one
-    /// phase's stop and the next's).
-    func holdNextTermination() {
-        lock.lock()
-        termination = nil
-        lock.unlock()
-    }
-
-    /// From now on SIGINT and SIGTERM call `action`; one that came before is acted on now.
-    func onTermination(_ action: @escaping @Sendable (Int32) -> Void) {
-        holdTermination()
-        lock.lock()
-        termination = action
-        let pending = pendingTermination
-        pendingTermination = nil
-        lock.unlock()
-        if let pending { action(pending) }
-    }
 }
 
 extension Logger.Level: @retroactive ExpressibleByArgument {}
-
-/// Ends the process cleanly: no more input is taken, every answer already decided
-/// reaches its session (within a deadline for clients that do not read), then exit.
-final class Shutdown: @unchecked Sendable {
-    /// Clients that do not read their answers are given this long.
-    static let flushSeconds = 5.0
-
-    private let engine: Engine
-    private let store: OpenedStore
-    private let stdio: StdioTransport?
-    private let server: SocketServer?
-    private let logger: Logger
-    private let started = NSLock()
-    private var isRunning = false
-
-    init(engine: Engine, store: OpenedStore, stdio: StdioTransport?, server: SocketServer?, logger: Logger) {
-        self.engine = engine
-        self.store = store
-        self.stdio = stdio
-        self.server = server
-        self.logger = logger
-    }
-
-    func run(exitCode: Int32) {
-        started.lock()
-        let first = !isRunning
-        isRunning = true
-        started.unlock()
-        guard first else { return }
-        // Off the engine thread: a fatal store error is reported from it, and draining
-        // waits for it.
-        DispatchQueue.global().async { [self] in
-            engine.beginShutdown()
-            server?.stopAccepting()
-            engine.drain()
-            let deadline = Date(timeIntervalSinceNow: Shutdown.flushSeconds)
-            stdio?.flushForShutdown(deadline: deadline)
-            server?.flushAndCloseAll(deadline: .now() + .milliseconds(Int64(max(0, deadline.timeIntervalSinceNow) * 1000)))
-            if exitCode == 0 && engine.storeFailure == nil && engine.stop(waitingAtMost: Shutdown.flushSeconds) { store.closeCleanly() }
-            logger.info("stopped: every answer decided was written", metadata: ["exitCode": "\(exitCode)"])
-            Glibc.exit(exitCode)
-        }
-    }
-}

@@ -1,0 +1,264 @@
+import ArgumentParser
+import Attachments
+import ChatEngine
+import ChatMetrics
+import ChatServer
+import ChatSession
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import PostgresStorage
+import SQLiteStorage
+import ServiceLifecycle
+import Storage
+import Threads
+
+/// This node: it opens the store (or relays to the node that decides, then takes over
+/// from it), then runs the store, engine, sockets and standard input/output as a group
+/// of services that stop in order.
+struct NodeService: Service {
+    let serve: Serve
+    let authenticator: Authenticator
+    let nodeKey: NodeKey?
+    let directory: URL
+    let loops: EventLoops
+    let stop: StopState
+    let logger: Logger
+
+    func run() async throws {
+        try await serve.runNode(authenticator: authenticator, nodeKey: nodeKey, directory: directory, loops: loops, stop: stop, logger: logger)
+    }
+}
+
+/// The event loops the metrics, the relaying proxy and the sockets share, made when one
+/// of them first needs them.
+final class EventLoops: Sendable {
+    private let threads: Int
+    private let made = Locked<MultiThreadedEventLoopGroup?>(nil)
+
+    init(threads: Int) { self.threads = threads }
+
+    var group: MultiThreadedEventLoopGroup {
+        made.withLock { made in
+            if let made { return made }
+            let group = MultiThreadedEventLoopGroup(numberOfThreads: threads)
+            made = group
+            return group
+        }
+    }
+}
+
+extension Serve {
+    func runNode(authenticator: Authenticator, nodeKey: NodeKey?, directory: URL, loops: EventLoops, stop: StopState, logger: Logger) async throws {
+        let store: OpenedStore
+        let opening = ContinuousClock.now
+        do {
+            try Serve.prepareDataDirectory(directory, logger: logger)
+            if let storePasswordFile {
+                Serve.warnIfOthersMayRead(storePasswordFile, what: "--store-password-file: the database's password", logger: logger)
+            }
+            do {
+                store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, allNodesDecide: allNodesDecide)
+            } catch is PostgresStore.WriterLockHeld where allNodesDecide {
+                // Another node is the writer: this one decides beside it.
+                store = try OpenedStore.open(
+                    self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, allNodesDecide: true,
+                    besideTheWriter: true)
+            } catch let held as PostgresStore.WriterLockHeld {
+                ServiceMetrics.deciding.record(0)
+                // Another node is the writer. Without --listen this node's one session is
+                // standard input/output: relayed to the writer, and this process ends
+                // with it. With --listen: relay every connection to the writer until it
+                // goes, then be it.
+                if listen.isEmpty {
+                    stop.fail(await relayStandardIO(held.location, nodeKey: nodeKey, logger: logger))
+                    return
+                }
+                guard user == nil else {
+                    logger.critical(
+                        "\(held); a node that is not the writer relays either its standard input/output (without --listen) or its socket connections (with --listen, without --user), not both"
+                    )
+                    throw ExitCode(1)
+                }
+                let lock = try await follow(held.location, loops: loops.group, logger: logger)
+                store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, writerLock: lock)
+            }
+        } catch let exit as ExitCode {
+            throw exit
+        } catch {
+            logger.critical("cannot open the store", metadata: ["error": "\(error)"])
+            throw ExitCode(1)
+        }
+        var allowedDirectory: String?
+        if let attachmentsDir {
+            var isDirectory: ObjCBool = false
+            guard let resolved = AttachmentStore.realPath(attachmentsDir),
+                FileManager.default.fileExists(atPath: resolved, isDirectory: &isDirectory), isDirectory.boolValue
+            else {
+                logger.critical("--attachments-dir must be an existing directory", metadata: ["path": "\(attachmentsDir)"])
+                throw ExitCode(1)
+            }
+            // Socket sessions may attach what is in the attachments directory: with the
+            // store in it, they could attach the store (or the secrets beside it); with it
+            // in the data directory, they could fill the store's own files.
+            if let data = AttachmentStore.realPath(directory.path),
+                data == resolved || AttachmentStore.isInside(data, resolved) || AttachmentStore.isInside(resolved, data)
+            {
+                logger.critical(
+                    "--attachments-dir and --data-dir must not be inside one another: give them separate directories",
+                    metadata: ["attachmentsDir": "\(resolved)", "dataDir": "\(data)"])
+                throw ExitCode(1)
+            }
+            allowedDirectory = resolved
+        }
+        let attachments: AttachmentStore
+        let searchIndex: MessageSearchIndex
+        do {
+            attachments = try AttachmentStore(directory: directory)
+            switch store {
+            case .sqlite:
+                // Derived from the store and kept beside it, out of its transactions: it is
+                // refilled from the store when it lags.
+                searchIndex = try SQLiteSearchIndex(directory: directory)
+            case .postgres(let postgres):
+                // In the database, written by each commit: shared by every node.
+                searchIndex = PostgresSearchIndex(store: postgres)
+            }
+        } catch {
+            logger.critical("cannot prepare the attachment store or the search index", metadata: ["error": "\(error)"])
+            throw ExitCode(1)
+        }
+        let quotaLimits = QuotaLimits(
+            requestsPerSecond: maxRequestsPerSecond, chatsPerMinute: maxChatsPerMinute,
+            newUsersPerMinute: maxNewUsersPerMinute, eventsPerSecond: maxEventsPerSecond,
+            searchCandidates: maxSearchCandidates, searchBytes: maxSearchBytes, endpointsPerUser: maxEndpoints)
+        var clock = Engine.wallClock
+        if let fixed = ProcessInfo.processInfo.environment["CHATCORE_FIXED_TIME"].flatMap(Int64.init) {
+            // For golden transcripts: every message gets this timestamp.
+            logger.warning("CHATCORE_FIXED_TIME is set: every timestamp is \(fixed)")
+            clock = { fixed }
+        }
+        // The store's failure stops the node's services (exit 1), once they run.
+        let stopper = Stopper()
+        let stopForStore: @Sendable (String) -> Void = { reason in
+            logger.critical("stopping: \(reason)")
+            stop.fail(1)
+            stopper.stop()
+        }
+        let engine = try Engine(
+            store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments,
+            attachmentsDirectory: allowedDirectory, cacheBytes: cacheMb << 20, quotas: quotaLimits, clock: clock,
+            onFatalStoreError: stopForStore)
+        engine.start()
+        engine.sweepUnusedBlobs()
+        var followEvery: Duration?
+        if engine.followsOthers {
+            let told = store.chatStore.wakeWhenOthersAct { [weak engine] in engine?.othersActed() }
+            followEvery = told ? Serve.followIntervalWhenTold : Serve.followInterval
+        }
+        ServiceMetrics.deciding.record(1)
+        logger.info(
+            "store ready",
+            metadata: [
+                "store": "\(store.description)", "dataDir": "\(directory.path)", "openedIn": "\(ContinuousClock.now - opening)",
+                "chats": "\(engine.chatCount)", "users": "\(engine.userCount)",
+                "wholeFileCheck": "\(store.wholeFileCheck)"
+            ])
+
+        let sessionLimits = Session.Limits(
+            maxRequestsInFlight: maxRequestsInFlight, maxLineBytes: maxLineBytes,
+            authTimeout: authTimeout > 0 ? .seconds(authTimeout) : nil)
+        // The standard input/output session exists (and a --user is authenticated) before
+        // any socket is accepted: the trusted user is always the first user of a new store.
+        let stdio =
+            user != nil || listen.isEmpty
+            ? StdioTransport(engine: engine, authenticator: authenticator, limits: sessionLimits, trustedUser: user, logger: logger)
+            : nil
+        var server: SocketServer?
+        // Other nodes of a shared store relay their sessions to the writer: one that has
+        // nothing to listen on listens on loopback for them (nodes on this machine), and
+        // ends, as a node of standard input/output does, at the end of its input.
+        var listening = listen
+        if store.isShared, listen.isEmpty { listening = ["127.0.0.1:0"] }
+        let relayedOnly = listen.isEmpty && !listening.isEmpty
+        if !listening.isEmpty {
+            let sockets = SocketServer(
+                group: loops.group, engine: engine, authenticator: authenticator,
+                limits: .init(
+                    session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
+                    maxOutputTotal: outputTotalLimit,
+                    maxSessions: Serve.sessionsThatFit(maxSessions, relaying: store.isShared, logger: logger),
+                    idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil,
+                    authTimeout: authTimeout > 0 ? .seconds(Int64(authTimeout)) : nil, maxBufferedInput: maxInputTotal),
+                logger: logger)
+            server = sockets
+            for text in listening {
+                let address = ListenAddress(text)!
+                do {
+                    let channel = try await sockets.bind(address)
+                    let bound = channel.localAddress.map { "\($0)" } ?? text
+                    logger.info(
+                        relayedOnly ? "listening for sessions relayed by other nodes" : "listening",
+                        metadata: ["address": "\(address)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
+                    if case .postgres(let database) = store, database.isWriter, text == listening[0] {
+                        let advertised = (relayedOnly ? nil : advertise) ?? Serve.reachable(address, port: channel.localAddress?.port)
+                        // Nodes given the node key vouch for the users of the sessions
+                        // they relay; without it, none can.
+                        let tokens = nodeKey.map(NodeTokens.init)
+                        if let tokens { authenticator.acceptNodeTokens(tokens) }
+                        try database.advertise(advertised, instance: tokens?.instance ?? "")
+                        logger.info("this node is the writer: other nodes relay their connections to it", metadata: ["advertised": "\(advertised)"])
+                    }
+                } catch {
+                    // NIO's own words for this one are only its type's name.
+                    let reason =
+                        error is UnixDomainSocketPathWrongType
+                        ? "the path exists and is not a socket (only a socket left by an earlier run is replaced)" : "\(error)"
+                    logger.critical("cannot listen", metadata: ["address": "\(address)", "error": "\(reason)"])
+                    throw ExitCode(1)
+                }
+            }
+        }
+
+        // Opening read only what start-up needs. After a crash (or a store of an older
+        // release) the rest of the file is checked now, at the lowest priority: a damaged
+        // store stops the service, as it would refuse to start. After a clean stop that
+        // left the files as they are, it is not read whole at all (on 10M messages that
+        // is 45 s of reading at every start).
+        store.checkInBackground { damage in
+            guard let damage else { return }
+            logger.critical("the store is damaged (quick_check: \(damage)); restore it from a backup or move it away")
+            stop.fail(1)
+            stopper.stop()
+        }
+        if case .postgres(let database) = store {
+            // Another node took the writer lock (this one's lock connection was lost):
+            // stop now, not at the next commit, so no client reads what may be behind.
+            database.onSuperseded = stopForStore
+        }
+
+        // Stopped in the reverse order: input first, the store last.
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
+            .init(service: StoreService(store: store, stop: stop)),
+            .init(service: EngineService(engine: engine, followEvery: followEvery, stop: stop)),
+        ]
+        if let server { services.append(.init(service: SocketsService(server: server, engine: engine, stop: stop))) }
+        if let stdio {
+            // Sessions relayed here go to the node that takes over.
+            let endsTheNode = server == nil || relayedOnly
+            services.append(
+                .init(
+                    service: StdioService(stdio: stdio, engine: engine, server: server, stop: stop, endsTheNode: endsTheNode, logger: logger),
+                    successTerminationBehavior: endsTheNode ? .gracefullyShutdownGroup : .cancelGroup))
+        }
+        let group = ServiceGroup(configuration: .init(services: services, logger: logger))
+        stopper.attach(group)
+        try await group.run()
+        if let failure = engine.storeFailure {
+            logger.critical("stopped: \(failure)")
+            stop.fail(1)
+        }
+        logger.info("stopped: every answer decided was written", metadata: ["exitCode": "\(stop.exitCode)"])
+    }
+}
