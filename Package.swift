@@ -51,11 +51,13 @@ let package = Package(
         .target(name: "Threads"),
         .target(
             name: "ChatMetrics",
-            dependencies: ["ChatProtocol", .product(name: "CoreMetrics", package: "swift-metrics"), .product(name: "Metrics", package: "swift-metrics")]
+            dependencies: [
+                "ChatProtocol", "Threads", .product(name: "CoreMetrics", package: "swift-metrics"), .product(name: "Metrics", package: "swift-metrics")
+            ]
         ),
         .target(
             name: "Attachments",
-            dependencies: [.product(name: "Crypto", package: "swift-crypto")]
+            dependencies: ["Threads", .product(name: "Crypto", package: "swift-crypto")]
         ),
         .target(
             name: "SQLiteStorage",

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Threads
 
 #if canImport(Glibc)
     import Glibc
@@ -15,16 +16,14 @@ import Foundation
 /// Storing reads an already opened descriptor (so the file that was checked is the file
 /// that is read), hashes while copying, syncs, and renames into place: a blob is either
 /// complete or absent.
-public final class AttachmentStore: @unchecked Sendable {
+public final class AttachmentStore: Sendable {
     public let root: URL
     private let blobs: URL
     private let messages: URL
     private let downloads: URL
     private let temporary: URL
-    /// Blobs returned by `store` whose use the engine has not counted yet, under
-    /// `pinLock` (NSLock: ThreadSanitizer sees pthread locks, not `Mutex`'s futex).
-    private let pinLock = NSLock()
-    nonisolated(unsafe) private var pins: [String: Int] = [:]
+    /// Blobs returned by `store` whose use the engine has not counted yet.
+    private let pins = Locked<[String: Int]>([:])
 
     public init(directory: URL) throws {
         root = directory.appendingPathComponent("attachments", isDirectory: true)
@@ -239,7 +238,7 @@ public final class AttachmentStore: @unchecked Sendable {
         let destination = blobPath(hex)
         // Pinned under the same lock that deletion takes: a blob found here (the same
         // content stored already) cannot be deleted before its new user is counted.
-        try pinLock.withLock {
+        try pins.withLock { pins in
             if access(destination, F_OK) != 0 {
                 guard rename(temporaryPath, destination) == 0 else {
                     throw StoreError(description: "cannot store \(source.name): \(String(cString: strerror(errno)))")
@@ -306,14 +305,14 @@ public final class AttachmentStore: @unchecked Sendable {
 
     /// Deletes a stored content, unless a copy still being handed over has pinned it.
     public func removeBlob(_ blob: String) {
-        pinLock.withLock {
+        pins.withLock { pins in
             if pins[blob] == nil { unlink(blobPath(blob)) }
         }
     }
 
     /// The engine has counted the use of a blob that `store` returned.
     public func unpin(_ blob: String) {
-        pinLock.withLock {
+        pins.withLock { pins in
             let count = pins[blob, default: 1] - 1
             pins[blob] = count > 0 ? count : nil
         }

@@ -110,7 +110,7 @@ extension Engine {
                 }
                 // The sources stay open: the engine removes (Move, Delete) and closes them.
                 attachmentsFinished(chat: chatNumber, id: id, thumb: thumbBlob, file: fileBlob, error: failure)
-                attachmentWork.jobs.subtract(1, ordering: .releasing)
+                _attachmentWork.jobs.subtract(1, ordering: .releasing)
             }
         }
     }
@@ -177,7 +177,7 @@ extension Engine {
     /// thread between other work; a content stored since is pinned until its use is
     /// counted, so it is never taken for unused.
     public func sweepUnusedBlobs() {
-        guard let attachments = attachmentWork.store else { return }
+        guard let attachments = _attachmentWork.store else { return }  // immutable: any thread
         DispatchQueue.global(qos: .utility).async { [self] in
             let candidates = attachments.storedBlobs()
             let removed = Atomic<Int>(0)

@@ -12,17 +12,14 @@ import Threads
 
 extension Engine {
     /// A batch handed to the committer: its rows, and what follows once they are durable.
-    final class Commit: @unchecked Sendable {
+    final class Commit: @unchecked Sendable {  // the engine thread's, but for `outcome`, which the committer sets
         let batch: Batch
         let rows: StoreBatch
         let counters: StoreCounters
         let barriers: [@Sendable () -> Void]
-        /// Signalled by the committer once `error` and `took` are set (`finish`).
-        let done = DispatchSemaphore(value: 0)
-        /// Set with `done` (looked at between work items, without waiting).
-        let finished = Atomic<Bool>(false)
-        var error: Error?
-        var took: Duration = .zero
+        /// Set by the committer once the store answered (`finish`): the error, if it
+        /// failed, and how long it took.
+        private let outcome = Locked<(error: Error?, took: Duration)?>(nil)
 
         init(batch: Batch, counters: StoreCounters, barriers: [@Sendable () -> Void]) {
             self.batch = batch
@@ -31,9 +28,16 @@ extension Engine {
             self.barriers = barriers
         }
 
-        func finish() {
-            finished.store(true, ordering: .releasing)
-            done.signal()
+        func finish(error: Error? = nil, took: Duration = .zero) {
+            outcome.change { $0 = (error, took) }
+        }
+
+        /// Whether the committer finished (looked at between work items, without waiting).
+        var isFinished: Bool { outcome.withLock { $0 != nil } }
+
+        /// Waits until the committer finished.
+        func waitUntilFinished() -> (error: Error?, took: Duration) {
+            outcome.wait(until: { $0 != nil }) { $0! }
         }
     }
 
@@ -99,13 +103,13 @@ extension Engine {
         let store = self.store
         commits.committer.async { [self] in
             let started = ContinuousClock.now
+            var failure: Error?
             do {
                 try store.commit(commit.rows)
             } catch {
-                commit.error = error
+                failure = error
             }
-            commit.took = ContinuousClock.now - started
-            commit.finish()
+            commit.finish(error: failure, took: ContinuousClock.now - started)
             // Wakes the engine when it waits for work: the events are due.
             put(.committed)
         }
@@ -118,16 +122,16 @@ extension Engine {
     func settleOldest() {
         guard !commits.inFlight.isEmpty else { return }
         let commit = commits.inFlight.removeFirst()
-        commit.done.wait()
-        if let error = commit.error {
+        let outcome = commit.waitUntilFinished()
+        if let error = outcome.error {
             ServiceMetrics.commitFailures.increment()
-            for later in commits.inFlight { later.done.wait() }
+            for later in commits.inFlight { _ = later.waitUntilFinished() }
             commits.failed = ([commit] + commits.inFlight, error)
             commits.inFlight = []
             return
         }
         if !commit.rows.isEmpty {
-            ServiceMetrics.committed(in: commit.took)
+            ServiceMetrics.committed(in: outcome.took)
             conflictsResolved()
         }
         wrote(commit.batch, counters: commit.counters)
@@ -142,7 +146,7 @@ extension Engine {
     /// Delivers the batches in flight whose commits are done, oldest first, without
     /// waiting for any.
     func settleFinished() {
-        while let oldest = commits.inFlight.first, oldest.finished.load(ordering: .acquiring) { settleOldest() }
+        while let oldest = commits.inFlight.first, oldest.isFinished { settleOldest() }
     }
 
     /// Hands the batch's events to its sessions, then runs what waited for them (`drain`'s

@@ -12,6 +12,7 @@ import Threads
 
 extension Engine {
     func run() {
+        life.owner.store(EngineLife.currentThread, ordering: .relaxed)
         var stopping = false
         while !stopping {
             // While sessions wait for their clients to read, look again every 20 ms.
@@ -64,7 +65,7 @@ extension Engine {
         }
         // The thread object holds this engine through its closure: let go of it.
         life.thread = nil
-        life.ended.signal()
+        life.ended.change { $0 = true }
     }
 
     /// Decides one work item into the batch, or parks it behind the session's earlier

@@ -16,7 +16,7 @@ import Threads
 /// runs on a thread of its own while the engine decides the next batch (see `end`). A
 /// request that fails changes nothing: handlers check everything before they change
 /// anything.
-public final class Engine: @unchecked Sendable {
+public final class Engine: @unchecked Sendable {  // its parts are the engine thread's alone (checked in debug builds); other threads only put work in its inbox
     enum Work {
         case request(Request, line: Int, session: EngineSession)
         case authenticate(userId: String, cookie: String?, line: Int, announce: Bool, session: EngineSession)
@@ -80,21 +80,44 @@ public final class Engine: @unchecked Sendable {
     /// What each user may cost the others (rates, searches at once).
     var quotas: Quotas
 
-    // The parts, each owning one concern's state (EngineParts.swift).
-    let directory = Directory()
-    let outputs: SessionOutputs
-    let commits: Commits
-    let following: Following
-    let searches: Searches
-    let attachmentWork: AttachmentWork
-    let timed = TimedWork()
+    // The parts, each owning one concern's state (EngineParts.swift). They are the
+    // engine thread's: each is reached through an accessor that checks so in debug
+    // builds. What other threads may touch (atomics, queues, the inbox) is reached
+    // through the stored property itself, beside a comment that says so.
+    private let _directory = Directory()
+    let _outputs: SessionOutputs
+    private let _commits: Commits
+    let _following: Following
+    let _searches: Searches
+    let _attachmentWork: AttachmentWork
+    private let _timed = TimedWork()
+    /// Any thread's: the inbox, atomics and locked values only.
     let life: EngineLife
+
+    var directory: Directory { confined(_directory) }
+    var outputs: SessionOutputs { confined(_outputs) }
+    var commits: Commits { confined(_commits) }
+    var following: Following { confined(_following) }
+    var searches: Searches { confined(_searches) }
+    var attachmentWork: AttachmentWork { confined(_attachmentWork) }
+    var timed: TimedWork { confined(_timed) }
+
+    /// `part`, once checked (debug builds) that this is the engine thread, or that it has
+    /// not started yet (the engine is being made).
+    @inline(__always)
+    private func confined<Part>(_ part: Part) -> Part {
+        #if DEBUG
+            let owner = life.owner.load(ordering: .relaxed)
+            precondition(owner == 0 || owner == EngineLife.currentThread, "the engine's state was reached off the engine thread")
+        #endif
+        return part
+    }
 
     /// Whether a commit failed and its batches wait to be decided again or answered (`end`).
     var hasFailedCommit: Bool { commits.failed != nil }
     /// Whether other processes decide on the store beside this one: what they do is
     /// followed before each batch.
-    public var followsOthers: Bool { following.othersDecide }
+    public var followsOthers: Bool { _following.othersDecide }  // immutable: any thread
 
     /// `clock` gives message timestamps (seconds since 1970); tests pass a fixed one.
     /// `cacheBytes` bounds the messages kept in memory. `feedSlot`: where this process
@@ -117,11 +140,11 @@ public final class Engine: @unchecked Sendable {
         self.store = store
         self.logger = logger
         self.clock = clock
-        self.outputs = SessionOutputs(mark: quotas.outputMark)
-        self.commits = Commits(limit: max(1, store.commitsInFlight), comparesChatVersions: store.comparesChatVersions)
-        self.following = Following(othersDecide: store.othersDecide, feedSlot: feedSlot)
-        self.searches = Searches(index: searchIndex)
-        self.attachmentWork = AttachmentWork(store: attachments, allowedDirectory: attachmentsDirectory)
+        self._outputs = SessionOutputs(mark: quotas.outputMark)
+        self._commits = Commits(limit: max(1, store.commitsInFlight), comparesChatVersions: store.comparesChatVersions)
+        self._following = Following(othersDecide: store.othersDecide, feedSlot: feedSlot)
+        self._searches = Searches(index: searchIndex)
+        self._attachmentWork = AttachmentWork(store: attachments, allowedDirectory: attachmentsDirectory)
         self.life = EngineLife(onFatalStoreError: onFatalStoreError)
         // From here on: what the others commit while memory is read is followed again
         // (reading a chat again is harmless), never missed.
@@ -135,7 +158,7 @@ public final class Engine: @unchecked Sendable {
     /// What the messages in memory may take by default (`--cache-mb`).
     public static let defaultCacheBytes = 64 << 20
 
-    /// How many chats and users the engine knows (logged at start-up).
+    /// How many chats and users the engine knows (logged at start-up, before `start`).
     public var chatCount: Int { directory.chats.count }
     public var userCount: Int { directory.users.byNumber.count }
 
@@ -269,24 +292,24 @@ public final class Engine: @unchecked Sendable {
     /// A session is preparing work off its thread (checking a token's signature) that it
     /// will submit: `drain` waits for it. Pair with `endOutsideWork` after submitting.
     public func beginOutsideWork() {
-        outputs.outsideWork.add(1, ordering: .relaxed)
+        _outputs.outsideWork.add(1, ordering: .relaxed)
     }
 
     public func endOutsideWork() {
-        outputs.outsideWork.subtract(1, ordering: .releasing)
+        _outputs.outsideWork.subtract(1, ordering: .releasing)
     }
 
     /// Waits until everything submitted before this call is done, attachments being
     /// stored and the search index included.
     public func drain() {
         func waitForBarrier() {
-            let done = DispatchSemaphore(value: 0)
-            barrier { done.signal() }
-            done.wait()
+            let done = Locked(false)
+            barrier { done.change { $0 = true } }
+            done.wait(until: { $0 }) { _ in }
         }
         func idle() -> Bool {
-            attachmentWork.jobs.load(ordering: .acquiring) == 0 && outputs.parkedCount.load(ordering: .acquiring) == 0
-                && outputs.outsideWork.load(ordering: .acquiring) == 0
+            _attachmentWork.jobs.load(ordering: .acquiring) == 0 && _outputs.parkedCount.load(ordering: .acquiring) == 0
+                && _outputs.outsideWork.load(ordering: .acquiring) == 0
         }
         while true {
             // Everything submitted so far is decided, so every attachment job it started
@@ -300,7 +323,7 @@ public final class Engine: @unchecked Sendable {
                 guard idle() else { continue }
                 // The index is derived data, but a clean stop should not leave it to be
                 // rebuilt at the next start.
-                try? searches.index?.waitUntilWritten()
+                try? _searches.index?.waitUntilWritten()  // immutable: any thread
                 return
             }
             usleep(10_000)
@@ -318,7 +341,7 @@ public final class Engine: @unchecked Sendable {
     /// otherwise go on reading (and taking connections of) a store being closed.
     public func stop(waitingAtMost seconds: Double) -> Bool {
         stop()
-        return life.ended.wait(timeout: .now() + seconds) == .success
+        return life.ended.wait(until: { $0 }, deadline: Date(timeIntervalSinceNow: seconds)) { $0 }
     }
 
     // MARK: the loop

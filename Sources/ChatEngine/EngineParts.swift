@@ -176,11 +176,13 @@ final class TimedWork {
 /// ends.
 final class EngineLife {
     let inbox = Inbox<Engine.Work>()
+    /// The engine thread (`currentThread` there), once it runs: 0 before.
+    let owner = Atomic<UInt>(0)
     let sessionCounter = Atomic<Int>(0)
     var thread: Thread?
     let shuttingDown = Atomic<Bool>(false)
     /// Signalled when the engine thread ends (`stop`).
-    let ended = DispatchSemaphore(value: 0)
+    let ended = Locked(false)
     /// Why the store can no longer be used, read from any thread.
     let fatalStoreError = Locked<String?>(nil)
     /// Called (once, on the engine thread) when the store failed in a way the engine
@@ -188,4 +190,13 @@ final class EngineLife {
     let onFatalStoreError: (@Sendable (String) -> Void)?
 
     init(onFatalStoreError: (@Sendable (String) -> Void)?) { self.onFatalStoreError = onFatalStoreError }
+
+    /// The calling thread, as `owner` holds it.
+    static var currentThread: UInt {
+        #if canImport(Glibc)
+            UInt(pthread_self())
+        #else
+            UInt(bitPattern: pthread_self())
+        #endif
+    }
 }

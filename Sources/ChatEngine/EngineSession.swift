@@ -27,7 +27,7 @@ public enum Transport: String, Sendable {
 
 /// The engine's handle on one session (an endpoint). Its mutable state is touched only
 /// on the engine thread.
-public final class EngineSession: @unchecked Sendable, Hashable {
+public final class EngineSession: @unchecked Sendable, Hashable {  // its mutable state is the engine thread's alone (checked in debug builds)
     public let id: Int
     public let transport: Transport
     /// Weak: the session layer owns the sink (and through it this handle); an engine that

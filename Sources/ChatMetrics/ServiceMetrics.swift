@@ -2,6 +2,7 @@ import ChatProtocol
 import CoreMetrics
 import Foundation
 import Metrics
+import Threads
 
 /// What the service counts and measures, through swift-metrics: whoever bootstraps the
 /// `MetricsSystem` (the command line, with `--metrics`) decides where it goes. Without a
@@ -61,12 +62,10 @@ public enum ServiceMetrics {
 
     /// One request name's counters: lines read, and failures by error (made on first use,
     /// so that a scrape lists only failures that happened).
-    private final class RequestCounters: @unchecked Sendable {
+    private final class RequestCounters: Sendable {
         let name: String
         let received: Counter
-        private let lock = NSLock()
-        /// Under `lock` only.
-        private var failures: [(error: String, counter: Counter)] = []
+        private let failures = Locked<[(error: String, counter: Counter)]>([])
 
         init(name: String) {
             self.name = name
@@ -74,7 +73,7 @@ public enum ServiceMetrics {
         }
 
         func failure(_ error: String) -> Counter {
-            lock.withLock {
+            failures.withLock { failures in
                 if let known = failures.first(where: { $0.error == error }) { return known.counter }
                 let counter = Counter(label: ServiceMetrics.failureLabel, dimensions: [("request", name), ("error", error)])
                 failures.append((error, counter))

@@ -1,9 +1,9 @@
 import ChatMetrics
 import Foundation
 import Logging
-import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
+import Threads
 
 /// What a node that does not hold the store's writer lock serves: every connection it
 /// accepts is relayed, byte for byte, to the node that does (the writer), so that one
@@ -11,7 +11,7 @@ import NIOPosix
 /// (authentication, answers and events are the writer's). When the writer goes away this
 /// node takes the lock, `stop()` closes what it relayed (clients connect again and catch
 /// up with the change feed), and the node serves by itself.
-public final class FollowerProxy: @unchecked Sendable {
+public final class FollowerProxy: Sendable {
     private let group: MultiThreadedEventLoopGroup
     /// Where the writer accepts connections now (nil: no node is serving yet). Called
     /// off the event loops: it may ask the database.
@@ -19,18 +19,21 @@ public final class FollowerProxy: @unchecked Sendable {
     private let logger: Logger
     /// Relayed connections open at once (`--max-sessions`, fitted to the descriptors).
     private let admitted: ConnectionLimit
-    private let lock = NIOLock()
-    private var listeners: [Channel] = []
-    private var connections: [ObjectIdentifier: Channel] = [:]
-    /// The local addresses of this proxy's own connections to the writer: one accepted
-    /// from such an address is this node relaying to itself (the writer advertised an
-    /// address that, from here, is this node).
-    private var ownUpstreams: Set<String> = []
+    /// The listeners and the relayed connections open now.
+    private struct Open {
+        var listeners: [Channel] = []
+        var connections: [ObjectIdentifier: Channel] = [:]
+        /// The local addresses of this proxy's own connections to the writer: one
+        /// accepted from such an address is this node relaying to itself (the writer
+        /// advertised an address that, from here, is this node).
+        var ownUpstreams: Set<String> = []
+    }
+
+    private let open = Locked(Open())
     /// The last answer of `writer` and when it came: connections waiting for a writer ask
-    /// every 200 ms, and each answer costs a database connection, so it is shared.
-    private var lastLookup: (address: ListenAddress?, at: NIODeadline)?
-    /// Held while `writer` is asked (one at a time; the others take its answer).
-    private let lookupLock = NIOLock()
+    /// every 200 ms, and each answer costs a database connection, so it is shared. Its
+    /// lock is held while `writer` is asked (one at a time; the others take its answer).
+    private let lastLookup = Locked<(address: ListenAddress?, at: NIODeadline)?>(nil)
 
     public init(group: MultiThreadedEventLoopGroup, writer: @escaping @Sendable () -> ListenAddress?, maxConnections: Int = 10_000, logger: Logger) {
         self.group = group
@@ -61,7 +64,7 @@ public final class FollowerProxy: @unchecked Sendable {
                 return channel.eventLoop.makeSucceededVoidFuture()
             }
         let channel = try await bootstrap.bind(listening: address)
-        lock.withLock { listeners.append(channel) }
+        open.withLock { $0.listeners.append(channel) }
         return channel
     }
 
@@ -69,22 +72,22 @@ public final class FollowerProxy: @unchecked Sendable {
     /// until the listeners (their addresses can be bound again) and the connections are
     /// closed: the event loops go on serving the node. Once: later calls do nothing.
     public func stop() {
-        let (listening, open) = lock.withLock { () -> ([Channel], [Channel]) in
+        let (listening, connected) = open.withLock { open -> ([Channel], [Channel]) in
             defer {
-                listeners = []
-                connections = [:]
+                open.listeners = []
+                open.connections = [:]
             }
-            return (listeners, Array(connections.values))
+            return (open.listeners, Array(open.connections.values))
         }
         for listener in listening { try? listener.close().wait() }
-        for channel in open { try? channel.close().wait() }
+        for channel in connected { try? channel.close().wait() }
     }
 
     /// Whether `client` is this proxy's own connection to the writer, coming back: said,
     /// and then the caller closes it (which closes the connection it relayed, and so on
     /// back to the first client), instead of relaying it again without end.
     private func refuseIfOwn(_ client: Channel) -> Bool {
-        guard let remote = FollowerProxy.ipAddress(client.remoteAddress), lock.withLock({ ownUpstreams.contains(remote) }) else { return false }
+        guard let remote = FollowerProxy.ipAddress(client.remoteAddress), open.withLock({ $0.ownUpstreams.contains(remote) }) else { return false }
         logger.error(
             "the writer's advertised address reaches this node itself: refusing to relay to it (give the writer an --advertise address other nodes reach it at)",
             metadata: ["address": "\(client.localAddress.map { "\($0)" } ?? "?")"])
@@ -103,9 +106,9 @@ public final class FollowerProxy: @unchecked Sendable {
 
     private func track(_ channel: Channel) {
         let key = ObjectIdentifier(channel)
-        lock.withLock { connections[key] = channel }
+        open.withLock { $0.connections[key] = channel }
         channel.closeFuture.whenComplete { _ in
-            self.lock.withLock { _ = self.connections.removeValue(forKey: key) }
+            self.open.withLock { _ = $0.connections.removeValue(forKey: key) }
         }
     }
 
@@ -116,7 +119,7 @@ public final class FollowerProxy: @unchecked Sendable {
 
     /// Whether `channel` is tracked: not closed, and the proxy not stopped.
     private func isOpen(_ channel: Channel) -> Bool {
-        lock.withLock { connections[ObjectIdentifier(channel)] != nil }
+        open.withLock { $0.connections[ObjectIdentifier(channel)] != nil }
     }
 
     /// Connects `client` to the writer and relays both ways. While no writer can be
@@ -145,7 +148,7 @@ public final class FollowerProxy: @unchecked Sendable {
             tryAgain("no node serves the store yet")
             return
         }
-        if case .unix = address, lock.withLock({ listeners.contains { $0.localAddress.map { "unix:\($0.pathname ?? "")" } == address.description } }) {
+        if case .unix = address, open.withLock({ $0.listeners.contains { $0.localAddress.map { "unix:\($0.pathname ?? "")" } == address.description } }) {
             logger.error("the writer's advertised address is this node's own socket: refusing to relay to it", metadata: ["address": "\(address)"])
             client.close(promise: nil)
             return
@@ -165,8 +168,8 @@ public final class FollowerProxy: @unchecked Sendable {
             case .success(let upstream):
                 self.track(upstream)
                 if let local = FollowerProxy.ipAddress(upstream.localAddress) {
-                    self.lock.withLock { _ = self.ownUpstreams.insert(local) }
-                    upstream.closeFuture.whenComplete { _ in self.lock.withLock { _ = self.ownUpstreams.remove(local) } }
+                    self.open.withLock { _ = $0.ownUpstreams.insert(local) }
+                    upstream.closeFuture.whenComplete { _ in self.open.withLock { _ = $0.ownUpstreams.remove(local) } }
                 }
                 let toWriter = Relay(partner: upstream)
                 let toClient = Relay(partner: client)
@@ -195,7 +198,7 @@ public final class FollowerProxy: @unchecked Sendable {
     /// Where the writer accepts connections: `writer`'s answer, asked again once it is
     /// 200 ms old.
     private func currentWriter() -> ListenAddress? {
-        lookupLock.withLock {
+        lastLookup.withLock { lastLookup in
             if let lastLookup, NIODeadline.now() - lastLookup.at < .milliseconds(200) { return lastLookup.address }
             let address = writer()
             lastLookup = (address, .now())
@@ -207,20 +210,17 @@ public final class FollowerProxy: @unchecked Sendable {
 /// Passes what one channel reads to its partner; reading pauses while the partner cannot
 /// take more (its write buffer is above its high water mark); a half-close and a close
 /// pass through.
-private final class Relay: ChannelDuplexHandler, @unchecked Sendable {
+private final class Relay: ChannelDuplexHandler, Sendable {
     typealias InboundIn = ByteBuffer
     typealias OutboundIn = ByteBuffer
 
     let partner: Channel
-    /// This handler's own channel, to resume reading when the partner drained.
-    private var own: Channel?
 
     init(partner: Channel) {
         self.partner = partner
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
-        own = context.channel
         // When the partner can take more again, this side reads again.
         let ownChannel = context.channel
         partner.pipeline.addHandler(WritabilityWatcher(resume: ownChannel)).whenComplete { _ in }
@@ -255,7 +255,7 @@ private final class Relay: ChannelDuplexHandler, @unchecked Sendable {
 }
 
 /// Resumes reading on `resume` when the channel it watches becomes writable again.
-private final class WritabilityWatcher: ChannelInboundHandler, @unchecked Sendable {
+private final class WritabilityWatcher: ChannelInboundHandler, Sendable {
     typealias InboundIn = ByteBuffer
 
     let resume: Channel

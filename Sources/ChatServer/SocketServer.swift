@@ -7,6 +7,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import Synchronization
+import Threads
 
 /// Where to listen: `HOST:PORT` (TCP, `[::1]:PORT` for IPv6) or `unix:PATH`.
 public enum ListenAddress: Sendable, CustomStringConvertible, Equatable {
@@ -113,11 +114,8 @@ public final class SocketServer: Sendable {
     /// Partial lines held for every connection.
     private let buffered: BufferedInput
     /// The listeners and the open connections, for a shutdown that answers everyone.
-    /// Guards `listeners` and `connections` (NSLock: ThreadSanitizer sees pthread locks,
-    /// not `Synchronization.Mutex`'s futex).
-    private let lock = NSLock()
-    nonisolated(unsafe) private var listeners: [Channel] = []
-    nonisolated(unsafe) private var connections: [ObjectIdentifier: Channel] = [:]
+    private let listeners = Locked<[Channel]>([])
+    private let connections = Locked<[ObjectIdentifier: Channel]>([:])
 
     public init(group: MultiThreadedEventLoopGroup, engine: Engine, authenticator: Authenticator, limits: Limits, logger: Logger) {
         self.group = group
@@ -159,9 +157,9 @@ public final class SocketServer: Sendable {
                     return channel.close()
                 }
                 let key = ObjectIdentifier(channel)
-                self.lock.withLock { self.connections[key] = channel }
+                self.connections.withLock { $0[key] = channel }
                 channel.closeFuture.whenComplete { _ in
-                    self.lock.withLock { _ = self.connections.removeValue(forKey: key) }
+                    self.connections.withLock { _ = $0.removeValue(forKey: key) }
                 }
                 return channel.eventLoop.makeCompletedFuture {
                     if let idle = limits.idleTimeout {
@@ -174,19 +172,19 @@ public final class SocketServer: Sendable {
                 }
             }
         let channel = try await bootstrap.bind(listening: address)
-        lock.withLock { listeners.append(channel) }
+        listeners.withLock { $0.append(channel) }
         return channel
     }
 
     /// Stops accepting connections (reading stops through `Engine.beginShutdown`).
     public func stopAccepting() {
-        for listener in lock.withLock({ listeners }) { listener.close(promise: nil) }
+        for listener in listeners.withLock({ $0 }) { listener.close(promise: nil) }
     }
 
     /// Writes out what every connection has been answered and closes it; gives up on
     /// clients that do not read by `deadline`. Call after the engine has drained.
     public func flushAndCloseAll(deadline: NIODeadline) {
-        let open = lock.withLock { Array(connections.values) }
+        let open = connections.withLock { Array($0.values) }
         // Only the output is shut: a client still sending would otherwise be reset, and
         // a reset can discard answers it has not read yet. It reads every answer, then
         // EOF; the process exits after.
@@ -225,9 +223,9 @@ public final class SocketServer: Sendable {
     private static func wait(for future: EventLoopFuture<Void>, until deadline: NIODeadline) -> Bool {
         let remaining = deadline - .now()
         guard remaining > .zero else { return false }
-        let done = DispatchSemaphore(value: 0)
-        future.whenComplete { _ in done.signal() }
-        return done.wait(timeout: .now() + .nanoseconds(Int(remaining.nanoseconds))) == .success
+        let done = Locked(false)
+        future.whenComplete { _ in done.change { $0 = true } }
+        return done.wait(until: { $0 }, deadline: Date(timeIntervalSinceNow: Double(remaining.nanoseconds) / 1e9)) { $0 }
     }
 
     /// Bytes written to the socket that its peer has not taken in yet (for a Unix socket,
@@ -510,7 +508,7 @@ final class BufferedInput: Sendable {
 /// loop; a client that lets more than `maxOutputBytes` pile up is disconnected, and so is
 /// one behind by more than its share while all clients together have more than
 /// `maxOutputTotal` unread (`UnreadOutput`).
-final class SocketOutput: SessionOutput, @unchecked Sendable {
+final class SocketOutput: SessionOutput, Sendable {
     private let channel: Channel
     private let maxOutputBytes: Int
     private let unreadByAll: UnreadOutput

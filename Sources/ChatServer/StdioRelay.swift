@@ -19,7 +19,7 @@ import Threads
 ///
 /// Blocking threads, as `StdioTransport`: standard input may be a regular file, which
 /// epoll cannot watch.
-public final class StdioRelay: @unchecked Sendable {
+public final class StdioRelay: Sendable {
     /// How a relay ended.
     public enum Outcome: Equatable, Sendable {
         /// Standard input ended (or the relay was told to end it), and the writer
@@ -36,8 +36,7 @@ public final class StdioRelay: @unchecked Sendable {
     private let input: Int32
     private let output: Int32
     private let logger: Logger
-    private let lock = NSLock()
-    nonisolated(unsafe) private var inputEnded = false
+    private let inputEnded = Locked(false)
 
     /// Connects to the writer at `address` and sends `first` (the node token's line, or
     /// nothing) before anything of standard input.
@@ -84,20 +83,20 @@ public final class StdioRelay: @unchecked Sendable {
                 return .outputClosed
             }
         }
-        return lock.withLock { inputEnded } ? .answered : .writerGone
+        return inputEnded.withLock { $0 } ? .answered : .writerGone
     }
 
     /// Ends the session as the end of standard input would (SIGTERM): the writer answers
     /// what it was sent, then closes.
     public func endInput() {
-        lock.withLock { inputEnded = true }
+        inputEnded.withLock { $0 = true }
         shutdown(socket, Int32(SHUT_WR))
     }
 
     private func relayInput() {
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 * 1024, alignment: 16)
         defer { buffer.deallocate() }
-        while !lock.withLock({ inputEnded }) {
+        while !inputEnded.withLock({ $0 }) {
             let count = read(input, buffer.baseAddress, buffer.count)
             if count < 0 && errno == EINTR { continue }
             if count < 0 { logger.error("reading standard input failed", metadata: ["errno": "\(errno)"]) }

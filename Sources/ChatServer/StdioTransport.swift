@@ -16,7 +16,7 @@ import Threads
 /// reading thread stops reading while the output is backed up or the engine has too
 /// much of this session's work; at the end of input everything submitted is finished
 /// and written before `run` returns.
-public final class StdioTransport: @unchecked Sendable {
+public final class StdioTransport: Sendable {
     private let input: Int32
     private let output: FileOutput
     private let session: Session
@@ -81,42 +81,39 @@ extension StdioTransport {
 
 /// Buffered, ordered output to a file descriptor, written by its own thread so that the
 /// engine never blocks on a slow reader.
-final class FileOutput: SessionOutput, @unchecked Sendable {
+final class FileOutput: SessionOutput, Sendable {
     /// Above this many buffered bytes the reading side waits.
     static let highWater = 4 << 20
 
     private let descriptor: Int32
     private let logger: Logger
-    private let condition = NSCondition()
-    private var buffer: [UInt8] = []
-    private var flushRequested = false
-    private var finished = false
-    private var writing = false
-    /// Bytes of the chunk being written now.
-    private var writingCount = 0
-    private var broken = false
-    private var ended = false
-    /// Standard output cannot be written to any more (read under the lock).
-    var isBroken: Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        return broken
+
+    /// What the sessions hand over and the writer thread takes.
+    private struct State {
+        var buffer: [UInt8] = []
+        var flushRequested = false
+        var finished = false
+        var writing = false
+        /// Bytes of the chunk being written now.
+        var writingCount = 0
+        var broken = false
+        var ended = false
     }
+
+    private let state = Locked(State())
+
+    /// Standard output cannot be written to any more.
+    var isBroken: Bool { state.withLock { $0.broken } }
 
     /// The service ended the session (its endpoint was deregistered): nothing more is
     /// read, and nothing more is written after what was written before.
-    var isEnded: Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        return ended
-    }
+    var isEnded: Bool { state.withLock { $0.ended } }
 
     func closeAfterWritten() {
-        condition.lock()
-        ended = true
-        flushRequested = true
-        condition.broadcast()
-        condition.unlock()
+        state.change {
+            $0.ended = true
+            $0.flushRequested = true
+        }
     }
 
     init(descriptor: Int32, logger: Logger) {
@@ -130,83 +127,66 @@ final class FileOutput: SessionOutput, @unchecked Sendable {
     }
 
     func write(_ bytes: UnsafeRawBufferPointer, flush: Bool) {
-        condition.lock()
-        if !broken && !ended { buffer.append(contentsOf: bytes) }
-        if flush { flushRequested = true }
-        condition.broadcast()
-        condition.unlock()
+        state.change {
+            if !$0.broken && !$0.ended { $0.buffer.append(contentsOf: bytes) }
+            if flush { $0.flushRequested = true }
+        }
     }
 
     var backlog: Int {
-        condition.lock()
-        defer { condition.unlock() }
-        return buffer.count + (writing ? writingCount : 0)
+        state.withLock { $0.buffer.count + ($0.writing ? $0.writingCount : 0) }
     }
 
     func resumeInput() {
-        condition.lock()
-        condition.broadcast()
-        condition.unlock()
+        state.change { _ in }
     }
 
-    /// Blocks while `predicate` holds (re-checked whenever output or the engine moves on).
+    /// Blocks while `predicate` holds (re-checked whenever output or the engine moves on,
+    /// and every 50 ms).
     func waitWhile(_ predicate: () -> Bool) {
-        condition.lock()
-        while predicate() && !broken && !ended { _ = condition.wait(until: Date(timeIntervalSinceNow: 0.05)) }
-        condition.unlock()
+        func done(_ state: State) -> Bool { !predicate() || state.broken || state.ended }
+        while !state.wait(until: done, deadline: Date(timeIntervalSinceNow: 0.05), then: { done($0) }) {}
     }
 
     func waitUntilWritable() {
-        condition.lock()
-        while buffer.count > FileOutput.highWater && !broken { condition.wait() }
-        condition.unlock()
+        state.wait(until: { $0.buffer.count <= FileOutput.highWater || $0.broken }) { _ in }
     }
 
     /// Writes out everything (giving up at `deadline`, if any) and stops the writer.
     func finish(deadline: Date? = nil) {
-        condition.lock()
-        finished = true
-        flushRequested = true
-        condition.broadcast()
-        while (!buffer.isEmpty || writing) && !broken {
-            if let deadline {
-                guard condition.wait(until: deadline) else { break }
-            } else {
-                condition.wait()
-            }
+        state.change {
+            $0.finished = true
+            $0.flushRequested = true
         }
-        condition.unlock()
+        state.wait(until: { ($0.buffer.isEmpty && !$0.writing) || $0.broken }, deadline: deadline) { _ in }
     }
 
     private func writeLoop() {
         var chunk: [UInt8] = []
         while true {
-            condition.lock()
-            while !(flushRequested && !buffer.isEmpty) && !(finished && buffer.isEmpty) && buffer.count < 64 * 1024 {
-                condition.wait()
+            let more = state.wait(
+                until: { ($0.flushRequested && !$0.buffer.isEmpty) || ($0.finished && $0.buffer.isEmpty) || $0.buffer.count >= 64 * 1024 },
+                notifying: true
+            ) { state in
+                if state.buffer.isEmpty && state.finished { return false }
+                swap(&chunk, &state.buffer)
+                state.flushRequested = false
+                state.writing = true
+                state.writingCount = chunk.count
+                return true
             }
-            if buffer.isEmpty && finished {
-                condition.unlock()
-                return
-            }
-            swap(&chunk, &buffer)
-            flushRequested = false
-            writing = true
-            writingCount = chunk.count
-            condition.broadcast()
-            condition.unlock()
+            if !more { return }
 
             let ok = chunk.withUnsafeBytes { writeAll($0) }
             chunk.removeAll(keepingCapacity: true)
 
-            condition.lock()
-            writing = false
-            if !ok {
-                broken = true
-                buffer.removeAll()
+            state.change {
+                $0.writing = false
+                if !ok {
+                    $0.broken = true
+                    $0.buffer.removeAll()
+                }
             }
-            condition.broadcast()
-            condition.unlock()
             if !ok { return }
         }
     }

@@ -28,7 +28,7 @@ public protocol SessionOutput: AnyObject, Sendable {
 /// (decode failures, token failures) go straight out when nothing of this session is
 /// waiting in the engine, and through the engine otherwise, so every answer keeps the
 /// order of its request. Input is paused (`wantsInput`) while too many requests wait.
-public final class Session: EventSink, @unchecked Sendable {
+public final class Session: EventSink, @unchecked Sendable {  // its line state is its transport thread's; what it shares is `Locked` or atomic
     public struct Limits: Sendable {
         /// Requests of one session that may wait in the engine before its input pauses.
         public var maxRequestsInFlight: Int
@@ -194,24 +194,28 @@ public final class Session: EventSink, @unchecked Sendable {
         case close
     }
 
-    /// Guards `holding` and `held`; work is handed to the engine under it, so that what
-    /// was held goes before anything that arrives while it is handed over.
-    private let holdLock = NSLock()
-    nonisolated(unsafe) private var holding = false
-    nonisolated(unsafe) private var held: [Work] = []
+    /// Work held while a token is checked off the session's thread. Work is handed to the
+    /// engine under its lock, so that what was held goes before anything that arrives
+    /// while it is handed over.
+    private struct Hold {
+        var holding = false
+        var held: [Work] = []
+    }
+
+    private let hold = Locked(Hold())
 
     private func submitOrHold(_ work: Work) {
-        holdLock.lock()
-        defer { holdLock.unlock() }
-        if holding {
-            held.append(work)
-        } else {
-            submit(work)
+        hold.withLock { hold in
+            if hold.holding {
+                hold.held.append(work)
+            } else {
+                submit(work, hold: &hold)
+            }
         }
     }
 
-    /// Hands one piece of work to the engine (under `holdLock`).
-    private func submit(_ work: Work) {
+    /// Hands one piece of work to the engine (under `hold`'s lock).
+    private func submit(_ work: Work, hold: inout Hold) {
         switch work {
         case .request(let request, let line):
             engine.submit(request, line: line, from: handle)
@@ -230,7 +234,7 @@ public final class Session: EventSink, @unchecked Sendable {
             case .refused(let error):
                 engine.rejectToken(SetupError(error: error, cookie: request.cookie), session: handle)
             case .verify:
-                holding = true
+                hold.holding = true
                 engine.beginOutsideWork()
                 let authenticator = self.authenticator
                 Task { [self] in
@@ -244,8 +248,10 @@ public final class Session: EventSink, @unchecked Sendable {
     /// A token's check is done: its answer, then everything held behind it, go to the
     /// engine (up to the next token that needs checking).
     private func verified(_ request: AuthToken, line: Int, verdict: Authenticator.Verdict) {
-        holdLock.lock()
-        defer { holdLock.unlock() }
+        hold.withLock { hold in verified(request, line: line, verdict: verdict, hold: &hold) }
+    }
+
+    private func verified(_ request: AuthToken, line: Int, verdict: Authenticator.Verdict, hold: inout Hold) {
         switch verdict {
         case .refused(let error):
             engine.rejectToken(SetupError(error: error, cookie: request.cookie), session: handle)
@@ -255,9 +261,9 @@ public final class Session: EventSink, @unchecked Sendable {
             }
             engine.authenticate(userId: request.userId, cookie: request.cookie, line: line, announce: true, session: handle)
         }
-        holding = false
-        while !holding && !held.isEmpty {
-            submit(held.removeFirst())
+        hold.holding = false
+        while !hold.holding && !hold.held.isEmpty {
+            submit(hold.held.removeFirst(), hold: &hold)
         }
         engine.endOutsideWork()
     }

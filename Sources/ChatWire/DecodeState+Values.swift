@@ -95,7 +95,6 @@ extension DecodeState {
         }
     }
 
-
     static func unpairedSurrogate(in raw: UnsafeRawBufferPointer) -> String? {
         func unit(at index: Int) -> UInt16? {
             guard index + 6 <= raw.count, raw[index] == UInt8(ascii: "\\"), raw[index + 1] == UInt8(ascii: "u") else { return nil }

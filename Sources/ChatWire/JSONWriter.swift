@@ -14,7 +14,7 @@
 /// The buffer is raw memory owned by the writer (it is not copyable): every answer is
 /// written through here, and an `Array` pays a uniqueness and capacity check per byte
 /// appended.
-public struct JSONWriter: ~Copyable, @unchecked Sendable {
+public struct JSONWriter: ~Copyable {
     private var base: UnsafeMutablePointer<UInt8>
     private var capacity: Int
     /// Bytes written so far.

@@ -63,7 +63,7 @@ public struct WireField: Sendable {
 /// A class, made once per type and never changed (hence `@unchecked Sendable`: its
 /// tables are raw memory): the decoder keeps an unowned reference per open object,
 /// and looks member names up in one flat byte table (no per-lookup copies or retains).
-public final class WireSchema: @unchecked Sendable {
+public final class WireSchema: @unchecked Sendable {  // immutable once made: its tables are raw memory, never written again
     public let fields: [WireField]
     /// Unknown members are skipped instead of rejected (used for unknown requests,
     /// where only the cookie is of interest).
@@ -211,7 +211,7 @@ public struct WireFailure: Error, Sendable, Equatable {
 
 /// A value the decoder produced for one member, before the generated initialiser moves
 /// it into its typed property.
-public enum WireValue: @unchecked Sendable {
+public enum WireValue {
     case string(String)
     /// A string still in the line being decoded (it had no escapes): made into a
     /// `String` only when a generated initialiser asks for it, so a request that fails
@@ -226,12 +226,12 @@ public enum WireValue: @unchecked Sendable {
 }
 
 /// A decoded object, boxed so that `WireValue` stays small; `TypedWireBox<T>` holds it.
-public class WireBox: @unchecked Sendable {
+public class WireBox {
     /// The decoded value, for code that does not know its type.
     public var anyValue: any WireDecodable { fatalError("abstract") }
 }
 
-public final class TypedWireBox<T: WireDecodable>: WireBox, @unchecked Sendable {
+public final class TypedWireBox<T: WireDecodable>: WireBox {
     public let value: T
 
     public init(_ value: T) {

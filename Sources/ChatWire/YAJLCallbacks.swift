@@ -6,7 +6,6 @@ import CYAJL
     import Darwin
 #endif
 
-
 @inline(__always)
 private func state(_ context: UnsafeMutableRawPointer?) -> UnsafeMutablePointer<DecodeState> {
     context!.assumingMemoryBound(to: DecodeState.self)
@@ -19,7 +18,7 @@ private func bytes(_ pointer: UnsafePointer<UInt8>?, _ count: Int) -> UnsafeRawB
 
 /// YAJL keeps a pointer to its callbacks for the life of a handle, and handles live from
 /// line to line: the table has storage of its own that is never freed.
-nonisolated(unsafe) let decodeCallbacks: UnsafePointer<yajl_callbacks> = {
+nonisolated(unsafe) let decodeCallbacks: UnsafePointer<yajl_callbacks> = {  // written once, before any handle reads it
     let table = UnsafeMutablePointer<yajl_callbacks>.allocate(capacity: 1)
     table.initialize(to: decodeCallbackTable)
     return UnsafePointer(table)

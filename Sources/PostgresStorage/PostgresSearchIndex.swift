@@ -1,7 +1,7 @@
 import Foundation
-import NIOConcurrencyHelpers
 import PostgresNIO
 import Storage
+import Threads
 
 /// `MessageSearchIndex` in the database itself: one index for every node, written in the
 /// commit that makes or recalls a message (`message_search`, written by `commit`), so that
@@ -16,13 +16,12 @@ import Storage
 /// made by chatcore, not by PostgreSQL's text search or `pg_trgm`: those fold case and
 /// split words by the database's locale (with `C`, only ASCII), where chatcore must match
 /// the same text on every store.
-public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable {
+public final class PostgresSearchIndex: MessageSearchIndex, Sendable {
     let store: PostgresStore
-    private let lock = NIOLock()
-    private var failure: Error?
+    private let failure = Locked<Error?>(nil)
     /// Messages up to this search row were written before the index was (v5): the refill
     /// adds them (`add`); the index holds every later one from its commit.
-    private var addedByCommitsAfter: Int64?
+    private let addedByCommitsAfter = Locked<Int64?>(nil)
     /// A query scoped to more chats than this asks for their keys no more (`chat` filters
     /// them after): matching a long list of chats costs more than it saves.
     static let scopedChats = 64
@@ -40,7 +39,7 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
             let counters = try store.counters(connection)
             let from = counters["searchIndexFrom"] ?? 0
             let upTo = counters["searchIndexUpTo"] ?? 0
-            lock.withLock { addedByCommitsAfter = from }
+            addedByCommitsAfter.withLock { $0 = from }
             if upTo < from {
                 var binds = PostgresStore.Binds()
                 let missing = try store.run(
@@ -62,7 +61,7 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
     /// record the end of whatever was handed over, so every commit wrote the counter again,
     /// on the engine thread, and a commit during a refill recorded the refill as done.)
     public func add(_ entries: [SearchEntry], removing rows: [Int64]) {
-        guard let after = lock.withLock({ addedByCommitsAfter }) else { return }
+        guard let after = addedByCommitsAfter.withLock({ $0 }) else { return }
         let missing = entries.filter { $0.row <= after }
         guard let last = missing.last?.row else { return }
         do {
@@ -76,12 +75,12 @@ public final class PostgresSearchIndex: MessageSearchIndex, @unchecked Sendable 
                 try store.runCommitted(connection, PostgresQuery(unsafeSQL: sql, binds: binds.bindings))
             }
         } catch {
-            lock.withLock { failure = error }
+            failure.withLock { $0 = error }
         }
     }
 
     public func waitUntilWritten() throws {
-        if let failure = lock.withLock({ self.failure }) { throw failure }
+        if let failure = failure.withLock({ $0 }) { throw failure }
     }
 
     public func bulkLoadEnded() {}

@@ -384,7 +384,7 @@ extension PostgresStore: ChatStore {
             // Another node may have committed first, unannounced yet: what it did is read
             // before the next batch, so that this node's sessions get its events before
             // those of the batch decided again.
-            if !applied && allNodesDecide { lock.withLock { told.commits = true } }
+            if !applied && allNodesDecide { shared.withLock { s in s.told.commits = true } }
         }
         guard !batch.isEmpty else { return }
         do {

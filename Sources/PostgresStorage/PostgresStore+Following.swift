@@ -70,7 +70,7 @@ extension PostgresStore {
 
     public func wakeWhenOthersAct(_ wake: @escaping @Sendable () -> Void) -> Bool {
         guard allNodesDecide else { return false }
-        lock.withLock { told.wake = wake }
+        shared.withLock { s in s.told.wake = wake }
         listenIfDeaf()
         return true
     }
@@ -79,9 +79,11 @@ extension PostgresStore {
     /// connection breaks with the server's restart: the beat thread calls this again).
     func listenIfDeaf() {
         // One at a time (the beat thread's and the engine's first).
-        relistening.lock()
-        defer { relistening.unlock() }
-        let (deaf, wanted) = lock.withLock { (told.listener.map(\.isClosed) ?? true, told.wake != nil && !isShutDown) }
+        relistening.withLock { _ in listenNowIfDeaf() }
+    }
+
+    private func listenNowIfDeaf() {
+        let (deaf, wanted) = shared.withLock { s in (s.told.listener.map(\.isClosed) ?? true, s.told.wake != nil && !s.isShutDown) }
         guard deaf, wanted else { return }
         do {
             let connection = try connect()
@@ -91,12 +93,12 @@ extension PostgresStore {
             }
             // addListener asks for it too; this one is answered once it holds.
             try run(connection, "LISTEN \(PostgresStore.followChannel)")
-            let wake = lock.withLock { () -> (@Sendable () -> Void)? in
-                told.listener = connection
+            let wake = shared.withLock { s -> (@Sendable () -> Void)? in
+                s.told.listener = connection
                 // Whatever happened while nobody listened is read.
-                told.commits = true
-                told.transient = true
-                return told.wake
+                s.told.commits = true
+                s.told.transient = true
+                return s.told.wake
             }
             wake?()
         } catch {
@@ -110,9 +112,9 @@ extension PostgresStore {
     /// transient event), then the slot of the node it came from.
     private func told(_ payload: String, ownSlot: Int) {
         guard let kind = payload.first, let from = Int(payload.dropFirst()), from != ownSlot else { return }
-        let wake = lock.withLock { () -> (@Sendable () -> Void)? in
-            if kind == "c" { told.commits = true } else { told.transient = true }
-            return told.wake
+        let wake = shared.withLock { s -> (@Sendable () -> Void)? in
+            if kind == "c" { s.told.commits = true } else { s.told.transient = true }
+            return s.told.wake
         }
         wake?()
     }
@@ -123,16 +125,16 @@ extension PostgresStore {
     /// `thoroughly`, is not listening, was asked from another cursor than it last answered
     /// with, or last looked longer than `wholeLookInterval` ago.
     private func dueReads(after cursor: FollowCursor, thoroughly: Bool) -> (look: Bool, commits: Bool) {
-        lock.withLock {
+        shared.withLock { s in
             let now = ContinuousClock.now
-            let listening = !(told.listener?.isClosed ?? true)
-            let look = thoroughly || told.transient || !listening || told.answered != cursor || now - told.lookedWhole >= PostgresStore.wholeLookInterval
+            let listening = !(s.told.listener?.isClosed ?? true)
+            let look = thoroughly || s.told.transient || !listening || s.told.answered != cursor || now - s.told.lookedWhole >= PostgresStore.wholeLookInterval
             defer {
-                told.commits = false
-                told.transient = false
-                if look { told.lookedWhole = now }
+                s.told.commits = false
+                s.told.transient = false
+                if look { s.told.lookedWhole = now }
             }
-            return (look, told.commits)
+            return (look, s.told.commits)
         }
     }
 
@@ -141,16 +143,16 @@ extension PostgresStore {
         let due = dueReads(after: cursor, thoroughly: thoroughly)
         do {
             let activity = try othersActivity(besides: slot, after: cursor, look: due.look, commits: due.commits)
-            lock.withLock {
-                told.answered = activity?.cursor
-                if let online = activity?.online { told.online = online }
+            shared.withLock { s in
+                s.told.answered = activity?.cursor
+                if let online = activity?.online { s.told.online = online }
             }
             return activity
         } catch {
             // Read again, as told: the commits, and who is connected and the events.
-            lock.withLock {
-                told.commits = told.commits || due.commits
-                told.transient = told.transient || due.look
+            shared.withLock { s in
+                s.told.commits = s.told.commits || due.commits
+                s.told.transient = s.told.transient || due.look
             }
             throw error
         }
@@ -158,7 +160,7 @@ extension PostgresStore {
 
     private func othersActivity(besides slot: Int, after cursor: FollowCursor, look: Bool, commits: Bool) throws -> OthersActivity? {
         var activity = OthersActivity(cursor: cursor)
-        activity.online = lock.withLock { told.online }
+        activity.online = shared.withLock { s in s.told.online }
         guard look || commits else { return activity }
         return try withConnection { connection in
             var readCommits = commits

@@ -32,7 +32,7 @@ import Threads
 /// (`chatcore_fence`): the next writer's increment waits for a commit that holds the row,
 /// and a commit that reaches the row after the increment fails whole. A writer that finds
 /// another epoch stops (`StoreFailure.superseded`).
-public final class PostgresStore: @unchecked Sendable {
+public final class PostgresStore: Sendable {
     public struct OpenError: Error, CustomStringConvertible {
         public let description: String
 
@@ -169,23 +169,30 @@ public final class PostgresStore: @unchecked Sendable {
 
     public let location: Location
     let logger: Logger
-    let lock = NSLock()
-    private var idle: [PostgresConnection] = []
-    private var nextConnectionID = 0
-    /// Holds the advisory lock that makes this process the database's only writer.
-    private var lockHolder: PostgresConnection?
-    /// Set by `shutDown`: a closed lock connection is then not replaced.
-    private(set) var isShutDown = false
-    /// The writer epoch this process took when it became the writer; every commit checks
-    /// that it is still the database's (under `lock`).
-    private var epoch: Int64 = 0
-    /// `feedSlot` (under `lock`).
-    private var slot = 0
-    /// What this node is told of the other deciding nodes' doings (`allNodesDecide`,
-    /// under `lock`; PostgresStore+Following.swift).
-    var told = Told()
+    /// What the store's threads share.
+    struct Shared {
+        var idle: [PostgresConnection] = []
+        var nextConnectionID = 0
+        /// Holds the advisory lock that makes this process the database's only writer.
+        var lockHolder: PostgresConnection?
+        /// Set by `shutDown`: a closed lock connection is then not replaced.
+        var isShutDown = false
+        /// The writer epoch this process took when it became the writer; every commit
+        /// checks that it is still the database's.
+        var epoch: Int64 = 0
+        /// `feedSlot`.
+        var slot = 0
+        /// The epoch of its feed slot this process took with it.
+        var slotEpoch: Int64 = 0
+        /// What this node is told of the other deciding nodes' doings (`allNodesDecide`;
+        /// PostgresStore+Following.swift).
+        var told = Told()
+        var superseded: (@Sendable (String) -> Void)?
+    }
+
+    let shared = Locked(Shared())
     /// One `listenIfDeaf` at a time.
-    let relistening = NSLock()
+    let relistening = Locked(())
     /// Whether every node on the database decides (`--all-nodes-decide`): each follows
     /// the others' commits (`othersActivity`), and its commits are fenced by its feed
     /// slot's epoch (`slotEpoch`), which a node that takes the slot after it moves on.
@@ -193,22 +200,19 @@ public final class PostgresStore: @unchecked Sendable {
     /// Whether this process holds the writer lock (else it decides beside the writer, and
     /// says nothing of where it accepts connections: nobody relays to it).
     public let isWriter: Bool
-    /// The epoch of its feed slot this process took with it (under `lock`).
-    private var slotEpoch: Int64 = 0
     /// Called (on another thread) when another process became the database's
     /// writer while this one was serving: its memory may be behind the store, so it
     /// must stop. Without it, the next commit fails and stops the service.
     public var onSuperseded: (@Sendable (String) -> Void)? {
-        get { lock.withLock { superseded } }
-        set { lock.withLock { superseded = newValue } }
+        get { shared.withLock { s in s.superseded } }
+        set { shared.withLock { s in s.superseded = newValue } }
     }
-    private var superseded: (@Sendable (String) -> Void)?
     /// One check of the writer lock at a time (the engine's and the watcher's).
-    private let relocking = NSLock()
+    private let relocking = Locked(())
     /// Whether each recent commit was applied, for the commit in flight after it.
     let outcomes = CommitOutcomes()
     /// How long a call waits for the server to come back before it fails.
-    public var patience: Duration = .seconds(15)
+    public let patience: Duration = .seconds(15)
 
     /// This process among the database's sessions (`application_name`): unique per
     /// process, short enough that PostgreSQL keeps it whole (63 bytes).
@@ -233,7 +237,7 @@ public final class PostgresStore: @unchecked Sendable {
             if besideTheWriter {
                 let connection = try connect()
                 _ = try? run(connection, "SET synchronous_commit = off")
-                lock.withLock { lockHolder = connection }
+                shared.withLock { s in s.lockHolder = connection }
                 try withConnection { connection in try migrate(connection) }
             } else {
                 if let writerLock {
@@ -244,7 +248,7 @@ public final class PostgresStore: @unchecked Sendable {
                 try withConnection { connection in
                     try migrate(connection)
                     let taken = try takeEpoch(connection)
-                    lock.withLock { epoch = taken }
+                    shared.withLock { s in s.epoch = taken }
                 }
             }
             try takeFeedSlot()
@@ -268,13 +272,13 @@ public final class PostgresStore: @unchecked Sendable {
     /// held exactly as long as the writer lock is. While one node decides that is slot 0
     /// (the one before it let go of it with the writer lock), unless something else holds
     /// it; with several deciding nodes (docs/several-deciding-nodes.md) each gets its own.
-    public var feedSlot: Int { lock.withLock { slot } }
+    public var feedSlot: Int { shared.withLock { s in s.slot } }
 
     private func takeFeedSlot() throws {
-        guard let holder = lock.withLock({ lockHolder }) else { return }
+        guard let holder = shared.withLock({ s in s.lockHolder }) else { return }
         for slot in 0..<FeedSlots.count {
             if try lockFeedSlot(slot, on: holder) {
-                lock.withLock { self.slot = slot }
+                shared.withLock { s in s.slot = slot }
                 if slot != 0 { logger.info("another node holds feed slot 0: this node numbers its changes in another", metadata: ["feedSlot": "\(slot)"]) }
                 return
             }
@@ -305,7 +309,7 @@ public final class PostgresStore: @unchecked Sendable {
             guard let taken = try rows.first?.decode(Int64.self) else {
                 throw OpenError(description: "the store \(location) has no slot_epoch row for feed slot \(slot): it was changed by hand")
             }
-            lock.withLock { slotEpoch = taken }
+            shared.withLock { s in s.slotEpoch = taken }
         }
     }
 
@@ -313,11 +317,11 @@ public final class PostgresStore: @unchecked Sendable {
     /// when that closes (PostgreSQL restarted), it takes the slot again at once, and stops
     /// if another node took it meanwhile (its epoch moved on).
     private func watchSlotLock() {
-        guard let connection = lock.withLock({ lockHolder }) else { return }
+        guard let connection = shared.withLock({ s in s.lockHolder }) else { return }
         connection.closeFuture.whenComplete { [weak self] _ in
             guard let store = self else { return }
             DispatchQueue.global().async {
-                guard !store.lock.withLock({ store.isShutDown }) else { return }
+                guard !store.shared.withLock({ s in s.isShutDown }) else { return }
                 do {
                     try store.takeSlotAgain()
                 } catch {
@@ -330,14 +334,14 @@ public final class PostgresStore: @unchecked Sendable {
 
     private func takeSlotAgain() throws {
         let connection = try connect()
-        let (slot, epoch) = lock.withLock { (self.slot, self.slotEpoch) }
+        let (slot, epoch) = shared.withLock { s in (s.slot, s.slotEpoch) }
         var binds = Binds()
         let current = try? run(connection, "SELECT epoch FROM slot_epoch WHERE slot = \(binds.add(Int64(slot)))::int", binds).first?.decode(Int64.self)
         guard (try? lockFeedSlot(slot, on: connection)) == true, current == epoch else {
             try? connection.close().wait()
             throw StoreFailure(.superseded, "another node took feed slot \(slot), in which this node numbers its changes: this one stops")
         }
-        lock.withLock { lockHolder = connection }
+        shared.withLock { s in s.lockHolder = connection }
         watchSlotLock()
     }
 
@@ -358,12 +362,12 @@ public final class PostgresStore: @unchecked Sendable {
 
     /// Closes every connection (the advisory lock goes with its connection).
     public func shutDown() {
-        let connections = lock.withLock { () -> [PostgresConnection] in
-            isShutDown = true
-            let all = idle + (lockHolder.map { [$0] } ?? []) + (told.listener.map { [$0] } ?? [])
-            idle = []
-            lockHolder = nil
-            told.listener = nil
+        let connections = shared.withLock { s -> [PostgresConnection] in
+            s.isShutDown = true
+            let all = s.idle + (s.lockHolder.map { [$0] } ?? []) + (s.told.listener.map { [$0] } ?? [])
+            s.idle = []
+            s.lockHolder = nil
+            s.told.listener = nil
             return all
         }
         for connection in connections { try? connection.close().wait() }
@@ -372,9 +376,9 @@ public final class PostgresStore: @unchecked Sendable {
     // MARK: connections
 
     func connect() throws -> PostgresConnection {
-        let id = lock.withLock { () -> Int in
-            nextConnectionID += 1
-            return nextConnectionID
+        let id = shared.withLock { s -> Int in
+            s.nextConnectionID += 1
+            return s.nextConnectionID
         }
         return try PostgresStore.connect(location, id: id, patience: patience, logger: logger)
     }
@@ -441,13 +445,13 @@ public final class PostgresStore: @unchecked Sendable {
         let connection = try takeIdle() ?? connect()
         do {
             let result = try body(connection)
-            lock.withLock { idle.append(connection) }
+            shared.withLock { s in s.idle.append(connection) }
             return result
         } catch {
             if connection.isClosed {
                 try? connection.close().wait()
             } else if (try? wait(for: connection.query("ROLLBACK", logger: logger), on: connection)) != nil {
-                lock.withLock { idle.append(connection) }
+                shared.withLock { s in s.idle.append(connection) }
             } else {
                 try? connection.close().wait()
             }
@@ -457,7 +461,7 @@ public final class PostgresStore: @unchecked Sendable {
 
     /// An idle connection that is still open (the server closes them when it restarts).
     private func takeIdle() -> PostgresConnection? {
-        while let connection = lock.withLock({ idle.popLast() }) {
+        while let connection = shared.withLock({ s in s.idle.popLast() }) {
             if !connection.isClosed { return connection }
             try? connection.close().wait()
         }
@@ -465,7 +469,7 @@ public final class PostgresStore: @unchecked Sendable {
     }
 
     /// How long one statement may take before its connection is given up.
-    public var statementPatience: Duration = .seconds(60)
+    public let statementPatience: Duration = .seconds(60)
 
     struct StatementTimedOut: Error, CustomStringConvertible {
         let patience: Duration
@@ -486,15 +490,11 @@ public final class PostgresStore: @unchecked Sendable {
     }
 
     static func wait<T: Sendable>(for future: EventLoopFuture<T>, on connection: PostgresConnection, patience: Duration) throws -> T {
-        let done = DispatchSemaphore(value: 0)
-        let outcome = NIOLockedValueBox<Result<T, Error>?>(nil)
-        future.whenComplete { result in
-            outcome.withLockedValue { $0 = result }
-            done.signal()
-        }
+        let outcome = Locked<Result<T, Error>?>(nil)
+        future.whenComplete { result in outcome.change { $0 = result } }
         let deadline = ContinuousClock.now + patience
         var closedSince: ContinuousClock.Instant?
-        while done.wait(timeout: .now() + .milliseconds(100)) == .timedOut {
+        while outcome.wait(until: { $0 != nil }, deadline: Date(timeIntervalSinceNow: 0.1), then: { $0 == nil }) {
             let now = ContinuousClock.now
             if connection.isClosed {
                 // An answer that came just before the close is being handed over.
@@ -507,7 +507,7 @@ public final class PostgresStore: @unchecked Sendable {
                 throw StatementTimedOut(patience: patience)
             }
         }
-        return try outcome.withLockedValue { $0! }.get()
+        return try outcome.withLock { $0! }.get()
     }
 
     /// Becomes the database's only writer, or says who is. Taken again (an epoch is
@@ -519,7 +519,7 @@ public final class PostgresStore: @unchecked Sendable {
             try? connection.close().wait()
             throw WriterLockHeld(location: location)
         }
-        let held = lock.withLock { epoch }
+        let held = shared.withLock { s in s.epoch }
         if held != 0 {
             let current: Int64?
             do {
@@ -534,7 +534,7 @@ public final class PostgresStore: @unchecked Sendable {
             }
             // The feed slot went with the old connection too: this node's changes go on
             // numbered in it, so it must be the same one.
-            let slot = lock.withLock { self.slot }
+            let slot = shared.withLock { s in s.slot }
             guard (try? lockFeedSlot(slot, on: connection)) == true else {
                 try? connection.close().wait()
                 throw StoreFailure(.superseded, "another node took feed slot \(slot), in which this node numbers its changes")
@@ -550,14 +550,14 @@ public final class PostgresStore: @unchecked Sendable {
     /// not wait for the disk.
     private func hold(_ connection: PostgresConnection) {
         _ = try? run(connection, "SET synchronous_commit = off")
-        lock.withLock { lockHolder = connection }
+        shared.withLock { s in s.lockHolder = connection }
         watchWriterLock(connection)
     }
 
     /// Says that this writer is alive now (`writer_beat`), if its epoch is still the one.
     private func beat(on connection: PostgresConnection) throws {
         var binds = Binds()
-        try run(connection, "UPDATE writer_beat SET beat = now() WHERE id = 1 AND epoch = \(binds.add(lock.withLock { epoch }))", binds)
+        try run(connection, "UPDATE writer_beat SET beat = now() WHERE id = 1 AND epoch = \(binds.add(shared.withLock { s in s.epoch }))", binds)
     }
 
     /// Says that this writer is alive every `beatSeconds` (`writer_beat`, on the lock's
@@ -568,8 +568,8 @@ public final class PostgresStore: @unchecked Sendable {
     private func startBeating() {
         let thread = Thread { [weak self] in
             nameCurrentThread("writer-beat")
-            while let store = self, !store.lock.withLock({ store.isShutDown }) {
-                if let connection = store.lock.withLock({ store.lockHolder }), !connection.isClosed {
+            while let store = self, !store.shared.withLock({ s in s.isShutDown }) {
+                if let connection = store.shared.withLock({ s in s.lockHolder }), !connection.isClosed {
                     do {
                         // Any deciding node trims, so that the log stays short when the
                         // writer is gone.
@@ -623,7 +623,7 @@ public final class PostgresStore: @unchecked Sendable {
     /// the database's, and holds the row so the next writer's increment waits for the
     /// commit.
     func fence(_ binds: inout Binds) -> String {
-        let (epoch, slot, slotEpoch) = lock.withLock { (self.epoch, self.slot, self.slotEpoch) }
+        let (epoch, slot, slotEpoch) = shared.withLock { s in (s.epoch, s.slot, s.slotEpoch) }
         let slotFence = "chatcore_slot_fence(\(binds.add(Int64(slot)))::int, \(binds.add(slotEpoch)))"
         guard isWriter else { return "SELECT " + slotFence }
         let writerFence = "chatcore_fence(\(binds.add(epoch)))"
@@ -657,7 +657,7 @@ public final class PostgresStore: @unchecked Sendable {
         connection.closeFuture.whenComplete { [weak self] _ in
             guard let store = self else { return }
             DispatchQueue.global().async {
-                guard !store.lock.withLock({ store.isShutDown }) else { return }
+                guard !store.shared.withLock({ s in s.isShutDown }) else { return }
                 do {
                     try store.checkWriterLock()
                 } catch {
@@ -671,9 +671,11 @@ public final class PostgresStore: @unchecked Sendable {
     /// After the server restarted, the lock went with the old connection: take it again
     /// before writing (and stop if another process took it meanwhile).
     private func checkWriterLock() throws {
-        relocking.lock()
-        defer { relocking.unlock() }
-        let (holder, shutDown) = lock.withLock { (lockHolder, isShutDown) }
+        try relocking.withLock { _ in try takeWriterLockAgainIfLost() }
+    }
+
+    private func takeWriterLockAgainIfLost() throws {
+        let (holder, shutDown) = shared.withLock { s in (s.lockHolder, s.isShutDown) }
         // A store shut down (the service stopping) let its lock go on purpose: a commit or
         // a follow still running then fails instead of taking the lock, and a new epoch,
         // again.
@@ -681,7 +683,7 @@ public final class PostgresStore: @unchecked Sendable {
         guard holder == nil || holder!.isClosed else { return }
         logger.warning("the connection holding the writer lock was lost: taking it again", metadata: ["store": "\(location)"])
         if let holder { try? holder.close().wait() }
-        lock.withLock { lockHolder = nil }
+        shared.withLock { s in s.lockHolder = nil }
         do {
             try takeWriterLock()
         } catch is WriterLockHeld {
@@ -1166,7 +1168,7 @@ public final class PostgresStore: @unchecked Sendable {
 
     /// The writer lock of a database, taken by a node that waited for it (`wait`), and
     /// where the writer is meanwhile (`writerAddress`).
-    public final class WriterLock: @unchecked Sendable {
+    public final class WriterLock: Sendable {
         let connection: PostgresConnection
 
         private init(connection: PostgresConnection) {

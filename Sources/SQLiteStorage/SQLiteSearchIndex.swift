@@ -27,7 +27,7 @@ import Threads
 /// (and its occasional segment merges) off the path from a send to its `Sent`. It is
 /// derived data: the engine re-adds whatever it lacks, and an index file that cannot be
 /// opened (or one laid out by an older release) is simply rebuilt.
-public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
+public final class SQLiteSearchIndex: MessageSearchIndex, Sendable {
     /// The layout of the file; another one is rebuilt.
     static let layout = 4
     /// A query scoped to more chats than this filters the chats after matching instead.
@@ -35,16 +35,36 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
 
     /// WAL: searches read while the writer thread writes.
     private let queue: DatabasePool
-    private let condition = NSCondition()
-    private var pendingAdds: [SearchEntry] = []
-    private var pendingRemovals: [Int64] = []
-    /// Work handed to the writer and not yet committed.
-    private var inFlight = 0
-    private var failure: Error?
-    /// What the texts handed over and not yet committed take (pending, and taken by the
-    /// writer), with a little for each entry besides its text.
-    private var pendingBytes = 0
-    private var inFlightBytes = 0
+    /// What is handed over to the writer thread, shared with it.
+    private struct Backlog {
+        var pendingAdds: [SearchEntry] = []
+        var pendingRemovals: [Int64] = []
+        /// Work handed to the writer and not yet committed.
+        var inFlight = 0
+        var failure: Error?
+        /// What the texts handed over and not yet committed take (pending, and taken by
+        /// the writer), with a little for each entry besides its text.
+        var pendingBytes = 0
+        var inFlightBytes = 0
+        /// A bulk load ended and its segments are not merged yet.
+        var mergePending = false
+
+        var hasWork: Bool { !pendingAdds.isEmpty || !pendingRemovals.isEmpty }
+
+        /// Takes what is pending for the writer.
+        mutating func take() -> (adds: [SearchEntry], removals: [Int64]) {
+            defer {
+                pendingAdds.removeAll(keepingCapacity: true)
+                pendingRemovals.removeAll(keepingCapacity: true)
+                inFlightBytes = pendingBytes
+                pendingBytes = 0
+                inFlight += 1
+            }
+            return (pendingAdds, pendingRemovals)
+        }
+    }
+
+    private let backlog = Locked(Backlog())
     /// Past this backlog, `add` waits for the writer: sends faster than the index takes
     /// them (long texts, a slow disk, a sustained load) are slowed to its pace instead
     /// of piling their texts up in memory without bound.
@@ -58,9 +78,7 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
 
     /// The texts handed over and not yet in the index (tests).
     var backlogBytes: Int {
-        condition.lock()
-        defer { condition.unlock() }
-        return pendingBytes + inFlightBytes
+        backlog.withLock { $0.pendingBytes + $0.inFlightBytes }
     }
 
     public init(directory: URL, backlogLimit: Int = SQLiteSearchIndex.defaultBacklogLimit) throws {
@@ -120,20 +138,16 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
     /// and refilled from the store at the next start).
     public func add(_ entries: [SearchEntry], removing rows: [Int64]) {
         guard !entries.isEmpty || !rows.isEmpty else { return }
-        condition.lock()
-        while pendingBytes + inFlightBytes > backlogLimit && failure == nil { condition.wait() }
-        pendingBytes += SQLiteSearchIndex.bytes(of: entries)
-        pendingAdds.append(contentsOf: entries)
-        pendingRemovals.append(contentsOf: rows)
-        condition.broadcast()
-        condition.unlock()
+        let limit = backlogLimit
+        backlog.wait(until: { $0.pendingBytes + $0.inFlightBytes <= limit || $0.failure != nil }, notifying: true) { backlog in
+            backlog.pendingBytes += SQLiteSearchIndex.bytes(of: entries)
+            backlog.pendingAdds.append(contentsOf: entries)
+            backlog.pendingRemovals.append(contentsOf: rows)
+        }
     }
 
     public func waitUntilWritten() throws {
-        condition.lock()
-        while (!pendingAdds.isEmpty || !pendingRemovals.isEmpty || inFlight > 0) && failure == nil { condition.wait() }
-        let failure = self.failure
-        condition.unlock()
+        let failure = backlog.wait(until: { (!$0.hasWork && $0.inFlight == 0) || $0.failure != nil }) { $0.failure }
         if let failure { throw failure }
     }
 
@@ -283,19 +297,12 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
         return String(decoding: out, as: UTF8.self)
     }
 
-    /// The highest row written (writer thread only; nil until read from the file).
-    private var highestRow: Int64?
-    /// A bulk load ended and its segments are not merged yet (guarded by `condition`).
-    private var mergePending = false
     /// Pages one merge step writes, and how long the writer is idle before it merges.
     static let pagesPerMergeStep = 256
     static let idleBeforeMerging = 0.1
 
     public func bulkLoadEnded() {
-        condition.lock()
-        mergePending = true
-        condition.broadcast()
-        condition.unlock()
+        backlog.change { $0.mergePending = true }
     }
 
     /// One step of merging every segment into one, while nothing else is to be written
@@ -323,27 +330,21 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
     }
 
     private func writeLoop() {
+        /// The highest row written (nil until read from the file).
+        var highestRow: Int64?
         while true {
-            condition.lock()
-            while pendingAdds.isEmpty && pendingRemovals.isEmpty {
-                if mergePending {
-                    // Idle: merge a little, then look for work again.
-                    if condition.wait(until: Date(timeIntervalSinceNow: SQLiteSearchIndex.idleBeforeMerging)) { continue }
-                    condition.unlock()
-                    mergePending = mergeStep()
-                    condition.lock()
-                } else {
-                    condition.wait()
+            var work = backlog.wait(until: { $0.hasWork || $0.mergePending }) { $0.hasWork ? $0.take() : nil }
+            if work == nil {
+                // Idle after a bulk load: merge a little, unless work comes meanwhile.
+                let idle = Date(timeIntervalSinceNow: SQLiteSearchIndex.idleBeforeMerging)
+                work = backlog.wait(until: \.hasWork, deadline: idle) { $0.hasWork ? $0.take() : nil }
+                if work == nil {
+                    let more = mergeStep()
+                    backlog.withLock { $0.mergePending = more }
+                    continue
                 }
             }
-            let adds = pendingAdds
-            let removals = pendingRemovals
-            pendingAdds.removeAll(keepingCapacity: true)
-            pendingRemovals.removeAll(keepingCapacity: true)
-            inFlightBytes = pendingBytes
-            pendingBytes = 0
-            inFlight += 1
-            condition.unlock()
+            let (adds, removals) = work!
             var error: Error?
             do {
                 try queue.write { db in
@@ -375,12 +376,11 @@ public final class SQLiteSearchIndex: MessageSearchIndex, @unchecked Sendable {
                 error = caught
                 highestRow = nil  // the transaction was rolled back: read it again
             }
-            condition.lock()
-            inFlight -= 1
-            inFlightBytes = 0
-            if let error { failure = error }
-            condition.broadcast()
-            condition.unlock()
+            backlog.change { backlog in
+                backlog.inFlight -= 1
+                backlog.inFlightBytes = 0
+                if let error { backlog.failure = error }
+            }
         }
     }
 }

@@ -12,7 +12,7 @@ import Threads
 ///
 /// The data directory holds `chatcore.sqlite` and a `lock` file: one process at a time
 /// may serve a directory, because the engine keeps state in memory.
-public final class SQLiteStore: @unchecked Sendable {
+public final class SQLiteStore: Sendable {
     public let directory: URL?
     let pool: any DatabaseWriter
     private let lockDescriptor: Int32?

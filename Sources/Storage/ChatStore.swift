@@ -1,4 +1,5 @@
 import Foundation
+import Threads
 
 /// What the engine needs from durable storage, in the engine's words.
 ///
@@ -256,7 +257,7 @@ public protocol MessageSearchIndex: AnyObject, Sendable {
 /// What one search may check: candidates and bytes of their text. A search that runs out
 /// answers what it found and says so (`incomplete`), so that no query costs more than
 /// this, whatever the history holds.
-public final class SearchBudget: @unchecked Sendable {  // one search's, on one thread at a time
+public final class SearchBudget {  // one search's, on one thread at a time
     public private(set) var candidates: Int
     public private(set) var bytes: Int
     /// Set when a candidate could not be paid for.
@@ -343,34 +344,26 @@ public struct SearchEntry: Sendable, Equatable {
 /// Whether each recent commit (by `StoreBatch.sequence`) was applied, for a store with
 /// more than one commit in flight (`ChatStore.commitsInFlight`): the commit that follows
 /// one (`StoreBatch.follows`) waits for its outcome before it applies what depends on it.
-public final class CommitOutcomes: @unchecked Sendable {
-    /// NSCondition (pthread): ThreadSanitizer sees it.
-    private let condition = NSCondition()
-    private var applied: [Int64: Bool] = [:]
+public final class CommitOutcomes: Sendable {
+    private let applied = Locked<[Int64: Bool]>([:])
 
     public init() {}
 
     public func record(_ sequence: Int64, applied outcome: Bool) {
-        condition.lock()
-        applied[sequence] = outcome
-        // Only a few commits are ever in flight: older outcomes have been read.
-        applied = applied.filter { $0.key > sequence - 16 }
-        condition.broadcast()
-        condition.unlock()
+        applied.change { applied in
+            applied[sequence] = outcome
+            // Only a few commits are ever in flight: older outcomes have been read.
+            applied = applied.filter { $0.key > sequence - 16 }
+        }
     }
 
     /// Whether commit `sequence` was applied, if it returned (nil while it runs).
     public func outcome(of sequence: Int64) -> Bool? {
-        condition.lock()
-        defer { condition.unlock() }
-        return applied[sequence]
+        applied.withLock { $0[sequence] }
     }
 
     /// Waits until commit `sequence` returned; whether it was applied.
     public func wait(for sequence: Int64) -> Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        while applied[sequence] == nil { condition.wait() }
-        return applied[sequence]!
+        applied.wait(until: { $0[sequence] != nil }) { $0[sequence]! }
     }
 }

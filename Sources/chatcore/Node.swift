@@ -150,6 +150,8 @@ extension Serve {
             store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments,
             attachmentsDirectory: allowedDirectory, cacheBytes: cacheMb << 20, quotas: quotaLimits, clock: clock,
             onFatalStoreError: stopForStore)
+        // Read before the engine thread starts: its state is then that thread's.
+        let (chats, users) = (engine.chatCount, engine.userCount)
         engine.start()
         engine.sweepUnusedBlobs()
         var followEvery: Duration?
@@ -162,7 +164,7 @@ extension Serve {
             "store ready",
             metadata: [
                 "store": "\(store.description)", "dataDir": "\(directory.path)", "openedIn": "\(ContinuousClock.now - opening)",
-                "chats": "\(engine.chatCount)", "users": "\(engine.userCount)",
+                "chats": "\(chats)", "users": "\(users)",
                 "wholeFileCheck": "\(store.wholeFileCheck)"
             ])
 
@@ -241,7 +243,7 @@ extension Serve {
         // Stopped in the reverse order: input first, the store last.
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
             .init(service: StoreService(store: store, stop: stop)),
-            .init(service: EngineService(engine: engine, followEvery: followEvery, stop: stop)),
+            .init(service: EngineService(engine: engine, followEvery: followEvery, stop: stop))
         ]
         if let server { services.append(.init(service: SocketsService(server: server, engine: engine, stop: stop))) }
         if let stdio {
