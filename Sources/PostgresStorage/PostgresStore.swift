@@ -389,10 +389,7 @@ public final class PostgresStore: Sendable {
         let deadline = ContinuousClock.now + patience
         while true {
             do {
-                let connection = try PostgresConnection.connect(
-                    on: MultiThreadedEventLoopGroup.singleton.next(), configuration: location.configuration,
-                    id: id, logger: logger
-                ).wait()
+                let connection = try connectOnce(location, id: id, logger: logger)
                 do {
                     try makeCommitsDurable(connection, logger: logger)
                 } catch {
@@ -409,15 +406,40 @@ public final class PostgresStore: Sendable {
         }
     }
 
+    /// How long one connection attempt (the socket, TLS, the start-up and authentication
+    /// exchange) may take. A server being restarted can accept a connection and never
+    /// answer it: waiting for it without a bound held the writer lock's check, and every
+    /// commit behind it, for good (a session waited 30 s and more for its answer).
+    static let connectionPatience: Duration = .seconds(5)
+
+    struct ConnectTimedOut: Error, CustomStringConvertible {
+        var description: String { "PostgreSQL did not answer the connection within \(PostgresStore.connectionPatience)" }
+    }
+
+    /// One connection attempt, given up after `connectionPatience` (a connection that
+    /// comes after that is closed).
+    private static func connectOnce(_ location: Location, id: Int, logger: Logger) throws -> PostgresConnection {
+        let future = PostgresConnection.connect(
+            on: MultiThreadedEventLoopGroup.singleton.next(), configuration: location.configuration, id: id, logger: logger)
+        let outcome = Locked<Result<PostgresConnection, Error>?>(nil)
+        future.whenComplete { result in outcome.change { $0 = result } }
+        let seconds = Double(connectionPatience.components.seconds)
+        guard let result = outcome.wait(until: { $0 != nil }, deadline: Date(timeIntervalSinceNow: seconds), then: { $0 }) else {
+            future.whenSuccess { late in late.close().whenComplete { _ in } }
+            throw ConnectTimedOut()
+        }
+        return try result.get()
+    }
+
     /// A commit is announced `Sent` once PostgreSQL says it is committed, which means on
     /// its disk only when `synchronous_commit` is not `off`: a role or database set to
     /// `off` would lose announced commits in a crash of the server. Such a setting is
     /// overridden for this connection (the others, `local` to `remote_apply`, all flush
     /// the server's own WAL first), and said once.
     static func makeCommitsDurable(_ connection: PostgresConnection, logger: Logger) throws {
-        let shown = try connection.query("SHOW synchronous_commit", logger: logger).wait()
+        let shown = try wait(for: connection.query("SHOW synchronous_commit", logger: logger), on: connection, patience: connectionPatience)
         guard let level = try shown.first?.decode(String.self), level == "off" else { return }
-        _ = try connection.query("SET synchronous_commit = on", logger: logger).wait()
+        _ = try wait(for: connection.query("SET synchronous_commit = on", logger: logger), on: connection, patience: connectionPatience)
         if !warnedOfAsynchronousCommits.exchange(true, ordering: .relaxed) {
             logger.warning(
                 "the database or role sets synchronous_commit = off, under which a crash of PostgreSQL loses commits it said were made: chatcore sets it on for its own connections",
@@ -1266,7 +1288,7 @@ public final class PostgresStore: Sendable {
             defer { try? connection.close().wait() }
             // The table exists once a writer migrated the database.
             let query = PostgresQuery(unsafeSQL: "SELECT \(columns) FROM writer_node WHERE id = 1")
-            return (try? connection.query(query, logger: logger).wait())?.first
+            return (try? PostgresStore.wait(for: connection.query(query, logger: logger), on: connection, patience: connectionPatience))?.first
         }
     }
 
