@@ -18,7 +18,7 @@ extension Engine {
     func followOthers(thoroughly: Bool) {
         let activity: OthersActivity?
         do {
-            activity = try store.othersActivity(besides: following.feedSlot, after: following.cursor, thoroughly: thoroughly)
+            activity = try coordination.othersActivity(besides: following.feedSlot, after: following.cursor, thoroughly: thoroughly)
         } catch {
             logger.warning(
                 "what the other deciding nodes did could not be read: it is followed before the next batch",
@@ -67,7 +67,7 @@ extension Engine {
         guard !hasFailedCommit else { return }
         logger.warning("this node fell behind what the other deciding nodes did: reading the store again whole")
         do {
-            following.cursor = try store.othersActivity(besides: following.feedSlot, after: nil, thoroughly: true)?.cursor
+            following.cursor = try coordination.othersActivity(besides: following.feedSlot, after: nil, thoroughly: true)?.cursor
             try reload()
             // What was committed between the cursor and the reading is in memory already.
             following.readAheadOfFollowing = nil
@@ -387,7 +387,7 @@ extension Engine {
     func tellOthers(_ event: TransientEvent) {
         guard followsOthers else { return }
         do {
-            try store.announce(event, slot: following.feedSlot)
+            try coordination.announce(event, slot: following.feedSlot)
         } catch {
             logger.warning("could not tell the other deciding nodes of a typing or chat event", metadata: ["error": "\(error)"])
         }
@@ -412,7 +412,7 @@ extension Engine {
         following.presenceChanged = []
         guard !joined.isEmpty || !left.isEmpty else { return }
         do {
-            try store.announceOnline(slot: following.feedSlot, joined: joined, left: left)
+            try coordination.announceOnline(slot: following.feedSlot, joined: joined, left: left)
             following.announcedOnline.formUnion(joined)
             following.announcedOnline.subtract(left)
         } catch {

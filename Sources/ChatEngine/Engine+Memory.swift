@@ -124,7 +124,7 @@ extension Engine {
         let held = directory.numbersTaken[kind, default: []].reduce(0) { $0 + $1.count }
         guard count > held else { return }
         do {
-            if let ranges = try store.takeNumbers(for: kind, count: count - held) { directory.numbersTaken[kind, default: []] += ranges }
+            if let ranges = try coordination.takeNumbers(for: kind, count: count - held) { directory.numbersTaken[kind, default: []] += ranges }
         } catch {
             logger.warning(
                 "the store gave no number for a new \(kind.rawValue): the commit judges the next one memory has",

@@ -72,6 +72,9 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
     static let chunkSize = 500
 
     let store: ChatStore
+    /// How this process shares the store with others that decide on it (`SoloNode` when
+    /// it is alone on it).
+    let coordination: NodeCoordination
     let logger: Logger
     /// Seconds since 1970: message timestamps.
     let clock: @Sendable () -> Int64
@@ -127,28 +130,30 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
     /// a way the engine cannot recover from; the process should answer what it has and
     /// exit non-zero.
     public init(
-        store: ChatStore, logger: Logger, searchIndex: MessageSearchIndex? = nil, attachments: AttachmentStore? = nil,
+        store: ChatStore, coordination: NodeCoordination = SoloNode(), logger: Logger, searchIndex: MessageSearchIndex? = nil,
+        attachments: AttachmentStore? = nil,
         attachmentsDirectory: String? = nil, cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int? = nil,
         quotas: QuotaLimits = QuotaLimits(),
         clock: @escaping @Sendable () -> Int64 = Engine.wallClock,
         onFatalStoreError: (@Sendable (String) -> Void)? = nil
     ) throws {
         self.quotas = Quotas(limits: quotas)
-        let feedSlot = feedSlot ?? store.feedSlot
+        let feedSlot = feedSlot ?? coordination.feedSlot
         precondition((0..<FeedSlots.count).contains(feedSlot), "a feed slot is below \(FeedSlots.count)")
         self.cache = MessageCache(budget: cacheBytes)
         self.store = store
+        self.coordination = coordination
         self.logger = logger
         self.clock = clock
         self._outputs = SessionOutputs(mark: quotas.outputMark)
-        self._commits = Commits(limit: max(1, store.commitsInFlight), comparesChatVersions: store.comparesChatVersions)
-        self._following = Following(othersDecide: store.othersDecide, feedSlot: feedSlot)
+        self._commits = Commits(limit: max(1, store.commitsInFlight), comparesChatVersions: coordination.comparesChatVersions)
+        self._following = Following(othersDecide: coordination.othersDecide, feedSlot: feedSlot)
         self._searches = Searches(index: searchIndex)
         self._attachmentWork = AttachmentWork(store: attachments, allowedDirectory: attachmentsDirectory)
         self.life = EngineLife(onFatalStoreError: onFatalStoreError)
         // From here on: what the others commit while memory is read is followed again
         // (reading a chat again is harmless), never missed.
-        if followsOthers { following.cursor = try store.othersActivity(besides: feedSlot, after: nil, thoroughly: true)?.cursor }
+        if followsOthers { following.cursor = try coordination.othersActivity(besides: feedSlot, after: nil, thoroughly: true)?.cursor }
         try reload()
     }
 

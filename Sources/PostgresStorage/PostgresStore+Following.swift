@@ -418,3 +418,7 @@ extension PostgresStore {
             """, binds)
     }
 }
+
+/// The nodes on one database coordinate through it: numbers from its sequences, feed
+/// slots held by advisory locks, and what the others did read from their commits.
+extension PostgresStore: NodeCoordination {}

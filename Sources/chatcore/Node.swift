@@ -147,7 +147,7 @@ extension Serve {
             stopper.stop()
         }
         let engine = try Engine(
-            store: store.chatStore, logger: logger, searchIndex: searchIndex, attachments: attachments,
+            store: store.chatStore, coordination: store.coordination, logger: logger, searchIndex: searchIndex, attachments: attachments,
             attachmentsDirectory: allowedDirectory, cacheBytes: cacheMb << 20, quotas: quotaLimits, clock: clock,
             onFatalStoreError: stopForStore)
         // Read before the engine thread starts: its state is then that thread's.
@@ -156,7 +156,7 @@ extension Serve {
         engine.sweepUnusedBlobs()
         var followEvery: Duration?
         if engine.followsOthers {
-            let told = store.chatStore.wakeWhenOthersAct { [weak engine] in engine?.othersActed() }
+            let told = store.coordination.wakeWhenOthersAct { [weak engine] in engine?.othersActed() }
             followEvery = told ? Serve.followIntervalWhenTold : Serve.followInterval
         }
         ServiceMetrics.deciding.record(1)

@@ -42,6 +42,15 @@ enum OpenedStore {
         if case .postgres = self { true } else { false }
     }
 
+    /// How this process shares the store with other deciding processes: PostgreSQL's
+    /// nodes, or nobody (SQLite).
+    var coordination: any NodeCoordination {
+        switch self {
+        case .sqlite: SoloNode()
+        case .postgres(let store): store
+        }
+    }
+
     var chatStore: any ChatStore {
         switch self {
         case .sqlite(let store): store

@@ -32,7 +32,7 @@ final class EngineHarness {
         var logger = Logger(label: "engine-tests")
         logger.logLevel = .critical
         engine = try Engine(
-            store: store, logger: logger, searchIndex: searchIndex, attachments: attachments,
+            store: store, coordination: (store as? NodeCoordination) ?? SoloNode(), logger: logger, searchIndex: searchIndex, attachments: attachments,
             attachmentsDirectory: attachmentsDirectory, cacheBytes: cacheBytes, feedSlot: feedSlot, quotas: quotas, clock: { clock.now })
         engine.start()
     }
@@ -210,7 +210,7 @@ final class RecordingSink: EventSink, @unchecked Sendable {
 }
 
 /// A real store that fails its commits while `failing` is set, as a full disk would.
-final class FailingStore: ChatStore, @unchecked Sendable {
+final class FailingStore: ChatStore, NodeCoordination, @unchecked Sendable {
     let inner: ChatStore
     let failing = Atomic<Bool>(false)
     /// While failing, this many more commits still succeed first.
@@ -240,6 +240,8 @@ final class FailingStore: ChatStore, @unchecked Sendable {
     /// are two nodes.
     private let versioned: Bool
     var comparesChatVersions: Bool { versioned }
+    var feedSlot: Int { 0 }
+    func wakeWhenOthersAct(_ wake: @escaping @Sendable () -> Void) -> Bool { false }
     private let versionsLock = NSLock()
     private var versions: [Int64: Int64] = [:]
 
