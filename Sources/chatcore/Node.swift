@@ -55,15 +55,16 @@ extension Serve {
         let opening = ContinuousClock.now
         do {
             try Serve.prepareDataDirectory(directory, logger: logger)
-            if let storePasswordFile {
+            if let storePasswordFile = storage.storePasswordFile {
                 Serve.warnIfOthersMayRead(storePasswordFile, what: "--store-password-file: the database's password", logger: logger)
             }
             do {
-                store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, allNodesDecide: allNodesDecide)
-            } catch is PostgresStore.WriterLockHeld where allNodesDecide {
+                store = try OpenedStore.open(
+                    self.storage.store, passwordFile: storage.storePasswordFile, directory: directory, logger: logger, allNodesDecide: storage.allNodesDecide)
+            } catch is PostgresStore.WriterLockHeld where storage.allNodesDecide {
                 // Another node is the writer: this one decides beside it.
                 store = try OpenedStore.open(
-                    self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, allNodesDecide: true,
+                    self.storage.store, passwordFile: storage.storePasswordFile, directory: directory, logger: logger, allNodesDecide: true,
                     besideTheWriter: true)
             } catch let held as PostgresStore.WriterLockHeld {
                 ServiceMetrics.deciding.record(0)
@@ -82,7 +83,8 @@ extension Serve {
                     throw ExitCode(1)
                 }
                 let lock = try await follow(held.location, loops: loops.group, logger: logger)
-                store = try OpenedStore.open(self.store, passwordFile: storePasswordFile, directory: directory, logger: logger, writerLock: lock)
+                store = try OpenedStore.open(
+                    self.storage.store, passwordFile: storage.storePasswordFile, directory: directory, logger: logger, writerLock: lock)
             }
         } catch let exit as ExitCode {
             throw exit
@@ -130,9 +132,9 @@ extension Serve {
             throw ExitCode(1)
         }
         let quotaLimits = QuotaLimits(
-            requestsPerSecond: maxRequestsPerSecond, chatsPerMinute: maxChatsPerMinute,
-            newUsersPerMinute: maxNewUsersPerMinute, eventsPerSecond: maxEventsPerSecond,
-            searchCandidates: maxSearchCandidates, searchBytes: maxSearchBytes, endpointsPerUser: maxEndpoints)
+            requestsPerSecond: quotas.maxRequestsPerSecond, chatsPerMinute: quotas.maxChatsPerMinute,
+            newUsersPerMinute: quotas.maxNewUsersPerMinute, eventsPerSecond: quotas.maxEventsPerSecond,
+            searchCandidates: quotas.maxSearchCandidates, searchBytes: quotas.maxSearchBytes, endpointsPerUser: limits.maxEndpoints)
         var clock = Engine.wallClock
         if let fixed = ProcessInfo.processInfo.environment["CHATCORE_FIXED_TIME"].flatMap(Int64.init) {
             // For golden transcripts: every message gets this timestamp.
@@ -169,8 +171,8 @@ extension Serve {
             ])
 
         let sessionLimits = Session.Limits(
-            maxRequestsInFlight: maxRequestsInFlight, maxLineBytes: maxLineBytes,
-            authTimeout: authTimeout > 0 ? .seconds(authTimeout) : nil)
+            maxRequestsInFlight: limits.maxRequestsInFlight, maxLineBytes: limits.maxLineBytes,
+            authTimeout: auth.authTimeout > 0 ? .seconds(auth.authTimeout) : nil)
         // The standard input/output session exists (and a --user is authenticated) before
         // any socket is accepted: the trusted user is always the first user of a new store.
         let stdio =
@@ -188,11 +190,11 @@ extension Serve {
             let sockets = SocketServer(
                 group: loops.group, engine: engine, authenticator: authenticator,
                 limits: .init(
-                    session: sessionLimits, outputHighWater: outputHighWater, maxOutputBytes: maxOutputBytes,
-                    maxOutputTotal: outputTotalLimit,
-                    maxSessions: Serve.sessionsThatFit(maxSessions, relaying: store.isShared, logger: logger),
-                    idleTimeout: idleTimeout > 0 ? .seconds(Int64(idleTimeout)) : nil,
-                    authTimeout: authTimeout > 0 ? .seconds(Int64(authTimeout)) : nil, maxBufferedInput: maxInputTotal),
+                    session: sessionLimits, outputHighWater: limits.outputHighWater, maxOutputBytes: limits.maxOutputBytes,
+                    maxOutputTotal: limits.outputTotalLimit,
+                    maxSessions: Serve.sessionsThatFit(limits.maxSessions, relaying: store.isShared, logger: logger),
+                    idleTimeout: limits.idleTimeout > 0 ? .seconds(Int64(limits.idleTimeout)) : nil,
+                    authTimeout: auth.authTimeout > 0 ? .seconds(Int64(auth.authTimeout)) : nil, maxBufferedInput: limits.maxInputTotal),
                 logger: logger)
             server = sockets
             for text in listening {
@@ -204,7 +206,7 @@ extension Serve {
                         relayedOnly ? "listening for sessions relayed by other nodes" : "listening",
                         metadata: ["address": "\(address)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
                     if case .postgres(let database) = store, database.isWriter, text == listening[0] {
-                        let advertised = (relayedOnly ? nil : advertise) ?? Serve.reachable(address, port: channel.localAddress?.port)
+                        let advertised = (relayedOnly ? nil : storage.advertise) ?? Serve.reachable(address, port: channel.localAddress?.port)
                         // Nodes given the node key vouch for the users of the sessions
                         // they relay; without it, none can.
                         let tokens = nodeKey.map(NodeTokens.init)

@@ -51,112 +51,9 @@ struct Serve: AsyncParsableCommand {
     @Option(
         name: .long,
         help: ArgumentHelp(
-            "Keep everything in this PostgreSQL database instead of SQLite in --data-dir: postgres://USER@HOST[:PORT]/DATABASE[?sslmode=MODE&sslrootcert=CA_FILE] (libpq's modes; default prefer), or postgres://USER@/DATABASE?host=SOCKET_DIR. No password here: --store-password-file or PGPASSWORD.",
-            valueName: "url"))
-    var store: String?
-
-    @Option(
-        name: .long,
-        help: ArgumentHelp(
-            "With --store postgres: the address other nodes relay their connections to while this node is the writer (HOST:PORT or unix:PATH). Default: the first --listen as bound (127.0.0.1 for 0.0.0.0). Without --listen the node listens on 127.0.0.1 on a free port for the sessions of other nodes on this machine, and advertises that.",
-            valueName: "address"))
-    var advertise: String?
-
-    @Flag(
-        name: .long,
-        help:
-            "With --store postgres: every node decides for its own sessions, following the others' commits, instead of relaying its connections to the writer. Give it to every node of the database (experimental: docs/several-deciding-nodes.md)."
-    )
-    var allNodesDecide = false
-
-    @Option(name: .long, help: ArgumentHelp("A file holding the PostgreSQL password of --store (trailing whitespace removed).", valueName: "file"))
-    var storePasswordFile: String?
-
-    @Option(
-        name: .long,
-        help: ArgumentHelp(
-            "With --store postgres, on a node waiting to be the writer: take over from a writer that has not said it is alive (it does every second) for this long, ending its database sessions. At least 3.",
-            valueName: "seconds"))
-    var writerTimeout: Double = 10
-
-    @Option(name: .long, help: ArgumentHelp("A file whose bytes, as they are (at least 32), are the HMAC key for authToken JWTs (HS256).", valueName: "file"))
-    var authSecretFile: String?
-
-    @Option(
-        name: .long,
-        help: ArgumentHelp(
-            "A JWKS file (JSON Web Key Set): authToken JWTs signed RS256 or ES256 by one of its keys are accepted. Read again on SIGHUP. Give --auth-audience with it.",
-            valueName: "file"))
-    var authJwks: String?
-
-    @Option(
-        name: .long,
-        help: ArgumentHelp(
-            "A token's 'aud' must name this (the identity provider's name for this service): other applications of the same provider cannot sign in here. Without it, --auth-jwks starts with a warning.",
-            valueName: "audience"))
-    var authAudience: String?
-
-    @Option(name: .long, help: ArgumentHelp("A token's 'iss' must be this (the identity provider).", valueName: "issuer"))
-    var authIssuer: String?
-
-    @Option(name: .long, help: ArgumentHelp("Seconds by which a token's exp, nbf and iat may be off this machine's clock.", valueName: "seconds"))
-    var authLeeway: Double = TokenPolicy.defaultLeeway
-
-    @Option(name: .long, help: ArgumentHelp("A token valid for longer than this (exp from iat) is refused.", valueName: "seconds"))
-    var authMaxLifetime: Double = TokenPolicy.defaultMaxLifetime
-
-    @Option(
-        name: .long,
-        help: ArgumentHelp(
-            "With --store postgres: a file whose bytes (at least 32) every node of the database is given, never stored in it. A node relaying its standard input/output session (--user) to the writer vouches for its user with it.",
-            valueName: "file"))
-    var nodeKeyFile: String?
-
-    @Flag(name: .long, help: "Accept any authToken. Refuses to listen on anything but loopback addresses and Unix sockets.")
-    var insecureNoAuth = false
-
-    @Option(
-        name: .long,
-        help: ArgumentHelp(
             "The only directory socket sessions may attach files from (after resolving links). Without it they attach nothing; standard input/output may name any readable file.",
             valueName: "dir"))
     var attachmentsDir: String?
-
-    @Option(name: .long, help: "A longer line is skipped without being buffered and answered with TooLarge.")
-    var maxLineBytes: Int = 1 << 20
-
-    @Option(name: .long, help: "Requests of one session that may wait in the engine before its input is paused.")
-    var maxRequestsInFlight: Int = 1024
-
-    @Option(name: .long, help: "Unread output of a socket session above which its input is paused.")
-    var outputHighWater: Int = 1 << 20
-
-    @Option(name: .long, help: "Unread output of a socket session above which it is disconnected.")
-    var maxOutputBytes: Int = 64 << 20
-
-    @Option(
-        name: .long,
-        help:
-            "Unread output of all socket sessions together above which a session behind by more than its share (this over the sessions open, at least --output-high-water) is disconnected when more is written to it. Default: 4 × --max-output-bytes."
-    )
-    var maxOutputTotal: Int?
-
-    @Option(name: .long, help: "Bytes of unfinished lines all socket sessions together may hold; the line that would go over is refused (TooLarge).")
-    var maxInputTotal: Int = 256 << 20
-
-    @Option(
-        name: .long, help: "Socket connections open at once; further ones are closed when accepted. Lowered to what the file descriptor limit leaves room for.")
-    var maxSessions: Int = 10_000
-
-    @Option(name: .long, help: ArgumentHelp("Close a socket connection that sends nothing for this many seconds (0: never).", valueName: "seconds"))
-    var idleTimeout: Int = 0
-
-    @Option(
-        name: .long,
-        help: ArgumentHelp(
-            "Close a socket connection whose authToken has not been accepted this many seconds after it connected, or after its token expired (0: never).",
-            valueName: "seconds"))
-    var authTimeout: Int = 60
 
     @Option(name: .long, help: ArgumentHelp("Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT).", valueName: "ADDR"))
     var metrics: String?
@@ -164,96 +61,69 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: ArgumentHelp("Memory for messages kept in memory (the hot ones; the store has them all), in MiB.", valueName: "MiB"))
     var cacheMb: Int = Engine.defaultCacheBytes >> 20
 
-    @Option(
-        name: .long,
-        help: ArgumentHelp(
-            "Requests of one user per second, with a burst of ten seconds' worth; past it they are refused (RateLimited). 0: no limit.", valueName: "n"))
-    var maxRequestsPerSecond: Double = QuotaLimits().requestsPerSecond
-
-    @Option(name: .long, help: ArgumentHelp("Chats one user may start per minute (the minute's worth at once). 0: no limit.", valueName: "n"))
-    var maxChatsPerMinute: Double = QuotaLimits().chatsPerMinute
-
-    @Option(name: .long, help: ArgumentHelp("Users one user's invitations may make per minute (invitees chatcore did not know). 0: no limit.", valueName: "n"))
-    var maxNewUsersPerMinute: Double = QuotaLimits().newUsersPerMinute
-
-    @Option(
-        name: .long,
-        help: ArgumentHelp("Chat events and typing notices of one user per second, with a burst of ten seconds' worth. 0: no limit.", valueName: "n"))
-    var maxEventsPerSecond: Double = QuotaLimits().eventsPerSecond
-
-    @Option(name: .long, help: ArgumentHelp("Candidates one search checks at most; past it, it answers what it found, marked incomplete.", valueName: "n"))
-    var maxSearchCandidates: Int = SearchBudget.defaultCandidates
-
-    @Option(
-        name: .long, help: ArgumentHelp("Bytes of text one search checks at most; past it, it answers what it found, marked incomplete.", valueName: "bytes"))
-    var maxSearchBytes: Int = SearchBudget.defaultBytes
-
-    @Option(
-        name: .long,
-        help: "Endpoints one user may have at once: registered ones (endpointUpdate) and connected sessions. A session past it waits in setupState Full.")
-    var maxEndpoints: Int = 100
-
     @Option(name: .long, help: "trace, debug, info, notice, warning, error or critical. Logs go to standard error.")
     var logLevel: Logger.Level = .info
 
-    /// `--max-output-total`, or four times `--max-output-bytes` (at most `Int.max`).
-    var outputTotalLimit: Int {
-        if let maxOutputTotal { return maxOutputTotal }
-        let (four, overflow) = maxOutputBytes.multipliedReportingOverflow(by: 4)
-        return overflow ? .max : four
-    }
+    @OptionGroup(title: "Store and nodes") var storage: StoreOptions
+    @OptionGroup(title: "Authentication") var auth: AuthOptions
+    @OptionGroup(title: "Limits of sessions") var limits: LimitOptions
+    @OptionGroup(title: "Quotas per user") var quotas: QuotaOptions
 
     func validate() throws {
         if let user, user.isEmpty || user.utf8.count > 128 { throw ValidationError("--user must be 1 to 128 bytes") }
-        guard maxLineBytes > 0 else { throw ValidationError("--max-line-bytes must be positive") }
-        guard maxRequestsInFlight > 0 else { throw ValidationError("--max-requests-in-flight must be positive") }
-        guard maxSessions > 0 else { throw ValidationError("--max-sessions must be positive") }
-        guard maxInputTotal > 0 else { throw ValidationError("--max-input-total must be positive") }
+        guard limits.maxLineBytes > 0 else { throw ValidationError("--max-line-bytes must be positive") }
+        guard limits.maxRequestsInFlight > 0 else { throw ValidationError("--max-requests-in-flight must be positive") }
+        guard limits.maxSessions > 0 else { throw ValidationError("--max-sessions must be positive") }
+        guard limits.maxInputTotal > 0 else { throw ValidationError("--max-input-total must be positive") }
         for (value, flag) in [
-            (maxRequestsPerSecond, "--max-requests-per-second"), (maxChatsPerMinute, "--max-chats-per-minute"),
-            (maxNewUsersPerMinute, "--max-new-users-per-minute"), (maxEventsPerSecond, "--max-events-per-second")
+            (quotas.maxRequestsPerSecond, "--max-requests-per-second"), (quotas.maxChatsPerMinute, "--max-chats-per-minute"),
+            (quotas.maxNewUsersPerMinute, "--max-new-users-per-minute"), (quotas.maxEventsPerSecond, "--max-events-per-second")
         ] {
             guard value >= 0, value.isFinite else { throw ValidationError("\(flag) must be 0 (no limit) or positive") }
         }
-        guard maxSearchCandidates > 0, maxSearchBytes > 0 else { throw ValidationError("--max-search-candidates and --max-search-bytes must be positive") }
-        guard maxEndpoints > 0 else { throw ValidationError("--max-endpoints must be positive") }
+        guard quotas.maxSearchCandidates > 0, quotas.maxSearchBytes > 0 else {
+            throw ValidationError("--max-search-candidates and --max-search-bytes must be positive")
+        }
+        guard limits.maxEndpoints > 0 else { throw ValidationError("--max-endpoints must be positive") }
         // Past 1 TiB, MiB to bytes would lose high bits (2^44 MiB became 0: no cache).
         guard cacheMb >= 0, cacheMb <= 1 << 20 else { throw ValidationError("--cache-mb must be 0 to 1048576 (1 TiB)") }
-        guard idleTimeout >= 0 else { throw ValidationError("--idle-timeout must not be negative") }
-        guard authTimeout >= 0 else { throw ValidationError("--auth-timeout must not be negative") }
-        guard writerTimeout >= 3, writerTimeout <= 86_400 else {
+        guard limits.idleTimeout >= 0 else { throw ValidationError("--idle-timeout must not be negative") }
+        guard auth.authTimeout >= 0 else { throw ValidationError("--auth-timeout must not be negative") }
+        guard storage.writerTimeout >= 3, storage.writerTimeout <= 86_400 else {
             throw ValidationError("--writer-timeout must be 3 to 86400 seconds (the writer beats every second)")
         }
-        guard outputHighWater > 0, maxOutputBytes >= outputHighWater else {
+        guard limits.outputHighWater > 0, limits.maxOutputBytes >= limits.outputHighWater else {
             throw ValidationError("--max-output-bytes must be at least --output-high-water, which must be positive")
         }
-        if let maxOutputTotal, maxOutputTotal < outputHighWater {
+        if let maxOutputTotal = limits.maxOutputTotal, maxOutputTotal < limits.outputHighWater {
             throw ValidationError("--max-output-total must be at least --output-high-water")
         }
-        if (authSecretFile != nil || authJwks != nil) && insecureNoAuth {
+        if (auth.authSecretFile != nil || auth.authJwks != nil) && auth.insecureNoAuth {
             throw ValidationError("--insecure-no-auth accepts any token: it excludes --auth-secret-file and --auth-jwks")
         }
-        guard authLeeway >= 0, authLeeway <= 600 else { throw ValidationError("--auth-leeway must be 0 to 600 seconds") }
-        guard authMaxLifetime > 0 else { throw ValidationError("--auth-max-lifetime must be positive") }
+        guard auth.authLeeway >= 0, auth.authLeeway <= 600 else { throw ValidationError("--auth-leeway must be 0 to 600 seconds") }
+        guard auth.authMaxLifetime > 0 else { throw ValidationError("--auth-max-lifetime must be positive") }
         for text in listen {
             guard let address = ListenAddress(text) else {
                 throw ValidationError("--listen \(text): expected HOST:PORT or unix:PATH")
             }
-            if insecureNoAuth && !address.isLoopbackOnly() {
+            if auth.insecureNoAuth && !address.isLoopbackOnly() {
                 throw ValidationError("--insecure-no-auth refuses to listen on \(text): only loopback addresses and Unix sockets")
             }
         }
         if let metrics {
             guard case .tcp? = ListenAddress(metrics) else { throw ValidationError("--metrics \(metrics): expected HOST:PORT") }
         }
-        if store != nil, advertise == nil, let first = listen.first, case .tcp(let host, _)? = ListenAddress(first), host == "0.0.0.0" || host == "::" {
+        if storage.store != nil, storage.advertise == nil, let first = listen.first, case .tcp(let host, _)? = ListenAddress(first),
+            host == "0.0.0.0" || host == "::"
+        {
             // It would be advertised as loopback: a node on another machine configured the
             // same way would relay every connection to itself.
             throw ValidationError(
                 "--listen \(first) with --store needs --advertise HOST:PORT, the address other nodes reach this one at (a wildcard listener would be advertised as loopback, where a node on another machine reaches only itself)"
             )
         }
-        if !listen.isEmpty && authSecretFile == nil && authJwks == nil && !insecureNoAuth {
+        if !listen.isEmpty && auth.authSecretFile == nil && auth.authJwks == nil && !auth.insecureNoAuth {
             throw ValidationError("sockets need --auth-secret-file or --auth-jwks (or --insecure-no-auth on loopback): no one could authenticate")
         }
     }
@@ -276,7 +146,7 @@ struct Serve: AsyncParsableCommand {
             ServiceMetrics.register()
         }
 
-        if authJwks != nil && authAudience == nil {
+        if auth.authJwks != nil && auth.authAudience == nil {
             // Every application of an identity provider gets tokens signed by its keys:
             // without the audience, any of them signs its users in here. Refusing to start
             // would break every deployment configured before the flag existed: it is said.
@@ -285,9 +155,9 @@ struct Serve: AsyncParsableCommand {
             )
         }
         let authenticator: Authenticator
-        if authSecretFile != nil || authJwks != nil {
+        if auth.authSecretFile != nil || auth.authJwks != nil {
             var secret: [UInt8]?
-            if let authSecretFile {
+            if let authSecretFile = auth.authSecretFile {
                 do {
                     secret = try Authenticator.loadSecret(path: authSecretFile)
                 } catch {
@@ -297,17 +167,17 @@ struct Serve: AsyncParsableCommand {
             }
             do {
                 authenticator = try await Authenticator(
-                    mode: .keys(secret: secret, jwksPath: authJwks),
-                    policy: TokenPolicy(audience: authAudience, issuer: authIssuer, leeway: authLeeway, maxLifetime: authMaxLifetime))
+                    mode: .keys(secret: secret, jwksPath: auth.authJwks),
+                    policy: TokenPolicy(audience: auth.authAudience, issuer: auth.authIssuer, leeway: auth.authLeeway, maxLifetime: auth.authMaxLifetime))
             } catch {
-                throw ValidationError(authSecretFile != nil && authJwks == nil ? "--auth-secret-file: \(error)" : "\(error)")
+                throw ValidationError(auth.authSecretFile != nil && auth.authJwks == nil ? "--auth-secret-file: \(error)" : "\(error)")
             }
         } else {
-            authenticator = try await Authenticator(mode: insecureNoAuth ? .insecure : .unconfigured)
+            authenticator = try await Authenticator(mode: auth.insecureNoAuth ? .insecure : .unconfigured)
         }
 
         var nodeKey: NodeKey?
-        if let nodeKeyFile {
+        if let nodeKeyFile = storage.nodeKeyFile {
             do {
                 nodeKey = try NodeKey.load(path: nodeKeyFile)
             } catch {
@@ -454,14 +324,14 @@ struct Serve: AsyncParsableCommand {
             group: loops,
             writer: {
                 PostgresStore.WriterLock.writerAddress(location: location, logger: logger).flatMap(ListenAddress.init)
-            }, maxConnections: Serve.sessionsThatFit(maxSessions, relaying: true, logger: logger), logger: logger)
+            }, maxConnections: Serve.sessionsThatFit(limits.maxSessions, relaying: true, logger: logger), logger: logger)
         for text in listen {
             let channel = try await proxy.bind(ListenAddress(text)!)
             logger.info("listening (relaying to the writer node)", metadata: ["address": "\(text)", "port": "\(channel.localAddress?.port ?? 0)"])
         }
         logger.info("another node is the writer of the store: relaying connections to it until it stops", metadata: ["store": "\(location)"])
         let taken = OneShot<Result<PostgresStore.WriterLock, Error>>()
-        let writerTimeout = self.writerTimeout
+        let writerTimeout = self.storage.writerTimeout
         let lock = try await withGracefulShutdownHandler {
             try await taken.wait {
                 Thread {

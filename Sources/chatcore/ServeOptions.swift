@@ -1,0 +1,156 @@
+import ArgumentParser
+import ChatEngine
+import ChatSession
+import Logging
+import Storage
+
+/// Where the store is, and how nodes on one PostgreSQL database work together.
+struct StoreOptions: ParsableArguments {
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Keep everything in this PostgreSQL database instead of SQLite in --data-dir: postgres://USER@HOST[:PORT]/DATABASE[?sslmode=MODE&sslrootcert=CA_FILE] (libpq's modes; default prefer), or postgres://USER@/DATABASE?host=SOCKET_DIR. No password here: --store-password-file or PGPASSWORD.",
+            valueName: "url"))
+    var store: String?
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "With --store postgres: the address other nodes relay their connections to while this node is the writer (HOST:PORT or unix:PATH). Default: the first --listen as bound (127.0.0.1 for 0.0.0.0). Without --listen the node listens on 127.0.0.1 on a free port for the sessions of other nodes on this machine, and advertises that.",
+            valueName: "address"))
+    var advertise: String?
+
+    @Flag(
+        name: .long,
+        help:
+            "With --store postgres: every node decides for its own sessions, following the others' commits, instead of relaying its connections to the writer. Give it to every node of the database (experimental: docs/several-deciding-nodes.md)."
+    )
+    var allNodesDecide = false
+
+    @Option(name: .long, help: ArgumentHelp("A file holding the PostgreSQL password of --store (trailing whitespace removed).", valueName: "file"))
+    var storePasswordFile: String?
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "With --store postgres, on a node waiting to be the writer: take over from a writer that has not said it is alive (it does every second) for this long, ending its database sessions. At least 3.",
+            valueName: "seconds"))
+    var writerTimeout: Double = 10
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "With --store postgres: a file whose bytes (at least 32) every node of the database is given, never stored in it. A node relaying its standard input/output session (--user) to the writer vouches for its user with it.",
+            valueName: "file"))
+    var nodeKeyFile: String?
+}
+
+/// Who may sign in.
+struct AuthOptions: ParsableArguments {
+    @Option(name: .long, help: ArgumentHelp("A file whose bytes, as they are (at least 32), are the HMAC key for authToken JWTs (HS256).", valueName: "file"))
+    var authSecretFile: String?
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "A JWKS file (JSON Web Key Set): authToken JWTs signed RS256 or ES256 by one of its keys are accepted. Read again on SIGHUP. Give --auth-audience with it.",
+            valueName: "file"))
+    var authJwks: String?
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "A token's 'aud' must name this (the identity provider's name for this service): other applications of the same provider cannot sign in here. Without it, --auth-jwks starts with a warning.",
+            valueName: "audience"))
+    var authAudience: String?
+
+    @Option(name: .long, help: ArgumentHelp("A token's 'iss' must be this (the identity provider).", valueName: "issuer"))
+    var authIssuer: String?
+
+    @Option(name: .long, help: ArgumentHelp("Seconds by which a token's exp, nbf and iat may be off this machine's clock.", valueName: "seconds"))
+    var authLeeway: Double = TokenPolicy.defaultLeeway
+
+    @Option(name: .long, help: ArgumentHelp("A token valid for longer than this (exp from iat) is refused.", valueName: "seconds"))
+    var authMaxLifetime: Double = TokenPolicy.defaultMaxLifetime
+
+    @Flag(name: .long, help: "Accept any authToken. Refuses to listen on anything but loopback addresses and Unix sockets.")
+    var insecureNoAuth = false
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Close a socket connection whose authToken has not been accepted this many seconds after it connected, or after its token expired (0: never).",
+            valueName: "seconds"))
+    var authTimeout: Int = 60
+}
+
+/// What one session, and all of them together, may hold.
+struct LimitOptions: ParsableArguments {
+    @Option(name: .long, help: "A longer line is skipped without being buffered and answered with TooLarge.")
+    var maxLineBytes: Int = 1 << 20
+
+    @Option(name: .long, help: "Requests of one session that may wait in the engine before its input is paused.")
+    var maxRequestsInFlight: Int = 1024
+
+    @Option(name: .long, help: "Unread output of a socket session above which its input is paused.")
+    var outputHighWater: Int = 1 << 20
+
+    @Option(name: .long, help: "Unread output of a socket session above which it is disconnected.")
+    var maxOutputBytes: Int = 64 << 20
+
+    @Option(
+        name: .long,
+        help:
+            "Unread output of all socket sessions together above which a session behind by more than its share (this over the sessions open, at least --output-high-water) is disconnected when more is written to it. Default: 4 × --max-output-bytes."
+    )
+    var maxOutputTotal: Int?
+
+    @Option(name: .long, help: "Bytes of unfinished lines all socket sessions together may hold; the line that would go over is refused (TooLarge).")
+    var maxInputTotal: Int = 256 << 20
+
+    @Option(
+        name: .long, help: "Socket connections open at once; further ones are closed when accepted. Lowered to what the file descriptor limit leaves room for.")
+    var maxSessions: Int = 10_000
+
+    @Option(name: .long, help: ArgumentHelp("Close a socket connection that sends nothing for this many seconds (0: never).", valueName: "seconds"))
+    var idleTimeout: Int = 0
+
+    @Option(
+        name: .long,
+        help: "Endpoints one user may have at once: registered ones (endpointUpdate) and connected sessions. A session past it waits in setupState Full.")
+    var maxEndpoints: Int = 100
+
+    /// `--max-output-total`, or four times `--max-output-bytes` (at most `Int.max`).
+    var outputTotalLimit: Int {
+        if let maxOutputTotal { return maxOutputTotal }
+        let (four, overflow) = maxOutputBytes.multipliedReportingOverflow(by: 4)
+        return overflow ? .max : four
+    }
+}
+
+/// What one user may cost the others.
+struct QuotaOptions: ParsableArguments {
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Requests of one user per second, with a burst of ten seconds' worth; past it they are refused (RateLimited). 0: no limit.", valueName: "n"))
+    var maxRequestsPerSecond: Double = QuotaLimits().requestsPerSecond
+
+    @Option(name: .long, help: ArgumentHelp("Chats one user may start per minute (the minute's worth at once). 0: no limit.", valueName: "n"))
+    var maxChatsPerMinute: Double = QuotaLimits().chatsPerMinute
+
+    @Option(name: .long, help: ArgumentHelp("Users one user's invitations may make per minute (invitees chatcore did not know). 0: no limit.", valueName: "n"))
+    var maxNewUsersPerMinute: Double = QuotaLimits().newUsersPerMinute
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp("Chat events and typing notices of one user per second, with a burst of ten seconds' worth. 0: no limit.", valueName: "n"))
+    var maxEventsPerSecond: Double = QuotaLimits().eventsPerSecond
+
+    @Option(name: .long, help: ArgumentHelp("Candidates one search checks at most; past it, it answers what it found, marked incomplete.", valueName: "n"))
+    var maxSearchCandidates: Int = SearchBudget.defaultCandidates
+
+    @Option(
+        name: .long, help: ArgumentHelp("Bytes of text one search checks at most; past it, it answers what it found, marked incomplete.", valueName: "bytes"))
+    var maxSearchBytes: Int = SearchBudget.defaultBytes
+}
