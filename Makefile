@@ -37,9 +37,11 @@ run-nodes: build ## set up, build and start two nodes on one throwaway PostgreSQ
 
 test: setup test-swift test-python test-node test-postgres-if-available test-fuzz ## set up and run every test (the PostgreSQL store and a short fuzz run included)
 
+# One test at a time (--no-parallel): engine tests run threads of their own and one
+# measures the process's heap.
 test-swift: check-generated check-format
 	$(SWIFT) build --build-tests
-	$(SWIFT) test
+	$(SWIFT) test --no-parallel
 
 test-python:
 	$(SWIFT) build --product chatcore
@@ -94,7 +96,7 @@ soak: build ## a bounded mixed load (50 sessions, SOAK_SECONDS, default 180): th
 	$(PYTHON) Benchmarks/soak.py
 
 asan: setup ## the Swift tests (transcripts against an ASan-built chatcore) under AddressSanitizer/LeakSanitizer
-	LSAN_OPTIONS=suppressions=$(CURDIR)/Tests/lsan.supp $(SWIFT) test --sanitize=address --scratch-path .build-asan
+	LSAN_OPTIONS=suppressions=$(CURDIR)/Tests/lsan.supp $(SWIFT) test --no-parallel --sanitize=address --scratch-path .build-asan
 
 TSAN_REPORTS := $(CURDIR)/.build-tsan/reports
 
@@ -102,7 +104,7 @@ tsan: setup ## every Swift test, transcript and Python test (PostgreSQL nodes in
 	rm -rf $(TSAN_REPORTS) && mkdir -p $(TSAN_REPORTS)
 	$(SWIFT) build --build-tests --sanitize=thread --scratch-path .build-tsan
 	TSAN_OPTIONS="log_path=$(TSAN_REPORTS)/report suppressions=$(CURDIR)/Tests/tsan.supp" \
-	  $(SWIFT) test --sanitize=thread --scratch-path .build-tsan
+	  $(SWIFT) test --no-parallel --sanitize=thread --scratch-path .build-tsan
 	TSAN_OPTIONS="log_path=$(TSAN_REPORTS)/report suppressions=$(CURDIR)/Tests/tsan.supp" \
 	  CHATCORE_BINARY=$(CURDIR)/.build-tsan/debug/chatcore CHATCORE_SANITIZED=1 $(PYTHON) -m pytest -q Tests/python Examples clients/python/tests
 	TSAN_OPTIONS="log_path=$(TSAN_REPORTS)/report suppressions=$(CURDIR)/Tests/tsan.supp" \

@@ -1,7 +1,7 @@
 import Foundation
 import GRDB
 import SQLiteStorage
-import XCTest
+import Testing
 
 @testable import ChatEngine
 
@@ -9,7 +9,7 @@ import XCTest
 /// batch over while the one before it is still committing. Events still come in commit
 /// order, a batch may change what the batch before it inserted, and when a commit fails
 /// the batch behind it fails with it, although its own commit would have gone through.
-final class CommitsInFlightTests: XCTestCase {
+@Suite(.serialized) final class CommitsInFlightTests {
     private func aliceAndBobInAChat() throws -> (EngineHarness, FailingStore) {
         let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()), commitsInFlight: 2)
         return (try EngineHarness.aliceAndBobInAChat(on: store), store)
@@ -29,12 +29,12 @@ final class CommitsInFlightTests: XCTestCase {
         h.submitTogether(next)
         let deadline = Date().addingTimeInterval(10)
         while store.commitsBegun.load(ordering: .relaxed) < begun + 2 && Date() < deadline { Thread.sleep(forTimeInterval: 0.01) }
-        XCTAssertEqual(store.commitsBegun.load(ordering: .relaxed), begun + 2, "the next batch was not handed over while the first committed")
+        #expect(store.commitsBegun.load(ordering: .relaxed) == (begun + 2), "the next batch was not handed over while the first committed")
         whileBoth()
         store.release.signal()
     }
 
-    func testABatchChangesWhatTheBatchInFlightBeforeItInsertedAndEventsKeepTheirOrder() throws {
+    @Test func aBatchChangesWhatTheBatchInFlightBeforeItInsertedAndEventsKeepTheirOrder() throws {
         let (h, store) = try aliceAndBobInAChat()
         // The first batch makes a chat (and its members, and a Join message); the next,
         // decided on top of it, posts into it: it must update those rows, not insert them again.
@@ -43,18 +43,18 @@ final class CommitsInFlightTests: XCTestCase {
             then: [("a", #"{"chatMessageSend":{"chatId":"2","tag":"Text","content":"into it","cookie":"m"}}"#)],
             in: h, store: store)
         let alice = h.events("a")
-        XCTAssertEqual(store.failedCommits.load(ordering: .relaxed), 0)
+        #expect(store.failedCommits.load(ordering: .relaxed) == 0)
         let started = alice.firstIndex { $0.contains(#""type":"chat""#) && $0.contains(#""cookie":"new""#) }
         let posted = alice.firstIndex { $0.contains(#""content":"into it""#) && $0.contains(#""cookie":"m""#) }
-        XCTAssertNotNil(started, "\(alice)")
-        XCTAssertNotNil(posted, "\(alice)")
-        if let started, let posted { XCTAssertLessThan(started, posted, "the later batch's events came first: \(alice)") }
-        XCTAssertFalse(alice.joined().contains("requestFailed"), "\(alice)")
+        #expect(started != nil, "\(alice)")
+        #expect(posted != nil, "\(alice)")
+        if let started, let posted { #expect(started < posted, "the later batch's events came first: \(alice)") }
+        #expect(!alice.joined().contains("requestFailed"), "\(alice)")
         // The store has both: the chat's last message is the one posted.
         let listed = h.send("a", #"{"requestListElements":{"type":"chat","cookie":"l","elements":[{"chatId":"2"}]}}"#).joined()
-        XCTAssertTrue(listed.contains(#""lastMessage":2"#), listed)
+        #expect(listed.contains(#""lastMessage":2"#), Comment(rawValue: listed))
         let again = h.send("a", #"{"chatMessageSend":{"chatId":"2","tag":"Text","content":"third"}}"#)
-        XCTAssertTrue(again.first?.contains(#""messageId":"3""#) ?? false, "\(again)")
+        #expect(again.first?.contains(#""messageId":"3""#) ?? false, "\(again)")
     }
 
     /// Alice's "first" (c1) as one batch; then Alice's "second" (c2) and Bob's "third" (c3).
@@ -64,7 +64,7 @@ final class CommitsInFlightTests: XCTestCase {
         ("b", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"third","cookie":"c3"}}"#)
     ]
 
-    func testABatchBehindACommitThatFailsFailsWithItAndNothingOfEitherIsSeen() throws {
+    @Test func aBatchBehindACommitThatFailsFailsWithItAndNothingOfEitherIsSeen() throws {
         let (h, store) = try aliceAndBobInAChat()
         commitBehind(
             Self.first, then: Self.secondAndThird, in: h, store: store,
@@ -76,20 +76,20 @@ final class CommitsInFlightTests: XCTestCase {
     /// The commit in flight conflicts (another node committed to the chat first): the batch
     /// behind it fails with it, and both are decided again, in order, each request answered
     /// once, as if nothing had happened.
-    func testBatchesBehindACommitThatConflictsAreDecidedAgainInOrder() throws {
+    @Test func batchesBehindACommitThatConflictsAreDecidedAgainInOrder() throws {
         let (h, store) = try aliceAndBobInAChat()
         commitBehind(
             Self.first, then: Self.secondAndThird, in: h, store: store,
             whileBoth: { store.conflictOnce.store(true, ordering: .relaxed) })
         let alice = h.events("a")
         let bob = h.events("b")
-        XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 1)
-        XCTAssertFalse((alice + bob).contains { $0.contains("requestFailed") }, "\(alice) \(bob)")
+        #expect(store.conflicts.load(ordering: .relaxed) == 1)
+        #expect(!((alice + bob).contains { $0.contains("requestFailed") }), "\(alice) \(bob)")
         for events in [alice, bob] {
             let sent = events.filter { $0.contains(#""listAdd""#) && $0.contains(#""type":"chatMessage""#) }
-            XCTAssertEqual(sent.count, 3, "\(events)")
+            #expect(sent.count == 3, "\(events)")
             for (n, content) in ["first", "second", "third"].enumerated() {
-                XCTAssertTrue(sent[n].contains(#""messageId":"\#(n + 2)""#) && sent[n].contains(#""content":"\#(content)""#), sent[n])
+                #expect(sent[n].contains(#""messageId":"\#(n + 2)""#) && sent[n].contains(#""content":"\#(content)""#), Comment(rawValue: sent[n]))
             }
         }
     }
@@ -98,12 +98,12 @@ final class CommitsInFlightTests: XCTestCase {
     /// flight, is not committed: its counters are that commit's. It was, for the counters
     /// alone, once for every such batch (an idle deciding node wakes up every few
     /// milliseconds to follow the others, each time a batch).
-    func testABatchThatChangesNothingBehindACommitInFlightIsNotCommitted() throws {
+    @Test func aBatchThatChangesNothingBehindACommitInFlightIsNotCommitted() throws {
         let (h, store) = try aliceAndBobInAChat()
         let begun = store.commitsBegun.load(ordering: .relaxed)
         h.decideWhileCommitting(Self.first, in: store, then: [("b", #"{"identitiesGet":{"cookie":"who","appUserIds":["alice"]}}"#)])
         let bob = h.events("b")
-        XCTAssertTrue(bob.contains { $0.contains(#""cookie":"who""#) }, "\(bob)")
-        XCTAssertEqual(store.commitsBegun.load(ordering: .relaxed), begun + 1, "one commit, the send's")
+        #expect(bob.contains { $0.contains(#""cookie":"who""#) }, "\(bob)")
+        #expect(store.commitsBegun.load(ordering: .relaxed) == (begun + 1), "one commit, the send's")
     }
 }

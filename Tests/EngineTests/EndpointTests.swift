@@ -1,13 +1,13 @@
 import Foundation
 import GRDB
 import SQLiteStorage
-import XCTest
+import Testing
 
 @testable import ChatEngine
 
 /// Endpoints under failed commits (§3): a deregistration or a registration
 /// that the store did not take changes nobody's session and nothing that is listed.
-final class EndpointTests: XCTestCase {
+@Suite(.serialized) final class EndpointTests {
     private func harness() throws -> (EngineHarness, FailingStore) {
         let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()))
         return (try EngineHarness(store: store), store)
@@ -21,52 +21,52 @@ final class EndpointTests: XCTestCase {
         return body?["registeredEndpoints"] as? [[String: Any]] ?? []
     }
 
-    func testADeregistrationThatIsNotCommittedClosesNothing() throws {
+    @Test func aDeregistrationThatIsNotCommittedClosesNothing() throws {
         let (h, store) = try harness()
         h.connect("a", as: "alice")
         h.connect("b", as: "alice")
         h.send("b", #"{"endpointUpdate":{"cookie":"u","description":"tablet"}}"#)
         let listed = endpoints(h, "a")
-        XCTAssertEqual(listed.count, 2)
-        let tablet = try XCTUnwrap(listed.first { $0["description"] as? String == "tablet" }?["endpointId"] as? String)
+        #expect(listed.count == 2)
+        let tablet = try #require(listed.first { $0["description"] as? String == "tablet" }?["endpointId"] as? String)
 
         store.failing.store(true, ordering: .relaxed)
         let refused = h.send("a", #"{"endpointDeregister":{"cookie":"d","endpointId":"\#(tablet)"}}"#)
-        XCTAssertEqual(refused.count, 1)
-        XCTAssertTrue(refused[0].contains(#""error":"Internal""#), "\(refused)")
-        XCTAssertEqual(h.events("b"), [], "the tablet was told of a deregistration that did not happen")
-        XCTAssertEqual(h.ended("b"), 0)
+        #expect(refused.count == 1)
+        #expect(refused[0].contains(#""error":"Internal""#), "\(refused)")
+        #expect(h.events("b") == [], "the tablet was told of a deregistration that did not happen")
+        #expect(h.ended("b") == 0)
 
         store.failing.store(false, ordering: .relaxed)
         // Still set up: it is served and receives its user's events.
         let served = h.send("b", #"{"identitiesGet":{"cookie":"i","appUserIds":["alice"]}}"#)
-        XCTAssertTrue(served.joined().contains(#""identities""#), "\(served)")
-        XCTAssertEqual(endpoints(h, "a").count, 2)
+        #expect(served.joined().contains(#""identities""#), "\(served)")
+        #expect(endpoints(h, "a").count == 2)
 
         // Committed, it happens: told, ended, gone from the list.
         let done = h.send("a", #"{"endpointDeregister":{"cookie":"d","endpointId":"\#(tablet)"}}"#)
-        XCTAssertEqual(done, [#"{"endpointDeregisterResult":{"cookie":"d","result":"Success"}}"#])
-        XCTAssertEqual(h.events("b"), [#"{"endpointDeregistered":{}}"#])
-        XCTAssertEqual(h.ended("b"), 1)
-        XCTAssertEqual(endpoints(h, "a").count, 1)
+        #expect(done == ([#"{"endpointDeregisterResult":{"cookie":"d","result":"Success"}}"#]))
+        #expect(h.events("b") == ([#"{"endpointDeregistered":{}}"#]))
+        #expect(h.ended("b") == 1)
+        #expect(endpoints(h, "a").count == 1)
     }
 
-    func testARegistrationThatIsNotCommittedIsNotListed() throws {
+    @Test func aRegistrationThatIsNotCommittedIsNotListed() throws {
         let (h, store) = try harness()
         h.connect("a", as: "alice")
         store.failing.store(true, ordering: .relaxed)
         let refused = h.send("a", #"{"endpointUpdate":{"cookie":"u","description":"phone","nickname":"mine"}}"#)
-        XCTAssertTrue(refused.joined().contains(#""error":"Internal""#), "\(refused)")
+        #expect(refused.joined().contains(#""error":"Internal""#), "\(refused)")
         store.failing.store(false, ordering: .relaxed)
         let listed = endpoints(h, "a")
-        XCTAssertEqual(listed.count, 1)
-        XCTAssertEqual(listed.first?["description"] as? String, "", "an endpoint the store did not take is shown as registered")
-        XCTAssertEqual(listed.first?["isCurrent"] as? Bool, true)
+        #expect(listed.count == 1)
+        #expect((listed.first?["description"] as? String) == "", "an endpoint the store did not take is shown as registered")
+        #expect((listed.first?["isCurrent"] as? Bool) == true)
     }
 
     /// A batch writes an endpoint whole or removes it, never both: the PostgreSQL store
     /// writes a batch as one statement, whose clauses must not touch the same row.
-    func testABatchWritesAnEndpointOrRemovesItNeverBoth() {
+    @Test func aBatchWritesAnEndpointOrRemovesItNeverBoth() {
         func endpoint(_ id: Int64) -> EndpointRecord {
             EndpointRecord(id: id, user: 1, description: "d\(id)", nickname: "", isLegacyDelegate: false, ordinal: id)
         }
@@ -77,7 +77,7 @@ final class EndpointTests: XCTestCase {
         batch.changed(endpoint(2))
         batch.removed(endpoint(3))
         batch.collectRows(counters: nil)
-        XCTAssertEqual(batch.store.endpoints.map(\.id), [2], "the last word on 2 is a registration")
-        XCTAssertEqual(batch.store.removedEndpoints.sorted(), [1, 3])
+        #expect(batch.store.endpoints.map(\.id) == [2], "the last word on 2 is a registration")
+        #expect(batch.store.removedEndpoints.sorted() == ([1, 3]))
     }
 }

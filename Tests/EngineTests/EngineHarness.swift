@@ -7,7 +7,7 @@ import Logging
 import SQLiteStorage
 import Storage
 import Synchronization
-import XCTest
+import Testing
 
 @testable import ChatEngine
 
@@ -37,7 +37,11 @@ final class EngineHarness {
         engine.start()
     }
 
+    /// A directory removed when the harness goes.
+    var scratch: URL?
+
     deinit {
+        defer { if let scratch { try? FileManager.default.removeItem(at: scratch) } }
         engine.drain()
         engine.stop()
     }
@@ -154,12 +158,13 @@ extension EngineHarness {
     }
 
     /// A harness on `store` with a search index in a directory of its own, removed when
-    /// `test` ends.
-    static func withSearchIndex(_ store: ChatStore, for test: XCTestCase) throws -> EngineHarness {
+    /// the harness goes.
+    static func withSearchIndex(_ store: ChatStore) throws -> EngineHarness {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("engine-tests-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        test.addTeardownBlock { try? FileManager.default.removeItem(at: directory) }
-        return try EngineHarness(store: store, searchIndex: try SQLiteSearchIndex(directory: directory))
+        let harness = try EngineHarness(store: store, searchIndex: try SQLiteSearchIndex(directory: directory))
+        harness.scratch = directory
+        return harness
     }
 }
 

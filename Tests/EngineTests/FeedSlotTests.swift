@@ -2,14 +2,14 @@ import Foundation
 import GRDB
 import SQLiteStorage
 import Storage
-import XCTest
+import Testing
 
 @testable import ChatEngine
 
 /// The change feed with several processes deciding on one store (`FeedSlots`): each
 /// numbers its changes in a slot of its own, and a token holds a position per slot. Two
 /// engines on one store that keeps versions are two deciding nodes, in slots 0 and 1.
-final class FeedSlotTests: XCTestCase {
+@Suite(.serialized) final class FeedSlotTests {
     private struct Feed {
         var messages: [String]
         var token: String
@@ -24,7 +24,7 @@ final class FeedSlotTests: XCTestCase {
     private func feed(_ h: EngineHarness, _ name: String, since: String?, limit: Int = 100) throws -> Feed {
         let sinceField = since.map { #","since":"\#($0)""# } ?? ""
         let lines = h.send(name, #"{"requestListChanges":{"type":"chatMessage","cookie":"f","limit":\#(limit)\#(sinceField)}}"#)
-        let answer = try XCTUnwrap(lines.map(Self.object).compactMap { $0["listChanges"] as? [String: Any] }.first, "\(lines)")
+        let answer = try #require(lines.map(Self.object).compactMap { $0["listChanges"] as? [String: Any] }.first, "\(lines)")
         let changed = answer["changed"] as! [[String: Any]]
         return Feed(
             messages: changed.map { "\($0["messageId"]!):\($0["content"] as? String ?? $0["tag"] as! String)" },
@@ -44,13 +44,13 @@ final class FeedSlotTests: XCTestCase {
     /// does not follow the other's commits yet: docs/several-deciding-nodes.md, step 4),
     /// then its feed is read: the other node's changes are in it once, and a token taken
     /// afterwards gives nothing again.
-    func testAReaderOnOneNodeGetsEveryChangeTheOtherNodeCommittedOnce() throws {
+    @Test func aReaderOnOneNodeGetsEveryChangeTheOtherNodeCommittedOnce() throws {
         let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()), versioned: true, numbering: true)
         let nodeA = try EngineHarness.aliceAndBobInAChat(on: store)
         nodeA.send("a", Self.send("one"))
         let start = try feed(nodeA, "a", since: nil)
         // Slot 1 has committed nothing yet: the token is slot 0's plain number.
-        XCTAssertFalse(start.token.contains("."), start.token)
+        #expect(!start.token.contains("."), Comment(rawValue: start.token))
 
         let nodeB = try EngineHarness(store: store, feedSlot: 1)
         nodeB.connect("b", as: "bob")
@@ -60,24 +60,24 @@ final class FeedSlotTests: XCTestCase {
         // Node A's send conflicts; it reads the chat again and decides it again (alice,
         // connected to it, now has bob's message delivered: a change in slot 0).
         nodeA.send("a", Self.send("two"))
-        XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 1)
+        #expect(store.conflicts.load(ordering: .relaxed) == 1)
 
         let onA = try feed(nodeA, "a", since: start.token)
         // Slot 0's changes (message 4, and message 3 delivered to alice, in the order the
         // redo decided them), then slot 1's (bob's read changed each message for alice);
         // message 3, changed in both, once.
-        XCTAssertEqual(Set(onA.messages.prefix(2)), ["3:from B", "4:two"], "\(onA.messages)")
-        XCTAssertEqual(Array(onA.messages.dropFirst(2)), ["1:Join", "2:one"])
-        XCTAssertFalse(onA.hasMore)
-        XCTAssertEqual(onA.token.split(separator: ".").count, 2, onA.token)
-        XCTAssertEqual(try feed(nodeA, "a", since: onA.token).messages, [])
+        #expect(Set(onA.messages.prefix(2)) == (["3:from B", "4:two"]), "\(onA.messages)")
+        #expect(Array(onA.messages.dropFirst(2)) == (["1:Join", "2:one"]))
+        #expect(!onA.hasMore)
+        #expect(onA.token.split(separator: ".").count == 2, Comment(rawValue: onA.token))
+        #expect((try feed(nodeA, "a", since: onA.token).messages) == [])
 
         nodeB.send("b", Self.send("three"))
-        XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 2)
+        #expect(store.conflicts.load(ordering: .relaxed) == 2)
         // (Bob is connected to node A too: message 4 was delivered to him there.)
         let onB = try feed(nodeB, "b", since: onA.token)
-        XCTAssertEqual(onB.messages, ["5:three"])
-        XCTAssertEqual(try feed(nodeB, "b", since: onB.token).messages, [])
+        #expect(onB.messages == ["5:three"])
+        #expect((try feed(nodeB, "b", since: onB.token).messages) == [])
 
         // Paging one at a time from the start: every message once, and the last page's
         // token is where the whole feed is.
@@ -90,24 +90,24 @@ final class FeedSlotTests: XCTestCase {
             if !page.hasMore { break }
         }
         let whole = try feed(nodeB, "b", since: "0")
-        XCTAssertEqual(paged, whole.messages)
-        XCTAssertEqual(Set(whole.messages), ["1:Join", "2:one", "3:from B", "4:two", "5:three"])
-        XCTAssertEqual(token, whole.token)
+        #expect(paged == whole.messages)
+        #expect(Set(whole.messages) == (["1:Join", "2:one", "3:from B", "4:two", "5:three"]))
+        #expect(token == whole.token)
 
         // A position past what a slot has committed was never given out.
         let parts = whole.token.split(separator: ".").map { Int64($0)! }
-        XCTAssertEqual(parts.count, 2)
-        XCTAssertEqual(failure(nodeB, "b", since: "\(parts[0]).\(parts[1] + 1)"), "InvalidParameter")
-        XCTAssertEqual(failure(nodeB, "b", since: "\(parts[0] + 1).\(parts[1])"), "InvalidParameter")
-        XCTAssertEqual(failure(nodeB, "b", since: "\(parts[0]).\(parts[1]).0.0.0.0.0.0.0"), "InvalidParameter")
-        XCTAssertEqual(failure(nodeB, "b", since: "\(parts[0])."), "InvalidParameter")
-        XCTAssertNil(failure(nodeB, "b", since: "\(parts[0]).\(parts[1]).0"))
+        #expect(parts.count == 2)
+        #expect((failure(nodeB, "b", since: "\(parts[0]).\(parts[1] + 1)")) == "InvalidParameter")
+        #expect((failure(nodeB, "b", since: "\(parts[0] + 1).\(parts[1])")) == "InvalidParameter")
+        #expect(failure(nodeB, "b", since: "\(parts[0]).\(parts[1]).0.0.0.0.0.0.0") == "InvalidParameter")
+        #expect(failure(nodeB, "b", since: "\(parts[0]).") == "InvalidParameter")
+        #expect(failure(nodeB, "b", since: "\(parts[0]).\(parts[1]).0") == nil)
     }
 
     /// A read mark moving on node A over many messages (one range change, in slot 0)
     /// whose own latest changes are node B's (slot 1): a reader whose token has slot 1
     /// past those changes still gets each message once, for the mark.
-    func testAMarkInOneSlotOverMessagesLastChangedInAnotherIsInTheFeed() throws {
+    @Test func aMarkInOneSlotOverMessagesLastChangedInAnotherIsInTheFeed() throws {
         let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()), versioned: true, numbering: true)
         let nodeA = try EngineHarness(store: store)
         nodeA.connect("a", as: "alice")
@@ -117,36 +117,36 @@ final class FeedSlotTests: XCTestCase {
         let count = Engine.largeRange + 6
         for n in 1...count { nodeB.send("b", Self.send("from B \(n)")) }
         let seen = try feed(nodeB, "b", since: "0", limit: 1000)
-        XCTAssertEqual(seen.messages.count, count + 1)
+        #expect(seen.messages.count == (count + 1))
         // Node A reads the chat again (its send conflicts), then alice reads everything.
         nodeA.send("a", Self.send("from A"))
         nodeA.send("a", #"{"chatMessageRead":{"chatId":"1","messageId":"\(count + 2)"}}"#)
-        XCTAssertEqual(
-            try store.rangeChanges(chats: [1], after: 0).map { "\($0.firstId)-\($0.lastId) in slot \(FeedSlots.slot(of: $0.firstSeq))" },
-            ["2-\(count + 2) in slot 0"])
+        #expect(
+            (try store.rangeChanges(chats: [1], after: 0).map { "\($0.firstId)-\($0.lastId) in slot \(FeedSlots.slot(of: $0.firstSeq))" })
+                == (["2-\(count + 2) in slot 0"]))
         // Node B reads the chat again too.
         nodeB.send("b", Self.send("again"))
         let after = try feed(nodeB, "b", since: seen.token, limit: 1000)
         let ids = after.messages.map { Int($0.split(separator: ":")[0])! }
-        XCTAssertEqual(ids.sorted(), Array(2...(count + 3)), "\(after.messages)")
+        #expect(ids.sorted() == (Array(2...(count + 3))), "\(after.messages)")
 
         // From the start, bob's messages are found in both slots (their own changes in 1,
         // the mark in 0): each is given once.
         let whole = try feed(nodeB, "b", since: "0", limit: 1000)
-        XCTAssertEqual(whole.messages.map { Int($0.split(separator: ":")[0])! }.sorted(), Array(1...(count + 3)))
+        #expect((whole.messages.map { Int($0.split(separator: ":")[0])! }.sorted()) == (Array(1...(count + 3))))
         // Paged, whatever the page size: every message, and every token taken again.
         for limit in [1, 7, 50] {
             var token = "0"
             var paged: Set<String> = []
             for _ in 0..<(4 * count) {
                 let page = try feed(nodeB, "b", since: token, limit: limit)
-                XCTAssertLessThanOrEqual(page.messages.count, limit)
+                #expect(page.messages.count <= limit)
                 paged.formUnion(page.messages)
                 token = page.token
                 if !page.hasMore { break }
             }
-            XCTAssertEqual(paged, Set(whole.messages), "pages of \(limit)")
-            XCTAssertEqual(token, whole.token, "pages of \(limit)")
+            #expect(paged == Set(whole.messages), "pages of \(limit)")
+            #expect(token == whole.token, "pages of \(limit)")
         }
     }
 }

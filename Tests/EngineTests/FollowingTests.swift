@@ -2,7 +2,7 @@ import Foundation
 import GRDB
 import SQLiteStorage
 import Storage
-import XCTest
+import Testing
 
 @testable import ChatEngine
 
@@ -10,7 +10,7 @@ import XCTest
 /// two engines on one store that logs what each commit changed are two nodes, each
 /// deciding for its own sessions and rendering the other's commits for them. A user on
 /// one and a user on the other see exactly what they would see on one engine.
-final class FollowingTests: XCTestCase {
+@Suite(.serialized) final class FollowingTests {
     private static func store() throws -> FailingStore {
         FailingStore(try SQLiteStore(writer: DatabaseQueue()), commitsInFlight: 2, versioned: true, numbering: true, following: true)
     }
@@ -59,7 +59,7 @@ final class FollowingTests: XCTestCase {
         }
     }
 
-    func testUsersOnTwoDecidingNodesSeeWhatTheyWouldSeeOnOne() throws {
+    @Test func usersOnTwoDecidingNodesSeeWhatTheyWouldSeeOnOne() throws {
         let single = try EngineHarness(store: try Self.store())
         let onOne = conversation(alice: single, others: single)
 
@@ -68,13 +68,13 @@ final class FollowingTests: XCTestCase {
         let nodeB = try EngineHarness(store: store, feedSlot: 1)
         let onTwo = conversation(alice: nodeA, others: nodeB)
 
-        XCTAssertGreaterThan(onOne["b"]!.count, 20, "the conversation reached bob")
-        XCTAssertEqual(onTwo["a"]!, onOne["a"]!, "alice, on node A")
-        XCTAssertEqual(onTwo["b"]!, onOne["b"]!, "bob, on node B")
-        XCTAssertEqual(onTwo["c"]!, onOne["c"]!, "carol, on node B")
+        #expect((onOne["b"]!.count) > 20, "the conversation reached bob")
+        #expect((onTwo["a"]!) == (onOne["a"]!), "alice, on node A")
+        #expect((onTwo["b"]!) == (onOne["b"]!), "bob, on node B")
+        #expect((onTwo["c"]!) == (onOne["c"]!), "carol, on node B")
         // Each node decided for its own sessions: nothing conflicted (each followed the
         // other's commits before deciding on them).
-        XCTAssertEqual(store.conflicts.load(ordering: .relaxed), 0)
+        #expect(store.conflicts.load(ordering: .relaxed) == 0)
     }
 
     /// The chatMessage ids each listAdd in `lines` carries, in order, and the requests
@@ -98,12 +98,12 @@ final class FollowingTests: XCTestCase {
     /// send is answered Sent with an id of its own, 2 to 81 with no gap. Whether the
     /// commits race is up to the threads: on a busy machine one run may see none, so the
     /// scenario runs again (each run checked whole) until one has raced.
-    func testConcurrentSendsIntoOneChatFromTwoDecidingNodesAreSeenOnceInOrderEverywhere() throws {
+    @Test func concurrentSendsIntoOneChatFromTwoDecidingNodesAreSeenOnceInOrderEverywhere() throws {
         var conflicts = 0
         for _ in 0..<20 where conflicts == 0 {
             conflicts = try sendIntoOneChatFromTwoDecidingNodes()
         }
-        XCTAssertGreaterThan(conflicts, 0, "the nodes' commits never raced in 20 runs")
+        #expect(conflicts > 0, "the nodes' commits never raced in 20 runs")
     }
 
     /// One run of the scenario above; returns how many commits conflicted.
@@ -133,8 +133,8 @@ final class FollowingTests: XCTestCase {
         }
         for (name, lines) in received {
             let (ids, failures) = Self.added(lines)
-            XCTAssertEqual(failures, [], name)
-            XCTAssertEqual(ids, Array(2...81), "\(name): every message once, in id order")
+            #expect(failures == [], Comment(rawValue: name))
+            #expect(ids == Array(2...81), "\(name): every message once, in id order")
         }
         return store.conflicts.load(ordering: .relaxed)
     }
@@ -151,7 +151,7 @@ final class FollowingTests: XCTestCase {
 
     /// A message the following node does not hold (here it holds none), which another node
     /// rewrote, reaches its viewers there whole: the node cannot tell what changed in it.
-    func testAMessageAFollowingNodeDoesNotHoldReachesItsViewersWhole() throws {
+    @Test func aMessageAFollowingNodeDoesNotHoldReachesItsViewersWhole() throws {
         let store = try Self.store()
         let nodeA = try EngineHarness(store: store)
         let nodeB = try EngineHarness(store: store, cacheBytes: 0, feedSlot: 1)
@@ -162,18 +162,18 @@ final class FollowingTests: XCTestCase {
         _ = nodeB.send("b", #"{"identitiesGet":{"cookie":"s1","appUserIds":["alice"]}}"#)
         nodeA.send("a", #"{"chatMessageDestroy":{"chatId":"1","messageId":"2","cookie":"recall"}}"#)
         let changes = Self.messageChanges(nodeB.send("b", #"{"identitiesGet":{"cookie":"s2","appUserIds":["alice"]}}"#))
-        let recalled = try XCTUnwrap(changes.first { $0["messageId"] as? String == "2" }, "\(changes)")
-        XCTAssertEqual(recalled["recall"] as? String, "Recalled")
-        XCTAssertTrue(recalled["content"] is NSNull, "\(recalled)")
+        let recalled = try #require(changes.first { $0["messageId"] as? String == "2" }, "\(changes)")
+        #expect((recalled["recall"] as? String) == "Recalled")
+        #expect(recalled["content"] is NSNull, "\(recalled)")
         // Whole: the fields that did not change are given too.
-        XCTAssertEqual(recalled["tag"] as? String, "Text")
-        XCTAssertEqual(recalled["senderUri"] as? String, "bbmpim://user/id/1")
+        #expect((recalled["tag"] as? String) == "Text")
+        #expect((recalled["senderUri"] as? String) == ("bbmpim://user/id/1"))
     }
 
     /// A node that decided a send before it heard that the recipient is connected to
     /// another node leaves it Sent; the recipient's node marks it delivered, and the
     /// sender's node follows that: the sender sees Delivered.
-    func testARecipientConnectedToAnotherNodeIsMarkedDeliveredThereWhenTheSenderDidNotKnow() throws {
+    @Test func aRecipientConnectedToAnotherNodeIsMarkedDeliveredThereWhenTheSenderDidNotKnow() throws {
         let store = try Self.store()
         store.presenceHidden.store(true, ordering: .relaxed)
         let nodeA = try EngineHarness(store: store)
@@ -182,11 +182,11 @@ final class FollowingTests: XCTestCase {
         nodeB.connect("b", as: "bob")
         nodeA.send("a", #"{"chatStart":{"cookie":"start","invitees":[{"userId":"bob"}],"subject":"late"}}"#)
         let sent = nodeA.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"there?","cookie":"m"}}"#)
-        XCTAssertFalse(Self.messageChanges(sent).contains { $0["state"] as? String == "Delivered" }, "\(sent)")
+        #expect(!(Self.messageChanges(sent).contains { $0["state"] as? String == "Delivered" }), "\(sent)")
         // Node B follows the send, and marks it delivered to bob in a batch of its own.
         nodeB.send("b", #"{"identitiesGet":{"cookie":"s1","appUserIds":["alice"]}}"#)
         _ = nodeB.events("b")
         let changes = Self.messageChanges(nodeA.send("a", #"{"identitiesGet":{"cookie":"s2","appUserIds":["alice"]}}"#))
-        XCTAssertTrue(changes.contains { $0["messageId"] as? String == "2" && $0["state"] as? String == "Delivered" }, "\(changes)")
+        #expect(changes.contains { $0["messageId"] as? String == "2" && $0["state"] as? String == "Delivered" }, "\(changes)")
     }
 }

@@ -1,19 +1,19 @@
 import Foundation
-import XCTest
+import Testing
 
 @testable import ChatEngine
 
 /// Requests whose work grows with what a user has are answered a page per batch, so that
 /// none holds the engine from everyone else for long; the session's own answers keep the
 /// order of its requests.
-final class PagingTests: XCTestCase {
+@Suite(.serialized) final class PagingTests {
     private static func objects(_ lines: [String]) -> [[String: Any]] {
         lines.map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
     }
 
     /// A user in 2,000 chats of 50 got 100,000 participants in one answer, decided in one
     /// batch (150 ms of the engine in a release build, everyone else waiting).
-    func testTheParticipantsOfManyChatsComeAPageAtATimeEachOnceInOrder() throws {
+    @Test func theParticipantsOfManyChatsComeAPageAtATimeEachOnceInOrder() throws {
         let h = try EngineHarness(quotas: QuotaLimits(chatsPerMinute: 0))
         h.connect("a", as: "alice")
         for chat in 0..<60 {
@@ -28,23 +28,23 @@ final class PagingTests: XCTestCase {
         let events = Self.objects(h.events("a"))
         let headers = events.filter { $0["listAll"] != nil }
         let chunks = events.compactMap { $0["listChunk"] as? [String: Any] }
-        XCTAssertEqual(headers.count, 1)
+        #expect(headers.count == 1)
         let elements = chunks.flatMap { $0["elements"] as! [[String: Any]] }
-        XCTAssertEqual(elements.count, 60 * 49)
-        XCTAssertEqual(Set(elements.map { "\($0["chatId"]!)/\($0["userUri"]!)" }).count, 60 * 49, "each participant once")
-        XCTAssertEqual(chunks.filter { $0["last"] as? Bool == true }.count, 1)
-        XCTAssertEqual(chunks.last?["last"] as? Bool, true)
-        XCTAssertGreaterThan(elements.count, Engine.listPage)
-        XCTAssertGreaterThanOrEqual(h.deliveries("a") - before, 2, "the list was decided in one batch")
+        #expect(elements.count == (60 * 49))
+        #expect(Set(elements.map { "\($0["chatId"]!)/\($0["userUri"]!)" }).count == (60 * 49), "each participant once")
+        #expect((chunks.filter { $0["last"] as? Bool == true }.count) == 1)
+        #expect((chunks.last?["last"] as? Bool) == true)
+        #expect(elements.count > Engine.listPage)
+        #expect((h.deliveries("a") - before) >= 2, "the list was decided in one batch")
         // The request the session sent after the list is answered after all of it.
-        XCTAssertNotNil(events.last?["identities"], "\(events.last!)")
+        #expect((events.last?["identities"]) != nil, "\(events.last!)")
         let chatOrder = elements.map { Int($0["chatId"] as! String)! }
-        XCTAssertEqual(chatOrder, chatOrder.sorted(), "chats in the order they were started")
+        #expect(chatOrder == chatOrder.sorted(), "chats in the order they were started")
     }
 
     /// Recalling everything one sent loaded every message of theirs at once (limit
     /// Int.max): another user waited a second behind it.
-    func testRecallingEverythingGoesAPageAtATimeAndShredsOnceAtTheEnd() throws {
+    @Test func recallingEverythingGoesAPageAtATimeAndShredsOnceAtTheEnd() throws {
         let h = try EngineHarness()
         h.connect("a", as: "alice")
         h.connect("b", as: "bob")
@@ -66,18 +66,18 @@ final class PagingTests: XCTestCase {
             ((event["listChange"] as? [String: Any])?["elements"] as? [[String: Any]]) ?? []
         }
         let recalled = Set(bob.filter { $0["recall"] != nil }.map { $0["messageId"] as! String })
-        XCTAssertEqual(recalled.count, count, "every message of alice's, and only hers, recalled for bob")
-        XCTAssertGreaterThanOrEqual(h.deliveries("b") - before, 3, "the recall was decided in fewer batches than pages")
-        XCTAssertFalse(recalled.contains(String(count + 2)), "bob's message stays")
+        #expect(recalled.count == count, "every message of alice's, and only hers, recalled for bob")
+        #expect((h.deliveries("b") - before) >= 3, "the recall was decided in fewer batches than pages")
+        #expect(!(recalled.contains(String(count + 2))), "bob's message stays")
         let shreds = alice.filter { (($0["listAdd"] as? [String: Any])?["elements"] as? [[String: Any]])?.first?["tag"] as? String == "Shred" }
-        XCTAssertEqual(shreds.count, 1)
-        XCTAssertNotNil(alice.last?["identities"], "the next request is answered after the Shred")
-        XCTAssertFalse(alice.contains { $0["requestFailed"] != nil })
+        #expect(shreds.count == 1)
+        #expect((alice.last?["identities"]) != nil, "the next request is answered after the Shred")
+        #expect(!(alice.contains { $0["requestFailed"] != nil }))
     }
 
     /// Signing in a user with something new in each of 2,000 chats marked every delivery
     /// in one batch (7 to 11 s in the report), the sign-in's own answer waiting for it.
-    func testDeliveriesOfAUserWhoComesOnlineAreMarkedAPageOfChatsAtATime() throws {
+    @Test func deliveriesOfAUserWhoComesOnlineAreMarkedAPageOfChatsAtATime() throws {
         let h = try EngineHarness(quotas: QuotaLimits(chatsPerMinute: 0))
         h.connect("a", as: "alice")
         let chats = Engine.deliveriesPerBatch * 3 + 5
@@ -88,12 +88,12 @@ final class PagingTests: XCTestCase {
         _ = h.events("a")
         let before = h.deliveries("a")
         let signIn = h.connect("b", as: "bob")
-        XCTAssertTrue(signIn.first?.contains(#""authTokenState","value":"Ok""#) == true, "\(signIn.first ?? "")")
+        #expect(signIn.first?.contains(#""authTokenState","value":"Ok""#) == true, "\(signIn.first ?? "")")
         let delivered = Self.objects(h.events("a")).flatMap { event -> [[String: Any]] in
             ((event["listChange"] as? [String: Any])?["elements"] as? [[String: Any]]) ?? []
         }.filter { $0["state"] as? String == "Delivered" && $0["messageId"] as? String == "2" }
-        XCTAssertEqual(Set(delivered.map { $0["chatId"] as! String }).count, chats, "every chat's message marked delivered, once")
-        XCTAssertEqual(delivered.count, chats)
-        XCTAssertGreaterThanOrEqual(h.deliveries("a") - before, 4, "the deliveries were marked in one batch")
+        #expect(Set(delivered.map { $0["chatId"] as! String }).count == chats, "every chat's message marked delivered, once")
+        #expect(delivered.count == chats)
+        #expect((h.deliveries("a") - before) >= 4, "the deliveries were marked in one batch")
     }
 }

@@ -3,69 +3,75 @@ import Foundation
 import GRDB
 import SQLiteStorage
 import Storage
-import XCTest
+import Testing
 
 @testable import ChatEngine
 
 /// What one user may cost the others: the quotas as a part (with a clock the test moves),
 /// and through the engine, where a refusal is a `requestFailed` that names its limit.
-final class QuotaTests: XCTestCase {
+@Suite(.serialized) final class QuotaTests {
     private final class Clock: @unchecked Sendable {
         var seconds = 0.0
     }
 
-    func testABucketRefusesPastItsBurstSaysWhenToRetryAndRefills() throws {
+    @Test func aBucketRefusesPastItsBurstSaysWhenToRetryAndRefills() throws {
         let clock = Clock()
         var quotas = Quotas(limits: QuotaLimits(chatsPerMinute: 6), now: { clock.seconds })
         for _ in 0..<6 { try quotas.take(1, of: .chats, by: 1) }
-        XCTAssertThrowsError(try quotas.take(1, of: .chats, by: 1)) { error in
+        do {
+            _ = try quotas.take(1, of: .chats, by: 1)
+            Issue.record("expected an error")
+        } catch {
             let refusal = error as! ProtocolError
-            XCTAssertEqual(refusal.code, .rateLimited)
-            XCTAssertTrue(refusal.reason.contains("--max-chats-per-minute"), refusal.reason)
-            XCTAssertEqual(refusal.retryAfterMs, 10_000)
+            #expect(refusal.code == .rateLimited)
+            #expect(refusal.reason.contains("--max-chats-per-minute"), Comment(rawValue: refusal.reason))
+            #expect(refusal.retryAfterMs == 10_000)
         }
         // Another user is not held by the first one's quota.
         try quotas.take(1, of: .chats, by: 2)
         clock.seconds += 10
         try quotas.take(1, of: .chats, by: 1)
-        XCTAssertThrowsError(try quotas.take(1, of: .chats, by: 1))
+        #expect(throws: (any Error).self) { _ = try quotas.take(1, of: .chats, by: 1) }
         // More than a whole burst at once can never pass: no time to wait is given.
-        XCTAssertThrowsError(try quotas.take(7, of: .chats, by: 3)) { error in
-            XCTAssertNil((error as! ProtocolError).retryAfterMs)
+        do {
+            _ = try quotas.take(7, of: .chats, by: 3)
+            Issue.record("expected an error")
+        } catch {
+            #expect(((error as! ProtocolError).retryAfterMs) == nil)
         }
     }
 
-    func testZeroMeansNoLimitAndSearchesAtOnceAreBounded() throws {
+    @Test func zeroMeansNoLimitAndSearchesAtOnceAreBounded() throws {
         var quotas = Quotas(limits: QuotaLimits(requestsPerSecond: 0, searchesPerUser: 2, searchesInAll: 3), now: { 0 })
         for _ in 0..<100_000 { try quotas.take(1, of: .requests, by: 1) }
         try quotas.beginSearch(by: 1)
         try quotas.beginSearch(by: 1)
-        XCTAssertThrowsError(try quotas.beginSearch(by: 1))
+        #expect(throws: (any Error).self) { _ = try quotas.beginSearch(by: 1) }
         try quotas.beginSearch(by: 2)
-        XCTAssertThrowsError(try quotas.beginSearch(by: 3), "three run in all")
+        #expect(throws: (any Error).self, "three run in all") { _ = try quotas.beginSearch(by: 3) }
         quotas.endSearch(by: 1)
         try quotas.beginSearch(by: 3)
     }
 
     /// One user made 49,800 users with 200 `chatStart`s of 249 invitees; the users an
     /// invitation makes are counted against its user.
-    func testInvitationsMakeAtMostTheirUsersShareOfNewUsers() throws {
+    @Test func invitationsMakeAtMostTheirUsersShareOfNewUsers() throws {
         let h = try EngineHarness(quotas: QuotaLimits(newUsersPerMinute: 500))
         h.connect("a", as: "alice")
         func start(_ round: Int) -> [String] {
             let invitees = (0..<249).map { #"{"userId":"u\#(round)-\#($0)"}"# }.joined(separator: ",")
             return h.send("a", #"{"chatStart":{"cookie":"c\#(round)","invitees":[\#(invitees)],"subject":"s"}}"#)
         }
-        XCTAssertFalse(start(0).joined().contains("RateLimited"))
-        XCTAssertFalse(start(1).joined().contains("RateLimited"))
+        #expect(!start(0).joined().contains("RateLimited"))
+        #expect(!start(1).joined().contains("RateLimited"))
         let refused = start(2).joined()
-        XCTAssertTrue(refused.contains(#""error":"RateLimited""#) && refused.contains("--max-new-users-per-minute"), refused)
-        XCTAssertTrue(refused.contains(#""retryAfterMs":"#), refused)
+        #expect(refused.contains(#""error":"RateLimited""#) && refused.contains("--max-new-users-per-minute"), Comment(rawValue: refused))
+        #expect(refused.contains(#""retryAfterMs":"#), Comment(rawValue: refused))
     }
 
     /// Two user ids can derive one regId (63 bits: a birthday search finds a pair): the
     /// request that would make the second fails, and nothing else in its batch does.
-    func testARegIdCollisionFailsOnlyTheRequestThatMeetsIt() throws {
+    @Test func aRegIdCollisionFailsOnlyTheRequestThatMeetsIt() throws {
         let database = try DatabaseQueue()
         let store = try SQLiteStore(writer: database)
         try database.write { db in
@@ -81,27 +87,27 @@ final class QuotaTests: XCTestCase {
             ("c", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"still sent","cookie":"m"}}"#)
         ])
         let alice = h.events("a").joined()
-        XCTAssertTrue(alice.contains("chatStartFailed") && alice.contains("regId"), alice)
-        XCTAssertTrue(alice.contains("still sent"), "carol's send in the same batch reached alice: \(alice)")
+        #expect(alice.contains("chatStartFailed") && alice.contains("regId"), Comment(rawValue: alice))
+        #expect(alice.contains("still sent"), "carol's send in the same batch reached alice: \(alice)")
         // Signing in as such an id fails that sign-in alone.
         h.open("b")
         h.engine.put(h.authentication("b", as: "bob"))
-        XCTAssertTrue(h.events("b").joined().contains(#""error":"InvalidParameter""#))
-        XCTAssertTrue(h.send("c", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"after","cookie":"n"}}"#).joined().contains("Sent"))
+        #expect(h.events("b").joined().contains(#""error":"InvalidParameter""#))
+        #expect(h.send("c", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"after","cookie":"n"}}"#).joined().contains("Sent"))
     }
 
     /// Matching takes time linear in the text: a query of 1,022 `a` and `bb` against
     /// 70,000 `a` compared 70 million bytes per candidate.
-    func testTheNeedleIsFoundInLinearTime() {
+    @Test func theNeedleIsFoundInLinearTime() {
         let needle = SearchNeedle(String(repeating: "a", count: 1022) + "bb")
         let haystack = "abb" + String(repeating: "a", count: 70_000)
         let started = ContinuousClock.now
-        for _ in 0..<20 { XCTAssertFalse(needle.isFound(in: haystack)) }
-        XCTAssertTrue(needle.isFound(in: haystack + "bb"))
-        XCTAssertTrue(SearchNeedle("ABAB").isFound(in: "xxabaabab"))
-        XCTAssertFalse(SearchNeedle("abab").isFound(in: "abaab"))
-        XCTAssertTrue(SearchNeedle("caf\u{E9}").isFound(in: "Un CAF\u{C9} noir"))
+        for _ in 0..<20 { #expect(!needle.isFound(in: haystack)) }
+        #expect(needle.isFound(in: haystack + "bb"))
+        #expect(SearchNeedle("ABAB").isFound(in: "xxabaabab"))
+        #expect(!SearchNeedle("abab").isFound(in: "abaab"))
+        #expect(SearchNeedle("caf\u{E9}").isFound(in: "Un CAF\u{C9} noir"))
         // Not a timing bar: a guard against going back to quadratic time (seconds).
-        XCTAssertLessThan(ContinuousClock.now - started, .seconds(5))
+        #expect((ContinuousClock.now - started) < .seconds(5))
     }
 }

@@ -1,12 +1,12 @@
 import Foundation
-import XCTest
+import Testing
 
 @testable import ChatEngine
 
 /// `requestListMatching` windows (§8) against a brute-force model.
-final class WindowTests: XCTestCase {
+@Suite(.serialized) final class WindowTests {
     /// Messages 1–4 at T−1 and 5–7 at T+1: a window at T has 1–4 before and 5–7 after.
-    func testATimestampBetweenMessagesLosesNone() throws {
+    @Test func aTimestampBetweenMessagesLosesNone() throws {
         let harness = try EngineHarness()
         harness.connect("a", as: "alice")
         harness.connect("b", as: "bob")
@@ -17,13 +17,13 @@ final class WindowTests: XCTestCase {
         harness.clock.set(t + 1)
         for n in 5...7 { harness.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"m\#(n)"}}"#) }
         let result = window(harness, #""window":{"timestamp":\#(t),"before":10,"after":10}"#)
-        XCTAssertEqual(result.ids, [1, 2, 3, 4, 5, 6, 7])
-        XCTAssertEqual(result.hasMoreBefore, false)
-        XCTAssertEqual(result.hasMoreAfter, false)
+        #expect(result.ids == ([1, 2, 3, 4, 5, 6, 7]))
+        #expect(result.hasMoreBefore == false)
+        #expect(result.hasMoreAfter == false)
         let narrow = window(harness, #""window":{"timestamp":\#(t),"before":1,"after":1}"#)
-        XCTAssertEqual(narrow.ids, [4, 5])
-        XCTAssertEqual(narrow.hasMoreBefore, true)
-        XCTAssertEqual(narrow.hasMoreAfter, true)
+        #expect(narrow.ids == ([4, 5]))
+        #expect(narrow.hasMoreBefore == true)
+        #expect(narrow.hasMoreAfter == true)
     }
 
     struct Message {
@@ -37,7 +37,7 @@ final class WindowTests: XCTestCase {
     /// Random chats, anchors (ids and timestamps, present or between messages, before the
     /// first and after the last), criteria, sizes and flags: the engine agrees with a
     /// model that filters every message.
-    func testWindowsAgreeWithABruteForceModel() throws {
+    @Test func windowsAgreeWithABruteForceModel() throws {
         var rng = SeededGenerator(seed: 11)
         for round in 0..<12 {
             // Half the rounds keep no message in memory: every window is read from the store.
@@ -129,9 +129,9 @@ final class WindowTests: XCTestCase {
                     harness, #""window":{\#(anchorText),"before":\#(before),"after":\#(after),"inclusive":\#(inclusive),"reverse":\#(reverse)}"#,
                     criteria: criteriaText)
                 let context = "criteria {\(criteriaText)} anchor \(anchorText) before \(before) after \(after) inclusive \(inclusive) reverse \(reverse)"
-                XCTAssertEqual(got.ids, expected, context)
-                XCTAssertEqual(got.hasMoreBefore, older.count > before, context)
-                XCTAssertEqual(got.hasMoreAfter, newer.count > after, context)
+                #expect(got.ids == expected, Comment(rawValue: context))
+                #expect(got.hasMoreBefore == (older.count > before), Comment(rawValue: context))
+                #expect(got.hasMoreAfter == (newer.count > after), Comment(rawValue: context))
                 if got.ids != expected { return }
             }
         }
@@ -149,17 +149,17 @@ final class WindowTests: XCTestCase {
         // The header, then chunks of the matches, the final one `last` (protocol v2).
         let events = harness.objects("a")
         guard let matching = events.first?["listMatching"] as? [String: Any] else {
-            XCTFail("the answer does not open with listMatching: \(events)")
+            Issue.record("the answer does not open with listMatching: \(events)")
             return result
         }
         result.hasMoreBefore = matching["hasMoreBefore"] as? Bool
         result.hasMoreAfter = matching["hasMoreAfter"] as? Bool
         for (index, event) in events.dropFirst().enumerated() {
             guard let chunk = event["listChunk"] as? [String: Any] else {
-                XCTFail("unexpected \(event)")
+                Issue.record("unexpected \(event)")
                 continue
             }
-            XCTAssertEqual(chunk["last"] as? Bool, index == events.count - 2 ? true : nil)
+            #expect((chunk["last"] as? Bool) == (index == events.count - 2 ? true : nil))
             for element in chunk["elements"] as? [[String: Any]] ?? [] {
                 result.ids.append(Int64(element["messageId"] as! String)!)
             }

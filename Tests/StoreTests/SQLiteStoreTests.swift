@@ -1,25 +1,25 @@
 import Foundation
 import GRDB
 import Storage
-import XCTest
+import Testing
 
 @testable import SQLiteStorage
 
-final class SQLiteStoreTests: XCTestCase {
+@Suite(.serialized) final class SQLiteStoreTests {
     private var directory: URL!
 
-    override func setUpWithError() throws {
+    init() throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("store-tests-\(UUID())")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
     }
 
-    override func tearDownWithError() throws {
+    deinit {
         try? FileManager.default.removeItem(at: directory)
     }
 
     /// A database the first release wrote (only `v1-users`) opens with today's code: its
     /// users stay, and the later tables arrive empty.
-    func testAVersionOneStoreIsMigrated() throws {
+    @Test func aVersionOneStoreIsMigrated() throws {
         let path = directory.appendingPathComponent("chatcore.sqlite").path
         do {
             let old = try DatabaseQueue(path: path)
@@ -31,20 +31,20 @@ final class SQLiteStoreTests: XCTestCase {
         }
         let store = try SQLiteStore(directory: directory)
         let directory = try store.loadDirectory()
-        XCTAssertEqual(directory.users, [UserRecord(number: 1, userId: "alice", regId: 42), UserRecord(number: 2, userId: "bob", regId: 43)])
-        XCTAssertEqual(directory.chats, [])
-        XCTAssertEqual(directory.counters, StoreCounters())
+        #expect(directory.users == ([UserRecord(number: 1, userId: "alice", regId: 42), UserRecord(number: 2, userId: "bob", regId: 43)]))
+        #expect(directory.chats == [])
+        #expect(directory.counters == StoreCounters())
         // And today's rows can be written into it.
         var batch = StoreBatch()
         batch.newChats = [
             ChatRow(number: 1, subject: "after the upgrade", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 0)
         ]
         try store.commit(batch)
-        XCTAssertEqual(try store.loadDirectory().chats.map(\.subject), ["after the upgrade"])
+        #expect((try store.loadDirectory().chats.map(\.subject)) == (["after the upgrade"]))
     }
 
     /// Every kind of row comes back as it was written; a change writes only its columns.
-    func testRowsRoundTrip() throws {
+    @Test func rowsRoundTrip() throws {
         let store = try SQLiteStore(writer: DatabaseQueue())
         var batch = StoreBatch()
         batch.newUsers = [UserRecord(number: 1, userId: "alice", regId: 7), UserRecord(number: 2, userId: "bob", regId: 8)]
@@ -82,20 +82,20 @@ final class SQLiteStoreTests: XCTestCase {
         try store.commit(batch)
 
         let directory = try store.loadDirectory()
-        XCTAssertEqual(directory.users, batch.newUsers)
-        XCTAssertEqual(directory.chats, [chat])
-        XCTAssertEqual(directory.members, [starter, other])
-        XCTAssertEqual(directory.counters, StoreCounters(changeSeq: 4, searchRow: 1))
+        #expect(directory.users == batch.newUsers)
+        #expect(directory.chats == [chat])
+        #expect(directory.members == ([starter, other]))
+        #expect(directory.counters == StoreCounters(changeSeq: 4, searchRow: 1))
         var firstRead = first
         firstRead.refCounts = batch.refCounts
         firstRead.privateStates = [state]
-        XCTAssertEqual(try store.messages(chat: 1, in: 1...5), [firstRead, second])
-        XCTAssertEqual(try store.messages(chat: 1, ids: [2]), [second])
-        XCTAssertEqual(try store.rangeChanges(chats: [1, 2], after: 3), batch.rangeChanges)
-        XCTAssertEqual(try store.rangeChanges(chats: [1], after: 4), [])
-        XCTAssertEqual(try store.changedMessages(chats: [1], after: 1, limit: 10), [MessageChangeRow(chat: 1, id: 2, changeSeq: 2)])
-        XCTAssertEqual(try store.changedMessages(chats: [2], after: 0, limit: 10), [])
-        XCTAssertEqual(try store.blobUses(first.fileBlob!), 2)
+        #expect((try store.messages(chat: 1, in: 1...5)) == ([firstRead, second]))
+        #expect((try store.messages(chat: 1, ids: [2])) == [second])
+        #expect((try store.rangeChanges(chats: [1, 2], after: 3)) == batch.rangeChanges)
+        #expect((try store.rangeChanges(chats: [1], after: 4)) == [])
+        #expect((try store.changedMessages(chats: [1], after: 1, limit: 10)) == ([MessageChangeRow(chat: 1, id: 2, changeSeq: 2)]))
+        #expect((try store.changedMessages(chats: [2], after: 0, limit: 10)) == [])
+        #expect((try store.blobUses(first.fileBlob!)) == 2)
 
         // A change writes the columns it names, nothing else; a recall drops references.
         var recalled = second
@@ -118,19 +118,19 @@ final class SQLiteStoreTests: XCTestCase {
         expected.isRecalled = true
         expected.refs = []
         expected.changeSeq = 9
-        XCTAssertEqual(try store.messages(chat: 1, ids: [2]), [expected])
-        XCTAssertEqual(try store.messages(chat: 1, ids: [1]).first?.refCounts, [batch.refCounts[1]])
-        XCTAssertEqual(try store.blobUses(first.fileBlob!), 0)
+        #expect((try store.messages(chat: 1, ids: [2])) == [expected])
+        #expect((try store.messages(chat: 1, ids: [1]).first?.refCounts) == [batch.refCounts[1]])
+        #expect((try store.blobUses(first.fileBlob!)) == 0)
         var member = other
         member.readUpTo = 2
         member.numUnread = 0
-        XCTAssertEqual(try store.loadDirectory().members.last, member)
+        #expect((try store.loadDirectory().members.last) == member)
     }
 
     /// The queries the engine asks: matches by tag, reference, sender and without a
     /// reference tag, up and down; the first message of a second; the references left
     /// once some are being recalled.
-    func testQueriesUseWhatTheEngineAsks() throws {
+    @Test func queriesUseWhatTheEngineAsks() throws {
         let store = try SQLiteStore(writer: DatabaseQueue())
         var batch = StoreBatch()
         batch.newChats = [ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 6)]
@@ -149,46 +149,49 @@ final class SQLiteStoreTests: XCTestCase {
         ]
         try store.commit(batch)
         let all = MessageFilter(firstId: 1)
-        XCTAssertEqual(try store.messageIds(chat: 1, matching: all, from: 3, ascending: true, limit: 2), [3, 4])
-        XCTAssertEqual(try store.messageIds(chat: 1, matching: all, from: 3, ascending: false, limit: 5), [3, 2, 1])
+        #expect((try store.messageIds(chat: 1, matching: all, from: 3, ascending: true, limit: 2)) == ([3, 4]))
+        #expect((try store.messageIds(chat: 1, matching: all, from: 3, ascending: false, limit: 5)) == ([3, 2, 1]))
         var text = all
         text.tag = "Text"
-        XCTAssertEqual(try store.messageIds(chat: 1, matching: text, from: 6, ascending: false, limit: 10), [6, 5, 3, 2])
+        #expect((try store.messageIds(chat: 1, matching: text, from: 6, ascending: false, limit: 10)) == ([6, 5, 3, 2]))
         var thread = all
         thread.referring = RefRow(tag: "Thread", target: 2)
-        XCTAssertEqual(try store.messageIds(chat: 1, matching: thread, from: 1, ascending: true, limit: 10), [3, 5])
+        #expect((try store.messageIds(chat: 1, matching: thread, from: 1, ascending: true, limit: 10)) == ([3, 5]))
         var timeline = text
         timeline.notRefTag = "Thread"
-        XCTAssertEqual(try store.messageIds(chat: 1, matching: timeline, from: 1, ascending: true, limit: 10), [2, 6])
+        #expect((try store.messageIds(chat: 1, matching: timeline, from: 1, ascending: true, limit: 10)) == ([2, 6]))
         var bob = all
         bob.sender = 2
         bob.firstId = 4
-        XCTAssertEqual(try store.messageIds(chat: 1, matching: bob, from: 1, ascending: true, limit: 10), [4, 6])
+        #expect((try store.messageIds(chat: 1, matching: bob, from: 1, ascending: true, limit: 10)) == ([4, 6]))
         var recallable = all
         recallable.sender = 1
         recallable.onlyRecallable = true
-        XCTAssertEqual(try store.messageIds(chat: 1, matching: recallable, from: 1, ascending: true, limit: 10), [2, 5])
-        XCTAssertEqual(try store.firstMessage(chat: 1, notBefore: 12), 3)
-        XCTAssertEqual(try store.firstMessage(chat: 1, notBefore: 13), 5)
-        XCTAssertEqual(try store.firstMessage(chat: 1, notBefore: 16), nil)
-        XCTAssertEqual(try store.firstMessage(chat: 1, notBefore: 0), 1)
+        #expect((try store.messageIds(chat: 1, matching: recallable, from: 1, ascending: true, limit: 10)) == ([2, 5]))
+        #expect((try store.firstMessage(chat: 1, notBefore: 12)) == 3)
+        #expect((try store.firstMessage(chat: 1, notBefore: 13)) == 5)
+        #expect((try store.firstMessage(chat: 1, notBefore: 16)) == nil)
+        #expect((try store.firstMessage(chat: 1, notBefore: 0)) == 1)
         let left = try store.references(chat: 1, to: 2, tag: "Thread", excluding: [5])
-        XCTAssertEqual(left.count, 1)
-        XCTAssertEqual(left.newest, 3)
+        #expect(left.count == 1)
+        #expect(left.newest == 3)
     }
 
     /// A file store keeps `synchronous = FULL` after GRDB's WAL set-up lowered it to
     /// NORMAL: every commit is synced before it is announced.
-    func testCommitsAreSynced() throws {
+    @Test func commitsAreSynced() throws {
         let store = try SQLiteStore(directory: directory)
-        XCTAssertEqual(try store.synchronousLevel(), 2)
+        #expect((try store.synchronousLevel()) == 2)
     }
 
     /// A second process on the same directory is refused while the first holds it.
-    func testOneProcessPerDirectory() throws {
+    @Test func oneProcessPerDirectory() throws {
         let first = try SQLiteStore(directory: directory)
-        XCTAssertThrowsError(try SQLiteStore(directory: directory)) { error in
-            XCTAssertTrue("\(error)".contains("another chatcore process"))
+        do {
+            _ = try SQLiteStore(directory: directory)
+            Issue.record("expected an error")
+        } catch {
+            #expect("\(error)".contains("another chatcore process"))
         }
         _ = first
     }
@@ -196,33 +199,33 @@ final class SQLiteStoreTests: XCTestCase {
     /// Refilling the search index reads its entries page by page: each page must be a seek
     /// in the search-row index, not a scan and sort of every message (a `?` bound to the
     /// row does not tell SQLite that the partial index applies).
-    func testSearchEntriesAreReadThroughTheirIndex() throws {
+    @Test func searchEntriesAreReadThroughTheirIndex() throws {
         let store = try SQLiteStore(writer: DatabaseQueue())
         let plan = try store.pool.read { db in
             try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN " + SQLiteStore.searchEntriesSQL, arguments: [5, 10]).map { $0["detail"] as String }
         }
-        XCTAssertEqual(plan, ["SEARCH message USING INDEX message_by_search_row (searchRow>?)"])
+        #expect(plan == (["SEARCH message USING INDEX message_by_search_row (searchRow>?)"]))
     }
 
     /// A search checks its hits against the store a page at a time: a look-up by key per
     /// hit, not a scan of the messages or of the user's private states.
-    func testSearchHitsAreCheckedByKey() throws {
+    @Test func searchHitsAreCheckedByKey() throws {
         let store = try SQLiteStore(writer: DatabaseQueue())
         let plan = try store.pool.read { db in
             try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN " + SQLiteStore.searchableSQL, arguments: ["[[1,2,3]]", 1]).map { $0["detail"] as String }
         }
-        XCTAssertEqual(
-            plan,
-            [
-                "SCAN h VIRTUAL TABLE INDEX 1:", "SEARCH m USING PRIMARY KEY (chat=? AND id=?)", "CORRELATED SCALAR SUBQUERY 1",
-                "SEARCH u USING PRIMARY KEY (chat=? AND id=? AND user=?)"
-            ])
+        #expect(
+            plan
+                == ([
+                    "SCAN h VIRTUAL TABLE INDEX 1:", "SEARCH m USING PRIMARY KEY (chat=? AND id=?)", "CORRELATED SCALAR SUBQUERY 1",
+                    "SEARCH u USING PRIMARY KEY (chat=? AND id=? AND user=?)"
+                ]))
     }
 
     /// Search hits the store no longer has as found are left out: a recalled message (its
     /// search row is 0 now), one deleted by the user for themselves, one the store does
     /// not have at all.
-    func testSearchHitsAreCheckedAgainstTheStore() throws {
+    @Test func searchHitsAreCheckedAgainstTheStore() throws {
         let store = try SQLiteStore(writer: DatabaseQueue())
         var batch = StoreBatch()
         batch.newChats = [ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 3)]
@@ -234,15 +237,15 @@ final class SQLiteStoreTests: XCTestCase {
         batch.privateStates = [MessageUserRow(chat: 1, id: 3, user: 7, localData: nil, isDeleted: true)]
         try store.commit(batch)
         let hits = [SearchHit(chat: 1, id: 1, row: 1), SearchHit(chat: 1, id: 2, row: 2), SearchHit(chat: 1, id: 3, row: 3), SearchHit(chat: 1, id: 9, row: 9)]
-        XCTAssertEqual(try store.searchable(by: 7, among: hits), [SearchHit(chat: 1, id: 1, row: 1)])
-        XCTAssertEqual(try store.searchable(by: 8, among: hits), [SearchHit(chat: 1, id: 1, row: 1), SearchHit(chat: 1, id: 3, row: 3)])
-        XCTAssertEqual(try store.searchable(by: 8, among: []), [])
+        #expect((try store.searchable(by: 7, among: hits)) == ([SearchHit(chat: 1, id: 1, row: 1)]))
+        #expect((try store.searchable(by: 8, among: hits)) == ([SearchHit(chat: 1, id: 1, row: 1), SearchHit(chat: 1, id: 3, row: 3)]))
+        #expect((try store.searchable(by: 8, among: [])) == [])
     }
 
     /// A page of search entries is bounded by its texts' bytes as well as by their number:
     /// 10,000 entries of 70 KB were one page of 700 MB. The page ends before the entry
     /// that would pass the bound, and always has one entry, however long.
-    func testSearchEntriesArePagedByTheirBytes() throws {
+    @Test func searchEntriesArePagedByTheirBytes() throws {
         let store = try SQLiteStore(writer: DatabaseQueue())
         var batch = StoreBatch()
         batch.newChats = [ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 6)]
@@ -253,17 +256,17 @@ final class SQLiteStoreTests: XCTestCase {
         }
         try store.commit(batch)
         // 1,000 bytes each (two-byte characters).
-        XCTAssertEqual(try store.searchEntries(after: 0, limit: 100, maxBytes: 3_000).map(\.row), [1, 2, 3])
-        XCTAssertEqual(try store.searchEntries(after: 0, limit: 100, maxBytes: 2_999).map(\.row), [1, 2])
-        XCTAssertEqual(try store.searchEntries(after: 3, limit: 100, maxBytes: 10).map(\.row), [4])
-        XCTAssertEqual(try store.searchEntries(after: 2, limit: 2, maxBytes: 1 << 20).map(\.row), [3, 4])
-        XCTAssertEqual(try store.searchEntries(after: 6, limit: 100, maxBytes: 1 << 20).map(\.row), [])
+        #expect((try store.searchEntries(after: 0, limit: 100, maxBytes: 3_000).map(\.row)) == ([1, 2, 3]))
+        #expect((try store.searchEntries(after: 0, limit: 100, maxBytes: 2_999).map(\.row)) == ([1, 2]))
+        #expect((try store.searchEntries(after: 3, limit: 100, maxBytes: 10).map(\.row)) == [4])
+        #expect((try store.searchEntries(after: 2, limit: 2, maxBytes: 1 << 20).map(\.row)) == ([3, 4]))
+        #expect((try store.searchEntries(after: 6, limit: 100, maxBytes: 1 << 20).map(\.row)) == [])
     }
 
     /// Texts handed to the search index faster than it takes them wait for it past its
     /// backlog limit, instead of piling up in memory: the backlog never exceeds the limit
     /// by more than the batch being handed over, and everything handed over is indexed.
-    func testTheSearchIndexBacklogIsBounded() throws {
+    @Test func theSearchIndexBacklogIsBounded() throws {
         let limit = 1 << 20
         let index = try SQLiteSearchIndex(directory: directory, backlogLimit: limit)
         var row: Int64 = 0
@@ -278,11 +281,11 @@ final class SQLiteStoreTests: XCTestCase {
             index.add(entries, removing: [])
             largest = max(largest, index.backlogBytes)
         }
-        XCTAssertLessThanOrEqual(largest, limit + batchBytes, "the backlog reached \(largest) bytes (limit \(limit), a batch \(batchBytes))")
+        #expect(largest <= (limit + batchBytes), "the backlog reached \(largest) bytes (limit \(limit), a batch \(batchBytes))")
         try index.waitUntilWritten()
-        XCTAssertEqual(index.backlogBytes, 0)
-        XCTAssertEqual(try index.indexedUpTo(), row)
+        #expect(index.backlogBytes == 0)
+        #expect((try index.indexedUpTo()) == row)
         let hits = try index.searchMessages(containing: "entry \(row) ", chats: [1 + row % 5], belowRow: nil, limit: 10, budget: SearchBudget())
-        XCTAssertEqual(hits.map(\.id), [row])
+        #expect(hits.map(\.id) == [row])
     }
 }
