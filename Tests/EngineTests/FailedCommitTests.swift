@@ -33,7 +33,7 @@ import Testing
             let failed = event["requestFailed"] as? [String: Any]
             #expect((failed?["error"] as? String) == "Internal")
             #expect((failed?["cookie"] as? String) == (n < 5 ? "c\(n + 1)" : "bad"))
-            #expect((failed?["reason"] as? String ?? "").contains("store"))
+            #expect((failed?["reason"] as? String)?.contains("store") == true)
         }
         #expect(((alice[6]["requestFailed"] as? [String: Any])?["error"] as? String) == "UnknownRequest")
         #expect(h.events("b") == [], "bob saw events of a batch that was not committed")
