@@ -15,23 +15,6 @@ import Storage
 /// to be decided again.
 final class Batch {
     var store = StoreBatch()
-    /// Records changed by the batch: written at commit by the columns that changed.
-    private var dirtyChats: [Int64: ChatRecord] = [:]
-    private var dirtyMembers: [RowKey: (chat: Int64, member: MemberRecord)] = [:]
-    private var dirtyMessages: [RowKey: MessageRecord] = [:]
-    private var dirtyPrivate: [PrivateKey: (message: MessageRecord, user: Int64)] = [:]
-    private var dirtyRefCounts: [RefKey: MessageRecord] = [:]
-    /// Messages whose own change position moved without being read.
-    private var touches: [RowKey: Int64] = [:]
-    private var rangeChanges: [RangeChangeRow] = []
-    private var blobDeltas: [String: Int64] = [:]
-    private var dirtyEndpoints: [Int64: EndpointRecord] = [:]
-    private var removedEndpoints: Set<Int64> = []
-    private var removedEndpointUsers: Set<Int64> = []
-    /// Chats with changes the store does not have yet.
-    private var uncommittedChats: Set<Int64> = []
-    /// What was written by the last collect, to become the records' `stored` rows.
-    private var written: [() -> Void] = []
     /// Text for the search index, handed over once committed.
     var searchAdds: [SearchEntry] = []
     var searchRemovals: [Int64] = []
@@ -39,6 +22,19 @@ final class Batch {
     let cache: MessageCache
     /// This batch's place in the engine's sequence of batches (its pins in the cache).
     let number: Int
+
+    // The batch's parts (below): what it changed, its items and their effects, the
+    // events it built, and the inbox work it took.
+    let changes = Changes()
+    let effects = Effects()
+    let built = Built()
+    let inbox = Taken()
+    /// Bytes of events built so far.
+    var builtBytes: Int { built.builtBytes }
+    var inboxWork: [Engine.Work] {
+        get { inbox.inboxWork }
+        set { inbox.inboxWork = newValue }
+    }
 
     init(cache: MessageCache, number: Int) {
         self.cache = cache
@@ -55,7 +51,7 @@ final class Batch {
         case `internal`
     }
 
-    private enum Entry {
+    enum Entry {
         case begin(Int)
         /// An encoded event: bytes [start, end) of the session's output, and its item.
         case event(start: Int, end: Int, item: Int)
@@ -63,7 +59,7 @@ final class Batch {
 
     /// One session's events of this batch, encoded as they are emitted (so the engine
     /// knows how much output each session has being built).
-    private final class Output {
+    final class Output {
         let session: EngineSession
         var writer = JSONWriter(capacity: 1024)
         var entries: [Entry] = []
@@ -73,24 +69,7 @@ final class Batch {
         init(session: EngineSession) { self.session = session }
     }
 
-    private var items: [Item] = []
-    /// Items below this number are durable.
-    private var committedItems = 0
-    /// Sessions whose setup an item changed (authenticated, set up, deregistered), with
-    /// what they were before: restored if the item is not committed.
-    private var setupChanges: [(item: Int, session: EngineSession, before: EngineSession.Setup)] = []
-    /// Sessions the service ends once their events of this batch are written.
-    private var closing: [(item: Int, session: EngineSession)] = []
-    /// Done after the commit that covers them, in order; dropped if it fails.
-    private var afterCommit: [(item: Int, action: () -> Void)] = []
-    /// Done if the commit covering them fails (closing files a request opened).
-    private var afterFailure: [() -> Void] = []
-
-    private var outputs: [ObjectIdentifier: Output] = [:]
-    private var order: [ObjectIdentifier] = []
-    private var finished: [ObjectIdentifier: Int] = [:]
-
-    private var current: Int { items.count - 1 }
+    private var current: Int { effects.items.count - 1 }
 
     func takeSearchAdds() -> [SearchEntry] {
         defer { searchAdds = [] }
@@ -124,123 +103,123 @@ final class Batch {
 
     /// Starts the next work item; what is emitted from now on belongs to it.
     func begin(_ item: Item, session: EngineSession?) {
-        items.append(item)
+        effects.items.append(item)
         if let session { append(.begin(current), to: session) }
     }
 
     /// The current request is answered by a later batch (off the engine thread meanwhile):
     /// this one neither answers it nor, if its commit fails, refuses it.
     func answeredLater() {
-        items[items.count - 1] = .internal
+        effects.items[effects.items.count - 1] = .internal
         // Everything before it is durable (the search committed it), and it changes
         // nothing: it is never decided again, and its answer comes once.
-        committedItems = items.count
+        effects.committedItems = effects.items.count
     }
 
     /// Call before the current item changes who `session` is (its identity, user or
     /// endpoint): a failed commit puts it back.
     func willChangeSetup(of session: EngineSession) {
-        setupChanges.append((current, session, session.setup))
+        effects.setupChanges.append((current, session, session.setup))
     }
 
     /// The current item ends `session`: it is closed once this batch's events are written.
     func close(_ session: EngineSession) {
-        closing.append((current, session))
+        effects.closing.append((current, session))
     }
 
     /// `action` runs once what the current item changed is durable (removing a file the
     /// change releases, starting work that needs the change to exist).
     func whenCommitted(_ action: @escaping () -> Void) {
-        afterCommit.append((current, action))
+        effects.afterCommit.append((current, action))
     }
 
     /// Whether something waits for this batch's commit (it is then committed while the
     /// engine waits, before anything later is decided).
-    var hasActionsAfterCommit: Bool { !afterCommit.isEmpty }
+    var hasActionsAfterCommit: Bool { !effects.afterCommit.isEmpty }
 
     /// `action` runs if the current item's changes are not committed.
     func ifNotCommitted(_ action: @escaping () -> Void) {
-        afterFailure.append(action)
+        effects.afterFailure.append(action)
     }
 
     // MARK: store rows
 
     func changed(_ chat: ChatRecord) {
-        dirtyChats[chat.number] = chat
-        uncommittedChats.insert(chat.number)
+        changes.dirtyChats[chat.number] = chat
+        changes.uncommittedChats.insert(chat.number)
     }
 
     func changed(_ member: MemberRecord, of chat: ChatRecord) {
-        dirtyMembers[RowKey(chat: chat.number, item: member.user)] = (chat.number, member)
-        uncommittedChats.insert(chat.number)
+        changes.dirtyMembers[RowKey(chat: chat.number, item: member.user)] = (chat.number, member)
+        changes.uncommittedChats.insert(chat.number)
     }
 
     func changed(_ message: MessageRecord) {
-        dirtyMessages[RowKey(chat: message.chat, item: message.id)] = message
-        uncommittedChats.insert(message.chat)
+        changes.dirtyMessages[RowKey(chat: message.chat, item: message.id)] = message
+        changes.uncommittedChats.insert(message.chat)
         cache.pin(message, batch: number)
     }
 
     func changedPrivately(_ message: MessageRecord, for user: Int64) {
-        dirtyPrivate[PrivateKey(chat: message.chat, message: message.id, user: user)] = (message, user)
-        uncommittedChats.insert(message.chat)
+        changes.dirtyPrivate[PrivateKey(chat: message.chat, message: message.id, user: user)] = (message, user)
+        changes.uncommittedChats.insert(message.chat)
         cache.pin(message, batch: number)
     }
 
     /// `target.refBy[tag]` changed.
     func changedReferences(to target: MessageRecord, tag: String) {
-        dirtyRefCounts[RefKey(chat: target.chat, target: target.id, tag: ExactText(tag))] = target
+        changes.dirtyRefCounts[RefKey(chat: target.chat, target: target.id, tag: ExactText(tag))] = target
         changed(target)
     }
 
     /// Message `id` of `chat`, not read, changed (its feed position is now `seq`).
     func touched(chat: Int64, id: Int64, seq: Int64) {
-        touches[RowKey(chat: chat, item: id)] = seq
-        uncommittedChats.insert(chat)
+        changes.touches[RowKey(chat: chat, item: id)] = seq
+        changes.uncommittedChats.insert(chat)
     }
 
     /// Many messages changed at once (a mark moved over them).
     func changed(_ range: RangeChangeRow) {
-        rangeChanges.append(range)
-        uncommittedChats.insert(range.chat)
+        changes.rangeChanges.append(range)
+        changes.uncommittedChats.insert(range.chat)
     }
 
     /// One more (or one fewer) message holds on to a stored content.
     func uses(_ blob: String, _ delta: Int64) {
-        blobDeltas[blob, default: 0] += delta
+        changes.blobDeltas[blob, default: 0] += delta
     }
 
     /// An endpoint is written whole or removed, never both: the store may write the two
     /// at once.
     func changed(_ endpoint: EndpointRecord) {
-        dirtyEndpoints[endpoint.id] = endpoint
-        removedEndpoints.remove(endpoint.id)
+        changes.dirtyEndpoints[endpoint.id] = endpoint
+        changes.removedEndpoints.remove(endpoint.id)
     }
 
     func removed(_ endpoint: EndpointRecord) {
-        dirtyEndpoints[endpoint.id] = nil
-        removedEndpoints.insert(endpoint.id)
-        removedEndpointUsers.insert(endpoint.user)
+        changes.dirtyEndpoints[endpoint.id] = nil
+        changes.removedEndpoints.insert(endpoint.id)
+        changes.removedEndpointUsers.insert(endpoint.user)
     }
 
     /// The chats changed since the batch was last committed (`Engine.collect`).
-    var changedChats: Set<Int64> { uncommittedChats }
+    var changedChats: Set<Int64> { changes.uncommittedChats }
 
     /// Whether the batch made users or changed endpoints since it was last committed.
     var changedUsersOrEndpoints: Bool {
-        !store.newUsers.isEmpty || !dirtyEndpoints.isEmpty || !removedEndpoints.isEmpty
+        !store.newUsers.isEmpty || !changes.dirtyEndpoints.isEmpty || !changes.removedEndpoints.isEmpty
     }
 
     /// Whether the store lacks something this batch changed in `chat`.
     func hasUncommittedChanges(in chat: Int64) -> Bool {
-        uncommittedChats.contains(chat)
+        changes.uncommittedChats.contains(chat)
     }
 
     /// Turns the changed records into the writes of the store batch: new rows whole,
     /// changed rows by the columns that changed.
     func collectRows(counters: StoreCounters?) {
-        written = []
-        for chat in dirtyChats.values {
+        changes.written = []
+        for chat in changes.dirtyChats.values {
             let row = chat.row
             if let old = chat.stored {
                 let columns = row.columns(changedFrom: old)
@@ -248,9 +227,9 @@ final class Batch {
             } else {
                 store.newChats.append(row)
             }
-            written.append { chat.stored = row }
+            changes.written.append { chat.stored = row }
         }
-        for (chat, member) in dirtyMembers.values {
+        for (chat, member) in changes.dirtyMembers.values {
             let row = member.row(chat: chat)
             if let old = member.stored {
                 let columns = row.columns(changedFrom: old)
@@ -258,9 +237,9 @@ final class Batch {
             } else {
                 store.members.append(row)
             }
-            written.append { member.stored = row }
+            changes.written.append { member.stored = row }
         }
-        for message in dirtyMessages.values {
+        for message in changes.dirtyMessages.values {
             let row = message.row
             if let old = message.stored {
                 let columns = row.columns(changedFrom: old)
@@ -269,15 +248,15 @@ final class Batch {
             } else {
                 store.newMessages.append(row)
             }
-            written.append { message.stored = MessageColumns(row) }
+            changes.written.append { message.stored = MessageColumns(row) }
         }
-        store.touches = touches.compactMap { key, seq in dirtyMessages[key] == nil ? (key.chat, key.item, seq) : nil }
-        store.rangeChanges = rangeChanges
-        store.refCounts = dirtyRefCounts.map { key, target in
+        store.touches = changes.touches.compactMap { key, seq in changes.dirtyMessages[key] == nil ? (key.chat, key.item, seq) : nil }
+        store.rangeChanges = changes.rangeChanges
+        store.refCounts = changes.dirtyRefCounts.map { key, target in
             let count = target.refBy[key.tag]
             return RefCountRow(chat: key.chat, target: key.target, tag: key.tag.text, count: count?.count ?? 0, newest: count?.newest ?? 0)
         }
-        store.privateStates = dirtyPrivate.values.map { entry in
+        store.privateStates = changes.dirtyPrivate.values.map { entry in
             let state = entry.message.privateStates[entry.user] ?? PrivateState()
             var row = MessageUserRow(
                 chat: entry.message.chat, id: entry.message.id, user: entry.user, localData: state.localData?.json,
@@ -286,10 +265,10 @@ final class Batch {
             row.fileDownloaded = state.fileState == .done
             return row
         }
-        store.blobUses = blobDeltas.filter { $0.value != 0 }
-        store.endpoints = dirtyEndpoints.values.map(\.row)
-        store.removedEndpoints = Array(removedEndpoints)
-        store.endpointUsers = removedEndpointUsers.sorted()
+        store.blobUses = changes.blobDeltas.filter { $0.value != 0 }
+        store.endpoints = changes.dirtyEndpoints.values.map(\.row)
+        store.removedEndpoints = Array(changes.removedEndpoints)
+        store.endpointUsers = changes.removedEndpointUsers.sorted()
         store.counters = counters
     }
 
@@ -299,34 +278,34 @@ final class Batch {
     /// updated by the next, not inserted twice). Nothing needs undoing if the commit fails:
     /// memory is then read back from the store.
     func takeAsWritten() {
-        for update in written { update() }
-        written = []
+        for update in changes.written { update() }
+        changes.written = []
     }
 
     /// Everything so far is durable: later commits of this batch need not write it
     /// again, and what waited for it is done now. The current item stays uncommitted:
     /// it may change more after this point.
     func committed() {
-        for update in written { update() }
-        written = []
+        for update in changes.written { update() }
+        changes.written = []
         store = StoreBatch()
-        dirtyChats = [:]
-        dirtyMembers = [:]
-        dirtyMessages = [:]
-        dirtyPrivate = [:]
-        dirtyRefCounts = [:]
-        touches = [:]
-        rangeChanges = []
-        blobDeltas = [:]
-        dirtyEndpoints = [:]
-        removedEndpoints = []
-        removedEndpointUsers = []
-        uncommittedChats = []
+        changes.dirtyChats = [:]
+        changes.dirtyMembers = [:]
+        changes.dirtyMessages = [:]
+        changes.dirtyPrivate = [:]
+        changes.dirtyRefCounts = [:]
+        changes.touches = [:]
+        changes.rangeChanges = []
+        changes.blobDeltas = [:]
+        changes.dirtyEndpoints = [:]
+        changes.removedEndpoints = []
+        changes.removedEndpointUsers = []
+        changes.uncommittedChats = []
         cache.unpin(through: number)
-        committedItems = max(committedItems, current)
-        let actions = afterCommit
-        afterCommit = []
-        afterFailure = []
+        effects.committedItems = max(effects.committedItems, current)
+        let actions = effects.afterCommit
+        effects.afterCommit = []
+        effects.afterFailure = []
         for entry in actions { entry.action() }
     }
 
@@ -340,23 +319,19 @@ final class Batch {
         appended(to: output, from: start)
     }
 
-    /// The event `emit(_:to:sameAsLast:)` encoded last, as encoded (before a session's own
-    /// uri is replaced in its copy).
-    private var alikeBytes = JSONWriter(capacity: 1024)
-
     /// Emits an event that other sessions may receive alike. With `sameAsLast`, the caller
     /// knows it equal to the event of the last call: its bytes are copied, not encoded
     /// again (a group's members see a new message alike: encoding it for each was a
     /// sixth of a send into a chat of 100).
     func emit(_ event: Event, to session: EngineSession, sameAsLast: Bool) {
         if !sameAsLast {
-            alikeBytes.removeAll()
-            event.encode(to: &alikeBytes)
+            built.alikeBytes.removeAll()
+            event.encode(to: &built.alikeBytes)
         }
         ServiceMetrics.count(event)
         let output = self.output(of: session)
         let start = output.writer.count
-        alikeBytes.withBytes { output.writer.appendLines($0) }
+        built.alikeBytes.withBytes { output.writer.appendLines($0) }
         appended(to: output, from: start)
     }
 
@@ -369,11 +344,8 @@ final class Batch {
             output.writer.replaceAll(own, with: UserRecord.quotedLocalURI, from: start)
         }
         output.entries.append(.event(start: start, end: output.writer.count, item: current))
-        builtBytes += output.writer.count - start
+        built.builtBytes += output.writer.count - start
     }
-
-    /// Bytes of events this batch built, for every session together.
-    private(set) var builtBytes = 0
 
     /// The session's output that its client has not taken: what this batch built for it
     /// so far, and its unread backlog when the batch began to build for it.
@@ -384,7 +356,7 @@ final class Batch {
 
     /// The output this batch built for `session` so far (none when it has none).
     func builtOutput(for session: EngineSession) -> Int {
-        outputs[ObjectIdentifier(session)]?.writer.count ?? 0
+        built.outputs[ObjectIdentifier(session)]?.writer.count ?? 0
     }
 
     private func append(_ entry: Entry, to session: EngineSession) {
@@ -393,38 +365,29 @@ final class Batch {
 
     private func output(of session: EngineSession) -> Output {
         let key = ObjectIdentifier(session)
-        if let output = outputs[key] { return output }
+        if let output = built.outputs[key] { return output }
         let output = Output(session: session)
-        outputs[key] = output
-        order.append(key)
+        built.outputs[key] = output
+        built.order.append(key)
         return output
     }
 
     func finish(_ session: EngineSession) {
-        finished[ObjectIdentifier(output(of: session).session), default: 0] += 1
+        built.finished[ObjectIdentifier(output(of: session).session), default: 0] += 1
     }
 
     // MARK: when the commit fails
 
-    /// What the engine took from its inbox for this batch (`took(inboxIndex:)` refers to
-    /// it: kept whole, the work is not copied item by item).
-    var inboxWork: [Engine.Work] = []
-    /// The work the batch took, in order, with the number of the first item each began
-    /// (`takeBack`): an index into `inboxWork`, or (below 0) into `takenElsewhere`.
-    private var taken: [(item: Int, index: Int)] = []
-    /// Work taken from elsewhere than the inbox (parked work let go).
-    private var takenElsewhere: [Engine.Work] = []
-
     /// The engine takes `inboxWork[index]` into the batch (it is decided again if the
     /// commit conflicts).
     func took(inboxIndex index: Int) {
-        taken.append((items.count, index))
+        inbox.taken.append((effects.items.count, index))
     }
 
     /// The engine takes `work`, which is not from `inboxWork`, into the batch.
     func took(_ work: Engine.Work) {
-        takenElsewhere.append(work)
-        taken.append((items.count, -takenElsewhere.count))
+        inbox.takenElsewhere.append(work)
+        inbox.taken.append((effects.items.count, -inbox.takenElsewhere.count))
     }
 
     /// The commit failed: keeps only what is durable or never depended on the store,
@@ -442,15 +405,15 @@ final class Batch {
     /// events. Returns that work in order, and the sessions whose setup it changed, as
     /// `failAll` does.
     func takeBack() -> (work: [Engine.Work], setups: [(session: EngineSession, before: EngineSession.Setup)]) {
-        let durable = committedItems
+        let durable = effects.committedItems
         keepDurableOutput(answering: nil)
-        let work = taken.filter { $0.item >= durable }.map { $0.index >= 0 ? inboxWork[$0.index] : takenElsewhere[-$0.index - 1] }
+        let work = inbox.taken.filter { $0.item >= durable }.map { $0.index >= 0 ? inboxWork[$0.index] : inbox.takenElsewhere[-$0.index - 1] }
         // A session's work that is decided again is finished again then.
         for item in work {
-            if let session = item.session { finished[ObjectIdentifier(session)]! -= 1 }
+            if let session = item.session { built.finished[ObjectIdentifier(session)]! -= 1 }
         }
-        taken = []
-        takenElsewhere = []
+        inbox.taken = []
+        inbox.takenElsewhere = []
         inboxWork = []
         return (work, dropUncommitted())
     }
@@ -459,20 +422,20 @@ final class Batch {
     /// answers that never depended on the store, with one `Internal` answer for each
     /// uncommitted request.
     private func keepDurableOutput(answering reason: String?) {
-        let durable = committedItems
-        for key in order {
-            let output = outputs[key]!
+        let durable = effects.committedItems
+        for key in built.order {
+            let output = built.outputs[key]!
             var kept = JSONWriter(capacity: max(256, output.writer.count))
             output.writer.withBytes { built in
                 for entry in output.entries {
                     switch entry {
                     case .begin(let item):
-                        guard let reason, item >= durable, case .request(let name, let cookie, let line) = items[item] else { continue }
+                        guard let reason, item >= durable, case .request(let name, let cookie, let line) = effects.items[item] else { continue }
                         ServiceMetrics.failed(name, error: ErrorCode.internal.rawValue)
                         ProtocolError(.internal, reason).requestFailed(request: name, cookie: cookie, line: line).encode(to: &kept)
                     case .event(let start, let end, let item):
                         var keep = item < durable
-                        if reason != nil, case .answered = items[item] { keep = true }
+                        if reason != nil, case .answered = effects.items[item] { keep = true }
                         if keep { kept.appendLines(UnsafeRawBufferPointer(rebasing: built[start..<end])) }
                     }
                 }
@@ -485,33 +448,96 @@ final class Batch {
     /// Drops what the uncommitted items would have written and done; returns the sessions
     /// whose setup they changed, latest change first, with what each was before.
     private func dropUncommitted() -> [(session: EngineSession, before: EngineSession.Setup)] {
-        let durable = committedItems
+        let durable = effects.committedItems
         // What the uncommitted rows would have released stays; what their requests
         // opened is let go.
-        afterCommit = []
-        let failures = afterFailure
-        afterFailure = []
+        effects.afterCommit = []
+        let failures = effects.afterFailure
+        effects.afterFailure = []
         for action in failures { action() }
         store = StoreBatch()
-        written = []
+        changes.written = []
         searchAdds = []
         searchRemovals = []
-        closing.removeAll { $0.item >= durable }
-        return setupChanges.filter { $0.item >= durable }.reversed().map { ($0.session, $0.before) }
+        effects.closing.removeAll { $0.item >= durable }
+        return effects.setupChanges.filter { $0.item >= durable }.reversed().map { ($0.session, $0.before) }
     }
 
     /// Hands every session its events, then ends the sessions the batch closes.
     func deliver() {
-        for key in order {
-            let output = outputs[key]!
+        for key in built.order {
+            let output = built.outputs[key]!
             guard let sink = output.session.sink else { continue }
             if output.session.isOpen && !output.writer.isEmpty {
                 output.writer.withBytes { sink.deliver($0) }
             }
-            if let count = finished[key] { sink.engineFinished(count) }
+            if let count = built.finished[key] { sink.engineFinished(count) }
         }
-        for (_, session) in closing where session.isOpen {
+        for (_, session) in effects.closing where session.isOpen {
             session.sink?.endSession()
         }
+    }
+}
+
+extension Batch {
+    /// What the batch changed, by record: written at commit by the columns that changed.
+    final class Changes {
+        /// Records changed by the batch: written at commit by the columns that changed.
+        var dirtyChats: [Int64: ChatRecord] = [:]
+        var dirtyMembers: [RowKey: (chat: Int64, member: MemberRecord)] = [:]
+        var dirtyMessages: [RowKey: MessageRecord] = [:]
+        var dirtyPrivate: [PrivateKey: (message: MessageRecord, user: Int64)] = [:]
+        var dirtyRefCounts: [RefKey: MessageRecord] = [:]
+        /// Messages whose own change position moved without being read.
+        var touches: [RowKey: Int64] = [:]
+        var rangeChanges: [RangeChangeRow] = []
+        var blobDeltas: [String: Int64] = [:]
+        var dirtyEndpoints: [Int64: EndpointRecord] = [:]
+        var removedEndpoints: Set<Int64> = []
+        var removedEndpointUsers: Set<Int64> = []
+        /// Chats with changes the store does not have yet.
+        var uncommittedChats: Set<Int64> = []
+        /// What was written by the last collect, to become the records' `stored` rows.
+        var written: [() -> Void] = []
+    }
+
+    /// The batch's work items, and what follows their commit or its failure.
+    final class Effects {
+        var items: [Item] = []
+        /// Items below this number are durable.
+        var committedItems = 0
+        /// Sessions whose setup an item changed (authenticated, set up, deregistered), with
+        /// what they were before: restored if the item is not committed.
+        var setupChanges: [(item: Int, session: EngineSession, before: EngineSession.Setup)] = []
+        /// Sessions the service ends once their events of this batch are written.
+        var closing: [(item: Int, session: EngineSession)] = []
+        /// Done after the commit that covers them, in order; dropped if it fails.
+        var afterCommit: [(item: Int, action: () -> Void)] = []
+        /// Done if the commit covering them fails (closing files a request opened).
+        var afterFailure: [() -> Void] = []
+    }
+
+    /// The events the batch built, per session, as encoded bytes.
+    final class Built {
+        var outputs: [ObjectIdentifier: Output] = [:]
+        var order: [ObjectIdentifier] = []
+        var finished: [ObjectIdentifier: Int] = [:]
+        /// The event `emit(_:to:sameAsLast:)` encoded last, as encoded (before a session's own
+        /// uri is replaced in its copy).
+        var alikeBytes = JSONWriter(capacity: 1024)
+        /// Bytes of events this batch built, for every session together.
+        var builtBytes = 0
+    }
+
+    /// The inbox work the batch took, and where each item went.
+    final class Taken {
+        /// What the engine took from its inbox for this batch (`took(inboxIndex:)` refers to
+        /// it: kept whole, the work is not copied item by item).
+        var inboxWork: [Engine.Work] = []
+        /// The work the batch took, in order, with the number of the first item each began
+        /// (`takeBack`): an index into `inboxWork`, or (below 0) into `takenElsewhere`.
+        var taken: [(item: Int, index: Int)] = []
+        /// Work taken from elsewhere than the inbox (parked work let go).
+        var takenElsewhere: [Engine.Work] = []
     }
 }
