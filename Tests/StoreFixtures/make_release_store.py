@@ -29,9 +29,19 @@ def start(data, files):
     process = subprocess.Popen([BINARY, "serve", "--data-dir", data, "--listen", "unix:" + path, "--insecure-no-auth",
                                 "--attachments-dir", files], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, env=dict(os.environ, CHATCORE_FIXED_TIME=FIXED_TIME))
-    while not os.path.exists(path):
-        time.sleep(0.05)
-    time.sleep(0.2)
+    # The socket file appears when it is bound, a moment before it accepts: wait until a
+    # connection is accepted, not for the file.
+    deadline = time.time() + 60
+    while True:
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(path)
+            break
+        except OSError:
+            assert process.poll() is None and time.time() < deadline, "chatcore did not start listening"
+            time.sleep(0.05)
+        finally:
+            probe.close()
     return process, path
 
 
