@@ -1,3 +1,4 @@
+import ChatProtocol
 import Foundation
 import GRDB
 import SQLiteStorage
@@ -16,27 +17,21 @@ import Testing
     }
 
     /// The message ids and contents each `listAdd` of a chat message carries, in order.
-    private static func added(_ events: [[String: Any]]) -> [String] {
+    private static func added(_ events: [Event]) -> [String] {
         events.compactMap { event in
-            guard let add = event["listAdd"] as? [String: Any], add["type"] as? String == "chatMessage",
-                let element = (add["elements"] as? [[String: Any]])?.first, element["tag"] as? String == "Text"
-            else { return nil }
-            return "\(element["messageId"]!):\(element["content"]!)"
+            guard let element = event.addedMessages.first, element.tag == "Text" else { return nil }
+            return "\(element.messageId):\(element.content ?? "")"
         }
     }
 
-    private static func failures(_ events: [[String: Any]]) -> [String] {
-        events.compactMap { event in
-            (event["requestFailed"] as? [String: Any]).map { "\($0["cookie"] ?? "-"):\($0["error"]!)" }
-        }
+    private static func failures(_ events: [Event]) -> [String] {
+        events.compactMap(\.requestFailed).map { "\($0.cookie ?? "-"):\($0.error.rawValue)" }
     }
 
     private func listed(_ h: EngineHarness, as name: String) -> [String] {
         let lines = h.send(
             name, #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{"chatId":"1"},"window":{"messageId":1,"before":0,"after":20}}}"#)
-        let objects = lines.map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
-        return objects.flatMap { ($0["listChunk"] as? [String: Any])?["elements"] as? [[String: Any]] ?? [] }
-            .filter { $0["tag"] as? String == "Text" }.map { "\($0["messageId"]!):\($0["content"]!)" }
+        return EngineHarness.typed(lines).flatMap(\.chunkMessages).filter { $0.tag == "Text" }.map { "\($0.messageId):\($0.content ?? "")" }
     }
 
     /// Two engines on one store are two deciding nodes: a send decided on a chat the other
@@ -44,7 +39,7 @@ import Testing
     @Test func aSendIntoAChatAnotherNodeChangedIsDecidedAgainOnWhatTheStoreHas() throws {
         let store = FailingStore(try SQLiteStore(writer: DatabaseQueue()), versioned: true)
         let nodeA = try EngineHarness.aliceAndBobInAChat(on: store)
-        #expect(Self.added(nodeA.objects("a")) == [])
+        #expect(Self.added(nodeA.typedEvents("a")) == [])
         #expect(Self.added(nodeA.send("a", Self.send("one", cookie: "1")).map(Self.object)) == ["2:one"])
         let nodeB = try EngineHarness(store: store)
         nodeB.connect("b", as: "bob")
@@ -58,7 +53,7 @@ import Testing
         #expect(store.chatLoads.load(ordering: .relaxed) == 1)
         #expect(store.directoryLoads.load(ordering: .relaxed) == 2)
         // Bob on node A sees Alice's message once, with the id it was stored with.
-        #expect(Self.added(nodeA.objects("b")) == (["2:one", "4:two"]))
+        #expect(Self.added(nodeA.typedEvents("b")) == (["2:one", "4:two"]))
         // Node A read the chat again: it lists node B's message from the store. (Node B
         // does not follow node A's commits yet: docs/several-deciding-nodes.md, step 4.)
         #expect(listed(nodeA, as: "a") == (["2:one", "3:from node B", "4:two"]))
@@ -68,13 +63,8 @@ import Testing
     }
 
     /// The chatIds of the chats `listAdd`s gave the session.
-    private static func startedChats(_ events: [[String: Any]]) -> [String] {
-        events.compactMap { event in
-            guard let add = event["listAdd"] as? [String: Any], add["type"] as? String == "chat",
-                let element = (add["elements"] as? [[String: Any]])?.first
-            else { return nil }
-            return element["chatId"] as? String
-        }
+    private static func startedChats(_ events: [Event]) -> [String] {
+        events.compactMap { $0.addedChats.first?.chatId }
     }
 
     /// Two nodes each start a chat with a user new to both. With numbers from the store
@@ -147,8 +137,8 @@ import Testing
             h.work("a", Self.send("m3", cookie: "c3")),
             h.work("x", #"{"identitiesGet":{"cookie":"who","appUserIds":["xavier"]}}"#)
         ])
-        let alice = h.objects("a")
-        let bob = h.objects("b")
+        let alice = h.typedEvents("a")
+        let bob = h.typedEvents("b")
         let xavier = h.events("x")
         #expect(store.conflicts.load(ordering: .relaxed) == 1)
         #expect(Self.failures(alice) == ["u:UnknownRequest"], "\(alice)")
@@ -157,7 +147,7 @@ import Testing
         #expect(Self.added(bob) == (["2:m1", "3:m2", "4:m3"]), "\(bob)")
         // The decode failure's answer comes between m1's and m2's, where it was sent.
         let order = alice.compactMap { event -> String? in
-            if event["requestFailed"] != nil { return "failed" }
+            if event.requestFailed != nil { return "failed" }
             return Self.added([event]).first
         }
         #expect(order == (["2:m1", "failed", "3:m2", "4:m3"]))
@@ -181,13 +171,13 @@ import Testing
             h.work("a", #"{"search":{"cookie":"q","text":"findable"}}"#),
             h.work("a", Self.send("after", cookie: "c2"))
         ])
-        let alice = h.objects("a")
+        let alice = h.typedEvents("a")
         #expect(store.conflicts.load(ordering: .relaxed) == 1)
         #expect(Self.failures(alice) == [], "\(alice)")
         #expect(Self.added(alice) == (["2:findable", "3:after"]), "\(alice)")
-        let results = alice.compactMap { $0["searchResult"] as? [String: Any] }
+        let results = alice.compactMap(\.searchResult)
         #expect(results.count == 1, "\(alice)")
-        #expect(((results.first?["messages"] as? [[String: Any]])?.map { "\($0["messageId"]!)" }) == ["2"])
+        #expect(results.first?.messages.map { "\($0.messageId)" } == ["2"])
     }
 
     /// Conflicting again and again (the chat is that busy on other nodes), the batch is
@@ -209,7 +199,7 @@ import Testing
         #expect(Self.added(h.send("a", Self.send("calm", cookie: "c2")).map(Self.object)) == ["2:calm"])
     }
 
-    private static func object(_ line: String) -> [String: Any] {
-        try! JSONSerialization.jsonObject(with: Data(line.utf8)) as! [String: Any]
+    private static func object(_ line: String) -> Event {
+        EngineHarness.typed(line)
     }
 }

@@ -1,3 +1,4 @@
+import ChatProtocol
 import Foundation
 import GRDB
 import SQLiteStorage
@@ -13,12 +14,10 @@ import Testing
         return (try EngineHarness(store: store), store)
     }
 
-    private func endpoints(_ h: EngineHarness, _ name: String) -> [[String: Any]] {
+    private func endpoints(_ h: EngineHarness, _ name: String) -> [RegisteredEndpoint] {
         _ = h.events(name)
         h.submit(name, #"{"endpointsGet":{"cookie":"list"}}"#)
-        let events = h.objects(name)
-        let body = events.last?["endpoints"] as? [String: Any]
-        return body?["registeredEndpoints"] as? [[String: Any]] ?? []
+        return h.typedEvents(name).last?.endpoints?.registeredEndpoints ?? []
     }
 
     @Test func aDeregistrationThatIsNotCommittedClosesNothing() throws {
@@ -28,7 +27,7 @@ import Testing
         h.send("b", #"{"endpointUpdate":{"cookie":"u","description":"tablet"}}"#)
         let listed = endpoints(h, "a")
         #expect(listed.count == 2)
-        let tablet = try #require(listed.first { $0["description"] as? String == "tablet" }?["endpointId"] as? String)
+        let tablet = try #require(listed.first { $0.description == "tablet" }?.endpointId)
 
         store.failing.store(true, ordering: .relaxed)
         let refused = h.send("a", #"{"endpointDeregister":{"cookie":"d","endpointId":"\#(tablet)"}}"#)
@@ -60,8 +59,8 @@ import Testing
         store.failing.store(false, ordering: .relaxed)
         let listed = endpoints(h, "a")
         #expect(listed.count == 1)
-        #expect((listed.first?["description"] as? String) == "", "an endpoint the store did not take is shown as registered")
-        #expect((listed.first?["isCurrent"] as? Bool) == true)
+        #expect(listed.first?.description == "", "an endpoint the store did not take is shown as registered")
+        #expect(listed.first?.isCurrent == true)
     }
 
     /// A batch writes an endpoint whole or removes it, never both: the PostgreSQL store

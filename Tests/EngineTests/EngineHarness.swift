@@ -138,11 +138,6 @@ final class EngineHarness {
         engine.drain()
         return sessions[name]!.sink.ended
     }
-
-    /// The events as JSON objects.
-    func objects(_ name: String) -> [[String: Any]] {
-        events(name).map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
-    }
 }
 
 extension EngineHarness {

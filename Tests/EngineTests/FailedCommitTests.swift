@@ -1,3 +1,4 @@
+import ChatProtocol
 import Foundation
 import GRDB
 import SQLiteStorage
@@ -27,15 +28,15 @@ import Testing
         for n in 1...5 { h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"m\#(n)","cookie":"c\#(n)"}}"#) }
         h.submit("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","cookie":"bad"}}"#)  // refused on its own
         h.submit("a", #"{"nonsense":{"cookie":"u"}}"#)  // a decode failure
-        let alice = h.objects("a")
+        let alice = h.typedEvents("a")
         #expect(alice.count == 7, "\(alice)")
         for (n, event) in alice.prefix(6).enumerated() {
-            let failed = event["requestFailed"] as? [String: Any]
-            #expect((failed?["error"] as? String) == "Internal")
-            #expect((failed?["cookie"] as? String) == (n < 5 ? "c\(n + 1)" : "bad"))
-            #expect((failed?["reason"] as? String)?.contains("store") == true)
+            let failed = event.requestFailed
+            #expect(failed?.error == .internal)
+            #expect(failed?.cookie == (n < 5 ? "c\(n + 1)" : "bad"))
+            #expect(failed?.reason.contains("store") == true)
         }
-        #expect(((alice[6]["requestFailed"] as? [String: Any])?["error"] as? String) == "UnknownRequest")
+        #expect(alice[6].requestFailed?.error == .unknownRequest)
         #expect(h.events("b") == [], "bob saw events of a batch that was not committed")
 
         // Space again: the same requests succeed, with the ids the failed ones would have had.
@@ -106,12 +107,12 @@ import Testing
     /// Internal answer and nothing else was seen, and nothing of them is remembered (the
     /// next message takes the id the first had: the chat's Join is 1) or stored.
     static func assertFirstSecondAndThirdFailedTogether(_ h: EngineHarness, _ store: FailingStore, sourceLocation: SourceLocation = #_sourceLocation) {
-        let alice = h.objects("a")
-        let bob = h.objects("b")
+        let alice = h.typedEvents("a")
+        let bob = h.typedEvents("b")
         #expect(store.failedCommits.load(ordering: .relaxed) == 1, sourceLocation: sourceLocation)
         #expect(
-            (alice.compactMap { ($0["requestFailed"] as? [String: Any])?["cookie"] as? String }) == (["c1", "c2"]), "\(alice)", sourceLocation: sourceLocation)
-        #expect((bob.compactMap { ($0["requestFailed"] as? [String: Any])?["cookie"] as? String }) == ["c3"], "\(bob)", sourceLocation: sourceLocation)
+            alice.compactMap { $0.requestFailed?.cookie } == (["c1", "c2"]), "\(alice)", sourceLocation: sourceLocation)
+        #expect(bob.compactMap { $0.requestFailed?.cookie } == ["c3"], "\(bob)", sourceLocation: sourceLocation)
         #expect((alice.count + bob.count) == 3, "events of batches that were not committed were seen: \(alice) \(bob)", sourceLocation: sourceLocation)
         let again = h.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"again"}}"#)
         #expect(again.first?.contains(#""messageId":"2""#) ?? false, "\(again)", sourceLocation: sourceLocation)

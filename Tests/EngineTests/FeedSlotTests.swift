@@ -1,3 +1,4 @@
+import ChatProtocol
 import Foundation
 import GRDB
 import SQLiteStorage
@@ -16,24 +17,17 @@ import Testing
         var hasMore: Bool
     }
 
-    private static func object(_ line: String) -> [String: Any] {
-        try! JSONSerialization.jsonObject(with: Data(line.utf8)) as! [String: Any]
-    }
-
     /// One `requestListChanges` answer: "id:content" (or "id:tag") of each message changed.
     private func feed(_ h: EngineHarness, _ name: String, since: String?, limit: Int = 100) throws -> Feed {
         let sinceField = since.map { #","since":"\#($0)""# } ?? ""
         let lines = h.send(name, #"{"requestListChanges":{"type":"chatMessage","cookie":"f","limit":\#(limit)\#(sinceField)}}"#)
-        let answer = try #require(lines.map(Self.object).compactMap { $0["listChanges"] as? [String: Any] }.first, "\(lines)")
-        let changed = answer["changed"] as! [[String: Any]]
-        return Feed(
-            messages: changed.map { "\($0["messageId"]!):\($0["content"] as? String ?? $0["tag"] as! String)" },
-            token: answer["token"] as! String, hasMore: answer["hasMore"] as! Bool)
+        let answer = try #require(EngineHarness.typed(lines).compactMap(\.listChanges).first, "\(lines)")
+        return Feed(messages: answer.changed.map { "\($0.messageId):\($0.content ?? $0.tag)" }, token: answer.token, hasMore: answer.hasMore)
     }
 
     private func failure(_ h: EngineHarness, _ name: String, since: String) -> String? {
         let lines = h.send(name, #"{"requestListChanges":{"type":"chatMessage","cookie":"f","since":"\#(since)"}}"#)
-        return lines.map(Self.object).compactMap { ($0["requestFailed"] as? [String: Any])?["error"] as? String }.first
+        return EngineHarness.typed(lines).compactMap(\.requestFailed).first?.error.rawValue
     }
 
     private static func send(_ content: String) -> String {

@@ -1,3 +1,4 @@
+import ChatProtocol
 import Foundation
 import GRDB
 import SQLiteStorage
@@ -83,12 +84,9 @@ import Testing
         var ids: [Int64] = []
         var failures: [String] = []
         for line in lines {
-            let object = try! JSONSerialization.jsonObject(with: Data(line.utf8)) as! [String: Any]
-            if object["requestFailed"] != nil { failures.append(line) }
-            guard let add = object["listAdd"] as? [String: Any], add["type"] as? String == "chatMessage" else { continue }
-            for element in add["elements"] as! [[String: Any]] where element["tag"] as? String == "Text" {
-                ids.append(Int64(element["messageId"] as! String)!)
-            }
+            let event = EngineHarness.typed(line)
+            if event.requestFailed != nil { failures.append(line) }
+            ids += event.addedMessages.filter { $0.tag == "Text" }.map(\.messageId)
         }
         return (ids, failures)
     }
@@ -139,14 +137,9 @@ import Testing
         return store.conflicts.load(ordering: .relaxed)
     }
 
-    private static func objects(_ lines: [String]) -> [[String: Any]] {
-        lines.map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
-    }
-
     /// The chatMessage changes in `lines`.
-    private static func messageChanges(_ lines: [String]) -> [[String: Any]] {
-        objects(lines).compactMap { $0["listChange"] as? [String: Any] }.filter { $0["type"] as? String == "chatMessage" }
-            .flatMap { $0["elements"] as! [[String: Any]] }
+    private static func messageChanges(_ lines: [String]) -> [ChatMessageChange] {
+        EngineHarness.typed(lines).flatMap(\.messageChanges)
     }
 
     /// A message the following node does not hold (here it holds none), which another node
@@ -162,12 +155,12 @@ import Testing
         _ = nodeB.send("b", #"{"identitiesGet":{"cookie":"s1","appUserIds":["alice"]}}"#)
         nodeA.send("a", #"{"chatMessageDestroy":{"chatId":"1","messageId":"2","cookie":"recall"}}"#)
         let changes = Self.messageChanges(nodeB.send("b", #"{"identitiesGet":{"cookie":"s2","appUserIds":["alice"]}}"#))
-        let recalled = try #require(changes.first { $0["messageId"] as? String == "2" }, "\(changes)")
-        #expect((recalled["recall"] as? String) == "Recalled")
-        #expect(recalled["content"] is NSNull, "\(recalled)")
+        let recalled = try #require(changes.first { $0.messageId == 2 }, "\(changes)")
+        #expect(recalled.recall == .value(.recalled))
+        #expect(recalled.content == .null, "\(recalled)")
         // Whole: the fields that did not change are given too.
-        #expect((recalled["tag"] as? String) == "Text")
-        #expect((recalled["senderUri"] as? String) == ("bbmpim://user/id/1"))
+        #expect(recalled.tag == .value("Text"))
+        #expect(recalled.senderUri == .value("bbmpim://user/id/1"))
     }
 
     /// A node that decided a send before it heard that the recipient is connected to
@@ -182,11 +175,11 @@ import Testing
         nodeB.connect("b", as: "bob")
         nodeA.send("a", #"{"chatStart":{"cookie":"start","invitees":[{"userId":"bob"}],"subject":"late"}}"#)
         let sent = nodeA.send("a", #"{"chatMessageSend":{"chatId":"1","tag":"Text","content":"there?","cookie":"m"}}"#)
-        #expect(!(Self.messageChanges(sent).contains { $0["state"] as? String == "Delivered" }), "\(sent)")
+        #expect(!Self.messageChanges(sent).contains { $0.state == .value(.delivered) }, "\(sent)")
         // Node B follows the send, and marks it delivered to bob in a batch of its own.
         nodeB.send("b", #"{"identitiesGet":{"cookie":"s1","appUserIds":["alice"]}}"#)
         _ = nodeB.events("b")
         let changes = Self.messageChanges(nodeA.send("a", #"{"identitiesGet":{"cookie":"s2","appUserIds":["alice"]}}"#))
-        #expect(changes.contains { $0["messageId"] as? String == "2" && $0["state"] as? String == "Delivered" }, "\(changes)")
+        #expect(changes.contains { $0.messageId == 2 && $0.state == .value(.delivered) }, "\(changes)")
     }
 }

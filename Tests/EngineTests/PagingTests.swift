@@ -1,3 +1,4 @@
+import ChatProtocol
 import Foundation
 import Testing
 
@@ -7,10 +8,6 @@ import Testing
 /// none holds the engine from everyone else for long; the session's own answers keep the
 /// order of its requests.
 @Suite(.serialized) final class PagingTests {
-    private static func objects(_ lines: [String]) -> [[String: Any]] {
-        lines.map { try! JSONSerialization.jsonObject(with: Data($0.utf8)) as! [String: Any] }
-    }
-
     /// A user in 2,000 chats of 50 got 100,000 participants in one answer, decided in one
     /// batch (150 ms of the engine in a release build, everyone else waiting).
     @Test func theParticipantsOfManyChatsComeAPageAtATimeEachOnceInOrder() throws {
@@ -25,20 +22,22 @@ import Testing
             ("a", #"{"requestListAll":{"type":"chatParticipant","cookie":"p"}}"#),
             ("a", #"{"identitiesGet":{"cookie":"after","appUserIds":["alice"]}}"#)
         ])
-        let events = Self.objects(h.events("a"))
-        let headers = events.filter { $0["listAll"] != nil }
-        let chunks = events.compactMap { $0["listChunk"] as? [String: Any] }
+        let events = h.typedEvents("a")
+        let headers = events.filter { if case .listAll = $0 { true } else { false } }
+        let chunks = events.compactMap { event -> ListChunkChatParticipant? in
+            if case .listChunk(.chatParticipant(let chunk)) = event { chunk } else { nil }
+        }
         #expect(headers.count == 1)
-        let elements = chunks.flatMap { $0["elements"] as! [[String: Any]] }
+        let elements = chunks.flatMap(\.elements)
         #expect(elements.count == (60 * 49))
-        #expect(Set(elements.map { "\($0["chatId"]!)/\($0["userUri"]!)" }).count == (60 * 49), "each participant once")
-        #expect((chunks.filter { $0["last"] as? Bool == true }.count) == 1)
-        #expect((chunks.last?["last"] as? Bool) == true)
+        #expect(Set(elements.map { "\($0.chatId)/\($0.userUri)" }).count == (60 * 49), "each participant once")
+        #expect(chunks.filter { $0.last == true }.count == 1)
+        #expect(chunks.last?.last == true)
         #expect(elements.count > Engine.listPage)
         #expect((h.deliveries("a") - before) >= 2, "the list was decided in one batch")
         // The request the session sent after the list is answered after all of it.
-        #expect((events.last?["identities"]) != nil, "\(events.last!)")
-        let chatOrder = elements.map { Int($0["chatId"] as! String)! }
+        #expect(events.last.map { if case .identities = $0 { true } else { false } } == true, "\(events.last!)")
+        let chatOrder = elements.map { Int($0.chatId)! }
         #expect(chatOrder == chatOrder.sorted(), "chats in the order they were started")
     }
 
@@ -61,18 +60,16 @@ import Testing
             ("a", #"{"chatMessageDestroy":{"chatId":"1","cookie":"all"}}"#),
             ("a", #"{"identitiesGet":{"cookie":"after","appUserIds":["alice"]}}"#)
         ])
-        let alice = Self.objects(h.events("a"))
-        let bob = Self.objects(h.events("b")).flatMap { event -> [[String: Any]] in
-            ((event["listChange"] as? [String: Any])?["elements"] as? [[String: Any]]) ?? []
-        }
-        let recalled = Set(bob.filter { $0["recall"] != nil }.map { $0["messageId"] as! String })
+        let alice = h.typedEvents("a")
+        let bob = h.typedEvents("b").flatMap(\.messageChanges)
+        let recalled = Set(bob.filter { $0.recall != nil }.map(\.messageId))
         #expect(recalled.count == count, "every message of alice's, and only hers, recalled for bob")
         #expect((h.deliveries("b") - before) >= 3, "the recall was decided in fewer batches than pages")
-        #expect(!(recalled.contains(String(count + 2))), "bob's message stays")
-        let shreds = alice.filter { (($0["listAdd"] as? [String: Any])?["elements"] as? [[String: Any]])?.first?["tag"] as? String == "Shred" }
+        #expect(!recalled.contains(Int64(count + 2)), "bob's message stays")
+        let shreds = alice.filter { $0.addedMessages.first?.tag == "Shred" }
         #expect(shreds.count == 1)
-        #expect((alice.last?["identities"]) != nil, "the next request is answered after the Shred")
-        #expect(!(alice.contains { $0["requestFailed"] != nil }))
+        #expect(alice.last.map { if case .identities = $0 { true } else { false } } == true, "the next request is answered after the Shred")
+        #expect(!alice.contains { $0.requestFailed != nil })
     }
 
     /// Signing in a user with something new in each of 2,000 chats marked every delivery
@@ -89,10 +86,8 @@ import Testing
         let before = h.deliveries("a")
         let signIn = h.connect("b", as: "bob")
         #expect(signIn.first?.contains(#""authTokenState","value":"Ok""#) == true, "\(signIn.first ?? "")")
-        let delivered = Self.objects(h.events("a")).flatMap { event -> [[String: Any]] in
-            ((event["listChange"] as? [String: Any])?["elements"] as? [[String: Any]]) ?? []
-        }.filter { $0["state"] as? String == "Delivered" && $0["messageId"] as? String == "2" }
-        #expect(Set(delivered.map { $0["chatId"] as! String }).count == chats, "every chat's message marked delivered, once")
+        let delivered = h.typedEvents("a").flatMap(\.messageChanges).filter { $0.state == .value(.delivered) && $0.messageId == 2 }
+        #expect(Set(delivered.map(\.chatId)).count == chats, "every chat's message marked delivered, once")
         #expect(delivered.count == chats)
         #expect((h.deliveries("a") - before) >= 4, "the deliveries were marked in one batch")
     }

@@ -1,3 +1,4 @@
+import ChatProtocol
 import Foundation
 import Testing
 
@@ -147,22 +148,20 @@ import Testing
         harness.submit("a", #"{"requestListMatching":{"type":"chatMessage","cookie":"w","criteria":{\#(criteria)},\#(window)}}"#)
         var result = Window()
         // The header, then chunks of the matches, the final one `last` (protocol v2).
-        let events = harness.objects("a")
-        guard let matching = events.first?["listMatching"] as? [String: Any] else {
+        let events = harness.typedEvents("a")
+        guard let matching = events.first?.messagesMatching else {
             Issue.record("the answer does not open with listMatching: \(events)")
             return result
         }
-        result.hasMoreBefore = matching["hasMoreBefore"] as? Bool
-        result.hasMoreAfter = matching["hasMoreAfter"] as? Bool
+        result.hasMoreBefore = matching.hasMoreBefore
+        result.hasMoreAfter = matching.hasMoreAfter
         for (index, event) in events.dropFirst().enumerated() {
-            guard let chunk = event["listChunk"] as? [String: Any] else {
+            guard let chunk = event.messageChunk else {
                 Issue.record("unexpected \(event)")
                 continue
             }
-            #expect((chunk["last"] as? Bool) == (index == events.count - 2 ? true : nil))
-            for element in chunk["elements"] as? [[String: Any]] ?? [] {
-                result.ids.append(Int64(element["messageId"] as! String)!)
-            }
+            #expect(chunk.last == (index == events.count - 2 ? true : nil))
+            result.ids += chunk.elements.map(\.messageId)
         }
         return result
     }
