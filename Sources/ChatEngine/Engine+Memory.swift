@@ -98,38 +98,14 @@ extension Engine {
         install(loaded, takingCounters: takingCounters)
     }
 
-    /// The number of a new chat, user or search row: the store's (`ChatStore.takeNumbers`,
-    /// kept a block at a time), which no other deciding process takes, or the one after
-    /// `last`, the highest memory knows, when this process numbers them itself. When the
-    /// store cannot give one, `last + 1` too, and the commit judges it: it fails as taking
-    /// the number did (the store is unreachable), or conflicts when another process has
-    /// that number (and the request is decided again), or stores it.
+    /// The number of a new chat, user or search row (`Directory.newNumber`).
     func newNumber(for kind: NumberedKind, after last: Int64) -> Int64 {
-        if directory.numbersTaken[kind]?.isEmpty ?? true { reserveNumbers(for: kind, count: 1) }
-        guard var ranges = directory.numbersTaken[kind], let first = ranges.first else { return last + 1 }
-        if first.count > 1 {
-            ranges[0] = (first.lowerBound + 1)...first.upperBound
-        } else {
-            ranges.removeFirst()
-        }
-        directory.numbersTaken[kind] = ranges
-        return first.lowerBound
+        directory.newNumber(for: kind, after: last, from: coordination, logger: logger)
     }
 
-    /// Makes sure memory holds `count` numbers of `kind` from the store, taking what it
-    /// lacks in one round trip: a request about to make many users asks for them all
-    /// first (a chat started with 249 new invitees on PostgreSQL took 48 ms with a round
-    /// trip per number, 12–15 ms so, and 11–13 ms when memory numbered them).
+    /// Makes sure memory holds `count` numbers of `kind` (`Directory.reserveNumbers`).
     func reserveNumbers(for kind: NumberedKind, count: Int) {
-        let held = directory.numbersTaken[kind, default: []].reduce(0) { $0 + $1.count }
-        guard count > held else { return }
-        do {
-            if let ranges = try coordination.takeNumbers(for: kind, count: count - held) { directory.numbersTaken[kind, default: []] += ranges }
-        } catch {
-            logger.warning(
-                "the store gave no number for a new \(kind.rawValue): the commit judges the next one memory has",
-                metadata: ["error": "\(error)"])
-        }
+        directory.reserveNumbers(for: kind, count: count, from: coordination, logger: logger)
     }
 
     /// Hands the index every searchable message it does not have yet (it lags commits, may

@@ -1,5 +1,6 @@
 import Attachments
 import Foundation
+import Logging
 import Storage
 import Synchronization
 import Threads
@@ -28,6 +29,42 @@ final class Directory {
     var numbersTaken: [NumberedKind: [ClosedRange<Int64>]] = [:]
     /// The counters as the store has them.
     var storedCounters = StoreCounters()
+}
+
+extension Directory {
+    /// The number of a new chat, user or search row: `coordination`'s (taken from the
+    /// store a block at a time), which no other deciding process takes, or the one after
+    /// `last`, the highest memory knows, when this process numbers them itself. When the
+    /// store cannot give one, `last + 1` too, and the commit judges it: it fails as taking
+    /// the number did (the store is unreachable), or conflicts when another process has
+    /// that number (and the request is decided again), or stores it.
+    func newNumber(for kind: NumberedKind, after last: Int64, from coordination: NodeCoordination, logger: Logger) -> Int64 {
+        if numbersTaken[kind]?.isEmpty ?? true { reserveNumbers(for: kind, count: 1, from: coordination, logger: logger) }
+        guard var ranges = numbersTaken[kind], let first = ranges.first else { return last + 1 }
+        if first.count > 1 {
+            ranges[0] = (first.lowerBound + 1)...first.upperBound
+        } else {
+            ranges.removeFirst()
+        }
+        numbersTaken[kind] = ranges
+        return first.lowerBound
+    }
+
+    /// Makes sure memory holds `count` numbers of `kind`, taking what it lacks in one
+    /// round trip: a request about to make many users asks for them all first (a chat
+    /// started with 249 new invitees on PostgreSQL took 48 ms with a round trip per
+    /// number, 12–15 ms so, and 11–13 ms when memory numbered them).
+    func reserveNumbers(for kind: NumberedKind, count: Int, from coordination: NodeCoordination, logger: Logger) {
+        let held = numbersTaken[kind, default: []].reduce(0) { $0 + $1.count }
+        guard count > held else { return }
+        do {
+            if let ranges = try coordination.takeNumbers(for: kind, count: count - held) { numbersTaken[kind, default: []] += ranges }
+        } catch {
+            logger.warning(
+                "the store gave no number for a new \(kind.rawValue): the commit judges the next one memory has",
+                metadata: ["error": "\(error)"])
+        }
+    }
 }
 
 /// Per-session output: work parked behind a session whose client does not read, or that
