@@ -79,7 +79,7 @@ extension PostgresStore {
     /// connection breaks with the server's restart: the beat thread calls this again).
     func listenIfDeaf() {
         // One at a time (the beat thread's and the engine's first).
-        relistening.withLock { _ in listenNowIfDeaf() }
+        relistening.exclusively { listenNowIfDeaf() }
     }
 
     private func listenNowIfDeaf() {

@@ -256,7 +256,7 @@ extension PostgresStore {
     /// After the server restarted, the lock went with the old connection: take it again
     /// before writing (and stop if another process took it meanwhile).
     func checkWriterLock() throws {
-        try relocking.withLock { _ in try takeWriterLockAgainIfLost() }
+        try relocking.exclusively { try takeWriterLockAgainIfLost() }
     }
 
     func takeWriterLockAgainIfLost() throws {
