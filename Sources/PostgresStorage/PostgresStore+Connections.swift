@@ -24,7 +24,10 @@ extension PostgresStore {
 
     /// A new connection, waiting up to `patience` for a server that is not there or is
     /// starting or stopping.
-    static func connect(_ location: Location, id: Int, patience: Duration, logger: Logger) throws -> PostgresConnection {
+    /// `retrying` is called before each attempt after a failed one.
+    static func connect(
+        _ location: Location, id: Int, patience: Duration, logger: Logger, retrying: (() -> Void)? = nil
+    ) throws -> PostgresConnection {
         let deadline = ContinuousClock.now + patience
         while true {
             do {
@@ -41,6 +44,7 @@ extension PostgresStore {
                 guard ContinuousClock.now < deadline else { throw error }
                 logger.warning("cannot reach PostgreSQL: trying again", metadata: ["store": "\(location)", "error": "\(PostgresStore.describe(error))"])
                 Thread.sleep(forTimeInterval: 0.2)
+                retrying?()
             }
         }
     }

@@ -313,7 +313,9 @@ extension PostgresStore {
         public static func wait(location: Location, logger: Logger, takeoverAfter: Double = 10) throws -> WriterLock {
             var lost = false
             while true {
-                let connection = try PostgresStore.connect(location, id: 1_000_000, patience: .seconds(3600), logger: logger)
+                // A connection that had to wait for the server (it was restarting: this
+                // node's first connection can come during a restart too) is as one lost.
+                let connection = try PostgresStore.connect(location, id: 1_000_000, patience: .seconds(3600), logger: logger) { lost = true }
                 if lost {
                     // The server restarted: the writer takes its lock again at once;
                     // asking now could take it from a writer that is alive.
