@@ -97,23 +97,44 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
     /// Any thread's: the inbox, atomics and locked values only.
     let life: EngineLife
 
-    var directory: Directory { confined(_directory) }
-    var outputs: SessionOutputs { confined(_outputs) }
-    var commits: Commits { confined(_commits) }
-    var following: Following { confined(_following) }
-    var searches: Searches { confined(_searches) }
-    var attachmentWork: AttachmentWork { confined(_attachmentWork) }
-    var timed: TimedWork { confined(_timed) }
+    var directory: Directory {
+        confined()
+        return _directory
+    }
+    var outputs: SessionOutputs {
+        confined()
+        return _outputs
+    }
+    var commits: Commits {
+        confined()
+        return _commits
+    }
+    var following: Following {
+        confined()
+        return _following
+    }
+    var searches: Searches {
+        confined()
+        return _searches
+    }
+    var attachmentWork: AttachmentWork {
+        confined()
+        return _attachmentWork
+    }
+    var timed: TimedWork {
+        confined()
+        return _timed
+    }
 
-    /// `part`, once checked (debug builds) that this is the engine thread, or that it has
-    /// not started yet (the engine is being made).
+    /// Checks (debug builds) that this is the engine thread, or that it has not started
+    /// yet (the engine is being made). Nothing in release builds: the accessors above
+    /// are then the stored parts themselves.
     @inline(__always)
-    private func confined<Part>(_ part: Part) -> Part {
+    private func confined() {
         #if DEBUG
             let owner = life.owner.load(ordering: .relaxed)
             precondition(owner == 0 || owner == EngineLife.currentThread, "the engine's state was reached off the engine thread")
         #endif
-        return part
     }
 
     /// Whether a commit failed and its batches wait to be decided again or answered (`end`).

@@ -5,13 +5,15 @@ import Foundation
 /// until the value is as they need it (`wait(until:)`), woken by `change`.
 ///
 /// A pthread mutex and condition (NSCondition), which ThreadSanitizer sees, unlike the
-/// futex of `Synchronization.Mutex`.
+/// futex of `Synchronization.Mutex`. Inlinable: callers on hot paths (every line of
+/// standard output, every work item into the engine) get it specialized to their value.
 public final class Locked<Value>: @unchecked Sendable {  // `value` is only reached with `condition` locked
-    private let condition = NSCondition()
-    private var value: Value
+    @usableFromInline let condition = NSCondition()
+    @usableFromInline var value: Value
 
     public init(_ value: Value) { self.value = value }
 
+    @inlinable
     public func withLock<T>(_ body: (inout Value) throws -> T) rethrows -> T {
         condition.lock()
         defer { condition.unlock() }
@@ -21,6 +23,7 @@ public final class Locked<Value>: @unchecked Sendable {  // `value` is only reac
     /// Runs `body` with the lock held, without reaching the value: a `Locked<Void>` used as
     /// a plain mutex (one at a time through `body`). ThreadSanitizer took the exclusive
     /// access to a zero-sized value through `withLock` for a race.
+    @inlinable
     public func exclusively<T>(_ body: () throws -> T) rethrows -> T {
         condition.lock()
         defer { condition.unlock() }
@@ -28,6 +31,7 @@ public final class Locked<Value>: @unchecked Sendable {  // `value` is only reac
     }
 
     /// `withLock`, then wakes every thread waiting for the value to change (`wait`).
+    @inlinable
     public func change<T>(_ body: (inout Value) throws -> T) rethrows -> T {
         condition.lock()
         defer {
@@ -41,6 +45,7 @@ public final class Locked<Value>: @unchecked Sendable {  // `value` is only reac
     /// `change` wakes it to look again), or until `deadline` if one is given; then runs
     /// `body` under the lock, whichever came first. `notifying`: `body` changes the value
     /// as `change` does, waking the threads that wait for it.
+    @inlinable
     public func wait<T>(
         until ready: (Value) -> Bool, deadline: Date? = nil, notifying: Bool = false, then body: (inout Value) throws -> T
     ) rethrows -> T {
