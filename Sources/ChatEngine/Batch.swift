@@ -207,7 +207,7 @@ final class Batch {
 
     /// Whether the batch made users or changed endpoints since it was last committed.
     var changedUsersOrEndpoints: Bool {
-        !store.newUsers.isEmpty || !changes.dirtyEndpoints.isEmpty || !changes.removedEndpoints.isEmpty
+        !store.directory.newUsers.isEmpty || !changes.dirtyEndpoints.isEmpty || !changes.removedEndpoints.isEmpty
     }
 
     /// Whether the store lacks something this batch changed in `chat`.
@@ -223,9 +223,9 @@ final class Batch {
             let row = chat.row
             if let old = chat.stored {
                 let columns = row.columns(changedFrom: old)
-                if !columns.isEmpty { store.chatUpdates.append(Update(row, columns: columns)) }
+                if !columns.isEmpty { store.directory.chatUpdates.append(Update(row, columns: columns)) }
             } else {
-                store.newChats.append(row)
+                store.directory.newChats.append(row)
             }
             changes.written.append { chat.stored = row }
         }
@@ -233,9 +233,9 @@ final class Batch {
             let row = member.row(chat: chat)
             if let old = member.stored {
                 let columns = row.columns(changedFrom: old)
-                if !columns.isEmpty { store.memberUpdates.append(Update(row, columns: columns)) }
+                if !columns.isEmpty { store.directory.memberUpdates.append(Update(row, columns: columns)) }
             } else {
-                store.members.append(row)
+                store.directory.members.append(row)
             }
             changes.written.append { member.stored = row }
         }
@@ -266,9 +266,9 @@ final class Batch {
             return row
         }
         store.blobUses = changes.blobDeltas.filter { $0.value != 0 }
-        store.endpoints = changes.dirtyEndpoints.values.map(\.row)
-        store.removedEndpoints = Array(changes.removedEndpoints)
-        store.endpointUsers = changes.removedEndpointUsers.sorted()
+        store.directory.endpoints = changes.dirtyEndpoints.values.map(\.row)
+        store.directory.removedEndpoints = Array(changes.removedEndpoints)
+        store.directory.endpointUsers = changes.removedEndpointUsers.sorted()
         store.counters = counters
     }
 

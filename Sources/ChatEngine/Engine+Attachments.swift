@@ -111,6 +111,7 @@ extension Engine {
                 // The sources stay open: the engine removes (Move, Delete) and closes them.
                 attachmentsFinished(chat: chatNumber, id: id, thumb: thumbBlob, file: fileBlob, error: failure)
                 _attachmentWork.jobs.subtract(1, ordering: .releasing)
+                life.settle()
             }
         }
     }
@@ -134,7 +135,7 @@ extension Engine {
                 batch.ifNotCommitted(release)
             }
         }
-        guard let attachments = attachmentWork.store, let chat = directory.chats[number], let message, message.attachment == .sending else {
+        guard let attachments = attachmentWork.store, let chat = directory.chats[number], let message, message.attached.attachment == .sending else {
             // Recalled while being stored: nothing holds on to what was stored.
             sources?.close()
             return
@@ -144,10 +145,10 @@ extension Engine {
         var failure = error
         if failure == nil {
             do {
-                if let thumb, let name = message.thumb?.name {
+                if let thumb, let name = message.attached.thumb?.name {
                     try attachments.link(blob: thumb, at: attachments.messagePath(chat: chat.number, id: id, kind: "thumb", name: name))
                 }
-                if let file, let name = message.file?.name {
+                if let file, let name = message.attached.file?.name {
                     try attachments.link(blob: file, at: attachments.messagePath(chat: chat.number, id: id, kind: "file", name: name))
                 }
             } catch {
@@ -156,13 +157,13 @@ extension Engine {
         }
         if let failure {
             logger.warning("an attachment could not be stored", metadata: ["chat": "\(number)", "message": "\(id)", "error": "\(failure)"])
-            message.attachment = .failed
+            message.attached.attachment = .failed
             sources?.close()
             batch.whenCommitted { attachments.removeMessageLinks(chat: number, id: id) }
         } else {
-            message.thumb?.blob = thumb
-            message.file?.blob = file
-            message.attachment = .stored
+            message.attached.thumb?.blob = thumb
+            message.attached.file?.blob = file
+            message.attached.attachment = .stored
             for blob in message.blobs { batch.uses(blob, +1) }
             batch.whenCommitted { sources?.removeByPolicy(attachments) }
             batch.ifNotCommitted { sources?.close() }
@@ -212,17 +213,17 @@ extension Engine {
     /// A recalled message lets go of its stored contents, links and downloads; the files
     /// go once the recall is durable.
     func releaseAttachments(of message: MessageRecord, in chat: ChatRecord, batch: Batch) {
-        guard let attachments = attachmentWork.store, message.thumb != nil || message.file != nil else { return }
+        guard let attachments = attachmentWork.store, message.attached.thumb != nil || message.attached.file != nil else { return }
         let number = chat.number
         let id = message.id
         var links: [String] = []
-        if let name = message.file?.name {
+        if let name = message.attached.file?.name {
             for (user, state) in message.privateStates where state.fileState == .done {
                 links.append(attachments.downloadPath(user: user, chat: number, id: id, name: name))
             }
         }
         var released: [String] = []
-        if message.attachment == .stored {
+        if message.attached.attachment == .stored {
             for blob in message.blobs {
                 batch.uses(blob, -1)
                 released.append(blob)
@@ -233,14 +234,14 @@ extension Engine {
             attachments.removeMessageLinks(chat: number, id: id)
             releaseUnused(released)
         }
-        message.thumb = nil
-        message.file = nil
-        message.attachment = nil
+        message.attached.thumb = nil
+        message.attached.file = nil
+        message.attached.attachment = nil
     }
 
     /// A user deleted a message for themselves: their downloaded copy goes (once durable).
     func releaseDownload(of message: MessageRecord, in chat: ChatRecord, for user: Int64, batch: Batch) {
-        guard let attachments = attachmentWork.store, let name = message.file?.name, message.privateStates[user]?.fileState == .done else { return }
+        guard let attachments = attachmentWork.store, let name = message.attached.file?.name, message.privateStates[user]?.fileState == .done else { return }
         let path = attachments.downloadPath(user: user, chat: chat.number, id: message.id, name: name)
         batch.whenCommitted { attachments.removeLink(path) }
     }
@@ -250,7 +251,7 @@ extension Engine {
     func download(_ request: ChatMessageFileDownload, user: Int64, batch: Batch) throws {
         let (chat, member) = try chat(request.chatId, of: user)
         let message = try message(request.messageId, in: chat, seenBy: member)
-        guard let attachments = attachmentWork.store, let file = message.file, let blob = file.blob, !message.isRecalled,
+        guard let attachments = attachmentWork.store, let file = message.attached.file, let blob = file.blob, !message.isRecalled,
             message.privateStates[user]?.isDeleted != true
         else {
             throw ProtocolError.invalid("message \(message.id) has no stored file to download")
@@ -279,7 +280,7 @@ extension Engine {
         let message = try message(request.messageId, in: chat, seenBy: member)
         let changes = PendingChanges()
         willChange(message, in: chat, changes)
-        if request.detachThumb ?? false, message.thumb != nil {
+        if request.detachThumb ?? false, message.attached.thumb != nil {
             message.privateStates[user, default: PrivateState()].thumbDetached = true
         }
         if request.detachFile ?? false {

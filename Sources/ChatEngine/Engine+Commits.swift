@@ -294,6 +294,7 @@ extension Engine {
         life.inbox.putBack(again)
         // Counted as parked until they are in the inbox (`drain` looks at both).
         outputs.parkedCount.subtract(released.count, ordering: .releasing)
+        life.settle()
         return true
     }
 

@@ -175,6 +175,7 @@ extension Engine {
         for item in unparkedWork() {
             take(item, batch: batch)
             outputs.parkedCount.subtract(1, ordering: .releasing)
+            life.settle()
         }
     }
 

@@ -226,9 +226,9 @@ extension Engine {
             targets: targets, isControl: request.control ?? false, neverCountsUnread: request.neverCountUnread ?? false,
             batch: batch, changes: changes)
         if thumb != nil || file != nil {
-            message.thumb = thumb.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
-            message.file = file.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
-            message.attachment = .sending
+            message.attached.thumb = thumb.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
+            message.attached.file = file.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
+            message.attached.attachment = .sending
             storeAttachments(of: message, in: chat, thumb: thumb, file: file, request: request, session: session, batch: batch)
         }
         stopTyping(user: user, chat: chat, batch: batch)
@@ -296,7 +296,7 @@ extension Engine {
             guard !message.isRecalled else {
                 throw ProtocolError.invalid("message \(id) was already recalled")
             }
-            guard message.attachment != .failed else {
+            guard message.attached.attachment != .failed else {
                 throw ProtocolError.notPermitted("message \(id) failed to send: there is nothing to recall")
             }
             try recall([message], in: chat, batch: batch, changes: changes)
@@ -369,7 +369,7 @@ extension Engine {
     /// Recalls messages for everyone; the `refBy` of what they referred to is recomputed
     /// (count down, newest the newest remaining source).
     private func recall(_ messages: [MessageRecord], in chat: ChatRecord, batch: Batch, changes: PendingChanges) throws {
-        let recalling = messages.filter { !$0.isRecalled && $0.attachment != .failed }
+        let recalling = messages.filter { !$0.isRecalled && $0.attached.attachment != .failed }
         guard !recalling.isEmpty else { return }
         // The store answers which references remain: it must have this chat as it is.
         try commitIfChanged(chat, batch: batch)

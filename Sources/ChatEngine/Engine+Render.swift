@@ -91,7 +91,7 @@ extension Engine {
         let state: MessageState
         var partial = false
         if own {
-            switch message.attachment {
+            switch message.attached.attachment {
             case .sending: state = .sending
             case .failed: state = .failed
             case .stored, nil: (state, partial) = senderState(message, in: chat)
@@ -114,10 +114,10 @@ extension Engine {
         var fileSize: Int64?
         var fileState: FileState?
         if !hidesBody, let attachments = attachmentWork.store {
-            if let stored = message.thumb, stored.blob != nil, privateState?.thumbDetached != true {
+            if let stored = message.attached.thumb, stored.blob != nil, privateState?.thumbDetached != true {
                 thumb = attachments.messagePath(chat: chat.number, id: message.id, kind: "thumb", name: stored.name)
             }
-            if let stored = message.file, stored.blob != nil {
+            if let stored = message.attached.file, stored.blob != nil {
                 fileSize = stored.size
                 if own {
                     file = attachments.messagePath(chat: chat.number, id: message.id, kind: "file", name: stored.name)

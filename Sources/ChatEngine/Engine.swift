@@ -323,6 +323,7 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
 
     public func endOutsideWork() {
         _outputs.outsideWork.subtract(1, ordering: .releasing)
+        life.settle()
     }
 
     /// Waits until everything submitted before this call is done, attachments being
@@ -338,6 +339,7 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
                 && _outputs.outsideWork.load(ordering: .acquiring) == 0
         }
         while true {
+            let seen = life.settled.withLock { $0 }
             // Everything submitted so far is decided, so every attachment job it started
             // is counted. A job hands its outcome to the inbox before it stops counting:
             // when none counts, one more barrier has taken every outcome. Taking an outcome
@@ -352,7 +354,9 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
                 try? _searches.index?.waitUntilWritten()  // immutable: any thread
                 return
             }
-            usleep(10_000)
+            // Until something outside the inbox ends (nothing is missed: a change since
+            // `seen` ends the wait at once).
+            life.settled.wait(until: { $0 != seen }) { _ in }
         }
     }
 

@@ -225,8 +225,16 @@ final class EngineLife {
     /// Called (once, on the engine thread) when the store failed in a way the engine
     /// cannot recover from; the process should answer what it has and exit non-zero.
     let onFatalStoreError: (@Sendable (String) -> Void)?
+    /// Moves on each time work outside the inbox ends (an attachment job, a session's
+    /// parked work or its work off the engine thread): `drain` waits for it, any thread.
+    let settled = Locked<UInt64>(0)
 
     init(onFatalStoreError: (@Sendable (String) -> Void)?) { self.onFatalStoreError = onFatalStoreError }
+
+    /// Says that work outside the inbox ended (`settled`).
+    func settle() {
+        settled.change { $0 &+= 1 }
+    }
 
     /// The calling thread, as `owner` holds it.
     static var currentThread: UInt {

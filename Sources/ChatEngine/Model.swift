@@ -104,6 +104,13 @@ enum AttachmentPhase: String {
 /// A message (engine thread only), read from the store when a request needs it and kept
 /// in the engine's cache while it is hot; `stored` is its row as the store has it.
 final class MessageRecord {
+    /// A message's attachments: a thumbnail and a file, and where storing them is.
+    struct Attached {
+        var thumb: StoredFile?
+        var file: StoredFile?
+        var attachment: AttachmentPhase?
+    }
+
     let chat: Int64
     let id: Int64
     let sender: Int64
@@ -119,9 +126,7 @@ final class MessageRecord {
     var changeSeq: Int64
     /// Its row in the store's search index; 0 when its text is not indexed.
     var searchRow: Int64 = 0
-    var thumb: StoredFile?
-    var file: StoredFile?
-    var attachment: AttachmentPhase?
+    var attached = Attached()
     /// How many messages refer to this one, per tag, and the newest of them.
     /// By tag byte for byte, as the store keeps them (`ExactText`).
     var refBy: [ExactText: (count: Int64, newest: Int64)] = [:]
@@ -166,9 +171,9 @@ final class MessageRecord {
         isRecalled = row.isRecalled
         changeSeq = row.changeSeq
         searchRow = row.searchRow
-        thumb = row.thumbName.map { StoredFile(name: $0, blob: row.thumbBlob, size: 0) }
-        file = row.fileName.map { StoredFile(name: $0, blob: row.fileBlob, size: row.fileSize ?? 0) }
-        attachment = row.attachment.map { phase in
+        attached.thumb = row.attachments.thumbName.map { StoredFile(name: $0, blob: row.attachments.thumbBlob, size: 0) }
+        attached.file = row.attachments.fileName.map { StoredFile(name: $0, blob: row.attachments.fileBlob, size: row.attachments.fileSize ?? 0) }
+        attached.attachment = row.attachments.attachment.map { phase in
             switch AttachmentPhase(rawValue: phase) {
             case .stored: .stored
             case .sending where storing: .sending
@@ -191,18 +196,18 @@ final class MessageRecord {
             chat: chat, id: id, sender: sender, tag: tag, content: content, data: data?.json,
             refs: refs.map { RefRow(tag: $0.tag, target: $0.messageId) }, timestamp: timestamp, isControl: isControl,
             neverCountsUnread: neverCountsUnread, isRecalled: isRecalled, changeSeq: changeSeq, searchRow: searchRow)
-        row.thumbName = thumb?.name
-        row.thumbBlob = thumb?.blob
-        row.fileName = file?.name
-        row.fileBlob = file?.blob
-        row.fileSize = file?.size
-        row.attachment = attachment?.rawValue
+        row.attachments.thumbName = attached.thumb?.name
+        row.attachments.thumbBlob = attached.thumb?.blob
+        row.attachments.fileName = attached.file?.name
+        row.attachments.fileBlob = attached.file?.blob
+        row.attachments.fileSize = attached.file?.size
+        row.attachments.attachment = attached.attachment?.rawValue
         return row
     }
 
     /// The stored contents this message holds on to.
     var blobs: [String] {
-        [thumb?.blob, file?.blob].compactMap { $0 }
+        [attached.thumb?.blob, attached.file?.blob].compactMap { $0 }
     }
 
     var isSystem: Bool { reservedTags.contains(tag) }
@@ -229,8 +234,8 @@ final class MessageRecord {
             bytes += Heap.bytes(ofTable: privateStates.count, stride: MemoryLayout<Int64>.stride + MemoryLayout<PrivateState>.stride)
             for state in privateStates.values { bytes += Heap.bytes(of: state.localData?.json) }
         }
-        if let thumb { bytes += Heap.bytes(of: thumb.name) + Heap.bytes(of: thumb.blob) }
-        if let file { bytes += Heap.bytes(of: file.name) + Heap.bytes(of: file.blob) }
+        if let thumb = attached.thumb { bytes += Heap.bytes(of: thumb.name) + Heap.bytes(of: thumb.blob) }
+        if let file = attached.file { bytes += Heap.bytes(of: file.name) + Heap.bytes(of: file.blob) }
         if let attachments = stored?.attachments { bytes += Heap.bytes(ofObject: attachments) }
         return bytes
     }

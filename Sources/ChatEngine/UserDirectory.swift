@@ -38,7 +38,7 @@ struct UserDirectory {
         if let existing = find(userId: userId) { return existing }
         let user = UserRecord(number: number(lastNumber), userId: userId, regId: RegId.derive(userId))
         insert(user)
-        batch.newUsers.append(user)
+        batch.directory.newUsers.append(user)
         return user
     }
 }

@@ -223,9 +223,9 @@ public final class SocketServer: Sendable {
     private static func wait(for future: EventLoopFuture<Void>, until deadline: NIODeadline) -> Bool {
         let remaining = deadline - .now()
         guard remaining > .zero else { return false }
-        let done = Locked(false)
-        future.whenComplete { _ in done.change { $0 = true } }
-        return done.wait(until: { $0 }, deadline: Date(timeIntervalSinceNow: Double(remaining.nanoseconds) / 1e9)) { $0 }
+        let outcome = Outcome<Void>()
+        future.whenComplete(outcome.complete)
+        return outcome.wait(until: .now + .nanoseconds(remaining.nanoseconds)) != nil
     }
 
     /// Bytes written to the socket that its peer has not taken in yet (for a Unix socket,

@@ -28,24 +28,11 @@ struct Frame {
     var depth = 1
     /// capture: where the value's bytes start.
     var start = 0
-    /// object: the member whose value comes next (-1: skip it).
-    var pending = -1
     /// envelope: members seen.
     var members = 0
     /// array: index of the next element.
     var index = 0
-    /// object: first of its slots in the arena.
-    var slotBase = 0
-    /// object: the request itself (its `cookie` is echoed in failures).
-    var isRequest = false
-    /// object: its schema (schemas are static: they outlive every decoder, so no
-    /// reference is counted for them).
-    var schemaReference: Unmanaged<WireSchema>?
-    /// object: the index of its `cookie` member (-1 when none).
-    var cookieIndex = -1
-    /// object: the schema's member types, read without reference counting.
-    var types: UnsafePointer<WireType>?
-    var objectType: (any WireDecodable.Type)?
+    var object = Object()
     /// envelope: the type of the request value; capture: the captured type; array: element type.
     var type: WireType?
     var maxItems = 0
@@ -57,6 +44,24 @@ struct Frame {
 
     init(kind: Kind) {
         self.kind = kind
+    }
+
+    /// What an object frame knows of its object.
+    struct Object {
+        /// The member whose value comes next (-1: skip it).
+        var pending = -1
+        /// First of its slots in the arena.
+        var slotBase = 0
+        /// The request itself (its `cookie` is echoed in failures).
+        var isRequest = false
+        /// Its schema (schemas are static: they outlive every decoder, so no reference is
+        /// counted for them).
+        var schemaReference: Unmanaged<WireSchema>?
+        /// The index of its `cookie` member (-1 when none).
+        var cookieIndex = -1
+        /// The schema's member types, read without reference counting.
+        var types: UnsafePointer<WireType>?
+        var objectType: (any WireDecodable.Type)?
     }
 }
 

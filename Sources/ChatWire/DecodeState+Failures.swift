@@ -39,8 +39,8 @@ extension DecodeState {
             let frame = frames[index]
             switch frame.pointee.kind {
             case .object:
-                let pending = frame.pointee.pending
-                guard pending >= 0, let schema = frame.pointee.schemaReference else { continue }
+                let pending = frame.pointee.object.pending
+                guard pending >= 0, let schema = frame.pointee.object.schemaReference else { continue }
                 if text.utf8.count > start { text += "." }
                 schema._withUnsafeGuaranteedRef { text += $0.fields[pending].name }
             case .array:

@@ -16,11 +16,11 @@ extension DecodeState {
     func incompleteness(lineLength: Int, text: UnsafeRawBufferPointer) -> String? {
         // Made only when needed: this runs for every line.
         func afterFirst() -> String {
-            "the line holds more than one JSON value (the next starts near byte \(topEnd + 1)): send one message per line"
+            "the line holds more than one JSON value (the next starts near byte \(topLevel.end + 1)): send one message per line"
         }
-        if topValues > 1 { return afterFirst() }
-        guard topValues == 1, frames.isEmpty else { return YAJL.cutShort }
-        var index = topEnd
+        if topLevel.values > 1 { return afterFirst() }
+        guard topLevel.values == 1, frames.isEmpty else { return YAJL.cutShort }
+        var index = topLevel.end
         while index < lineLength {
             let byte = text[index]
             guard byte == 0x20 || byte == 0x09 || byte == 0x0D || byte == 0x0A else { return afterFirst() }
@@ -31,9 +31,9 @@ extension DecodeState {
 
     /// Called when the stack empties: a top-level value is complete.
     mutating func topValueEnded() {
-        topValues += 1
-        if topValues == 1 { topEnd = consumed }
-        if topValues > 1 { failStructure("a line must hold one JSON object") }
+        topLevel.values += 1
+        if topLevel.values == 1 { topLevel.end = consumed }
+        if topLevel.values > 1 { failStructure("a line must hold one JSON object") }
     }
 
     mutating func startMap() {
@@ -57,7 +57,7 @@ extension DecodeState {
             var frame = Frame(kind: .union)
             frame.start = consumed - 1
             frame.unionType = unionType
-            frame.isRequest = topIsEnvelope
+            frame.object.isRequest = topIsEnvelope
             frames.append(frame)
         case .json:
             pushCapture(type)
@@ -90,24 +90,24 @@ extension DecodeState {
             frames[top].pointee.members += 1
             if frames[top].pointee.members > 1 {
                 failStructure("a message must have exactly one member, the request name: {\"<request>\":{...}}")
-                requestName = nil
+                request.name = nil
                 frames[top].pointee.type = nil
                 return
             }
             let name = String(decoding: key, as: UTF8.self)
-            requestName = name
+            request.name = name
             if case .line(let messages) = mode, let index = messages.wireMessages.index(of: key) {
-                requestMessageIndex = index
+                request.messageIndex = index
                 frames[top].pointee.type = messages.wireMessages.typeTable[index]
             } else {
                 fail("unknown request '\(name)'", kind: .unknownRequest)
                 frames[top].pointee.type = .object(UnknownRequest.self)
             }
         case .object:
-            let found = frames[top].pointee.schemaReference!._withUnsafeGuaranteedRef { $0.index(of: key) }
+            let found = frames[top].pointee.object.schemaReference!._withUnsafeGuaranteedRef { $0.index(of: key) }
             guard let index = found else {
-                frames[top].pointee.pending = -1
-                let ignores = frames[top].pointee.schemaReference!._withUnsafeGuaranteedRef { $0.ignoresUnknownFields }
+                frames[top].pointee.object.pending = -1
+                let ignores = frames[top].pointee.object.schemaReference!._withUnsafeGuaranteedRef { $0.ignoresUnknownFields }
                 if !ignores && failure == nil {
                     // One string, made once: with an unknown last member, this is what
                     // a client's mistake costs on every line.
@@ -119,12 +119,12 @@ extension DecodeState {
                 }
                 return
             }
-            if failure != nil && !(frames[top].pointee.isRequest && index == frames[top].pointee.cookieIndex) {
-                frames[top].pointee.pending = -1
+            if failure != nil && !(frames[top].pointee.object.isRequest && index == frames[top].pointee.object.cookieIndex) {
+                frames[top].pointee.object.pending = -1
                 return
             }
-            frames[top].pointee.pending = index
-            if slots[frames[top].pointee.slotBase + index] != nil {
+            frames[top].pointee.object.pending = index
+            if slots[frames[top].pointee.object.slotBase + index] != nil {
                 let reason = "'\(path())' is given twice"
                 fail(reason)
             }
@@ -165,7 +165,7 @@ extension DecodeState {
     /// The discriminator's value picks the variant: the union frame becomes its object.
     mutating func chooseVariant(_ top: Int, _ value: Scalar) {
         let unionType = frames[top].pointee.unionType!
-        let isRequest = frames[top].pointee.isRequest
+        let isRequest = frames[top].pointee.object.isRequest
         var chosen: (name: String, type: any WireDecodable.Type)?
         if case .string(let text) = value {
             chosen = unionType.variants.first { $0.name.utf8.elementsEqual(text) }
@@ -188,15 +188,15 @@ extension DecodeState {
         let object = frames.count - 1
         let index = variant.type.wireSchema.index(ofName: unionType.discriminator)
         if index >= 0 {
-            slots[frames[object].pointee.slotBase + index] = .string(variant.name)
+            slots[frames[object].pointee.object.slotBase + index] = .string(variant.name)
         }
     }
 
     mutating func finishObject(_ top: Int) {
-        let slotBase = frames[top].pointee.slotBase
-        let isRequest = frames[top].pointee.isRequest
-        let objectType = frames[top].pointee.objectType!
-        let schema = frames[top].pointee.schemaReference!.takeUnretainedValue()
+        let slotBase = frames[top].pointee.object.slotBase
+        let isRequest = frames[top].pointee.object.isRequest
+        let objectType = frames[top].pointee.object.objectType!
+        let schema = frames[top].pointee.object.schemaReference!.takeUnretainedValue()
         if failure == nil {
             if schema.hasRequired {
                 for index in 0..<schema.count where schema.required[index] && slots[slotBase + index] == nil {
@@ -215,8 +215,8 @@ extension DecodeState {
         }
         if isRequest, failure == nil, case .line = mode, case .object? = frames[top - 1].pointee.type {
             // The message is built from these slots once the line is through.
-            requestSlotBase = slotBase
-            requestSlotCount = schema.count
+            request.slotBase = slotBase
+            request.slotCount = schema.count
             frames.removeLast()
             deliver(.null)
             return
@@ -262,7 +262,7 @@ extension DecodeState {
             return
         }
         if !frames.isEmpty && frames[frames.count - 1].pointee.kind == .envelope {
-            if frames[frames.count - 1].pointee.type != nil { failStructure("the value of '\(requestName ?? "")' must be an object") }
+            if frames[frames.count - 1].pointee.type != nil { failStructure("the value of '\(request.name ?? "")' must be an object") }
             pushSkip()
             return
         }
@@ -332,13 +332,14 @@ extension DecodeState {
                 chooseVariant(top, value)
                 return
             case .envelope:
-                if frames[top].pointee.type != nil { failStructure("the value of '\(requestName ?? "")' must be an object") }
+                if frames[top].pointee.type != nil { failStructure("the value of '\(request.name ?? "")' must be an object") }
                 return
             case .object:
-                if frames[top].pointee.isRequest, frames[top].pointee.pending >= 0, frames[top].pointee.pending == frames[top].pointee.cookieIndex,
+                if frames[top].pointee.object.isRequest, frames[top].pointee.object.pending >= 0,
+                    frames[top].pointee.object.pending == frames[top].pointee.object.cookieIndex,
                     case .string(let text) = value
                 {
-                    cookie = String(decoding: text, as: UTF8.self)
+                    request.cookie = String(decoding: text, as: UTF8.self)
                 }
             case .array:
                 break

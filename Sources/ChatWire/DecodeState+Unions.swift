@@ -37,7 +37,7 @@ extension DecodeState {
     mutating func decodeUnion(_ unionType: any WireUnionDecodable.Type, text: String, isRequest: Bool) -> WireValue? {
         let prefix = path()
         let tree = try? JSONTree.parse(text)
-        if isRequest, let cookieValue = tree?["cookie"]?.stringValue { cookie = cookieValue }
+        if isRequest, let cookieValue = tree?["cookie"]?.stringValue { request.cookie = cookieValue }
         let discriminator = unionType.discriminator
         let names = unionType.variants.map(\.name)
         let qualified = prefix.isEmpty ? discriminator : prefix + "." + discriminator

@@ -21,10 +21,9 @@ struct DecodeState {
     var pathPrefix = ""
     /// Kept from line to line until a line leaves it mid-value (see `YAJL.parse(_:with:isComplete:)`).
     var handle: yajl_handle?
-    /// Values completed at the top level (a line must hold exactly one).
-    var topValues = 0
-    /// Where the top-level value ended.
-    var topEnd = 0
+    /// Values completed at the top level (a line must hold exactly one), and where the
+    /// first ended.
+    var topLevel = (values: 0, end: 0)
     var frames = FrameStack()
     /// Members of every open object, back to back; `slotCount` are in use (the rest are
     /// left over from earlier objects and cleared when reused).
@@ -35,45 +34,44 @@ struct DecodeState {
 
     var failure: WireFailure?
     var structural: WireFailure?
-    /// The request object's members, left in the arena for the message to be built from.
-    var requestSlotBase = -1
-    var requestSlotCount = 0
-    var requestMessageIndex = -1
-    var requestName: String?
-    var cookie: String?
+    /// What the line says of its request.
+    var request = Request()
     var result: WireValue?
 
     /// Objects and arrays open now; parsing stops past `JSONLimits.maxNesting`.
-    var nesting = 0
-    var tooDeep = false
+    var depth = (nesting: 0, tooDeep: false)
+
+    /// What the line says of its request: its name and cookie (echoed in a failure), and
+    /// the request object's members, left in the arena for the message to be built from.
+    struct Request {
+        var name: String?
+        var cookie: String?
+        var slotBase = -1
+        var slotCount = 0
+        var messageIndex = -1
+    }
 
     /// A container opens: false (stop parsing) when it would be too deep.
     mutating func enter() -> Bool {
-        nesting += 1
-        if nesting > JSONLimits.maxNesting {
-            tooDeep = true
+        depth.nesting += 1
+        if depth.nesting > JSONLimits.maxNesting {
+            depth.tooDeep = true
             return false
         }
         return true
     }
 
     mutating func begin(base: UnsafeRawPointer?, count: Int, mode: Mode, pathPrefix: String) {
-        nesting = 0
-        tooDeep = false
+        depth = (0, false)
         self.base = base
         self.count = count
         self.mode = mode
         self.pathPrefix = pathPrefix
         previousEnd = 0
-        topValues = 0
-        topEnd = 0
-        requestSlotBase = -1
-        requestSlotCount = 0
-        requestMessageIndex = -1
+        topLevel = (0, 0)
+        request = Request()
         failure = nil
         structural = nil
-        requestName = nil
-        cookie = nil
         result = nil
     }
 
@@ -106,8 +104,8 @@ struct DecodeState {
         switch frames[top].pointee.kind {
         case .envelope, .array: return frames[top].pointee.type
         case .object:
-            let pending = frames[top].pointee.pending
-            return pending >= 0 ? frames[top].pointee.types![pending] : nil
+            let pending = frames[top].pointee.object.pending
+            return pending >= 0 ? frames[top].pointee.object.types![pending] : nil
         case .capture, .skip, .union: return nil
         }
     }
@@ -122,9 +120,9 @@ struct DecodeState {
         case .envelope:
             result = value
         case .object:
-            let pending = frames[top].pointee.pending
-            if pending >= 0, let value { slots[frames[top].pointee.slotBase + pending] = value }
-            frames[top].pointee.pending = -1
+            let pending = frames[top].pointee.object.pending
+            if pending >= 0, let value { slots[frames[top].pointee.object.slotBase + pending] = value }
+            frames[top].pointee.object.pending = -1
         case .array:
             if let value {
                 if frames[top].pointee.values.count >= frames[top].pointee.maxItems {
@@ -163,12 +161,12 @@ struct DecodeState {
         let needed = slotCount + schema.count
         while slots.count < needed { slots.append(nil) }
         let frame = frames.push(.object)
-        frame.pointee.schemaReference = Unmanaged.passUnretained(schema)
-        frame.pointee.cookieIndex = schema.cookieIndex
-        frame.pointee.types = schema.typeTable
-        frame.pointee.objectType = type
-        frame.pointee.isRequest = isRequest
-        frame.pointee.slotBase = slotCount
+        frame.pointee.object.schemaReference = Unmanaged.passUnretained(schema)
+        frame.pointee.object.cookieIndex = schema.cookieIndex
+        frame.pointee.object.types = schema.typeTable
+        frame.pointee.object.objectType = type
+        frame.pointee.object.isRequest = isRequest
+        frame.pointee.object.slotBase = slotCount
         slotCount = needed
     }
 

@@ -99,19 +99,20 @@ public final class LineDecoder {
         state.pointee.begin(base: line.baseAddress, count: line.count, mode: .line(messages), pathPrefix: "")
         defer { state.pointee.end() }
         if let syntax = run(line) {
-            if state.pointee.tooDeep {
+            if state.pointee.depth.tooDeep {
                 // Not valid JSON at all: that is what the client needs to hear first.
                 if let syntax = YAJL.syntaxError(in: line) {
                     return Outcome(request: nil, cookie: nil, failure: WireFailure(.parseError, "invalid JSON: \(syntax.message)"))
                 }
                 // Whatever of the line was read names the request (and maybe the cookie).
                 return Outcome(
-                    request: state.pointee.requestName, cookie: state.pointee.cookie, failure: WireFailure(.tooLarge, "the line's \(JSONLimits.tooDeep)"))
+                    request: state.pointee.request.name, cookie: state.pointee.request.cookie,
+                    failure: WireFailure(.tooLarge, "the line's \(JSONLimits.tooDeep)"))
             }
             return Outcome(request: nil, cookie: nil, failure: WireFailure(.parseError, "invalid JSON: \(syntax.message)"))
         }
-        let requestName = state.pointee.requestName
-        let cookie = state.pointee.cookie
+        let requestName = state.pointee.request.name
+        let cookie = state.pointee.request.cookie
         if let structural = state.pointee.structural {
             return Outcome(request: requestName, cookie: requestName == nil ? nil : cookie, failure: structural)
         }
@@ -122,10 +123,10 @@ public final class LineDecoder {
             return Outcome(request: requestName, cookie: cookie, failure: WireFailure(.parseError, "a message must be one object with one member"))
         }
         do {
-            let base = state.pointee.requestSlotBase
+            let base = state.pointee.request.slotBase
             if base >= 0 {
-                let index = state.pointee.requestMessageIndex
-                let count = state.pointee.requestSlotCount
+                let index = state.pointee.request.messageIndex
+                let count = state.pointee.request.slotCount
                 try state.pointee.slots.withUnsafeMutableBufferPointer { slots in
                     try build(name, .fields(messageIndex: index, WireFields(base: slots.baseAddress! + base, count: count)))
                 }
@@ -145,7 +146,7 @@ public final class LineDecoder {
         state.pointee.begin(base: text.baseAddress, count: text.count, mode: .document(type), pathPrefix: pathPrefix)
         defer { state.pointee.end() }
         if let syntax = run(text) {
-            if state.pointee.tooDeep { throw WireFailure(.tooLarge, "'\(pathPrefix)': \(JSONLimits.tooDeep)") }
+            if state.pointee.depth.tooDeep { throw WireFailure(.tooLarge, "'\(pathPrefix)': \(JSONLimits.tooDeep)") }
             throw WireFailure(.parseError, "invalid JSON: \(syntax.message)")
         }
         if let failure = state.pointee.structural ?? state.pointee.failure { throw failure }

@@ -54,7 +54,7 @@ private let decodeCallbackTable = yajl_callbacks(
         return 1
     },
     yajl_end_map: { context in
-        state(context).pointee.nesting -= 1
+        state(context).pointee.depth.nesting -= 1
         state(context).pointee.endMap()
         return 1
     },
@@ -65,7 +65,7 @@ private let decodeCallbackTable = yajl_callbacks(
         return 1
     },
     yajl_end_array: { context in
-        state(context).pointee.nesting -= 1
+        state(context).pointee.depth.nesting -= 1
         state(context).pointee.endArray()
         return 1
     }

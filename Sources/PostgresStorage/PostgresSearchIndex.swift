@@ -41,11 +41,9 @@ public final class PostgresSearchIndex: MessageSearchIndex, Sendable {
             let upTo = counters["searchIndexUpTo"] ?? 0
             addedByCommitsAfter.withLock { $0 = from }
             if upTo < from {
-                var binds = PostgresStore.Binds()
                 let missing = try store.run(
                     connection,
-                    #"SELECT 1 FROM message WHERE "searchRow" > \#(binds.add(upTo)) AND "searchRow" <= \#(binds.add(from)) "#
-                        + "AND content IS NOT NULL LIMIT 1", binds)
+                    #"SELECT 1 FROM message WHERE "searchRow" > \#(upTo) AND "searchRow" <= \#(from) AND content IS NOT NULL LIMIT 1"#)
                 if missing.first != nil { return upTo }
             }
             return counters["searchRow"] ?? 0
@@ -66,13 +64,11 @@ public final class PostgresSearchIndex: MessageSearchIndex, Sendable {
         guard let last = missing.last?.row else { return }
         do {
             try store.withConnection { connection in
-                var binds = PostgresStore.Binds()
-                let rows = PostgresStore.searchRows(missing, &binds)
-                let sql =
-                    #"WITH added AS (INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", u.keys FROM \#(rows) "#
+                let sql: SQL =
+                    #"WITH added AS (INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", u.keys FROM \#(PostgresStore.searchRows(missing)) "#
                     + #"JOIN message m ON m.chat = u.chat AND m.id = u.id AND m."searchRow" = u."row" ON CONFLICT (chat, id) DO NOTHING) "#
-                    + #"UPDATE counter SET value = greatest(value, \#(binds.add(last))) WHERE name = 'searchIndexUpTo'"#
-                try store.runCommitted(connection, PostgresQuery(unsafeSQL: sql, binds: binds.bindings))
+                    + #"UPDATE counter SET value = greatest(value, \#(last)) WHERE name = 'searchIndexUpTo'"#
+                try store.runCommitted(connection, sql)
             }
         } catch {
             failure.withLock { $0 = error }
@@ -143,15 +139,14 @@ public final class PostgresSearchIndex: MessageSearchIndex, Sendable {
         // search-row index out of the plan: through it, a window without such messages
         // cost a read of the whole window, 10 ms and more).
         let row = rare ? #"s."searchRow" + 0"# : #"s."searchRow""#
-        var binds = PostgresStore.Binds()
-        var sql =
+        var sql: SQL =
             #"SELECT s.chat, s.id, s."searchRow", m.content FROM message_search s JOIN message m ON m.chat = s.chat AND m.id = s.id "#
-            + #"WHERE s.keys @> \#(binds.add(keys))::int4[] AND s.chat = ANY(\#(binds.add(chats))::bigint[]) "#
-            + #"AND \#(row) >= \#(binds.add(low)) AND \#(row) < \#(binds.add(high)) "#
-        if let scopes { sql += #"AND s.keys && \#(binds.add(scopes))::int4[] "# }
-        sql += #"ORDER BY \#(row) DESC LIMIT \#(binds.add(Int64(limit)))"#
+            + #"WHERE s.keys @> \#(keys)::int4[] AND s.chat = ANY(\#(chats)::bigint[]) "#
+            + #"AND \#(unescaped: row) >= \#(low) AND \#(unescaped: row) < \#(high) "#
+        if let scopes { sql = sql + #"AND s.keys && \#(scopes)::int4[] "# }
+        sql = sql + #"ORDER BY \#(unescaped: row) DESC LIMIT \#(Int64(limit))"#
         return try store.withConnection { connection in
-            try store.run(connection, sql, binds).map {
+            try store.run(connection, sql).map {
                 let (chat, id, row, content) = try $0.decode((Int64, Int64, Int64, String?).self)
                 return (chat, id, row, content)
             }
@@ -166,7 +161,7 @@ extension PostgresStore {
     /// `entries` as rows (`u.chat`, `u.id`, `u."row"`, `u.keys`) of the index, for a FROM
     /// clause. The keys of all of them are one array parameter, sliced per entry (`unnest`
     /// cannot make rows of arrays).
-    static func searchRows(_ entries: [SearchEntry], _ binds: inout Binds) -> String {
+    static func searchRows(_ entries: [SearchEntry]) -> SQL {
         var keys: [Int32] = []
         var from: [Int32] = []
         var to: [Int32] = []
@@ -175,24 +170,20 @@ extension PostgresStore {
             keys.append(contentsOf: SearchText.keys(of: entry.text, chat: entry.chat))
             to.append(Int32(keys.count))
         }
-        let all = binds.add(keys)
-        return #"(SELECT chat, id, "row", (\#(all)::int4[])["from":"to"] AS keys "#
-            + #"FROM unnest(\#(binds.add(entries.map(\.chat)))::bigint[], \#(binds.add(entries.map(\.id)))::bigint[], \#(binds.add(entries.map(\.row)))::bigint[], "#
-            + #"\#(binds.add(from))::int4[], \#(binds.add(to))::int4[]) AS e(chat, id, "row", "from", "to")) u"#
+        return #"(SELECT chat, id, "row", (\#(keys)::int4[])["from":"to"] AS keys "#
+            + #"FROM unnest(\#(entries.map(\.chat))::bigint[], \#(entries.map(\.id))::bigint[], \#(entries.map(\.row))::bigint[], "#
+            + #"\#(from)::int4[], \#(to)::int4[]) AS e(chat, id, "row", "from", "to")) u"#
     }
 
     /// The searchable text of the messages above `row`, by search row, at most `limit`
     /// and, but for the first, only while the texts so far take at most `maxBytes`
     /// (counted by the server: what is left out is never sent).
-    static func searchEntriesQuery(after row: Int64, limit: Int, maxBytes: Int) -> (sql: String, binds: Binds) {
-        var binds = Binds()
-        let page =
-            #"SELECT "searchRow", chat, id, content FROM message WHERE "searchRow" > \#(binds.add(row)) AND "searchRow" > 0 "#
-            + #"AND content IS NOT NULL ORDER BY "searchRow" LIMIT \#(binds.add(Int64(limit)))"#
-        let sql =
-            #"SELECT "searchRow", chat, id, content FROM (SELECT *, sum(octet_length(content)) OVER (ORDER BY "searchRow") AS upto "#
-            + #"FROM (\#(page)) page) counted WHERE upto <= \#(binds.add(Int64(maxBytes))) OR upto = octet_length(content) ORDER BY "searchRow""#
-        return (sql, binds)
+    static func searchEntriesQuery(after row: Int64, limit: Int, maxBytes: Int) -> SQL {
+        let page: SQL =
+            #"SELECT "searchRow", chat, id, content FROM message WHERE "searchRow" > \#(row) AND "searchRow" > 0 "#
+            + #"AND content IS NOT NULL ORDER BY "searchRow" LIMIT \#(Int64(limit))"#
+        return #"SELECT "searchRow", chat, id, content FROM (SELECT *, sum(octet_length(content)) OVER (ORDER BY "searchRow") AS upto "#
+            + #"FROM (\#(page)) page) counted WHERE upto <= \#(Int64(maxBytes)) OR upto = octet_length(content) ORDER BY "searchRow""#
     }
 
     static func searchEntries(in rows: PostgresQueryResult) throws -> [SearchEntry] {

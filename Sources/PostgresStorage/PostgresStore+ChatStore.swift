@@ -18,16 +18,16 @@ extension PostgresStore: ChatStore {
             // read after them, a version could be newer than the rows, and a claim of it
             // pass with what another node committed in between unseen.
             try readCountersAndVersions(into: &directory, connection)
-            directory.users = try run(connection, "SELECT \(Columns.user) FROM \"user\" ORDER BY \"number\"").map {
+            directory.users = try run(connection, "SELECT \(unescaped: Columns.user) FROM \"user\" ORDER BY \"number\"").map {
                 let (number, userId, regId) = try $0.decode((Int64, String, Int64).self)
                 return UserRecord(number: number, userId: userId, regId: regId)
             }
-            directory.endpoints = try run(connection, "SELECT \(Columns.endpoint) FROM endpoint ORDER BY ordinal").map {
+            directory.endpoints = try run(connection, "SELECT \(unescaped: Columns.endpoint) FROM endpoint ORDER BY ordinal").map {
                 let (id, user, description, nickname, isLegacyDelegate, ordinal) = try $0.decode((Int64, Int64, String, String, Bool, Int64).self)
                 return EndpointRow(id: id, user: user, description: description, nickname: nickname, isLegacyDelegate: isLegacyDelegate, ordinal: ordinal)
             }
-            directory.chats = try run(connection, "SELECT \(Columns.chat) FROM chat ORDER BY \"number\"").map(PostgresStore.chat)
-            directory.members = try run(connection, "SELECT \(Columns.member) FROM member ORDER BY chat, \"user\"").map(PostgresStore.member)
+            directory.chats = try run(connection, "SELECT \(unescaped: Columns.chat) FROM chat ORDER BY \"number\"").map(PostgresStore.chat)
+            directory.members = try run(connection, "SELECT \(unescaped: Columns.member) FROM member ORDER BY chat, \"user\"").map(PostgresStore.member)
             return directory
         }
     }
@@ -37,10 +37,10 @@ extension PostgresStore: ChatStore {
             var directory = StoreDirectory()
             // The versions first (`loadDirectory` says why).
             try readCountersAndVersions(into: &directory, connection, chats: numbers)
-            var binds = Binds()
-            let wanted = binds.add(numbers)
-            directory.chats = try run(connection, "SELECT \(Columns.chat) FROM chat WHERE \"number\" = ANY(\(wanted)::bigint[]) ORDER BY \"number\"", binds)
-                .map(PostgresStore.chat)
+            directory.chats = try run(
+                connection, "SELECT \(unescaped: Columns.chat) FROM chat WHERE \"number\" = ANY(\(numbers)::bigint[]) ORDER BY \"number\""
+            )
+            .map(PostgresStore.chat)
             directory.members = try members(of: numbers, on: connection)
             return directory
         }
@@ -48,8 +48,7 @@ extension PostgresStore: ChatStore {
 
     /// The memberships of the chats `numbers`, by chat and user.
     func members(of numbers: [Int64], on connection: PostgresConnection) throws -> [MemberRow] {
-        var binds = Binds()
-        return try run(connection, "SELECT \(Columns.member) FROM member WHERE chat = ANY(\(binds.add(numbers))::bigint[]) ORDER BY chat, \"user\"", binds)
+        try run(connection, "SELECT \(unescaped: Columns.member) FROM member WHERE chat = ANY(\(numbers)::bigint[]) ORDER BY chat, \"user\"")
             .map(PostgresStore.member)
     }
 
@@ -69,10 +68,8 @@ extension PostgresStore: ChatStore {
         let counters = try counters(connection)
         directory.counters = StoreCounters(named: counters)
         directory.feedPositions = FeedSlots.positions(in: counters)
-        var binds = Binds()
-        let sql =
-            chats.map { "SELECT chat, version FROM chat_version WHERE chat = ANY(\(binds.add($0))::bigint[])" } ?? "SELECT chat, version FROM chat_version"
-        for row in try run(connection, sql, binds) {
+        let sql: SQL = chats.map { "SELECT chat, version FROM chat_version WHERE chat = ANY(\($0)::bigint[])" } ?? "SELECT chat, version FROM chat_version"
+        for row in try run(connection, sql) {
             let (chat, version) = try row.decode((Int64, Int64).self)
             directory.chatVersions[chat] = version
         }
@@ -114,9 +111,7 @@ extension PostgresStore: ChatStore {
         static let refCount = "chat, target, tag, count, newest"
         static let member =
             #"chat, "user", "isActive", "isAdmin", "joinedAt", "leftAt", "isHidden", "localData", "privateData", "deliveredUpTo", "readUpTo", "numUnread""#
-        static let message =
-            #"chat, id, sender, tag, content, data, "timestamp", "isControl", "neverCountsUnread", "isRecalled", "changeSeq", "searchRow", "#
-            + #""thumbName", "thumbBlob", "fileName", "fileBlob", "fileSize", attachment"#
+        static let message = MessageColumn.allCases.map { "\"\($0.rawValue)\"" }.joined(separator: ", ")
         static let messageUser = #"chat, id, "user", "localData", "isDeleted", "thumbDetached", "fileDownloaded""#
     }
 
@@ -130,44 +125,39 @@ extension PostgresStore: ChatStore {
 
     static func message(_ row: PostgresRow) throws -> MessageRow {
         var cells = Cells(row, of: "message")
-        var message = MessageRow(
-            chat: try cells.next(), id: try cells.next(), sender: try cells.next(), tag: try cells.next(), content: try cells.next(),
-            data: try cells.next(), refs: [], timestamp: try cells.next(), isControl: try cells.next(),
-            neverCountsUnread: try cells.next(), isRecalled: try cells.next(), changeSeq: try cells.next(), searchRow: try cells.next())
-        message.thumbName = try cells.next()
-        message.thumbBlob = try cells.next()
-        message.fileName = try cells.next()
-        message.fileBlob = try cells.next()
-        message.fileSize = try cells.next()
-        message.attachment = try cells.next()
-        return message
+        return try MessageRow { column in
+            switch column.kind {
+            case .int: .int(try cells.next(Int64.self))
+            case .optionalInt: .int(try cells.next(Int64?.self))
+            case .text: .text(try cells.next(String.self))
+            case .optionalText: .text(try cells.next(String?.self))
+            case .bool: .bool(try cells.next(Bool.self))
+            }
+        }
     }
 
     // MARK: messages
 
     public func messages(chat: Int64, in ids: ClosedRange<Int64>) throws -> [MessageRow] {
         try withConnection { connection in
-            try messages(connection, chat: chat) { binds, column in "\(column) BETWEEN \(binds.add(ids.lowerBound)) AND \(binds.add(ids.upperBound))" }
+            try messages(connection, chat: chat) { column in "\(unescaped: column) BETWEEN \(ids.lowerBound) AND \(ids.upperBound)" }
         }
     }
 
     public func messages(chat: Int64, ids: [Int64]) throws -> [MessageRow] {
         guard !ids.isEmpty else { return [] }
         return try withConnection { connection in
-            try messages(connection, chat: chat) { binds, column in "\(column) = ANY(\(binds.add(ids)))" }
+            try messages(connection, chat: chat) { column in "\(unescaped: column) = ANY(\(ids))" }
         }
     }
 
     /// The messages `selecting` names (a condition on the column it is given), each with
     /// its references, reference counts and private states.
-    private func messages(_ connection: PostgresConnection, chat: Int64, selecting: (inout Binds, String) -> String) throws -> [MessageRow] {
-        func read(_ sql: (String) -> String, column: String) throws -> PostgresQueryResult {
-            var binds = Binds()
-            let chatParameter = binds.add(chat)
-            let condition = selecting(&binds, column)
-            return try run(connection, sql("chat = \(chatParameter) AND \(condition)"), binds)
+    private func messages(_ connection: PostgresConnection, chat: Int64, selecting: (String) -> SQL) throws -> [MessageRow] {
+        func read(_ sql: (SQL) -> SQL, column: String) throws -> PostgresQueryResult {
+            try run(connection, sql("chat = \(chat) AND \(selecting(column))"))
         }
-        var messages = try read({ "SELECT \(Columns.message) FROM message WHERE \($0) ORDER BY id" }, column: "id").map(PostgresStore.message)
+        var messages = try read({ "SELECT \(unescaped: Columns.message) FROM message WHERE \($0) ORDER BY id" }, column: "id").map(PostgresStore.message)
         guard !messages.isEmpty else { return [] }
         var index: [Int64: Int] = [:]
         index.reserveCapacity(messages.count)
@@ -178,13 +168,13 @@ extension PostgresStore: ChatStore {
             let (source, tag, target) = try row.decode((Int64, String, Int64).self)
             if let position = index[source] { messages[position].refs.append(RefRow(tag: tag, target: target)) }
         }
-        for row in try read({ "SELECT \(Columns.refCount) FROM ref_count WHERE \($0) ORDER BY target, tag COLLATE \"C\"" }, column: "target") {
+        for row in try read({ "SELECT \(unescaped: Columns.refCount) FROM ref_count WHERE \($0) ORDER BY target, tag COLLATE \"C\"" }, column: "target") {
             let (chat, target, tag, count, newest) = try row.decode((Int64, Int64, String, Int64, Int64).self)
             if let position = index[target] {
                 messages[position].refCounts.append(RefCountRow(chat: chat, target: target, tag: tag, count: count, newest: newest))
             }
         }
-        for row in try read({ "SELECT \(Columns.messageUser) FROM message_user WHERE \($0) ORDER BY id, \"user\"" }, column: "id") {
+        for row in try read({ "SELECT \(unescaped: Columns.messageUser) FROM message_user WHERE \($0) ORDER BY id, \"user\"" }, column: "id") {
             let (chat, id, user, localData, isDeleted, thumbDetached, fileDownloaded) = try row.decode((Int64, Int64, Int64, String?, Bool, Bool, Bool).self)
             guard let position = index[id] else { continue }
             var state = MessageUserRow(chat: chat, id: id, user: user, localData: localData, isDeleted: isDeleted)
@@ -197,55 +187,51 @@ extension PostgresStore: ChatStore {
 
     public func messageIds(chat: Int64, matching filter: MessageFilter, from start: Int64, ascending: Bool, limit: Int) throws -> [Int64] {
         guard limit > 0 else { return [] }
-        var binds = Binds()
         var from = "message m"
-        var conditions: [String]
+        var conditions: [SQL]
         let order: String
         if let referring = filter.referring {
             // Driven by the reference index: a thread's children, a message's edits.
             from = "message_ref r JOIN message m ON m.chat = r.chat AND m.id = r.source"
             conditions = [
-                "r.chat = \(binds.add(chat))", "r.target = \(binds.add(referring.target))", "r.tag = \(binds.add(referring.tag))",
-                ascending ? "r.source >= \(binds.add(start))" : "r.source <= \(binds.add(start))", "r.source >= \(binds.add(filter.firstId))"
+                "r.chat = \(chat)", "r.target = \(referring.target)", "r.tag = \(referring.tag)",
+                ascending ? "r.source >= \(start)" : "r.source <= \(start)", "r.source >= \(filter.firstId)"
             ]
             order = "r.source"
         } else {
             conditions = [
-                "m.chat = \(binds.add(chat))", ascending ? "m.id >= \(binds.add(start))" : "m.id <= \(binds.add(start))",
-                "m.id >= \(binds.add(filter.firstId))"
+                "m.chat = \(chat)", ascending ? "m.id >= \(start)" : "m.id <= \(start)",
+                "m.id >= \(filter.firstId)"
             ]
             order = "m.id"
         }
-        if let last = filter.lastId { conditions.append("m.id <= \(binds.add(last))") }
-        if let tag = filter.tag { conditions.append("m.tag = \(binds.add(tag))") }
-        if let sender = filter.sender { conditions.append("m.sender = \(binds.add(sender))") }
+        if let last = filter.lastId { conditions.append("m.id <= \(last)") }
+        if let tag = filter.tag { conditions.append("m.tag = \(tag)") }
+        if let sender = filter.sender { conditions.append("m.sender = \(sender)") }
         if let notRefTag = filter.notRefTag {
-            conditions.append("NOT EXISTS (SELECT 1 FROM message_ref x WHERE x.chat = m.chat AND x.source = m.id AND x.tag = \(binds.add(notRefTag)))")
+            conditions.append("NOT EXISTS (SELECT 1 FROM message_ref x WHERE x.chat = m.chat AND x.source = m.id AND x.tag = \(notRefTag))")
         }
         if filter.onlyRecallable {
             conditions.append(#"NOT m."isRecalled""#)
-            conditions.append("m.tag <> ALL(\(binds.add(MessageFilter.reservedTags.sorted())))")
+            conditions.append("m.tag <> ALL(\(MessageFilter.reservedTags.sorted()))")
         }
-        let sql =
-            "SELECT m.id FROM \(from) WHERE " + conditions.joined(separator: " AND ")
-            + " ORDER BY \(order) \(ascending ? "ASC" : "DESC") LIMIT \(binds.add(Int64(limit)))"
-        return try withConnection { connection in try run(connection, sql, binds).map { try $0.decode(Int64.self) } }
+        let sql: SQL =
+            "SELECT m.id FROM \(unescaped: from) WHERE \(SQL(joining: conditions, separator: " AND "))"
+            + " ORDER BY \(unescaped: order) \(unescaped: ascending ? "ASC" : "DESC") LIMIT \(Int64(limit))"
+        return try withConnection { connection in try run(connection, sql).map { try $0.decode(Int64.self) } }
     }
 
     public func firstMessage(chat: Int64, notBefore timestamp: Int64) throws -> Int64? {
         // Timestamps never decrease along a chat's ids: a binary search over ids by point
         // reads of the primary key needs no index of its own.
         try withConnection { connection in
-            var binds = Binds()
-            let lastSQL = "SELECT max(id) FROM message WHERE chat = \(binds.add(chat))"
-            guard let last = try run(connection, lastSQL, binds).first?.decode(Int64?.self) else { return nil }
+            guard let last = try run(connection, "SELECT max(id) FROM message WHERE chat = \(chat)").first?.decode(Int64?.self) else { return nil }
             var low: Int64 = 1
             var high = last + 1
             while low < high {
                 let middle = low + (high - low) / 2
-                var at = Binds()
-                let sql = #"SELECT "timestamp" FROM message WHERE chat = \#(at.add(chat)) AND id = \#(at.add(middle))"#
-                let value = try run(connection, sql, at).first?.decode(Int64.self) ?? Int64.min
+                let sql: SQL = #"SELECT "timestamp" FROM message WHERE chat = \#(chat) AND id = \#(middle)"#
+                let value = try run(connection, sql).first?.decode(Int64.self) ?? Int64.min
                 if value >= timestamp { high = middle } else { low = middle + 1 }
             }
             return low <= last ? low : nil
@@ -253,12 +239,11 @@ extension PostgresStore: ChatStore {
     }
 
     public func references(chat: Int64, to target: Int64, tag: String, excluding excluded: Set<Int64>) throws -> (count: Int64, newest: Int64?) {
-        var binds = Binds()
-        let sql =
-            "SELECT source FROM message_ref WHERE chat = \(binds.add(chat)) AND target = \(binds.add(target)) AND tag = \(binds.add(tag)) "
-            + "AND NOT (source = ANY(\(binds.add(excluded.sorted())))) ORDER BY source DESC"
+        let sql: SQL =
+            "SELECT source FROM message_ref WHERE chat = \(chat) AND target = \(target) AND tag = \(tag) "
+            + "AND NOT (source = ANY(\(excluded.sorted()))) ORDER BY source DESC"
         return try withConnection { connection in
-            let sources = try run(connection, sql, binds).map { try $0.decode(Int64.self) }
+            let sources = try run(connection, sql).map { try $0.decode(Int64.self) }
             return (Int64(sources.count), sources.first)
         }
     }
@@ -269,18 +254,14 @@ extension PostgresStore: ChatStore {
         guard !chats.isEmpty, limit > 0 else { return [] }
         // Each chat's first changes by the (chat, changeSeq) index, then the first of all:
         // O(chats × limit) index entries, not every change since `seq`.
-        var binds = Binds()
-        let chatsParameter = binds.add(chats)
-        let seqParameter = binds.add(seq)
-        let limitParameter = binds.add(Int64(limit))
-        let sql = """
-            SELECT m.chat, m.id, m."changeSeq" FROM unnest(\(chatsParameter)::bigint[]) AS c(chat)
-            CROSS JOIN LATERAL (SELECT chat, id, "changeSeq" FROM message WHERE chat = c.chat AND "changeSeq" > \(seqParameter)
-                                ORDER BY "changeSeq" LIMIT \(limitParameter)) m
-            ORDER BY m."changeSeq" LIMIT \(limitParameter)
+        let sql: SQL = """
+            SELECT m.chat, m.id, m."changeSeq" FROM unnest(\(chats)::bigint[]) AS c(chat)
+            CROSS JOIN LATERAL (SELECT chat, id, "changeSeq" FROM message WHERE chat = c.chat AND "changeSeq" > \(seq)
+                                ORDER BY "changeSeq" LIMIT \(Int64(limit))) m
+            ORDER BY m."changeSeq" LIMIT \(Int64(limit))
             """
         return try withConnection { connection in
-            try run(connection, sql, binds).map {
+            try run(connection, sql).map {
                 let (chat, id, changeSeq) = try $0.decode((Int64, Int64, Int64).self)
                 return MessageChangeRow(chat: chat, id: id, changeSeq: changeSeq)
             }
@@ -293,11 +274,10 @@ extension PostgresStore: ChatStore {
 
     public func rangeChanges(chats: [Int64], after seq: Int64) throws -> [RangeChangeRow] {
         guard !chats.isEmpty else { return [] }
-        var binds = Binds()
-        let sql =
-            #"SELECT chat, "firstSeq", "firstId", "lastId" FROM range_change WHERE chat = ANY(\#(binds.add(chats))) AND "lastSeq" > \#(binds.add(seq)) ORDER BY "firstSeq""#
+        let sql: SQL =
+            #"SELECT chat, "firstSeq", "firstId", "lastId" FROM range_change WHERE chat = ANY(\#(chats)) AND "lastSeq" > \#(seq) ORDER BY "firstSeq""#
         return try withConnection { connection in
-            try run(connection, sql, binds).map {
+            try run(connection, sql).map {
                 let (chat, firstSeq, firstId, lastId) = try $0.decode((Int64, Int64, Int64, Int64).self)
                 return RangeChangeRow(chat: chat, firstSeq: firstSeq, firstId: firstId, lastId: lastId)
             }
@@ -306,15 +286,14 @@ extension PostgresStore: ChatStore {
 
     public func searchable(by user: Int64, among hits: [SearchHit]) throws -> Set<SearchHit> {
         guard !hits.isEmpty else { return [] }
-        var binds = Binds()
-        let sql =
-            #"SELECT m.chat, m.id, m."searchRow" FROM unnest(\#(binds.add(hits.map(\.chat)))::bigint[], "#
-            + #"\#(binds.add(hits.map(\.id)))::bigint[], \#(binds.add(hits.map(\.row)))::bigint[]) AS h(chat, id, "row") "#
+        let sql: SQL =
+            #"SELECT m.chat, m.id, m."searchRow" FROM unnest(\#(hits.map(\.chat))::bigint[], "#
+            + #"\#(hits.map(\.id))::bigint[], \#(hits.map(\.row))::bigint[]) AS h(chat, id, "row") "#
             + #"JOIN message m ON m.chat = h.chat AND m.id = h.id AND m."searchRow" = h."row" "#
-            + #"WHERE NOT EXISTS (SELECT 1 FROM message_user u WHERE u.chat = m.chat AND u.id = m.id AND u."user" = \#(binds.add(user)) AND u."isDeleted")"#
+            + #"WHERE NOT EXISTS (SELECT 1 FROM message_user u WHERE u.chat = m.chat AND u.id = m.id AND u."user" = \#(user) AND u."isDeleted")"#
         return try withConnection { connection in
             Set(
-                try run(connection, sql, binds).map {
+                try run(connection, sql).map {
                     let (chat, id, row) = try $0.decode((Int64, Int64, Int64).self)
                     return SearchHit(chat: chat, id: id, row: row)
                 })
@@ -324,13 +303,11 @@ extension PostgresStore: ChatStore {
     // MARK: attachments and search
 
     public func blobUses(_ blob: String) throws -> Int64 {
-        var binds = Binds()
-        let sql = "SELECT uses FROM blob WHERE hash = \(binds.add(blob))"
-        return try withConnection { connection in try run(connection, sql, binds).first?.decode(Int64.self) ?? 0 }
+        try withConnection { connection in try run(connection, "SELECT uses FROM blob WHERE hash = \(blob)").first?.decode(Int64.self) ?? 0 }
     }
 
     public func searchEntries(after row: Int64, limit: Int, maxBytes: Int) throws -> [SearchEntry] {
-        let (sql, binds) = PostgresStore.searchEntriesQuery(after: row, limit: limit, maxBytes: maxBytes)
-        return try withConnection { connection in try PostgresStore.searchEntries(in: run(connection, sql, binds)) }
+        let sql = PostgresStore.searchEntriesQuery(after: row, limit: limit, maxBytes: maxBytes)
+        return try withConnection { connection in try PostgresStore.searchEntries(in: run(connection, sql)) }
     }
 }

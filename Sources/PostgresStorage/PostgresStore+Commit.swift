@@ -32,12 +32,11 @@ extension PostgresStore {
             case .searchRow: ("search_row", PostgresStore.searchRowBlock)
             }
         let calls = max(1, (Int64(count) + block - 1) / block)
-        var binds = Binds()
-        let sql = "SELECT nextval('\(sequence)') FROM generate_series(1, \(binds.add(calls)))"
+        let sql: SQL = "SELECT nextval('\(unescaped: sequence)') FROM generate_series(1, \(calls))"
         return try withConnection { connection in
             // Each value ends a block; another node's calls may come between them.
             var ranges: [ClosedRange<Int64>] = []
-            for last in try run(connection, sql, binds).map({ try $0.decode(Int64.self) }).sorted() {
+            for last in try run(connection, sql).map({ try $0.decode(Int64.self) }).sorted() {
                 let first = last - block + 1
                 if let previous = ranges.last, previous.upperBound + 1 == first {
                     ranges[ranges.count - 1] = previous.lowerBound...last
@@ -76,10 +75,7 @@ extension PostgresStore {
                     let statement = OneStatement(connection: connection, store: self)
                     write(batch, statement)
                     logForOthers(batch, statement)
-                    try statement.commit { binds in
-                        let fence = fence(&binds)
-                        return PostgresStore.claim(batch.chatVersions, &binds).map { fence + ", " + $0 } ?? fence
-                    }
+                    try statement.commit(main: PostgresStore.claim(batch.chatVersions).map { fence() + ", " + $0 } ?? fence())
                 }
             }
             applied = true
@@ -117,7 +113,7 @@ extension PostgresStore {
         try run(connection, "BEGIN")
         let first = OneStatement(connection: connection, store: self)
         write(early, first)
-        try first.send { binds in fence(&binds) }
+        try first.send(main: fence())
         guard outcomes.wait(for: follows) else {
             throw StoreFailure(.other, "the commit before it failed, and this one was decided after it: nothing of it was applied")
         }
@@ -125,7 +121,7 @@ extension PostgresStore {
             let second = OneStatement(connection: connection, store: self)
             write(rest, second)
             logForOthers(batch, second)
-            try second.send { binds in PostgresStore.claim(rest.chatVersions, &binds).map { "SELECT " + $0 } ?? "SELECT 1" }
+            try second.send(main: PostgresStore.claim(rest.chatVersions).map { "SELECT " + $0 } ?? "SELECT 1")
         }
         try run(connection, "COMMIT")
     }
@@ -136,27 +132,20 @@ extension PostgresStore {
     func writeSearchKeys(_ batch: StoreBatch, _ statement: OneStatement) {
         let searchable = batch.newMessages.filter { $0.searchRow > 0 && $0.content != nil }
         if !searchable.isEmpty {
-            var binds = statement.binds()
-            let rows = PostgresStore.searchRows(searchable.map { SearchEntry(row: $0.searchRow, chat: $0.chat, id: $0.id, text: $0.content!) }, &binds)
-            statement.add(#"INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", u.keys FROM \#(rows)"#, binds)
+            let rows = PostgresStore.searchRows(searchable.map { SearchEntry(row: $0.searchRow, chat: $0.chat, id: $0.id, text: $0.content!) })
+            statement.add(#"INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", u.keys FROM \#(rows)"#)
         }
         let recalled = batch.messageUpdates.filter { $0.columns.contains(.searchRow) && $0.row.searchRow == 0 }.map(\.row)
         if !recalled.isEmpty {
-            var binds = statement.binds()
             statement.add(
                 """
-                DELETE FROM message_search s USING unnest(\(binds.add(recalled.map(\.chat)))::bigint[], \(binds.add(recalled.map(\.id)))::bigint[])
+                DELETE FROM message_search s USING unnest(\(recalled.map(\.chat))::bigint[], \(recalled.map(\.id))::bigint[])
                 AS r(chat, id) WHERE s.chat = r.chat AND s.id = r.id
-                """, binds)
+                """)
         }
     }
 
-    /// A value of a row written by `insert` or `update`.
-    enum Value {
-        case int(Int64?)
-        case text(String?)
-        case bool(Bool)
-    }
+    typealias Value = StoredValue
 
     /// Inserts `rows` (each with a value per column) in one clause whose text does not
     /// depend on how many rows there are: each column is bound as one array and `unnest`
@@ -165,11 +154,11 @@ extension PostgresStore {
     /// third of PostgreSQL's time); `conflict` is what follows ON CONFLICT.
     func insert(_ statement: OneStatement, into table: String, columns: [String], rows: [[Value]], conflict: String? = nil) {
         guard let first = rows.first else { return }
-        var binds = statement.binds()
-        let arrays = first.indices.map { column in binds.add(column: rows.map { $0[column] }) }
-        var sql = "INSERT INTO \(table) (\(columns.joined(separator: ", "))) SELECT * FROM unnest(\(arrays.joined(separator: ", ")))"
-        if let conflict { sql += " ON CONFLICT \(conflict)" }
-        statement.add(sql, binds)
+        let arrays = first.indices.map { column -> SQL in "\(column: rows.map { $0[column] })" }
+        var sql: SQL =
+            "INSERT INTO \(unescaped: table) (\(unescaped: columns.joined(separator: ", "))) SELECT * FROM unnest(\(SQL(joining: arrays, separator: ", ")))"
+        if let conflict { sql = sql + " ON CONFLICT \(unescaped: conflict)" }
+        statement.add(sql)
     }
 
     /// `ON CONFLICT (key) DO UPDATE` setting every other column to the new row's.
@@ -196,22 +185,21 @@ extension PostgresStore {
         }
         for columns in order {
             let group = groups[columns]!
-            var binds = statement.binds()
-            var arrays: [String] = []
+            var arrays: [SQL] = []
             var names: [String] = []
             for position in keyColumns.indices {
-                arrays.append(binds.add(column: group.map { .int($0.key[position]) }))
+                arrays.append("\(column: group.map { .int($0.key[position]) })")
                 names.append("k\(position)")
             }
             for position in columns.indices {
-                arrays.append(binds.add(column: group.map { $0.values[position].value }))
+                arrays.append("\(column: group.map { $0.values[position].value })")
                 names.append("v\(position)")
             }
             let assignments = columns.enumerated().map { "\"\($1)\" = u.v\($0)" }
             let conditions = keyColumns.enumerated().map { "t.\($1) = u.k\($0)" }
             statement.add(
-                "UPDATE \(table) AS t SET \(assignments.joined(separator: ", ")) FROM unnest(\(arrays.joined(separator: ", "))) "
-                    + "AS u(\(names.joined(separator: ", "))) WHERE \(conditions.joined(separator: " AND "))", binds)
+                "UPDATE \(unescaped: table) AS t SET \(unescaped: assignments.joined(separator: ", ")) FROM unnest(\(SQL(joining: arrays, separator: ", "))) "
+                    + "AS u(\(unescaped: names.joined(separator: ", "))) WHERE \(unescaped: conditions.joined(separator: " AND "))")
         }
     }
 
@@ -231,20 +219,19 @@ extension PostgresStore {
     /// deleted or added to by what they were before, and an endpoint is written or removed.
     func write(_ batch: StoreBatch, _ statement: OneStatement) {
         typealias S = PostgresStore
-        insert(statement, into: #""user""#, columns: S.userColumns, rows: batch.newUsers.map { [.int($0.number), .text($0.userId), .int($0.regId)] })
+        insert(statement, into: #""user""#, columns: S.userColumns, rows: batch.directory.newUsers.map { [.int($0.number), .text($0.userId), .int($0.regId)] })
         insert(
             statement, into: "endpoint", columns: S.endpointColumns,
-            rows: batch.endpoints.map {
+            rows: batch.directory.endpoints.map {
                 [.int($0.id), .int($0.user), .text($0.description), .text($0.nickname), .bool($0.isLegacyDelegate), .int($0.ordinal)]
             }, conflict: S.replacing(key: ["id"], columns: S.endpointColumns))
         // Written and removed endpoints are never the same ones (`StoreBatch`).
-        if !batch.removedEndpoints.isEmpty {
-            var binds = statement.binds()
-            statement.add("DELETE FROM endpoint WHERE id = ANY(\(binds.add(batch.removedEndpoints)))", binds)
+        if !batch.directory.removedEndpoints.isEmpty {
+            statement.add("DELETE FROM endpoint WHERE id = ANY(\(batch.directory.removedEndpoints))")
         }
         insert(
             statement, into: "chat", columns: S.chatColumns,
-            rows: batch.newChats.map {
+            rows: batch.directory.newChats.map {
                 [
                     .int($0.number), .text($0.subject), .bool($0.isOneToOne), .text($0.invitePolicy), .bool($0.isDefunct), .text($0.data), .int($0.lastMessage),
                     .int($0.lastActivity)
@@ -252,7 +239,7 @@ extension PostgresStore {
             })
         update(
             statement, "chat", keyColumns: [#""number""#],
-            batch.chatUpdates.map { update in
+            batch.directory.chatUpdates.map { update in
                 let row = update.row
                 return RowUpdate(
                     key: [row.number],
@@ -267,11 +254,11 @@ extension PostgresStore {
                     })
             })
         insert(
-            statement, into: "member", columns: S.memberColumns, rows: batch.members.map(S.values),
+            statement, into: "member", columns: S.memberColumns, rows: batch.directory.members.map(S.values),
             conflict: S.replacing(key: ["chat", #""user""#], columns: S.memberColumns))
         update(
             statement, "member", keyColumns: ["chat", #""user""#],
-            batch.memberUpdates.map { update in
+            batch.directory.memberUpdates.map { update in
                 let row = update.row
                 return RowUpdate(
                     key: [row.chat, row.user],
@@ -299,42 +286,25 @@ extension PostgresStore {
         update(
             statement, "message", keyColumns: ["chat", "id"],
             batch.messageUpdates.map { update in
-                let row = update.row
-                return RowUpdate(
-                    key: [row.chat, row.id],
-                    values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
-                        switch column {
-                        case .content: (column.rawValue, .text(row.content))
-                        case .data: (column.rawValue, .text(row.data))
-                        case .isRecalled: (column.rawValue, .bool(row.isRecalled))
-                        case .changeSeq: (column.rawValue, .int(row.changeSeq))
-                        case .searchRow: (column.rawValue, .int(row.searchRow))
-                        case .thumbName: (column.rawValue, .text(row.thumbName))
-                        case .thumbBlob: (column.rawValue, .text(row.thumbBlob))
-                        case .fileName: (column.rawValue, .text(row.fileName))
-                        case .fileBlob: (column.rawValue, .text(row.fileBlob))
-                        case .fileSize: (column.rawValue, .int(row.fileSize))
-                        case .attachment: (column.rawValue, .text(row.attachment))
-                        }
-                    })
+                RowUpdate(
+                    key: [update.row.chat, update.row.id],
+                    values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in (column.rawValue, update.row[column]) })
             })
         writeSearchKeys(batch, statement)
         if !batch.droppedReferences.isEmpty {
-            var binds = statement.binds()
             statement.add(
                 """
-                DELETE FROM message_ref r USING unnest(\(binds.add(batch.droppedReferences.map(\.chat)))::bigint[], \(binds.add(batch.droppedReferences.map(\.id)))::bigint[])
+                DELETE FROM message_ref r USING unnest(\(batch.droppedReferences.map(\.chat))::bigint[], \(batch.droppedReferences.map(\.id))::bigint[])
                 AS d(chat, source) WHERE r.chat = d.chat AND r.source = d.source
-                """, binds)
+                """)
         }
         if !batch.touches.isEmpty {
-            var binds = statement.binds()
             statement.add(
                 """
                 UPDATE message m SET "changeSeq" = t.seq
-                FROM unnest(\(binds.add(batch.touches.map(\.chat)))::bigint[], \(binds.add(batch.touches.map(\.id)))::bigint[], \(binds.add(batch.touches.map(\.seq)))::bigint[])
+                FROM unnest(\(batch.touches.map(\.chat))::bigint[], \(batch.touches.map(\.id))::bigint[], \(batch.touches.map(\.seq))::bigint[])
                 AS t(chat, id, seq) WHERE m.chat = t.chat AND m.id = t.id
-                """, binds)
+                """)
         }
         insert(
             statement, into: "range_change", columns: S.rangeChangeColumns,
@@ -349,12 +319,11 @@ extension PostgresStore {
             }, conflict: S.replacing(key: ["chat", "target", "tag"], columns: S.refCountColumns))
         let gone = batch.refCounts.filter { $0.count <= 0 }
         if !gone.isEmpty {
-            var binds = statement.binds()
             statement.add(
                 """
-                DELETE FROM ref_count c USING unnest(\(binds.add(gone.map(\.chat)))::bigint[], \(binds.add(gone.map(\.target)))::bigint[], \(binds.add(gone.map(\.tag)))::text[])
+                DELETE FROM ref_count c USING unnest(\(gone.map(\.chat))::bigint[], \(gone.map(\.target))::bigint[], \(gone.map(\.tag))::text[])
                 AS g(chat, target, tag) WHERE c.chat = g.chat AND c.target = g.target AND c.tag = g.tag
-                """, binds)
+                """)
         }
         insert(
             statement, into: "message_user", columns: S.messageUserColumns,
@@ -366,24 +335,22 @@ extension PostgresStore {
             // A count that reaches zero is deleted, the others are added to (or made): two
             // clauses that decide on the count before the statement, so that they never
             // touch the same row.
-            var binds = statement.binds()
-            let uses = "unnest(\(binds.add(blobs.map(\.key)))::text[], \(binds.add(blobs.map(\.value)))::bigint[]) AS u(hash, delta)"
-            statement.add("DELETE FROM blob b USING \(uses) WHERE b.hash = u.hash AND b.uses + u.delta <= 0", binds)
+            let uses: SQL = "unnest(\(blobs.map(\.key))::text[], \(blobs.map(\.value))::bigint[]) AS u(hash, delta)"
+            statement.add("DELETE FROM blob b USING \(uses) WHERE b.hash = u.hash AND b.uses + u.delta <= 0")
             statement.add(
                 """
                 INSERT INTO blob (hash, uses) SELECT u.hash, u.delta FROM \(uses) LEFT JOIN blob b ON b.hash = u.hash
                 WHERE coalesce(b.uses, 0) + u.delta > 0 ON CONFLICT (hash) DO UPDATE SET uses = blob.uses + EXCLUDED.uses
-                """, binds)
+                """)
         }
         if let counters = batch.counters {
             // This node's feed slot's position only: the search rows' sequence keeps the
             // last search row (`takeNumbers`).
-            var binds = statement.binds()
             statement.add(
                 """
-                INSERT INTO counter (name, value) VALUES (\(binds.add(FeedSlots.counterName(of: counters.slot))), \(binds.add(counters.changeSeq)))
+                INSERT INTO counter (name, value) VALUES (\(FeedSlots.counterName(of: counters.slot)), \(counters.changeSeq))
                 ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value
-                """, binds)
+                """)
         }
     }
 
@@ -396,116 +363,41 @@ extension PostgresStore {
     }
 
     static func values(_ message: MessageRow) -> [Value] {
-        [
-            .int(message.chat), .int(message.id), .int(message.sender), .text(message.tag), .text(message.content), .text(message.data),
-            .int(message.timestamp),
-            .bool(message.isControl), .bool(message.neverCountsUnread), .bool(message.isRecalled), .int(message.changeSeq), .int(message.searchRow),
-            .text(message.thumbName), .text(message.thumbBlob), .text(message.fileName), .text(message.fileBlob), .int(message.fileSize),
-            .text(message.attachment)
-        ]
-    }
-}
-
-extension PostgresStore.Binds {
-    mutating func add(_ value: PostgresStore.Value) -> String {
-        switch value {
-        case .int(let number): add(number)
-        case .text(let text): add(text)
-        case .bool(let flag): add(flag)
-        }
-    }
-
-    /// One column of rows (values of one type, as the first one is) as one array
-    /// parameter, cast to its SQL array type.
-    mutating func add(column values: [PostgresStore.Value]) -> String {
-        switch values.first {
-        case .int?, nil:
-            bindings.append(NullableArray(values.map { if case .int(let number) = $0 { number } else { nil } }))
-            return next() + "::bigint[]"
-        case .text?:
-            bindings.append(NullableArray(values.map { if case .text(let text) = $0 { text } else { nil } }))
-            return next() + "::text[]"
-        case .bool?:
-            bindings.append(NullableArray(values.map { if case .bool(let flag) = $0 { flag } else { nil } }))
-            return next() + "::boolean[]"
-        }
-    }
-}
-
-/// An array parameter whose elements may be NULL (postgres-nio's arrays cannot hold
-/// NULL), in PostgreSQL's binary array format: dimensions, whether a NULL is in it, the
-/// element type, length and lower bound, then each element (length -1 for NULL).
-struct NullableArray<Element: PostgresArrayEncodable & PostgresNonThrowingEncodable>: PostgresNonThrowingEncodable {
-    let elements: [Element?]
-
-    init(_ elements: [Element?]) {
-        self.elements = elements
-    }
-
-    static var psqlType: PostgresDataType { Element.psqlArrayType }
-    static var psqlFormat: PostgresFormat { .binary }
-
-    func encode<JSONEncoder: PostgresJSONEncoder>(into buffer: inout ByteBuffer, context: PostgresEncodingContext<JSONEncoder>) {
-        buffer.writeInteger(elements.isEmpty ? 0 : 1, as: Int32.self)
-        buffer.writeInteger(elements.contains { $0 == nil } ? 1 : 0, as: Int32.self)
-        buffer.writeInteger(Element.psqlType.rawValue)
-        guard !elements.isEmpty else { return }
-        buffer.writeInteger(Int32(elements.count))
-        buffer.writeInteger(1, as: Int32.self)
-        for element in elements {
-            guard let element else {
-                buffer.writeInteger(-1, as: Int32.self)
-                continue
-            }
-            let lengthAt = buffer.writerIndex
-            buffer.writeInteger(0, as: Int32.self)
-            let start = buffer.writerIndex
-            element.encode(into: &buffer, context: context)
-            buffer.setInteger(Int32(buffer.writerIndex - start), at: lengthAt)
-        }
+        MessageColumn.allCases.map { message[$0] }
     }
 }
 
 /// The writes of one commit, kept as the WITH clauses of one statement that `send(main:)`
-/// or `commit(main:)` sends: their parameters are numbered across all of them (take each
-/// clause's `binds()` from here and hand them back with `add`).
+/// or `commit(main:)` sends.
 final class OneStatement {
     let connection: PostgresConnection
     let store: PostgresStore
-    private var shared = PostgresStore.Binds()
-    private var clauses: [String] = []
+    private var clauses: [SQL] = []
 
     init(connection: PostgresConnection, store: PostgresStore) {
         self.connection = connection
         self.store = store
     }
 
-    /// Where the next clause's parameters go.
-    func binds() -> PostgresStore.Binds {
-        shared
+    func add(_ clause: SQL) {
+        clauses.append(clause)
     }
 
-    func add(_ sql: String, _ binds: PostgresStore.Binds) {
-        shared = binds
-        clauses.append(sql)
-    }
-
-    /// The clauses as the WITH clauses of `main` (made with the same parameters).
-    private func statement(_ main: (inout PostgresStore.Binds) -> String) -> PostgresQuery {
-        var binds = shared
-        let query = main(&binds)
-        let sql = clauses.isEmpty ? query : "WITH " + clauses.enumerated().map { "w\($0) AS (\($1))" }.joined(separator: ", ") + " " + query
-        return PostgresQuery(unsafeSQL: sql, binds: binds.bindings)
+    /// The clauses as the WITH clauses of `main`.
+    private func statement(_ main: SQL) -> SQL {
+        guard !clauses.isEmpty else { return main }
+        let with = clauses.enumerated().map { index, clause -> SQL in "w\(unescaped: String(index)) AS (\(clause))" }
+        return "WITH \(SQL(joining: with, separator: ", ")) \(main)"
     }
 
     /// Sends the statement inside a transaction block and waits for its answer.
-    func send(main: (inout PostgresStore.Binds) -> String) throws {
-        _ = try store.wait(for: connection.query(statement(main), logger: store.logger), on: connection)
+    func send(main: SQL) throws {
+        _ = try store.wait(for: connection.query(statement(main).query, logger: store.logger), on: connection)
     }
 
     /// Sends the statement as a transaction of its own and waits until it is committed
     /// (`PostgresStore.runCommitted`).
-    func commit(main: (inout PostgresStore.Binds) -> String) throws {
+    func commit(main: SQL) throws {
         try store.runCommitted(connection, statement(main))
     }
 }

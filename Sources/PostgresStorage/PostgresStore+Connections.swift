@@ -64,10 +64,9 @@ extension PostgresStore {
     static func connectOnce(_ location: Location, id: Int, logger: Logger) throws -> PostgresConnection {
         let future = PostgresConnection.connect(
             on: MultiThreadedEventLoopGroup.singleton.next(), configuration: location.configuration, id: id, logger: logger)
-        let outcome = Locked<Result<PostgresConnection, Error>?>(nil)
-        future.whenComplete { result in outcome.change { $0 = result } }
-        let seconds = Double(connectionPatience.components.seconds)
-        guard let result = outcome.wait(until: { $0 != nil }, deadline: Date(timeIntervalSinceNow: seconds), then: { $0 }) else {
+        let outcome = Outcome<PostgresConnection>()
+        future.whenComplete(outcome.complete)
+        guard let result = outcome.wait(until: .now + connectionPatience) else {
             future.whenSuccess { late in late.close().whenComplete { _ in } }
             throw ConnectTimedOut()
         }
@@ -155,11 +154,12 @@ extension PostgresStore {
     }
 
     static func wait<T: Sendable>(for future: EventLoopFuture<T>, on connection: PostgresConnection, patience: Duration) throws -> T {
-        let outcome = Locked<Result<T, Error>?>(nil)
-        future.whenComplete { result in outcome.change { $0 = result } }
+        let outcome = Outcome<T>()
+        future.whenComplete(outcome.complete)
         let deadline = ContinuousClock.now + patience
         var closedSince: ContinuousClock.Instant?
-        while outcome.wait(until: { $0 != nil }, deadline: Date(timeIntervalSinceNow: 0.1), then: { $0 == nil }) {
+        while true {
+            if let result = outcome.wait(until: .now + .milliseconds(100)) { return try result.get() }
             let now = ContinuousClock.now
             if connection.isClosed {
                 // An answer that came just before the close is being handed over.
@@ -172,15 +172,14 @@ extension PostgresStore {
                 throw StatementTimedOut(patience: patience)
             }
         }
-        return try outcome.withLock { $0! }.get()
     }
 
     // MARK: statements
 
     /// Runs one statement and returns its rows.
     @discardableResult
-    func run(_ connection: PostgresConnection, _ sql: String, _ binds: Binds = Binds()) throws -> PostgresQueryResult {
-        try wait(for: connection.query(PostgresQuery(unsafeSQL: sql, binds: binds.bindings), logger: logger), on: connection)
+    func run(_ connection: PostgresConnection, _ sql: SQL) throws -> PostgresQueryResult {
+        try wait(for: connection.query(sql.query, logger: logger), on: connection)
     }
 
     /// Runs one statement that writes, as its own (implicit) transaction, and returns its
@@ -195,62 +194,12 @@ extension PostgresStore {
     /// it costs the server one more round trip but the caller no more waiting than that.
     /// Without it a send could be announced `Sent` and never be stored.
     @discardableResult
-    func runCommitted(_ connection: PostgresConnection, _ query: PostgresQuery) throws -> PostgresQueryResult {
-        let answer = connection.query(query, logger: logger)
-        let confirmation = connection.query(PostgresQuery(unsafeSQL: ""), logger: logger)
+    func runCommitted(_ connection: PostgresConnection, _ sql: SQL) throws -> PostgresQueryResult {
+        let answer = connection.query(sql.query, logger: logger)
+        let confirmation = connection.query("", logger: logger)
         let rows = try wait(for: answer, on: connection)
         _ = try wait(for: confirmation, on: connection)
         return rows
-    }
-
-    /// Bound values of one statement; `add` returns the placeholder that names each.
-    struct Binds {
-        var bindings = PostgresBindings()
-        private(set) var count = 0
-
-        init() {}
-
-        mutating func add(_ value: Int64) -> String {
-            bindings.append(value)
-            return next()
-        }
-        mutating func add(_ value: Int64?) -> String {
-            bindings.append(value)
-            return next()
-        }
-        mutating func add(_ value: String) -> String {
-            bindings.append(value)
-            return next()
-        }
-        mutating func add(_ value: String?) -> String {
-            bindings.append(value)
-            return next()
-        }
-        mutating func add(_ value: Bool) -> String {
-            bindings.append(value)
-            return next()
-        }
-        mutating func add(_ value: Double) -> String {
-            bindings.append(value)
-            return next()
-        }
-        mutating func add(_ value: [Int64]) -> String {
-            bindings.append(value)
-            return next()
-        }
-        mutating func add(_ value: [String]) -> String {
-            bindings.append(value)
-            return next()
-        }
-        mutating func add(_ value: [Int32]) -> String {
-            bindings.append(value)
-            return next()
-        }
-
-        mutating func next() -> String {
-            count += 1
-            return "$\(count)"
-        }
     }
 
     /// An error in words (PostgreSQL's own message and SQLSTATE when the server sent one).

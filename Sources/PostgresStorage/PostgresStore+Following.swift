@@ -28,18 +28,17 @@ extension PostgresStore {
         let (rewrittenChat, rewrittenId) = pairs(entry.rewritten)
         let (insertedChat, insertedId) = pairs(entry.inserted)
         let (memberChat, memberUser) = pairs(entry.members)
-        var binds = statement.binds()
-        let slot = binds.add(Int64(batch.feedSlot))
+        let slot = Int64(batch.feedSlot)
         // Unmoved, the slot's position is the one its counter holds before this commit.
-        let upTo =
-            "coalesce(\(binds.add(batch.counters?.changeSeq))::bigint, (SELECT value FROM counter WHERE name = \(binds.add(FeedSlots.counterName(of: batch.feedSlot)))), \(binds.add(FeedSlots.base(of: batch.feedSlot))))"
+        let upTo: SQL =
+            "coalesce(\(batch.counters?.changeSeq)::bigint, (SELECT value FROM counter WHERE name = \(FeedSlots.counterName(of: batch.feedSlot))), \(FeedSlots.base(of: batch.feedSlot)))"
         statement.add(
             """
             INSERT INTO node_commit (slot, "feedUpTo", chats, users, "rewrittenChat", "rewrittenId", "insertedChat", "insertedId", "memberChat", "memberUser")
-            VALUES (\(slot)::int, \(upTo), \(binds.add(entry.chats))::bigint[], \(binds.add(entry.users))::bigint[],
-                    \(binds.add(rewrittenChat))::bigint[], \(binds.add(rewrittenId))::bigint[], \(binds.add(insertedChat))::bigint[],
-                    \(binds.add(insertedId))::bigint[], \(binds.add(memberChat))::bigint[], \(binds.add(memberUser))::bigint[])
-            """, binds)
+            VALUES (\(slot)::int, \(upTo), \(entry.chats)::bigint[], \(entry.users)::bigint[],
+                    \(rewrittenChat)::bigint[], \(rewrittenId)::bigint[], \(insertedChat)::bigint[],
+                    \(insertedId)::bigint[], \(memberChat)::bigint[], \(memberUser)::bigint[])
+            """)
     }
 
     /// What a node is told of the others' doings: every commit, change of who is
@@ -92,7 +91,7 @@ extension PostgresStore {
                 self?.told(notification.payload, ownSlot: ownSlot)
             }
             // addListener asks for it too; this one is answered once it holds.
-            try run(connection, "LISTEN \(PostgresStore.followChannel)")
+            try run(connection, "LISTEN \(unescaped: PostgresStore.followChannel)")
             let wake = shared.withLock { s -> (@Sendable () -> Void)? in
                 s.told.listener = connection
                 // Whatever happened while nobody listened is read.
@@ -200,19 +199,18 @@ extension PostgresStore {
     private func look(besides slot: Int, after cursor: FollowCursor, _ connection: PostgresConnection) throws
         -> (commits: Bool, online: Set<Int64>, events: Bool)
     {
-        var binds = Binds()
-        let known = PostgresStore.known(cursor.commits, &binds)
-        let heard = PostgresStore.known(cursor.transient, &binds)
-        let sql = """
-            SELECT EXISTS (SELECT 1 FROM \(PostgresStore.after(known, besides: slot, &binds))
-                           JOIN LATERAL (SELECT 1 FROM node_commit c WHERE \(PostgresStore.inSlotAfter("c")) LIMIT 1) c ON true)
-                   OR EXISTS (SELECT 1 FROM node_commit_trimmed t LEFT JOIN \(PostgresStore.known(cursor.commits, &binds)) ON k.slot = t.slot
+        let known = PostgresStore.known(cursor.commits)
+        let heard = PostgresStore.known(cursor.transient)
+        let sql: SQL = """
+            SELECT EXISTS (SELECT 1 FROM \(PostgresStore.after(known, besides: slot))
+                           JOIN LATERAL (SELECT 1 FROM node_commit c WHERE \(unescaped: PostgresStore.inSlotAfter("c")) LIMIT 1) c ON true)
+                   OR EXISTS (SELECT 1 FROM node_commit_trimmed t LEFT JOIN \(known) ON k.slot = t.slot
                               WHERE t."upTo" > coalesce(k."number", 0)),
-                   ARRAY(SELECT DISTINCT "user" FROM node_online WHERE slot <> \(binds.add(Int64(slot)))::int),
-                   EXISTS (SELECT 1 FROM \(PostgresStore.after(heard, besides: slot, &binds))
-                           JOIN LATERAL (SELECT 1 FROM node_event e WHERE \(PostgresStore.inSlotAfter("e")) LIMIT 1) e ON true)
+                   ARRAY(SELECT DISTINCT "user" FROM node_online WHERE slot <> \(Int64(slot))::int),
+                   EXISTS (SELECT 1 FROM \(PostgresStore.after(heard, besides: slot))
+                           JOIN LATERAL (SELECT 1 FROM node_event e WHERE \(unescaped: PostgresStore.inSlotAfter("e")) LIMIT 1) e ON true)
             """
-        guard let row = try run(connection, sql, binds).first else { return (true, [], true) }
+        guard let row = try run(connection, sql).first else { return (true, [], true) }
         let (commits, online, events) = try row.decode((Bool, [Int64], Bool).self)
         return (commits, Set(online), events)
     }
@@ -227,16 +225,14 @@ extension PostgresStore {
             }
             var next = cursor
             var activity = OthersActivity(cursor: cursor)
-            var binds = Binds()
-            let known = PostgresStore.known(cursor.commits, &binds)
             let commits = try run(
                 connection,
                 """
                 SELECT c.slot, c."number", c."feedUpTo", c.chats, c.users, c."rewrittenChat", c."rewrittenId", c."insertedChat", c."insertedId",
                        c."memberChat", c."memberUser"
-                FROM \(PostgresStore.after(known, besides: slot, &binds))
-                JOIN LATERAL (SELECT * FROM node_commit c WHERE \(PostgresStore.inSlotAfter("c"))) c ON true ORDER BY c.slot, c."number"
-                """, binds)
+                FROM \(PostgresStore.after(PostgresStore.known(cursor.commits), besides: slot))
+                JOIN LATERAL (SELECT * FROM node_commit c WHERE \(unescaped: PostgresStore.inSlotAfter("c"))) c ON true ORDER BY c.slot, c."number"
+                """)
             for row in commits {
                 let (slot32, number, upTo, chats, users, rewrittenChat, rewrittenId, insertedChat, insertedId, memberChat, memberUser) =
                     try row.decode((Int32, Int64, Int64, [Int64], [Int64], [Int64], [Int64], [Int64], [Int64], [Int64], [Int64]).self)
@@ -255,14 +251,12 @@ extension PostgresStore {
             if !numbers.isEmpty { activity.chats = try chatsAsFollowed(numbers, on: connection) }
             let users = Set(activity.commits.flatMap(\.users)).sorted()
             if !users.isEmpty {
-                var binds = Binds()
-                let wanted = binds.add(users)
-                activity.users = try run(connection, "SELECT \(Columns.user) FROM \"user\" WHERE \"number\" = ANY(\(wanted)::bigint[])", binds).map {
+                activity.users = try run(connection, "SELECT \(unescaped: Columns.user) FROM \"user\" WHERE \"number\" = ANY(\(users)::bigint[])").map {
                     let (number, userId, regId) = try $0.decode((Int64, String, Int64).self)
                     return UserRecord(number: number, userId: userId, regId: regId)
                 }
                 activity.endpoints = try run(
-                    connection, "SELECT \(Columns.endpoint) FROM endpoint WHERE \"user\" = ANY(\(wanted)::bigint[]) ORDER BY ordinal", binds
+                    connection, "SELECT \(unescaped: Columns.endpoint) FROM endpoint WHERE \"user\" = ANY(\(users)::bigint[]) ORDER BY ordinal"
                 ).map {
                     let (id, user, description, nickname, isLegacyDelegate, ordinal) = try $0.decode((Int64, Int64, String, String, Bool, Int64).self)
                     return EndpointRow(id: id, user: user, description: description, nickname: nickname, isLegacyDelegate: isLegacyDelegate, ordinal: ordinal)
@@ -279,14 +273,12 @@ extension PostgresStore {
     /// others keeps its own counters (`Engine.replace`).
     private func chatsAsFollowed(_ numbers: [Int64], on connection: PostgresConnection) throws -> StoreDirectory {
         var directory = StoreDirectory()
-        var binds = Binds()
-        let wanted = binds.add(numbers)
         let chats = try run(
             connection,
             """
-            SELECT \(Columns.chat), coalesce(v.version, 0) FROM chat LEFT JOIN chat_version v ON v.chat = chat."number"
-            WHERE chat."number" = ANY(\(wanted)::bigint[]) ORDER BY chat."number"
-            """, binds)
+            SELECT \(unescaped: Columns.chat), coalesce(v.version, 0) FROM chat LEFT JOIN chat_version v ON v.chat = chat."number"
+            WHERE chat."number" = ANY(\(numbers)::bigint[]) ORDER BY chat."number"
+            """)
         for row in chats {
             var cells = Cells(row, of: "chat")
             let chat = try PostgresStore.chat(&cells)
@@ -302,14 +294,12 @@ extension PostgresStore {
         do {
             var next = activity.cursor
             let cursor = activity.cursor
-            var eventBinds = Binds()
-            let heard = PostgresStore.known(cursor.transient, &eventBinds)
             let events = try run(
                 connection,
                 """
-                SELECT e.slot, e."number", e.kind, e."user", e.chat, e.tag, e.data FROM \(PostgresStore.after(heard, besides: slot, &eventBinds))
-                JOIN LATERAL (SELECT * FROM node_event e WHERE \(PostgresStore.inSlotAfter("e"))) e ON true ORDER BY e."number"
-                """, eventBinds)
+                SELECT e.slot, e."number", e.kind, e."user", e.chat, e.tag, e.data FROM \(PostgresStore.after(PostgresStore.known(cursor.transient), besides: slot))
+                JOIN LATERAL (SELECT * FROM node_event e WHERE \(unescaped: PostgresStore.inSlotAfter("e"))) e ON true ORDER BY e."number"
+                """)
             for row in events {
                 let (sender, number, kind, user, chat, tag, data) = try row.decode((Int32, Int64, String, Int64, Int64, String?, String?).self)
                 next.transient[Int(sender)] = max(next.transient[Int(sender)] ?? 0, number)
@@ -326,7 +316,7 @@ extension PostgresStore {
     /// A cursor at what is committed now: each slot's last row, event and feed position.
     private func now(_ connection: PostgresConnection) throws -> OthersActivity {
         var now = FollowCursor()
-        let sql = """
+        let sql: SQL = """
             SELECT 'commit', slot, max(n) FROM (SELECT slot, "number" AS n FROM node_commit UNION ALL SELECT slot, "upTo" FROM node_commit_trimmed) c GROUP BY slot
             UNION ALL SELECT 'event', slot, max("number") FROM node_event GROUP BY slot
             """
@@ -341,10 +331,10 @@ extension PostgresStore {
     /// Every slot but `slot`, with the number read up to in it (`known`, else 0), as a
     /// table `s(slot, after)`: joined laterally with a table's rows of each slot after
     /// it, each slot's are read by the index on (slot, number), however long the table.
-    private static func after(_ known: String, besides slot: Int, _ binds: inout Binds) -> String {
+    private static func after(_ known: SQL, besides slot: Int) -> SQL {
         """
-        (SELECT g.slot, coalesce(k."number", 0) AS "after" FROM generate_series(0, \(FeedSlots.count - 1)) AS g(slot)
-         LEFT JOIN \(known) ON k.slot = g.slot WHERE g.slot <> \(binds.add(Int64(slot)))::int) AS s
+        (SELECT g.slot, coalesce(k."number", 0) AS "after" FROM generate_series(0, \(unescaped: String(FeedSlots.count - 1))) AS g(slot)
+         LEFT JOIN \(known) ON k.slot = g.slot WHERE g.slot <> \(Int64(slot))::int) AS s
         """
     }
 
@@ -357,9 +347,9 @@ extension PostgresStore {
     }
 
     /// `(slot, number)` pairs as a table `k` to join with.
-    private static func known(_ numbers: [Int: Int64], _ binds: inout Binds) -> String {
+    private static func known(_ numbers: [Int: Int64]) -> SQL {
         let slots = numbers.keys.sorted()
-        return "unnest(\(binds.add(slots.map { Int32($0) }))::int[], \(binds.add(slots.map { numbers[$0]! }))::bigint[]) AS k(slot, \"number\")"
+        return "unnest(\(slots.map { Int32($0) })::int[], \(slots.map { numbers[$0]! })::bigint[]) AS k(slot, \"number\")"
     }
 
     private static func grouped(_ keys: [Int64], _ values: [Int64]) -> [Int64: [Int64]] {
@@ -370,14 +360,13 @@ extension PostgresStore {
 
     public func announceOnline(slot: Int, joined: [Int64], left: [Int64]) throws {
         try withConnection { connection in
-            var binds = Binds()
-            let which = binds.add(Int64(slot))
+            let which = Int64(slot)
             try run(
                 connection,
                 """
-                WITH joined AS (INSERT INTO node_online (slot, "user") SELECT \(which)::int, u FROM unnest(\(binds.add(joined))::bigint[]) u ON CONFLICT DO NOTHING)
-                DELETE FROM node_online WHERE slot = \(which)::int AND "user" = ANY(\(binds.add(left))::bigint[])
-                """, binds)
+                WITH joined AS (INSERT INTO node_online (slot, "user") SELECT \(which)::int, u FROM unnest(\(joined)::bigint[]) u ON CONFLICT DO NOTHING)
+                DELETE FROM node_online WHERE slot = \(which)::int AND "user" = ANY(\(left)::bigint[])
+                """)
         }
     }
 
@@ -388,13 +377,12 @@ extension PostgresStore {
             case .chatEvent(let user, let chat, let tag, let data): ("chatEvent", user, chat, tag, data)
             }
         try withConnection { connection in
-            var binds = Binds()
-            try run(
+            _ = try run(
                 connection,
                 """
                 INSERT INTO node_event (slot, kind, "user", chat, tag, data)
-                VALUES (\(binds.add(Int64(slot)))::int, \(binds.add(kind)), \(binds.add(user)), \(binds.add(chat)), \(binds.add(tag)), \(binds.add(data)))
-                """, binds)
+                VALUES (\(Int64(slot))::int, \(kind), \(user), \(chat), \(tag), \(data))
+                """)
         }
     }
 
@@ -403,19 +391,18 @@ extension PostgresStore {
     /// slot (it stopped or died: a message to them is no longer delivered as if they were
     /// connected). Every deciding node does, every second.
     func trimFollowed(on connection: PostgresConnection) throws {
-        var binds = Binds()
         try run(
             connection,
             """
-            WITH gone AS (DELETE FROM node_commit WHERE at < now() - interval '\(PostgresStore.followedSeconds) seconds' RETURNING slot, "number"),
+            WITH gone AS (DELETE FROM node_commit WHERE at < now() - interval '\(unescaped: String(PostgresStore.followedSeconds)) seconds' RETURNING slot, "number"),
             trimmed AS (INSERT INTO node_commit_trimmed (slot, "upTo") SELECT slot, max("number") FROM gone GROUP BY slot
                         ON CONFLICT (slot) DO UPDATE SET "upTo" = greatest(node_commit_trimmed."upTo", EXCLUDED."upTo")),
             offline AS (DELETE FROM node_online o WHERE NOT EXISTS (
                 SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted
                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                AND l.classid::bigint * 4294967296 + l.objid::bigint = \(binds.add(PostgresStore.feedSlotLockKey)) + o.slot))
-            DELETE FROM node_event WHERE at < now() - interval '\(PostgresStore.followedSeconds) seconds'
-            """, binds)
+                AND l.classid::bigint * 4294967296 + l.objid::bigint = \(PostgresStore.feedSlotLockKey) + o.slot))
+            DELETE FROM node_event WHERE at < now() - interval '\(unescaped: String(PostgresStore.followedSeconds)) seconds'
+            """)
     }
 }
 

@@ -384,9 +384,8 @@ extension PostgresStore {
         let applied = Set(try run(connection, "SELECT name FROM chatcore_migration").map { try $0.decode(String.self) })
         for migration in PostgresStore.migrations where !applied.contains(migration.name) {
             logger.info("applying a store migration", metadata: ["migration": "\(migration.name)"])
-            for statement in migration.sql { try run(connection, statement) }
-            var binds = Binds()
-            try run(connection, "INSERT INTO chatcore_migration (name) VALUES (\(binds.add(migration.name)))", binds)
+            for statement in migration.sql { try run(connection, "\(unescaped: statement)") }
+            try run(connection, "INSERT INTO chatcore_migration (name) VALUES (\(migration.name))")
         }
         try run(connection, "COMMIT")
     }

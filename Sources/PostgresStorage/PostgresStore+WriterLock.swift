@@ -36,15 +36,13 @@ extension PostgresStore {
     func takeSlotEpoch() throws {
         let slot = Int64(feedSlot)
         try withConnection { connection in
-            var binds = Binds()
             let rows = try runCommitted(
                 connection,
-                PostgresQuery(
-                    unsafeSQL: """
-                        WITH taken AS (UPDATE slot_epoch SET epoch = epoch + 1 WHERE slot = \(binds.add(slot))::int RETURNING epoch),
-                        gone AS (DELETE FROM node_online WHERE slot = \(binds.add(slot))::int)
-                        SELECT epoch FROM taken
-                        """, binds: binds.bindings))
+                """
+                WITH taken AS (UPDATE slot_epoch SET epoch = epoch + 1 WHERE slot = \(slot)::int RETURNING epoch),
+                gone AS (DELETE FROM node_online WHERE slot = \(slot)::int)
+                SELECT epoch FROM taken
+                """)
             guard let taken = try rows.first?.decode(Int64.self) else {
                 throw OpenError(description: "the store \(location) has no slot_epoch row for feed slot \(slot): it was changed by hand")
             }
@@ -74,8 +72,7 @@ extension PostgresStore {
     func takeSlotAgain() throws {
         let connection = try connect()
         let (slot, epoch) = shared.withLock { s in (s.slot, s.slotEpoch) }
-        var binds = Binds()
-        let current = try? run(connection, "SELECT epoch FROM slot_epoch WHERE slot = \(binds.add(Int64(slot)))::int", binds).first?.decode(Int64.self)
+        let current = try? run(connection, "SELECT epoch FROM slot_epoch WHERE slot = \(Int64(slot))::int").first?.decode(Int64.self)
         guard (try? lockFeedSlot(slot, on: connection)) == true, current == epoch else {
             try? connection.close().wait()
             throw StoreFailure(.superseded, "another node took feed slot \(slot), in which this node numbers its changes: this one stops")
@@ -141,8 +138,8 @@ extension PostgresStore {
 
     /// Says that this writer is alive now (`writer_beat`), if its epoch is still the one.
     func beat(on connection: PostgresConnection) throws {
-        var binds = Binds()
-        try run(connection, "UPDATE writer_beat SET beat = now() WHERE id = 1 AND epoch = \(binds.add(shared.withLock { s in s.epoch }))", binds)
+        let epoch = shared.withLock { s in s.epoch }
+        try run(connection, "UPDATE writer_beat SET beat = now() WHERE id = 1 AND epoch = \(epoch)")
     }
 
     /// Says that this writer is alive every `beatSeconds` (`writer_beat`, on the lock's
@@ -185,17 +182,15 @@ extension PostgresStore {
         // new process bound there that is not serving yet, with the old credential; with
         // three statements, a relaying node could read the old address after the epoch
         // moved on.
-        var binds = Binds()
         let rows = try runCommitted(
             connection,
-            PostgresQuery(
-                unsafeSQL: """
-                    WITH taken AS (UPDATE writer_epoch SET epoch = epoch + 1, since = now() WHERE id = 1 RETURNING epoch),
-                    beat AS (INSERT INTO writer_beat (id, node, epoch, beat) SELECT 1, \(binds.add(PostgresStore.nodeName)), epoch, now() FROM taken
-                             ON CONFLICT (id) DO UPDATE SET node = EXCLUDED.node, epoch = EXCLUDED.epoch, beat = EXCLUDED.beat),
-                    gone AS (DELETE FROM writer_node)
-                    SELECT epoch FROM taken
-                    """, binds: binds.bindings))
+            """
+            WITH taken AS (UPDATE writer_epoch SET epoch = epoch + 1, since = now() WHERE id = 1 RETURNING epoch),
+            beat AS (INSERT INTO writer_beat (id, node, epoch, beat) SELECT 1, \(PostgresStore.nodeName), epoch, now() FROM taken
+                     ON CONFLICT (id) DO UPDATE SET node = EXCLUDED.node, epoch = EXCLUDED.epoch, beat = EXCLUDED.beat),
+            gone AS (DELETE FROM writer_node)
+            SELECT epoch FROM taken
+            """)
         guard let taken = try rows.first?.decode(Int64.self) else {
             throw OpenError(description: "the store \(location) has no writer_epoch row: it was changed by hand")
         }
@@ -207,19 +202,19 @@ extension PostgresStore {
     /// (SQLSTATE `CCW01`), and the commit with it, unless this process's epoch is still
     /// the database's, and holds the row so the next writer's increment waits for the
     /// commit.
-    func fence(_ binds: inout Binds) -> String {
+    func fence() -> SQL {
         let (epoch, slot, slotEpoch) = shared.withLock { s in (s.epoch, s.slot, s.slotEpoch) }
-        let slotFence = "chatcore_slot_fence(\(binds.add(Int64(slot)))::int, \(binds.add(slotEpoch)))"
+        let slotFence: SQL = "chatcore_slot_fence(\(Int64(slot))::int, \(slotEpoch))"
         guard isWriter else { return "SELECT " + slotFence }
-        let writerFence = "chatcore_fence(\(binds.add(epoch)))"
+        let writerFence: SQL = "chatcore_fence(\(epoch))"
         return "SELECT " + (allNodesDecide ? writerFence + ", " + slotFence : writerFence)
     }
 
     /// The clause that moves on the versions of the chats a batch changes, or raises
     /// `CCC01` (`chatcore_claim`); nil when it changes none.
-    static func claim(_ versions: [ChatVersion], _ binds: inout Binds) -> String? {
+    static func claim(_ versions: [ChatVersion]) -> SQL? {
         guard !versions.isEmpty else { return nil }
-        return "chatcore_claim(\(binds.add(versions.map(\.chat)))::bigint[], \(binds.add(versions.map(\.version)))::bigint[])"
+        return "chatcore_claim(\(versions.map(\.chat))::bigint[], \(versions.map(\.version))::bigint[])"
     }
 
     /// SQLSTATEs of a commit that lost to another node's and may be decided again: the
@@ -282,14 +277,12 @@ extension PostgresStore {
     /// none, it has no node key).
     public func advertise(_ address: String, instance: String) throws {
         try withConnection { connection in
-            var binds = Binds()
-            try runCommitted(
+            _ = try runCommitted(
                 connection,
-                PostgresQuery(
-                    unsafeSQL: """
-                        INSERT INTO writer_node (id, address, instance, since) VALUES (1, \(binds.add(address)), \(binds.add(instance)), now())
-                        ON CONFLICT (id) DO UPDATE SET address = EXCLUDED.address, instance = EXCLUDED.instance, since = EXCLUDED.since
-                        """, binds: binds.bindings))
+                """
+                INSERT INTO writer_node (id, address, instance, since) VALUES (1, \(address), \(instance), now())
+                ON CONFLICT (id) DO UPDATE SET address = EXCLUDED.address, instance = EXCLUDED.instance, since = EXCLUDED.since
+                """)
         }
     }
 
@@ -323,7 +316,7 @@ extension PostgresStore {
                 }
                 do {
                     while true {
-                        let taken = try ask(connection, PostgresQuery(unsafeSQL: "SELECT pg_try_advisory_lock(\(PostgresStore.writerLockKey))"), logger: logger)
+                        let taken = try ask(connection, "SELECT pg_try_advisory_lock(\(PostgresStore.writerLockKey))", logger: logger)
                         if try taken.first?.decode(Bool.self) == true { return WriterLock(connection: connection) }
                         try endSilentWriter(connection, after: takeoverAfter, logger: logger)
                         Thread.sleep(forTimeInterval: 0.2)
@@ -341,30 +334,26 @@ extension PostgresStore {
 
         /// One statement of the waiting connection, which fails (instead of waiting for
         /// ever) when the connection closes under it (PostgreSQL restarted).
-        private static func ask(_ connection: PostgresConnection, _ query: PostgresQuery, logger: Logger) throws -> PostgresQueryResult {
-            try PostgresStore.wait(for: connection.query(query, logger: logger), on: connection, patience: .seconds(60))
+        private static func ask(_ connection: PostgresConnection, _ sql: SQL, logger: Logger) throws -> PostgresQueryResult {
+            try PostgresStore.wait(for: connection.query(sql.query, logger: logger), on: connection, patience: .seconds(60))
         }
 
         /// Ends the sessions of a writer whose last beat is more than `seconds` old (by
         /// the server's clock, the same for every node). Nothing when the database has no
         /// beat yet (a new store, or one of an older release being migrated).
         private static func endSilentWriter(_ connection: PostgresConnection, after seconds: Double, logger: Logger) throws {
-            var binds = Binds()
-            let query = PostgresQuery(
-                unsafeSQL: """
-                    SELECT node, extract(epoch FROM now() - beat)::float8 FROM writer_beat
-                    WHERE id = 1 AND now() - beat > make_interval(secs => \(binds.add(seconds)))
-                    """, binds: binds.bindings)
+            let query: SQL = """
+                SELECT node, extract(epoch FROM now() - beat)::float8 FROM writer_beat
+                WHERE id = 1 AND now() - beat > make_interval(secs => \(seconds))
+                """
             guard let rows = try? ask(connection, query, logger: logger), let row = rows.first else { return }
             let (node, silent) = try row.decode((String, Double).self)
-            var named = Binds()
             let ended = try ask(
                 connection,
-                PostgresQuery(
-                    unsafeSQL: """
-                        SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-                        WHERE application_name = \(named.add(node)) AND pid <> pg_backend_pid()
-                        """, binds: named.bindings), logger: logger)
+                """
+                SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+                WHERE application_name = \(node) AND pid <> pg_backend_pid()
+                """, logger: logger)
             let count = try ended.first?.decode(Int64.self) ?? 0
             if count > 0 {
                 logger.warning(
@@ -394,8 +383,8 @@ extension PostgresStore {
             guard let connection = try? PostgresStore.connect(location, id: 1_000_001, patience: .seconds(5), logger: logger) else { return nil }
             defer { try? connection.close().wait() }
             // The table exists once a writer migrated the database.
-            let query = PostgresQuery(unsafeSQL: "SELECT \(columns) FROM writer_node WHERE id = 1")
-            return (try? PostgresStore.wait(for: connection.query(query, logger: logger), on: connection, patience: connectionPatience))?.first
+            let query: SQL = "SELECT \(unescaped: columns) FROM writer_node WHERE id = 1"
+            return (try? PostgresStore.wait(for: connection.query(query.query, logger: logger), on: connection, patience: connectionPatience))?.first
         }
     }
 }

@@ -108,62 +108,50 @@ extension MemberRow: SelectedInOrder, PersistableRecord {
     }
 }
 
-extension MessageRow: SelectedInOrder, PersistableRecord {
+extension MessageRow: FetchableRecord, TableRecord, PersistableRecord {
     public static let databaseTableName = "message"
-    enum Field: Int, CaseIterable {
-        case chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow
-        case thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment
-    }
+    /// `"a", "b", ...`: the table's columns (`MessageColumn`), in order.
+    static let selectionSQL = MessageColumn.allCases.map { "\"\($0.rawValue)\"" }.joined(separator: ", ")
+    public static var databaseSelection: [any SQLSelectable] { MessageColumn.allCases.map { Column($0.rawValue) } }
 
     /// The message's own columns (references, counts and private states are rows of
     /// their own tables, read beside it).
     public init(row: Row) throws {
-        self.init(
-            chat: row[Field.chat.rawValue], id: row[Field.id.rawValue], sender: row[Field.sender.rawValue], tag: row[Field.tag.rawValue],
-            content: row[Field.content.rawValue],
-            data: row[Field.data.rawValue], refs: [], timestamp: row[Field.timestamp.rawValue], isControl: row[Field.isControl.rawValue],
-            neverCountsUnread: row[Field.neverCountsUnread.rawValue], isRecalled: row[Field.isRecalled.rawValue], changeSeq: row[Field.changeSeq.rawValue],
-            searchRow: row[Field.searchRow.rawValue])
-        thumbName = row[Field.thumbName.rawValue]
-        thumbBlob = row[Field.thumbBlob.rawValue]
-        fileName = row[Field.fileName.rawValue]
-        fileBlob = row[Field.fileBlob.rawValue]
-        fileSize = row[Field.fileSize.rawValue]
-        attachment = row[Field.attachment.rawValue]
+        var index = 0
+        self.init { column in
+            defer { index += 1 }
+            return switch column.kind {
+            case .int: .int(row[index] as Int64)
+            case .optionalInt: .int(row[index] as Int64?)
+            case .text: .text(row[index] as String)
+            case .optionalText: .text(row[index] as String?)
+            case .bool: .bool(row[index] as Bool)
+            }
+        }
     }
 
     /// One prepared INSERT of every column, bound by position: the hot write path (a
     /// record's `insert` builds its statement's SQL and a container per row, a third of a
     /// send's store time).
-    static let insertSQL = "INSERT INTO message (\(selectionSQL)) VALUES (\(Field.allCases.map { _ in "?" }.joined(separator: ", ")))"
+    static let insertSQL = "INSERT INTO message (\(selectionSQL)) VALUES (\(MessageColumn.allCases.map { _ in "?" }.joined(separator: ", ")))"
 
-    /// The values of the columns, in the order of `Field`.
+    /// The values of the columns, in order.
     var insertArguments: StatementArguments {
-        [
-            chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow,
-            thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment
-        ]
+        StatementArguments(MessageColumn.allCases.map { self[$0].databaseValue })
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
-        container["chat"] = chat
-        container["id"] = id
-        container["sender"] = sender
-        container["tag"] = tag
-        container["content"] = content
-        container["data"] = data
-        container["timestamp"] = timestamp
-        container["isControl"] = isControl
-        container["neverCountsUnread"] = neverCountsUnread
-        container["isRecalled"] = isRecalled
-        container["changeSeq"] = changeSeq
-        container["searchRow"] = searchRow
-        container["thumbName"] = thumbName
-        container["thumbBlob"] = thumbBlob
-        container["fileName"] = fileName
-        container["fileBlob"] = fileBlob
-        container["fileSize"] = fileSize
-        container["attachment"] = attachment
+        for column in MessageColumn.allCases { container[column.rawValue] = self[column].databaseValue }
+    }
+}
+
+extension StoredValue {
+    var databaseValue: DatabaseValue {
+        switch self {
+        case .int(let value): value.databaseValue
+        case .text(let value): value.databaseValue
+        case .bool(let value): value.databaseValue
+        }
     }
 }
 

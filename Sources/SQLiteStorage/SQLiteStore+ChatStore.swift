@@ -313,13 +313,13 @@ extension SQLiteStore: ChatStore {
     }
 
     private func write(_ batch: StoreBatch, db: Database) throws {
-        for user in batch.newUsers { try user.insert(db) }
-        for endpoint in batch.endpoints { try endpoint.insert(db, onConflict: .replace) }
-        for id in batch.removedEndpoints { _ = try EndpointRow.deleteOne(db, key: id) }
-        for chat in batch.newChats { try chat.insert(db) }
-        for update in batch.chatUpdates { try update.row.update(db, columns: update.columns.map(\.rawValue)) }
-        for member in batch.members { try member.insert(db, onConflict: .replace) }
-        for update in batch.memberUpdates { try update.row.update(db, columns: update.columns.map(\.rawValue)) }
+        for user in batch.directory.newUsers { try user.insert(db) }
+        for endpoint in batch.directory.endpoints { try endpoint.insert(db, onConflict: .replace) }
+        for id in batch.directory.removedEndpoints { _ = try EndpointRow.deleteOne(db, key: id) }
+        for chat in batch.directory.newChats { try chat.insert(db) }
+        for update in batch.directory.chatUpdates { try update.row.update(db, columns: update.columns.map(\.rawValue)) }
+        for member in batch.directory.members { try member.insert(db, onConflict: .replace) }
+        for update in batch.directory.memberUpdates { try update.row.update(db, columns: update.columns.map(\.rawValue)) }
         if !batch.newMessages.isEmpty {
             let insertRef = try db.cachedStatement(sql: "INSERT OR IGNORE INTO message_ref (chat, source, tag, target) VALUES (?, ?, ?, ?)")
             let insertMessage = try db.cachedStatement(sql: MessageRow.insertSQL)

@@ -46,9 +46,9 @@ public struct FollowedCommit: Sendable, Equatable {
     /// process in its feed slot (`StoreBatch.feedSlot`) whose feed position was
     /// `feedAfter` before it (its counters hold where it is after).
     public init(of batch: StoreBatch, feedAfter: Int64) {
-        var users = Set(batch.newUsers.map(\.number))
-        users.formUnion(batch.endpoints.map(\.user))
-        users.formUnion(batch.endpointUsers)
+        var users = Set(batch.directory.newUsers.map(\.number))
+        users.formUnion(batch.directory.endpoints.map(\.user))
+        users.formUnion(batch.directory.endpointUsers)
         var rewritten: [Int64: Set<Int64>] = [:]
         for update in batch.messageUpdates { rewritten[update.row.chat, default: []].insert(update.row.id) }
         for state in batch.privateStates { rewritten[state.chat, default: []].insert(state.id) }
@@ -56,8 +56,8 @@ public struct FollowedCommit: Sendable, Equatable {
         var inserted: [Int64: [Int64]] = [:]
         for message in batch.newMessages { inserted[message.chat, default: []].append(message.id) }
         var members: [Int64: Set<Int64>] = [:]
-        for member in batch.members { members[member.chat, default: []].insert(member.user) }
-        for update in batch.memberUpdates where !update.columns.isDisjoint(with: [.isActive, .isAdmin, .joinedAt]) {
+        for member in batch.directory.members { members[member.chat, default: []].insert(member.user) }
+        for update in batch.directory.memberUpdates where !update.columns.isDisjoint(with: [.isActive, .isAdmin, .joinedAt]) {
             members[update.row.chat, default: []].insert(update.row.user)
         }
         self.init(

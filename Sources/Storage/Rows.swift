@@ -189,63 +189,6 @@ public struct MessageUserRow: Sendable, Equatable {
     }
 }
 
-/// A message as everyone sees it, with what refers to it and what each user changed of
-/// it for themselves.
-public struct MessageRow: Sendable, Equatable {
-    public var chat: Int64
-    public var id: Int64
-    public var sender: Int64
-    public var tag: String
-    public var content: String?
-    public var data: String?
-    public var refs: [RefRow]
-    public var timestamp: Int64
-    public var isControl: Bool
-    public var neverCountsUnread: Bool
-    public var isRecalled: Bool
-    /// The change feed position of the message's latest change of its own (docs/protocol.md
-    /// §4; marks moving over many messages are `RangeChangeRow`s).
-    public var changeSeq: Int64
-    /// Its row in the search index, 0 when its text is not indexed.
-    public var searchRow: Int64
-    /// Attachments: sanitized base names, stored contents (SHA-256 hex, nil until
-    /// stored), and `Sending`, `Stored` or `Failed` (nil without attachments).
-    public var thumbName: String?
-    public var thumbBlob: String?
-    public var fileName: String?
-    public var fileBlob: String?
-    public var fileSize: Int64?
-    public var attachment: String?
-    /// Read with the message: the messages referring to it, per tag.
-    public var refCounts: [RefCountRow] = []
-    /// Read with the message: every user's private state of it.
-    public var privateStates: [MessageUserRow] = []
-
-    public init(
-        chat: Int64, id: Int64, sender: Int64, tag: String, content: String?, data: String?, refs: [RefRow], timestamp: Int64,
-        isControl: Bool, neverCountsUnread: Bool, isRecalled: Bool, changeSeq: Int64, searchRow: Int64
-    ) {
-        self.chat = chat
-        self.id = id
-        self.sender = sender
-        self.tag = tag
-        self.content = content
-        self.data = data
-        self.refs = refs
-        self.timestamp = timestamp
-        self.isControl = isControl
-        self.neverCountsUnread = neverCountsUnread
-        self.isRecalled = isRecalled
-        self.changeSeq = changeSeq
-        self.searchRow = searchRow
-    }
-}
-
-/// The columns of a message a change may write.
-public enum MessageColumn: String, Sendable, CaseIterable {
-    case content, data, isRecalled, changeSeq, searchRow, thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment
-}
-
 /// A message whose own latest change is at `changeSeq` (the change feed).
 public struct MessageChangeRow: Sendable, Equatable {
     public var chat: Int64
@@ -379,19 +322,8 @@ public struct Update<Row: Sendable, Column: Hashable & Sendable>: Sendable {
 
 /// The writes of one group commit: new rows whole, changed rows by their changed columns.
 public struct StoreBatch: Sendable {
-    public var newUsers: [UserRecord] = []
-    /// Endpoints registered or renamed (written whole), and endpoints deregistered (none
-    /// of them written).
-    public var endpoints: [EndpointRow] = []
-    public var removedEndpoints: [Int64] = []
-    /// The users whose endpoints `removedEndpoints` were (for the other deciding
-    /// processes, who follow whose endpoints changed: `FollowedCommit.users`).
-    public var endpointUsers: [Int64] = []
-    public var newChats: [ChatRow] = []
-    public var chatUpdates: [Update<ChatRow, ChatColumn>] = []
-    /// New memberships, and members who come back (written whole).
-    public var members: [MemberRow] = []
-    public var memberUpdates: [Update<MemberRow, MemberColumn>] = []
+    /// Users, endpoints, chats and memberships.
+    public var directory = DirectoryWrites()
     /// New messages with their references.
     public var newMessages: [MessageRow] = []
     public var messageUpdates: [Update<MessageRow, MessageColumn>] = []
@@ -425,9 +357,32 @@ public struct StoreBatch: Sendable {
     public init() {}
 
     public var isEmpty: Bool {
-        newUsers.isEmpty && endpoints.isEmpty && removedEndpoints.isEmpty && newChats.isEmpty && chatUpdates.isEmpty && members.isEmpty
-            && memberUpdates.isEmpty && newMessages.isEmpty && messageUpdates.isEmpty && droppedReferences.isEmpty && touches.isEmpty
+        directory.isEmpty && newMessages.isEmpty && messageUpdates.isEmpty && droppedReferences.isEmpty && touches.isEmpty
             && rangeChanges.isEmpty && refCounts.isEmpty && privateStates.isEmpty && blobUses.isEmpty && counters == nil
+    }
+}
+
+/// The writes of a group commit to users, endpoints, chats and memberships.
+public struct DirectoryWrites: Sendable {
+    public var newUsers: [UserRecord] = []
+    /// Endpoints registered or renamed (written whole), and endpoints deregistered (none
+    /// of them written).
+    public var endpoints: [EndpointRow] = []
+    public var removedEndpoints: [Int64] = []
+    /// The users whose endpoints `removedEndpoints` were (for the other deciding
+    /// processes, who follow whose endpoints changed: `FollowedCommit.users`).
+    public var endpointUsers: [Int64] = []
+    public var newChats: [ChatRow] = []
+    public var chatUpdates: [Update<ChatRow, ChatColumn>] = []
+    /// New memberships, and members who come back (written whole).
+    public var members: [MemberRow] = []
+    public var memberUpdates: [Update<MemberRow, MemberColumn>] = []
+
+    public init() {}
+
+    public var isEmpty: Bool {
+        newUsers.isEmpty && endpoints.isEmpty && removedEndpoints.isEmpty && newChats.isEmpty && chatUpdates.isEmpty && members.isEmpty
+            && memberUpdates.isEmpty
     }
 }
 
@@ -436,7 +391,7 @@ public struct StoreBatch: Sendable {
 /// Whether a text column changed, byte for byte: Swift's `!=` on strings is canonical
 /// equivalence, under which a value respelled ("caf\u{E9}" to "cafe\u{301}") would not be
 /// written, and would come back as it was after a restart.
-private func differs(_ new: String?, _ old: String?) -> Bool {
+func differs(_ new: String?, _ old: String?) -> Bool {
     switch (new, old) {
     case (nil, nil): false
     case (let new?, let old?): !new.utf8.elementsEqual(old.utf8)
@@ -471,72 +426,6 @@ extension MemberRow {
         if deliveredUpTo != old.deliveredUpTo { columns.insert(.deliveredUpTo) }
         if readUpTo != old.readUpTo { columns.insert(.readUpTo) }
         if numUnread != old.numUnread { columns.insert(.numUnread) }
-        return columns
-    }
-}
-
-/// What a message's row holds in the columns a change may write (and whether it has
-/// references): what the engine keeps of a message as the store has it, to write only
-/// what a change changed. Compact, since every cached message carries one: the attachment
-/// columns, nil for most messages, take room only when one is not.
-public struct MessageColumns: Sendable {
-    public var content: String?
-    public var data: String?
-    public var isRecalled: Bool
-    public var hasReferences: Bool
-    public var changeSeq: Int64
-    public var searchRow: Int64
-    public var attachments: AttachmentColumns?
-
-    public final class AttachmentColumns: Sendable {
-        public let thumbName: String?
-        public let thumbBlob: String?
-        public let fileName: String?
-        public let fileBlob: String?
-        public let fileSize: Int64?
-        public let attachment: String?
-
-        init(_ row: MessageRow) {
-            thumbName = row.thumbName
-            thumbBlob = row.thumbBlob
-            fileName = row.fileName
-            fileBlob = row.fileBlob
-            fileSize = row.fileSize
-            attachment = row.attachment
-        }
-    }
-
-    public init(_ row: MessageRow) {
-        content = row.content
-        data = row.data
-        isRecalled = row.isRecalled
-        hasReferences = !row.refs.isEmpty
-        changeSeq = row.changeSeq
-        searchRow = row.searchRow
-        let none =
-            row.thumbName == nil && row.thumbBlob == nil && row.fileName == nil && row.fileBlob == nil && row.fileSize == nil
-            && row.attachment == nil
-        attachments = none ? nil : AttachmentColumns(row)
-    }
-}
-
-extension MessageRow {
-    /// The message's own columns whose values differ from `old` (references are rows of
-    /// their own: they only ever go, with a recall).
-    public func columns(changedFrom old: MessageColumns) -> Set<MessageColumn> {
-        var columns: Set<MessageColumn> = []
-        if differs(content, old.content) { columns.insert(.content) }
-        if differs(data, old.data) { columns.insert(.data) }
-        if isRecalled != old.isRecalled { columns.insert(.isRecalled) }
-        if changeSeq != old.changeSeq { columns.insert(.changeSeq) }
-        if searchRow != old.searchRow { columns.insert(.searchRow) }
-        let attachments = old.attachments
-        if differs(thumbName, attachments?.thumbName) { columns.insert(.thumbName) }
-        if differs(thumbBlob, attachments?.thumbBlob) { columns.insert(.thumbBlob) }
-        if differs(fileName, attachments?.fileName) { columns.insert(.fileName) }
-        if differs(fileBlob, attachments?.fileBlob) { columns.insert(.fileBlob) }
-        if fileSize != attachments?.fileSize { columns.insert(.fileSize) }
-        if differs(attachment, attachments?.attachment) { columns.insert(.attachment) }
         return columns
     }
 }

@@ -76,7 +76,7 @@ import Testing
         batch.changed(endpoint(2))
         batch.removed(endpoint(3))
         batch.collectRows(counters: nil)
-        #expect(batch.store.endpoints.map(\.id) == [2], "the last word on 2 is a registration")
-        #expect(batch.store.removedEndpoints.sorted() == ([1, 3]))
+        #expect(batch.store.directory.endpoints.map(\.id) == [2], "the last word on 2 is a registration")
+        #expect(batch.store.directory.removedEndpoints.sorted() == ([1, 3]))
     }
 }

@@ -36,7 +36,7 @@ import Testing
         #expect(directory.counters == StoreCounters())
         // And today's rows can be written into it.
         var batch = StoreBatch()
-        batch.newChats = [
+        batch.directory.newChats = [
             ChatRow(number: 1, subject: "after the upgrade", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 0)
         ]
         try store.commit(batch)
@@ -47,25 +47,25 @@ import Testing
     @Test func rowsRoundTrip() throws {
         let store = try SQLiteStore(writer: DatabaseQueue())
         var batch = StoreBatch()
-        batch.newUsers = [UserRecord(number: 1, userId: "alice", regId: 7), UserRecord(number: 2, userId: "bob", regId: 8)]
+        batch.directory.newUsers = [UserRecord(number: 1, userId: "alice", regId: 7), UserRecord(number: 2, userId: "bob", regId: 8)]
         let chat = ChatRow(
             number: 1, subject: "s", isOneToOne: true, invitePolicy: "AdminsOnly", isDefunct: true, data: #"{"k":[1,2]}"#, lastMessage: 2,
             lastActivity: 1_700_000_000)
-        batch.newChats = [chat]
+        batch.directory.newChats = [chat]
         let starter = MemberRow(
             chat: 1, user: 1, isActive: true, isAdmin: true, joinedAt: 1, leftAt: nil, isHidden: false, localData: nil,
             privateData: #"{"mine":true}"#, deliveredUpTo: 2, readUpTo: 2)
         let other = MemberRow(
             chat: 1, user: 2, isActive: false, isAdmin: false, joinedAt: 1, leftAt: 2, isHidden: true, localData: #"{"x":1}"#,
             deliveredUpTo: 1, readUpTo: 0, numUnread: 1)
-        batch.members = [starter, other]
+        batch.directory.members = [starter, other]
         var first = MessageRow(
             chat: 1, id: 1, sender: 1, tag: "Text", content: "héllo ✓", data: #"{"a":null}"#, refs: [], timestamp: 1_700_000_000,
             isControl: false, neverCountsUnread: false, isRecalled: false, changeSeq: 1, searchRow: 1)
-        first.fileName = "a.pdf"
-        first.fileBlob = String(repeating: "ab", count: 32)
-        first.fileSize = 1234
-        first.attachment = "Stored"
+        first.attachments.fileName = "a.pdf"
+        first.attachments.fileBlob = String(repeating: "ab", count: 32)
+        first.attachments.fileSize = 1234
+        first.attachments.attachment = "Stored"
         let second = MessageRow(
             chat: 1, id: 2, sender: 2, tag: "Text", content: nil, data: nil, refs: [RefRow(tag: "Quote", target: 1), RefRow(tag: "Thread", target: 1)],
             timestamp: 1_700_000_001, isControl: true, neverCountsUnread: true, isRecalled: false, changeSeq: 2, searchRow: 0)
@@ -77,12 +77,12 @@ import Testing
         state.fileDownloaded = true
         batch.privateStates = [state]
         batch.rangeChanges = [RangeChangeRow(chat: 1, firstSeq: 3, firstId: 1, lastId: 2)]
-        batch.blobUses = [first.fileBlob!: 2]
+        batch.blobUses = [first.attachments.fileBlob!: 2]
         batch.counters = StoreCounters(changeSeq: 4, searchRow: 1)
         try store.commit(batch)
 
         let directory = try store.loadDirectory()
-        #expect(directory.users == batch.newUsers)
+        #expect(directory.users == batch.directory.newUsers)
         #expect(directory.chats == [chat])
         #expect(directory.members == ([starter, other]))
         #expect(directory.counters == StoreCounters(changeSeq: 4, searchRow: 1))
@@ -95,7 +95,7 @@ import Testing
         #expect((try store.rangeChanges(chats: [1], after: 4)) == [])
         #expect((try store.changedMessages(chats: [1], after: 1, limit: 10)) == ([MessageChangeRow(chat: 1, id: 2, changeSeq: 2)]))
         #expect((try store.changedMessages(chats: [2], after: 0, limit: 10)) == [])
-        #expect((try store.blobUses(first.fileBlob!)) == 2)
+        #expect((try store.blobUses(first.attachments.fileBlob!)) == 2)
 
         // A change writes the columns it names, nothing else; a recall drops references.
         var recalled = second
@@ -107,12 +107,12 @@ import Testing
         again.messageUpdates = [Update(recalled, columns: [.isRecalled, .changeSeq])]
         again.droppedReferences = [(1, 2)]
         again.refCounts = [RefCountRow(chat: 1, target: 1, tag: "Quote", count: 0, newest: 0)]
-        again.blobUses = [first.fileBlob!: -2]
+        again.blobUses = [first.attachments.fileBlob!: -2]
         var readMark = other
         readMark.readUpTo = 2
         readMark.numUnread = 0
         readMark.localData = "not written"
-        again.memberUpdates = [Update(readMark, columns: [.readUpTo, .numUnread])]
+        again.directory.memberUpdates = [Update(readMark, columns: [.readUpTo, .numUnread])]
         try store.commit(again)
         var expected = second
         expected.isRecalled = true
@@ -120,7 +120,7 @@ import Testing
         expected.changeSeq = 9
         #expect((try store.messages(chat: 1, ids: [2])) == [expected])
         #expect((try store.messages(chat: 1, ids: [1]).first?.refCounts) == [batch.refCounts[1]])
-        #expect((try store.blobUses(first.fileBlob!)) == 0)
+        #expect((try store.blobUses(first.attachments.fileBlob!)) == 0)
         var member = other
         member.readUpTo = 2
         member.numUnread = 0
@@ -133,7 +133,9 @@ import Testing
     @Test func queriesUseWhatTheEngineAsks() throws {
         let store = try SQLiteStore(writer: DatabaseQueue())
         var batch = StoreBatch()
-        batch.newChats = [ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 6)]
+        batch.directory.newChats = [
+            ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 6)
+        ]
         func message(_ id: Int64, sender: Int64, tag: String, at time: Int64, refs: [RefRow] = []) -> MessageRow {
             MessageRow(
                 chat: 1, id: id, sender: sender, tag: tag, content: "m\(id)", data: nil, refs: refs, timestamp: time, isControl: false,
@@ -228,7 +230,9 @@ import Testing
     @Test func searchHitsAreCheckedAgainstTheStore() throws {
         let store = try SQLiteStore(writer: DatabaseQueue())
         var batch = StoreBatch()
-        batch.newChats = [ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 3)]
+        batch.directory.newChats = [
+            ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 3)
+        ]
         batch.newMessages = [(1, 1), (2, 0), (3, 3)].map { id, row in
             MessageRow(
                 chat: 1, id: id, sender: 1, tag: "Text", content: row == 0 ? nil : "m", data: nil, refs: [], timestamp: 10,
@@ -248,7 +252,9 @@ import Testing
     @Test func searchEntriesArePagedByTheirBytes() throws {
         let store = try SQLiteStore(writer: DatabaseQueue())
         var batch = StoreBatch()
-        batch.newChats = [ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 6)]
+        batch.directory.newChats = [
+            ChatRow(number: 1, subject: "q", isOneToOne: false, invitePolicy: "ParticipantsOnly", isDefunct: false, data: nil, lastMessage: 6)
+        ]
         batch.newMessages = (1...6).map { id in
             MessageRow(
                 chat: 1, id: id, sender: 1, tag: "Text", content: String(repeating: "é", count: 500), data: nil, refs: [], timestamp: 10,
