@@ -9,7 +9,9 @@ import Storage
 import Synchronization
 import Threads
 
-// Connections: made (each attempt bounded), pooled, and the statements run on them.
+// Connections: the store's own (each attempt bounded) for what belongs to a session (the
+// writer lock, the feed slot, listening), the pool (postgres-nio's `PostgresClient`) for
+// everything else, and the statements run on them.
 
 extension PostgresStore {
     // MARK: connections
@@ -77,19 +79,20 @@ extension PostgresStore {
     /// its disk only when `synchronous_commit` is not `off`: a role or database set to
     /// `off` would lose announced commits in a crash of the server. Such a setting is
     /// overridden for this connection (the others, `local` to `remote_apply`, all flush
-    /// the server's own WAL first), and said once.
+    /// the server's own WAL first), and said once; the pool's connections, made after the
+    /// store's first connection, then override it too (`asynchronousCommitsSeen`).
     static func makeCommitsDurable(_ connection: PostgresConnection, logger: Logger) throws {
         let shown = try wait(for: connection.query("SHOW synchronous_commit", logger: logger), on: connection, patience: connectionPatience)
         guard let level = try shown.first?.decode(String.self), level == "off" else { return }
         _ = try wait(for: connection.query("SET synchronous_commit = on", logger: logger), on: connection, patience: connectionPatience)
-        if !warnedOfAsynchronousCommits.exchange(true, ordering: .relaxed) {
+        if !asynchronousCommitsSeen.exchange(true, ordering: .relaxed) {
             logger.warning(
                 "the database or role sets synchronous_commit = off, under which a crash of PostgreSQL loses commits it said were made: chatcore sets it on for its own connections",
                 metadata: ["was": "\(level)"])
         }
     }
 
-    static let warnedOfAsynchronousCommits = Atomic<Bool>(false)
+    static let asynchronousCommitsSeen = Atomic<Bool>(false)
 
     /// Whether a failed connection attempt may succeed later: refused or unreachable, or
     /// the server is starting or stopping (SQLSTATE 57P0x, 08xxx) — it may be restarting.
@@ -102,34 +105,61 @@ extension PostgresStore {
         return !(underlying is NIOSSLError || underlying is NIOSSLExtraError || underlying is BoringSSLError)
     }
 
-    /// Runs `body` on a connection of the pool (made when none is idle). A connection that
-    /// broke is closed, not kept; one in a failed transaction is rolled back first.
+    /// The pool, made and run at its first use (after the store's first connection:
+    /// `makeCommitsDurable`), until `shutDown`.
+    func pool() throws -> PostgresClient {
+        try shared.withLock { s in
+            if let pool = s.pool { return pool.client }
+            guard !s.isShutDown else { throw StoreFailure(.other, "the store is closed") }
+            let client = PostgresClient(
+                configuration: location.poolConfiguration(durableCommits: PostgresStore.asynchronousCommitsSeen.load(ordering: .relaxed)),
+                backgroundLogger: logger)
+            // Detached: a task made here would take the task-locals of whoever first
+            // asked, and the client ends at the graceful shutdown of that caller's
+            // service group, while the engine still answers and commits.
+            s.pool = (client, Task.detached { await client.run() })
+            return client
+        }
+    }
+
+    /// Runs `body` on a connection leased from the pool, on the calling thread (the pool
+    /// waits, without a thread, until `body` hands it back). Waits up to `patience` for one
+    /// (the server may be restarting: the pool tries again meanwhile). A connection that
+    /// broke is not given back for use; one in a failed transaction is rolled back first.
     func withConnection<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
         try checkWriterLock()
-        let connection = try takeIdle() ?? connect()
+        let client = try pool()
+        let leased = Outcome<PostgresConnection>()
+        let handedBack = Handback()
+        let lease = Task.detached {
+            do {
+                try await client.withConnection { connection in
+                    leased.complete(.success(connection))
+                    await handedBack.wait()
+                }
+            } catch {
+                leased.complete(.failure(error))
+            }
+        }
+        defer { handedBack.signal() }
+        guard let result = leased.wait(until: .now + patience) else {
+            lease.cancel()
+            throw NoConnection(patience: patience)
+        }
+        let connection = try result.get()
         do {
-            let result = try body(connection)
-            shared.withLock { s in s.idle.append(connection) }
-            return result
+            return try body(connection)
         } catch {
-            if connection.isClosed {
-                try? connection.close().wait()
-            } else if (try? wait(for: connection.query("ROLLBACK", logger: logger), on: connection)) != nil {
-                shared.withLock { s in s.idle.append(connection) }
-            } else {
-                try? connection.close().wait()
+            if !connection.isClosed && (try? wait(for: connection.query("ROLLBACK", logger: logger), on: connection)) == nil {
+                connection.close().whenComplete { _ in }
             }
             throw error
         }
     }
 
-    /// An idle connection that is still open (the server closes them when it restarts).
-    func takeIdle() -> PostgresConnection? {
-        while let connection = shared.withLock({ s in s.idle.popLast() }) {
-            if !connection.isClosed { return connection }
-            try? connection.close().wait()
-        }
-        return nil
+    struct NoConnection: Error, CustomStringConvertible {
+        let patience: Duration
+        var description: String { "no connection to PostgreSQL within \(patience)" }
     }
 
     /// How long one statement may take before its connection is given up.
@@ -215,5 +245,31 @@ extension PostgresStore {
             return "\(error.code): \(underlying)"
         }
         return "\(error.code)"
+    }
+}
+
+/// Said once by the thread that used a leased connection, waited for by the pool's task
+/// that leased it (which then gives the connection back to the pool).
+final class Handback: Sendable {
+    private let state = Locked<(given: Bool, waiter: CheckedContinuation<Void, Never>?)>((false, nil))
+
+    func wait() async {
+        await withCheckedContinuation { continuation in
+            let now = state.withLock { s -> Bool in
+                if s.given { return true }
+                s.waiter = continuation
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    func signal() {
+        let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
+            s.given = true
+            defer { s.waiter = nil }
+            return s.waiter
+        }
+        waiter?.resume()
     }
 }

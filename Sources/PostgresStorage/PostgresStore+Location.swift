@@ -43,6 +43,8 @@ extension PostgresStore {
         /// The certificates (PEM) a server's certificate must chain to (`sslrootcert`).
         public var rootCertificates: String?
         let tls: PostgresConnection.Configuration.TLS
+        /// The same for the pool (`PostgresClient` takes the configuration, not a context).
+        let poolTLS: PostgresClient.Configuration.TLS
 
         /// `postgres://USER@HOST[:PORT]/DATABASE[?sslmode=MODE&sslrootcert=FILE]`, or
         /// `postgres://USER@/DATABASE?host=/run/postgresql` (a Unix socket in that
@@ -82,17 +84,25 @@ extension PostgresStore {
             self.tlsMode = tlsMode
             rootCertificates = query.first { $0.name == "sslrootcert" }?.value
             // A Unix socket never uses TLS (as with libpq): no context is made for it.
-            if case .tcp = address {
-                tls = try Location.tls(tlsMode, rootCertificates: rootCertificates)
+            if case .tcp = address, tlsMode != .disable {
+                let configuration = try Location.tlsConfiguration(tlsMode, rootCertificates: rootCertificates)
+                let context: NIOSSLContext
+                do {
+                    context = try NIOSSLContext(configuration: configuration)
+                } catch {
+                    throw OpenError(description: "--store: cannot set up TLS (sslmode=\(tlsMode.rawValue)): \(error)")
+                }
+                tls = tlsMode == .prefer ? .prefer(context) : .require(context)
+                poolTLS = tlsMode == .prefer ? .prefer(configuration) : .require(configuration)
             } else {
                 tls = .disable
+                poolTLS = .disable
             }
         }
 
         /// What postgres-nio is told: TLS is offered (prefer) or demanded (the others),
         /// with the certificate checks the mode asks for.
-        private static func tls(_ mode: TLSMode, rootCertificates: String?) throws -> PostgresConnection.Configuration.TLS {
-            guard mode != .disable else { return .disable }
+        private static func tlsConfiguration(_ mode: TLSMode, rootCertificates: String?) throws -> TLSConfiguration {
             var configuration = TLSConfiguration.makeClientConfiguration()
             switch mode {
             case .disable, .prefer: configuration.certificateVerification = .none
@@ -106,13 +116,7 @@ extension PostgresStore {
                 }
                 configuration.trustRoots = .file(rootCertificates)
             }
-            let context: NIOSSLContext
-            do {
-                context = try NIOSSLContext(configuration: configuration)
-            } catch {
-                throw OpenError(description: "--store: cannot set up TLS (sslmode=\(mode.rawValue)): \(error)")
-            }
-            return mode == .prefer ? .prefer(context) : .require(context)
+            return configuration
         }
 
         public var description: String {
@@ -134,6 +138,23 @@ extension PostgresStore {
             // Every connection of this process is named after it: a node taking over
             // from a writer that stopped answering ends exactly that writer's sessions.
             configuration.options.additionalStartupParameters = [("application_name", PostgresStore.nodeName)]
+            return configuration
+        }
+
+        /// The pool's configuration: the same server, TLS, attempt bound and name as
+        /// `configuration`; `durableCommits`: its connections set `synchronous_commit` on
+        /// (`PostgresStore.makeCommitsDurable` says why).
+        func poolConfiguration(durableCommits: Bool) -> PostgresClient.Configuration {
+            var configuration: PostgresClient.Configuration
+            switch address {
+            case .tcp(let host, let port):
+                configuration = .init(host: host, port: port, username: user, password: password, database: database, tls: poolTLS)
+            case .unix(let path):
+                configuration = .init(unixSocketPath: path, username: user, password: password, database: database)
+            }
+            configuration.options.connectTimeout = PostgresStore.connectionPatience
+            configuration.options.additionalStartupParameters = [("application_name", PostgresStore.nodeName)]
+            if durableCommits { configuration.options.additionalStartupParameters.append(("synchronous_commit", "on")) }
             return configuration
         }
     }

@@ -49,7 +49,8 @@ public final class PostgresStore: Sendable {
 
     /// What the store's threads share.
     struct Shared {
-        var idle: [PostgresConnection] = []
+        /// The pool and the task that runs it (`pool()`).
+        var pool: (client: PostgresClient, running: Task<Void, Never>)?
         var nextConnectionID = 0
         /// Holds the advisory lock that makes this process the database's only writer.
         var lockHolder: PostgresConnection?
@@ -152,15 +153,26 @@ public final class PostgresStore: Sendable {
     /// it; with several deciding nodes (docs/several-deciding-nodes.md) each gets its own.
     public var feedSlot: Int { shared.withLock { s in s.slot } }
 
-    /// Closes every connection (the advisory lock goes with its connection).
+    /// Closes every connection (the advisory lock goes with its connection), the pool's
+    /// within a few seconds.
     public func shutDown() {
-        let connections = shared.withLock { s -> [PostgresConnection] in
+        let (pool, connections) = shared.withLock { s -> (Task<Void, Never>?, [PostgresConnection]) in
             s.isShutDown = true
-            let all = s.idle + (s.lockHolder.map { [$0] } ?? []) + (s.told.listener.map { [$0] } ?? [])
-            s.idle = []
+            let all = (s.lockHolder.map { [$0] } ?? []) + (s.told.listener.map { [$0] } ?? [])
+            let pool = s.pool?.running
+            s.pool = nil
             s.lockHolder = nil
             s.told.listener = nil
-            return all
+            return (pool, all)
+        }
+        if let pool {
+            pool.cancel()
+            let ended = Outcome<Void>()
+            Task {
+                await pool.value
+                ended.complete(.success(()))
+            }
+            _ = ended.wait(until: .now + .seconds(5))
         }
         for connection in connections { try? connection.close().wait() }
     }
