@@ -293,7 +293,7 @@ extension Engine {
         }
         life.inbox.putBack(again)
         // Counted as parked until they are in the inbox (`drain` looks at both).
-        outputs.parkedCount.subtract(released.count, ordering: .releasing)
+        outputs.taken(released.count)
         life.settle()
         return true
     }

@@ -16,7 +16,7 @@ extension Engine {
         var stopping = false
         while !stopping {
             // While sessions wait for their clients to read, look again every 20 ms.
-            let work = life.inbox.take(limit: commits.batchLimitNow, waitingAtMost: outputs.parked.isEmpty ? nil : 0.02)
+            let work = life.inbox.take(limit: commits.batchLimitNow, waitingAtMost: outputs.isAnyParked ? 0.02 : nil)
             if followsOthers {
                 // A wake-up to follow, or a commit done, asks nobody anything.
                 followOthers(
@@ -73,18 +73,14 @@ extension Engine {
     /// is in `batch.inboxWork` (nil: it comes from elsewhere).
     func take(_ item: Work, batch: Batch, inboxIndex: Int? = nil) {
         if let session = item.session, session.isOpen {
-            let key = ObjectIdentifier(session)
-            if outputs.parked[key] != nil {
-                outputs.parked[key]!.work.append(item)
-                outputs.parkedCount.add(1, ordering: .relaxed)
+            if outputs.isParked(session) {
+                outputs.park(item, of: session)
                 return
             }
             if case .request = item, !isShuttingDown,
                 batch.pendingOutput(for: session) + commits.inFlight.reduce(0, { $0 + $1.batch.builtOutput(for: session) }) > outputs.mark
             {
-                outputs.parked[key] = (session, [item])
-                outputs.parkedOrder.append(key)
-                outputs.parkedCount.add(1, ordering: .relaxed)
+                outputs.park(item, of: session)
                 return
             }
         }
@@ -174,7 +170,7 @@ extension Engine {
     func takeUnparkedWork(batch: Batch) {
         for item in unparkedWork() {
             take(item, batch: batch)
-            outputs.parkedCount.subtract(1, ordering: .releasing)
+            outputs.taken(1)
             life.settle()
         }
     }
@@ -183,19 +179,7 @@ extension Engine {
     /// `whateverTheBacklog`, that of every session not waiting for an answer from outside
     /// (`redo`).
     func unparkedWork(whateverTheBacklog: Bool = false) -> [Work] {
-        guard !outputs.parked.isEmpty else { return [] }
-        var released: [Work] = []
-        let everyone = whateverTheBacklog || isShuttingDown
-        outputs.parkedOrder.removeAll { key in
-            guard let entry = outputs.parked[key] else { return true }
-            guard !outputs.awaitingOutside.contains(key) else { return false }
-            let backlog = entry.session.sink?.backlog ?? 0
-            guard everyone || !entry.session.isOpen || backlog <= outputs.mark / 2 else { return false }
-            released += entry.work
-            outputs.parked[key] = nil
-            return true
-        }
-        return released
+        outputs.release(everyone: whateverTheBacklog || isShuttingDown)
     }
 
     func process(_ request: Request, line: Int, session: EngineSession, batch: Batch) {

@@ -301,18 +301,13 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
     /// The session's work goes on (its parked work is taken again): what `awaitOutside`
     /// waited for is answered.
     func outsideAnswered(_ session: EngineSession) {
-        outputs.awaitingOutside.remove(ObjectIdentifier(session))
+        outputs.outsideAnswered(session)
     }
 
     /// The session's next work waits (in order) until `outsideAnswered`: its current
     /// request is being answered off the engine thread, or in later batches.
     func awaitOutside(_ session: EngineSession) {
-        let key = ObjectIdentifier(session)
-        outputs.awaitingOutside.insert(key)
-        if outputs.parked[key] == nil {
-            outputs.parked[key] = (session, [])
-            outputs.parkedOrder.append(key)
-        }
+        outputs.awaitOutside(session)
     }
 
     /// A session is preparing work off its thread (checking a token's signature) that it

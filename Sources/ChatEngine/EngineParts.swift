@@ -76,18 +76,75 @@ final class SessionOutputs {
     /// answer, however many requests it pipelines.
     let mark: Int
     /// Work parked per session, and the order sessions were parked in.
-    var parked: [ObjectIdentifier: (session: EngineSession, work: [Engine.Work])] = [:]
-    var parkedOrder: [ObjectIdentifier] = []
-    /// Parked work items (read by `drain` on other threads).
+    private var parked: [ObjectIdentifier: (session: EngineSession, work: [Engine.Work])] = [:]
+    private var parkedOrder: [ObjectIdentifier] = []
+    /// Parked work items, counted until they are taken (read by `drain` on other threads).
     let parkedCount = Atomic<Int>(0)
     /// Sessions whose work is parked until an answer being made off the engine thread
     /// (a search) comes back, whatever their output.
-    var awaitingOutside: Set<ObjectIdentifier> = []
+    private var awaitingOutside: Set<ObjectIdentifier> = []
     /// Work of sessions being prepared off their threads (tokens being checked), counted
     /// from any thread: `drain` waits for it.
     let outsideWork = Atomic<Int>(0)
 
     init(mark: Int) { self.mark = mark }
+
+    var isAnyParked: Bool { !parked.isEmpty }
+
+    /// Whether the session's work waits behind earlier work of it.
+    func isParked(_ session: EngineSession) -> Bool {
+        parked[ObjectIdentifier(session)] != nil
+    }
+
+    /// Parks `item` behind the session's parked work (or as its first).
+    func park(_ item: Engine.Work, of session: EngineSession) {
+        let key = ObjectIdentifier(session)
+        if parked[key] == nil {
+            parked[key] = (session, [])
+            parkedOrder.append(key)
+        }
+        parked[key]!.work.append(item)
+        parkedCount.add(1, ordering: .relaxed)
+    }
+
+    /// The session's next work waits (in order) until `outsideAnswered`, whatever its
+    /// output.
+    func awaitOutside(_ session: EngineSession) {
+        let key = ObjectIdentifier(session)
+        awaitingOutside.insert(key)
+        if parked[key] == nil {
+            parked[key] = (session, [])
+            parkedOrder.append(key)
+        }
+    }
+
+    func outsideAnswered(_ session: EngineSession) {
+        awaitingOutside.remove(ObjectIdentifier(session))
+    }
+
+    /// The parked work of every session whose client has taken enough of its output
+    /// (down to half the mark), or that closed, in the order it was parked; with
+    /// `everyone`, that of every session not waiting for an answer from outside. It is no
+    /// longer parked but still counted (`parkedCount`) until `taken`.
+    func release(everyone: Bool) -> [Engine.Work] {
+        guard !parked.isEmpty else { return [] }
+        var released: [Engine.Work] = []
+        parkedOrder.removeAll { key in
+            guard let entry = parked[key] else { return true }
+            guard !awaitingOutside.contains(key) else { return false }
+            let backlog = entry.session.sink?.backlog ?? 0
+            guard everyone || !entry.session.isOpen || backlog <= mark / 2 else { return false }
+            released += entry.work
+            parked[key] = nil
+            return true
+        }
+        return released
+    }
+
+    /// `count` released items were taken (parked again, begun, or put in the inbox).
+    func taken(_ count: Int) {
+        parkedCount.subtract(count, ordering: .releasing)
+    }
 }
 
 /// Batches being committed while the engine decides the next one, and recovery from a

@@ -363,7 +363,7 @@ extension PostgresStore {
     }
 
     static func values(_ message: MessageRow) -> [Value] {
-        MessageColumn.allCases.map { message[$0] }
+        MessageColumn.all.map { message[$0] }
     }
 }
 

@@ -1,7 +1,7 @@
 // The message table, described once: its columns in the order the stores keep them, how a
 // row's value of each is read and written, and which of them a change may write. Both
 // stores build their SQL, their inserts, their updates and their reads of a message from
-// `MessageColumn.allCases` and `MessageRow[column]`, so a new column is a case and its
+// `MessageColumn.all` and `MessageRow[column]`, so a new column is a case and its
 // value here, plus a migration in each store.
 
 /// A column of the message table, in the order the stores keep them.
@@ -24,6 +24,9 @@ public enum MessageColumn: String, Sendable, CaseIterable {
         }
     }
 
+    /// Every column, in order (`allCases`, made once: the synthesized one is a new array
+    /// at each use, on the hot path of every write and read of a message).
+    public static let all: [MessageColumn] = allCases
     /// What a change of a stored message may write: not its key, nor what it was sent
     /// with.
     public static let changeable: [MessageColumn] = allCases.filter { !fixed.contains($0) }
@@ -80,10 +83,12 @@ public struct MessageRow: Sendable, Equatable {
         self.init(
             chat: 0, id: 0, sender: 0, tag: "", content: nil, data: nil, refs: [], timestamp: 0, isControl: false, neverCountsUnread: false, isRecalled: false,
             changeSeq: 0, searchRow: 0)
-        for column in MessageColumn.allCases { self[column] = try values(column) }
+        for column in MessageColumn.all { self[column] = try values(column) }
     }
 
     /// The value of a column (a value of another kind than the column's is not written).
+    /// Inlinable: the stores read every column of every message they write through it.
+    @inlinable
     public subscript(column: MessageColumn) -> StoredValue {
         get {
             switch column {
@@ -144,6 +149,7 @@ public struct AttachmentColumns: Sendable, Equatable {
     public var isEmpty: Bool { self == AttachmentColumns() }
 
     /// The value of one of the attachment columns (`.text(nil)` for any other).
+    @inlinable
     public subscript(column: MessageColumn) -> StoredValue {
         get {
             switch column {
