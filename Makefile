@@ -28,11 +28,11 @@ run: build ## set up, build and start the service on $(LISTEN) (any token accept
 	@echo "    nc $(subst :, ,$(LISTEN))"
 	@echo '    {"authToken":{"userId":"alice","authToken":"any"}}'
 	@echo '    {"identitiesGet":{"cookie":"1","appUserIds":["alice"]}}'
-	@echo "README.md walks two users through a chat; Examples/netcat.md shows more. Ctrl-C stops it."
+	@echo "docs/walkthrough.md walks two users through a chat; Examples/netcat.md shows more. Ctrl-C stops it."
 	@echo
 	exec $(RELEASE) serve --listen $(LISTEN) --data-dir $(DATA_DIR) --insecure-no-auth
 
-run-nodes: build ## set up, build and start two nodes on one throwaway PostgreSQL, on 127.0.0.1:7400 and 7401 (see README "Several nodes on PostgreSQL")
+run-nodes: build ## set up, build and start two nodes on one throwaway PostgreSQL, on 127.0.0.1:7400 and 7401 (see docs/running-several-nodes.md)
 	exec Examples/two-nodes.sh $(RELEASE) 7400
 
 test: setup test-swift test-python test-node test-postgres-if-available test-fuzz ## set up and run every test (the PostgreSQL store and a short fuzz run included)

@@ -5,7 +5,7 @@ SQLite single node; and cross-node delivery latency (sent on the first node, rec
 the last).
 
 Senders are spread over the nodes round robin; a node that is not the writer relays its
-connections to the writer (README "Several nodes on PostgreSQL"), so this measures what the
+connections to the writer (docs/running-several-nodes.md), so this measures what the
 relay hop costs and shows that sends do not scale with nodes: one engine decides. The
 last two rows start every node with `--all-nodes-decide` (each decides for its own
 sessions and follows the others' commits). The last

@@ -81,6 +81,8 @@ struct DocsEmitter {
         for file in files(under: "elements") {
             let list = String(file.dropFirst("elements/".count).dropLast(".json".count))
             anchor("element-\(list.lowercased())")
+            // Fields of this element's type link to it by the type's name.
+            if let type = rootType(of: file) { anchor("type-\(type.lowercased())") }
             line("### `\(list)`")
             line()
             if let keys = reader.files[file]?["x-key"]?.elements?.compactMap(\.stringValue), !keys.isEmpty {

@@ -7,7 +7,7 @@ import Foundation
 
 @main
 struct Chatcore: AsyncParsableCommand {
-    static let version = "0.1.0"
+    static let version = "0.3.0"
 
     static let configuration = CommandConfiguration(
         commandName: "chatcore",
@@ -15,7 +15,7 @@ struct Chatcore: AsyncParsableCommand {
         discussion: """
             Start it with `chatcore serve --user alice` and write requests to its standard input, \
             or listen on a socket with `chatcore serve --listen 127.0.0.1:7400 --auth-secret-file SECRET`. \
-            The protocol is described in the README and in Schemas/.
+            The protocol is described in docs/protocol.md, generated from Schemas/.
             """,
         version: version,
         subcommands: [Serve.self, Token.self],

@@ -16,7 +16,8 @@ import pytest
 from conftest import ROOT, chatcore_binary
 
 DOCUMENTS = [ROOT / "README.md", ROOT / "Examples" / "netcat.md", ROOT / "Schemas" / "protocol.md",
-             ROOT / "clients" / "python" / "README.md", ROOT / "clients" / "typescript" / "README.md"]
+             ROOT / "clients" / "python" / "README.md", ROOT / "clients" / "typescript" / "README.md"] + sorted(
+    page for page in (ROOT / "docs").glob("*.md") if page.name != "protocol.md")
 FAILURES = ("requestFailed", "setupError", "chatStartFailed")
 
 
