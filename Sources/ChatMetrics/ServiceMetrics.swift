@@ -2,6 +2,7 @@ import ChatProtocol
 import CoreMetrics
 import Foundation
 import Metrics
+import Synchronization
 import Threads
 
 /// What the service counts and measures, through swift-metrics: whoever bootstraps the
@@ -34,11 +35,39 @@ public enum ServiceMetrics {
     public static let deciding = Gauge(label: "chatcore_deciding")
     /// Connections a node that does not decide relays to the one that does: open now,
     /// and accepted since start.
-    public static let relayedConnections = Meter(label: "chatcore_relayed_connections")
+    public static let relayedConnections = Meter(label: "chatcore_relayed_connections_open")
     public static let relayedConnectionsAccepted = Counter(label: "chatcore_relayed_connections_total")
+
+    /// What each family measures (`# HELP`), by label: every metric the service makes is
+    /// here, and the exporter refuses one that is not (`help(of:)`).
+    public static let help: [String: String] = [
+        "chatcore_sessions": "Sessions open now (standard input/output and sockets).",
+        "chatcore_sessions_opened_total": "Sessions opened since the process started.",
+        "chatcore_batch_items": "Work items (requests, answers, closes) the engine decided in one batch.",
+        "chatcore_commit_duration_seconds": "One batch's transaction, from the start of its write to its synced commit.",
+        "chatcore_commit_failures_total": "Commits that failed: their requests were answered Internal, or decided again after a conflict.",
+        "chatcore_commit_conflicts_total": "Commits another node's commit overtook (PostgreSQL): their requests were decided again.",
+        "chatcore_output_bytes_total": "Bytes handed to the sessions' connections and standard output.",
+        "chatcore_store_bytes": "Bytes of the store's files in the data directory, measured at each scrape.",
+        "chatcore_deciding": "1 while this node decides (it holds the store), 0 while it relays to the node that does.",
+        "chatcore_relayed_connections_open": "Connections this node relays to the deciding node, open now.",
+        "chatcore_relayed_connections_total": "Connections this node relayed to the deciding node since it started.",
+        requestLabel: "Lines read, by request name (unknown: a name the protocol does not have, or not a request).",
+        failureLabel: "Requests answered requestFailed, by request name and error.",
+        durationLabel: "From a request's line decoded to its answers handed to the session's output, by request name.",
+        "chatcore_quota_refusals_total": "Requests refused because their user was past a quota, by quota."
+    ]
+
+    /// The help of a metric the service makes (a label not in `help` is a mistake: its
+    /// family would have no `# HELP`).
+    public static func help(of label: String) -> String {
+        guard let text = help[label] else { preconditionFailure("the metric \(label) has no help text (ServiceMetrics.help)") }
+        return text
+    }
 
     public static let requestLabel = "chatcore_requests_total"
     public static let failureLabel = "chatcore_request_failures_total"
+    public static let durationLabel = "chatcore_request_duration_seconds"
     /// Buckets of the histograms, by label (where the exporter's defaults do not fit).
     public static let valueBuckets: [String: [Double]] = [
         "chatcore_batch_items": [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
@@ -47,6 +76,11 @@ public enum ServiceMetrics {
         "chatcore_commit_duration_seconds": [
             .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(5),
             .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1)
+        ],
+        durationLabel: [
+            .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(5),
+            .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1),
+            .seconds(5)
         ]
     ]
 
@@ -65,6 +99,8 @@ public enum ServiceMetrics {
     private final class RequestCounters: Sendable {
         let name: String
         let received: Counter
+        /// Made on first use: only requests that were answered have a histogram.
+        let duration = Locked<Timer?>(nil)
         private let failures = Locked<[(error: String, counter: Counter)]>([])
 
         init(name: String) {
@@ -97,9 +133,26 @@ public enum ServiceMetrics {
         quotaRefusals[quota]?.increment()
     }
 
+    /// Whether metrics are exported (`register` was called): what costs time to measure
+    /// is measured only then.
+    public static let isEnabled = Atomic<Bool>(false)
+
+    /// A request named `request` was answered `elapsed` after its line was decoded.
+    public static func answered(_ request: String?, after elapsed: Duration) {
+        let counters = counters(request)
+        let timer = counters.duration.withLock { timer in
+            if let timer { return timer }
+            let made = Timer(label: durationLabel, dimensions: [("request", counters.name)])
+            timer = made
+            return made
+        }
+        timer.record(duration: elapsed)
+    }
+
     /// Makes every metric at once (after the bootstrap), so that a scrape shows each one,
     /// at zero until it moves.
     public static func register() {
+        isEnabled.store(true, ordering: .releasing)
         _ = (sessions, sessionsOpened, batchSize, commitDuration, commitFailures, commitConflicts, outputBytes, storeBytes)
         _ = (deciding, relayedConnections, relayedConnectionsAccepted)
         _ = (byRequest, unknownRequest, quotaRefusals)

@@ -291,6 +291,12 @@ final class SessionHandler: ChannelDuplexHandler {
     private var readPending = false
     /// Closes the connection if it has not authenticated by then (`Limits.authTimeout`).
     private var authDeadline: Scheduled<Void>?
+    /// Sessions are numbered in the log from 1, in the order they open.
+    private static let opened = Atomic<Int>(0)
+    private var number = 0
+    private var openedAt = ContinuousClock.now
+    /// Why the service closes the connection (nil: the client did, or it broke).
+    var closeReason: String?
 
     init(
         engine: Engine, authenticator: Authenticator, transport: Transport, limits: SocketServer.Limits, unreadByAll: UnreadOutput,
@@ -311,13 +317,19 @@ final class SessionHandler: ChannelDuplexHandler {
             channel: context.channel, limits: limits, unreadByAll: unreadByAll, logger: logger,
             resume: NIOLoopBound(self, eventLoop: context.eventLoop))
         self.output = output
-        session = Session(engine: engine, authenticator: authenticator, transport: transport, output: output, limits: limits.session)
+        session = Session(
+            engine: engine, authenticator: authenticator, transport: transport, output: output, limits: limits.session, logger: logger)
+        number = SessionHandler.opened.add(1, ordering: .relaxed).newValue
+        openedAt = .now
+        logger.info(
+            "session opened",
+            metadata: ["session": "\(number)", "transport": "\(transport)", "peer": "\(context.channel.remoteAddress.map { "\($0)" } ?? "?")"])
         if let timeout = limits.authTimeout {
             let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
             let channel = context.channel
             authDeadline = context.eventLoop.scheduleTask(in: timeout) {
                 guard let session = handler.value.session, !session.isAuthenticated else { return }
-                handler.value.logger.debug("closing a connection that did not authenticate in time (--auth-timeout)")
+                handler.value.closeReason = "it did not sign in within --auth-timeout"
                 channel.close(promise: nil)
             }
         }
@@ -358,6 +370,15 @@ final class SessionHandler: ChannelDuplexHandler {
     }
 
     func channelInactive(context: ChannelHandlerContext) {
+        if number > 0 {
+            let seconds = (ContinuousClock.now - openedAt).components.seconds
+            logger.info(
+                "session closed",
+                metadata: [
+                    "session": "\(number)", "reason": "\(closeReason ?? "the client closed the connection, or it broke")",
+                    "signedIn": "\(session?.isAuthenticated ?? false)", "seconds": "\(seconds)"
+                ])
+        }
         authDeadline?.cancel()
         authDeadline = nil
         finishLine()
@@ -375,6 +396,7 @@ final class SessionHandler: ChannelDuplexHandler {
             // The client is done sending (shutdown of its write side): answer everything
             // it sent, then close.
             finishLine()
+            closeReason = "the client finished sending, and every answer was written"
             let channel = context.channel
             session?.finishInput {
                 channel.eventLoop.execute { _ = SessionHandler.flushThenClose(channel) }
@@ -382,7 +404,7 @@ final class SessionHandler: ChannelDuplexHandler {
             return
         }
         if event is IdleStateHandler.IdleStateEvent {
-            logger.debug("closing an idle connection (--idle-timeout)")
+            closeReason = "it sent nothing for --idle-timeout"
             context.close(promise: nil)
             return
         }
@@ -399,7 +421,7 @@ final class SessionHandler: ChannelDuplexHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {
-        logger.debug("connection error", metadata: ["error": "\(error)"])
+        closeReason = "connection error: \(error)"
         context.close(promise: nil)
     }
 
@@ -530,12 +552,17 @@ final class SocketOutput: SessionOutput, Sendable {
             let total = queued.add(count, ordering: .relaxed).newValue
             let overMine = total > maxOutputBytes
             if overMine || !unreadByAll.add(count, unread: total) {
-                logger.warning(
+                let reason =
                     overMine
-                        ? "closing a connection whose client does not read its output"
-                        : "closing a connection whose client is behind while the unread output of all clients is over --max-output-total",
-                    metadata: ["queuedBytes": "\(total)"])
-                channel.close(promise: nil)
+                    ? "its client does not read its output (--max-output-bytes)"
+                    : "its client is behind while the unread output of all clients is over --max-output-total"
+                logger.warning("closing a connection: \(reason)", metadata: ["queuedBytes": "\(total)"])
+                let resume = self.resume
+                let closing = self.channel
+                closing.eventLoop.execute {
+                    resume.value.closeReason = reason
+                    closing.close(promise: nil)
+                }
                 return
             }
         }
@@ -564,7 +591,11 @@ final class SocketOutput: SessionOutput, Sendable {
     func closeAfterWritten() {
         // After the writes handed to the event loop before it (they run in order).
         let channel = self.channel
-        channel.eventLoop.execute { _ = SessionHandler.flushThenClose(channel) }
+        let resume = self.resume
+        channel.eventLoop.execute {
+            resume.value.closeReason = "the service ended the session (its endpoint was deregistered, or the service is stopping)"
+            _ = SessionHandler.flushThenClose(channel)
+        }
     }
 
     func resumeInput() {

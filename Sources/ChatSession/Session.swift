@@ -3,6 +3,7 @@ import ChatMetrics
 import ChatProtocol
 import ChatWire
 import Foundation
+import Logging
 import Synchronization
 import Threads
 
@@ -54,7 +55,12 @@ public final class Session: EventSink, @unchecked Sendable {  // its line state 
     private let limits: Limits
     private var handle: EngineSession!
     /// Work items submitted to the engine and not yet finished.
+    private let logger: Logger
     private let inFlight = Atomic<Int>(0)
+    /// Whether requests are timed (`chatcore_request_duration_seconds`: only when metrics
+    /// are exported), and when each piece of work in `inFlight` was handed over, in order.
+    private let timed = ServiceMetrics.isEnabled.load(ordering: .acquiring)
+    private let timings = Locked<[(request: String?, since: ContinuousClock.Instant)]>([])
     /// Answers made on the transport thread, not yet handed to the output.
     private var pending = JSONWriter(capacity: 4096)
     /// Reused for every line (transport thread only).
@@ -64,8 +70,10 @@ public final class Session: EventSink, @unchecked Sendable {  // its line state 
     private var lineOffset = 0
 
     public init(
-        engine: Engine, authenticator: Authenticator, transport: Transport, output: SessionOutput, limits: Limits = Limits(), trustedUser: String? = nil
+        engine: Engine, authenticator: Authenticator, transport: Transport, output: SessionOutput, limits: Limits = Limits(), trustedUser: String? = nil,
+        logger: Logger = Logger(label: "chatcore")
     ) {
+        self.logger = logger
         self.engine = engine
         self.authenticator = authenticator
         self.transport = transport
@@ -80,7 +88,7 @@ public final class Session: EventSink, @unchecked Sendable {  // its line state 
     private func start(trustedAs userId: String) {
         // Its parent or the relaying node vouched for it: no token of its own ends it.
         token.withLock { $0.trusted = true }
-        inFlight.add(1, ordering: .relaxed)
+        handingToEngine(nil)
         engine.authenticate(userId: userId, cookie: nil, line: 0, announce: false, session: handle)
     }
 
@@ -135,7 +143,7 @@ public final class Session: EventSink, @unchecked Sendable {  // its line state 
             start(trustedAs: request.userId)
         case .success(.authToken(let request)):
             handOver()
-            inFlight.add(1, ordering: .relaxed)
+            handingToEngine("authToken")
             submitOrHold(.token(request, line: number))
         case .success(let request):
             if tokenHasExpired.load(ordering: .acquiring), let expired = token.withLock({ $0.expired }) {
@@ -145,7 +153,7 @@ public final class Session: EventSink, @unchecked Sendable {  // its line state 
                 return
             }
             handOver()
-            inFlight.add(1, ordering: .relaxed)
+            handingToEngine(request.name)
             submitOrHold(.request(request, line: number))
         }
     }
@@ -176,7 +184,7 @@ public final class Session: EventSink, @unchecked Sendable {  // its line state 
             if pending.count >= 64 * 1024 { handOver(flush: false) }
         } else {
             handOver()
-            inFlight.add(1, ordering: .relaxed)
+            handingToEngine(nil)
             submitOrHold(.answer(event))
         }
     }
@@ -232,7 +240,7 @@ public final class Session: EventSink, @unchecked Sendable {  // its line state 
             case .accepted:
                 engine.authenticate(userId: request.userId, cookie: request.cookie, line: line, announce: true, session: handle)
             case .refused(let error):
-                engine.rejectToken(SetupError(error: error, cookie: request.cookie), session: handle)
+                refused(request, error)
             case .verify:
                 hold.holding = true
                 engine.beginOutsideWork()
@@ -245,6 +253,12 @@ public final class Session: EventSink, @unchecked Sendable {  // its line state 
         }
     }
 
+    /// A sign-in is refused: said to the client, and logged with why (never the token).
+    private func refused(_ request: AuthToken, _ error: SetupErrorCode) {
+        logger.notice("sign-in refused", metadata: ["userId": "\(request.userId)", "reason": "\(error.rawValue)", "transport": "\(transport)"])
+        engine.rejectToken(SetupError(error: error, cookie: request.cookie), session: handle)
+    }
+
     /// A token's check is done: its answer, then everything held behind it, go to the
     /// engine (up to the next token that needs checking).
     private func verified(_ request: AuthToken, line: Int, verdict: Authenticator.Verdict) {
@@ -254,7 +268,7 @@ public final class Session: EventSink, @unchecked Sendable {  // its line state 
     private func verified(_ request: AuthToken, line: Int, verdict: Authenticator.Verdict, hold: inout Hold) {
         switch verdict {
         case .refused(let error):
-            engine.rejectToken(SetupError(error: error, cookie: request.cookie), session: handle)
+            refused(request, error)
         case .accepted(let expires, let keyId):
             if let generation = accepted(userId: request.userId) {
                 watch(generation, until: expires, keyId: keyId)
@@ -327,7 +341,7 @@ public final class Session: EventSink, @unchecked Sendable {  // its line state 
             return true
         }
         guard current else { return }
-        inFlight.add(1, ordering: .relaxed)
+        handingToEngine(nil)
         submitOrHold(.tokenExpired)
         guard let timeout = limits.authTimeout else { return }
         let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
@@ -364,7 +378,23 @@ public final class Session: EventSink, @unchecked Sendable {  // its line state 
         output.closeAfterWritten()
     }
 
+    /// One more piece of work goes to the engine, for `request` (nil: not a request of the
+    /// client's, not timed).
+    private func handingToEngine(_ request: String?) {
+        if timed { timings.withLock { $0.append((request, .now)) } }
+        inFlight.add(1, ordering: .relaxed)
+    }
+
     public func engineFinished(_ count: Int) {
+        if timed {
+            let now = ContinuousClock.now
+            let done = timings.withLock { timings -> ArraySlice<(request: String?, since: ContinuousClock.Instant)> in
+                let done = timings.prefix(count)
+                timings.removeFirst(min(count, timings.count))
+                return done
+            }
+            for (request, since) in done where request != nil { ServiceMetrics.answered(request, after: now - since) }
+        }
         let before = inFlight.subtract(count, ordering: .acquiringAndReleasing).oldValue
         if before >= limits.maxRequestsInFlight && before - count < limits.maxRequestsInFlight {
             output.resumeInput()

@@ -64,6 +64,9 @@ struct Serve: AsyncParsableCommand {
     @Option(name: .long, help: "trace, debug, info, notice, warning, error or critical. Logs go to standard error.")
     var logLevel: Logger.Level = .info
 
+    @Option(name: .long, help: "text (for people) or json (one object per line, for log collectors).")
+    var logFormat: LogFormat = .text
+
     @OptionGroup(title: "Store and nodes") var storage: StoreOptions
     @OptionGroup(title: "Authentication") var auth: AuthOptions
     @OptionGroup(title: "Limits of sessions") var limits: LimitOptions
@@ -130,19 +133,34 @@ struct Serve: AsyncParsableCommand {
 
     func run() async throws {
         signal(SIGPIPE, SIG_IGN)
+        let (level, format) = (logLevel, logFormat)
         LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = logLevel
-            return handler
+            switch format {
+            case .json:
+                return JSONLogHandler(label: label, level: level)
+            case .text:
+                var handler = StreamLogHandler.standardError(label: label)
+                handler.logLevel = level
+                return handler
+            }
         }
         let logger = Logger(label: "chatcore")
+        if auth.insecureNoAuth {
+            logger.warning("--insecure-no-auth: any token signs in, as any user it names; use it on a development machine only")
+        }
+        // Before the store is opened: an address that cannot be listened on stops the start
+        // with one line, and leaves the store untouched.
+        for text in listen + (metrics.map { [$0] } ?? []) {
+            if let problem = ListenAddress(text)?.problem() {
+                FileHandle.standardError.write(Data("chatcore: \(problem)\n".utf8))
+                throw ExitCode(1)
+            }
+        }
         // Before anything is counted: metrics are made on first use.
         let registry: PrometheusCollectorRegistry? = metrics == nil ? nil : PrometheusCollectorRegistry()
+        let process = registry.map { ProcessMetrics(registry: $0, version: Chatcore.version) }
         if let registry {
-            var factory = PrometheusMetricsFactory(registry: registry)
-            factory.valueHistogramBuckets = ServiceMetrics.valueBuckets
-            factory.durationHistogramBuckets = ServiceMetrics.durationBuckets
-            MetricsSystem.bootstrap(factory)
+            MetricsSystem.bootstrap(DescribedMetricsFactory(registry: registry))
             ServiceMetrics.register()
         }
 
@@ -198,6 +216,7 @@ struct Serve: AsyncParsableCommand {
         if let registry, let metrics, case .tcp(let host, let port)? = ListenAddress(metrics) {
             let endpoint = MetricsEndpoint(registry: registry) {
                 ServiceMetrics.storeBytes.record(Serve.bytes(in: directory))
+                process?.update()
             }
             do {
                 let channel = try await endpoint.bind(host: host, port: port, group: loops.group)

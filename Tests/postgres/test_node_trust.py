@@ -183,7 +183,7 @@ def test_a_relaying_node_holds_no_more_connections_than_max_sessions(cluster, sc
     relay.wait_until_logged("serving metrics")
     port = int(re.search(r"port=(\d+) \[chatcore\] serving metrics", relay.logged()).group(1))
     deadline = time.time() + 30
-    while scrape(port)[("chatcore_relayed_connections", frozenset())] != 0:
+    while scrape(port)[("chatcore_relayed_connections_open", frozenset())] != 0:
         assert time.time() < deadline, "the probe's connection is still open"
         time.sleep(0.05)
     clients = [Client(relay.socket) for _ in range(5)]

@@ -750,15 +750,15 @@ def test_a_relaying_node_serves_metrics_and_says_whether_it_decides(cluster, scr
     assert value(relay, "chatcore_deciding") == 0
     assert len(event_loop_groups(relay)) == 1, event_loop_groups(relay)
     # The harness's probe that the node listens was a connection too, closed since.
-    wait_for(lambda: value(relay, "chatcore_relayed_connections") == 0, "the probe's connection is still counted", timeout=10)
+    wait_for(lambda: value(relay, "chatcore_relayed_connections_open") == 0, "the probe's connection is still counted", timeout=10)
     before = value(relay, "chatcore_relayed_connections_total")
     alice = Client(relay.socket)
     auth(alice, "alice")
-    assert value(relay, "chatcore_relayed_connections") == 1
+    assert value(relay, "chatcore_relayed_connections_open") == 1
     assert value(relay, "chatcore_relayed_connections_total") == before + 1
     assert value(writer, "chatcore_sessions") == 1
     alice.close()
-    wait_for(lambda: value(relay, "chatcore_relayed_connections") == 0, "a closed relayed connection is still counted", timeout=10)
+    wait_for(lambda: value(relay, "chatcore_relayed_connections_open") == 0, "a closed relayed connection is still counted", timeout=10)
     writer.process.kill()
     writer.process.wait()
     relay.wait_until_logged("this node is the writer")

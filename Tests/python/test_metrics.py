@@ -149,3 +149,57 @@ def test_the_metrics_port_cannot_take_memory_or_descriptors():
         finally:
             server.stdin.close()
             server.wait(timeout=30)
+
+
+def test_the_scrape_follows_prometheus_conventions():
+    """Parsed by Prometheus' own Python client: every family has its HELP and TYPE, no two
+    families parse to one name, the build and the process are described, and requests are
+    timed by name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with tempfile.TemporaryDirectory() as work:
+        path = os.path.join(work, "s")
+        server = subprocess.Popen([chatcore_binary(), "serve", "--listen", "unix:" + path, "--insecure-no-auth", "--data-dir",
+                                   os.path.join(work, "d"), "--metrics", "127.0.0.1:0"], stderr=subprocess.PIPE, text=True)
+        try:
+            port = None
+            for line in server.stderr:
+                if "serving metrics" in line:
+                    port = int(re.search(r"port=(\d+)", line).group(1))
+                if "listening" in line:
+                    break
+            client = socket.socket(socket.AF_UNIX)
+            client.connect(path)
+            reader = client.makefile("rb")
+            lines = [{"authToken": {"userId": "alice", "authToken": "x"}},
+                     {"chatStart": {"cookie": "s", "invitees": [{"userId": "bob"}], "subject": "m"}},
+                     {"identitiesGet": {"cookie": "i", "appUserIds": ["alice"]}}]
+            client.sendall(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+            while b'"identities"' not in reader.readline():
+                pass
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            helps = re.findall(r"^# HELP (\S+) (.+)$", text, re.M)
+            types = re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M)
+            families = list(text_string_to_metric_families(text))
+            names = [family.name for family in families]
+            assert len(names) == len(set(names)), f"families that parse to one name: {sorted(n for n in names if names.count(n) > 1)}"
+            assert {name for name, _ in types} == {name for name, _ in helps}, "a family without HELP or without TYPE"
+            for family in families:
+                assert family.documentation, f"{family.name} has no HELP"
+            by_name = {family.name: family for family in families}
+            build = by_name["chatcore_build_info"].samples[0]
+            version = subprocess.run([chatcore_binary(), "--version"], capture_output=True, text=True).stdout.strip()
+            assert build.labels == {"version": version} and build.value == 1
+            for name in ("process_resident_memory_bytes", "process_cpu_seconds", "process_open_fds", "process_max_fds",
+                         "process_start_time_seconds"):
+                assert by_name[name].samples[0].value > 0, name
+            assert abs(by_name["process_start_time_seconds"].samples[0].value - time.time()) < 600
+            durations = by_name["chatcore_request_duration_seconds"]
+            assert durations.type == "histogram"
+            counted = {s.labels["request"]: s.value for s in durations.samples if s.name.endswith("_count")}
+            assert counted.get("chatStart") == 1 and counted.get("identitiesGet") == 1 and counted.get("authToken") == 1, counted
+            reader.close()
+            client.close()
+        finally:
+            server.terminate()
+            server.wait(timeout=20)
