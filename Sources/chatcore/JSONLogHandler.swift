@@ -36,7 +36,7 @@ struct JSONLogHandler: LogHandler {
         for (key, value) in metadata.merging(event.metadata ?? [:], uniquingKeysWith: { $1 }) { fields[key] = Self.plain(value) }
         let object: [String: Any] = [
             "time": Self.time(Date()), "level": "\(event.level)", "message": "\(event.message)", "source": event.source, "logger": label,
-            "fields": fields,
+            "fields": fields
         ]
         guard var line = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]) else { return }
         line.append(0x0A)
