@@ -63,7 +63,7 @@ extension ListenAddress {
             var status = stat()
             guard lstat(path, &status) == 0 else { return nil }
             guard status.st_mode & S_IFMT == S_IFSOCK else {
-                return "cannot listen on \(self): \(path) is a file that is not a socket; remove it, or choose another path"
+                return "cannot listen on \(self): the path exists and is not a socket; remove it, or choose another path"
             }
             // A socket file: one that answers belongs to a process serving it (one that does
             // not is left from a process that stopped, and is replaced).

@@ -37,40 +37,22 @@ struct Serve: AsyncParsableCommand {
             """
     )
 
-    @Option(name: .long, help: "Serve standard input/output as this user, already authenticated.")
-    var user: String?
-
-    @Option(name: .long, help: ArgumentHelp("Accept connections at HOST:PORT (TCP; [::1]:PORT for IPv6) or unix:PATH. Repeatable.", valueName: "address"))
-    var listen: [String] = []
-
-    @Option(
-        name: .long,
-        help: ArgumentHelp("Where the store lives (created if missing). Default: $XDG_DATA_HOME/chatcore, else ~/.local/share/chatcore.", valueName: "dir"))
-    var dataDir: String?
-
-    @Option(
-        name: .long,
-        help: ArgumentHelp(
-            "The only directory socket sessions may attach files from (after resolving links). Without it they attach nothing; standard input/output may name any readable file.",
-            valueName: "dir"))
-    var attachmentsDir: String?
-
-    @Option(name: .long, help: ArgumentHelp("Serve Prometheus metrics at http://ADDR/metrics (HOST:PORT).", valueName: "ADDR"))
-    var metrics: String?
-
-    @Option(name: .long, help: ArgumentHelp("Memory for messages kept in memory (the hot ones; the store has them all), in MiB.", valueName: "MiB"))
-    var cacheMb: Int = Engine.defaultCacheBytes >> 20
-
-    @Option(name: .long, help: "trace, debug, info, notice, warning, error or critical. Logs go to standard error.")
-    var logLevel: Logger.Level = .info
-
-    @Option(name: .long, help: "text (for people) or json (one object per line, for log collectors).")
-    var logFormat: LogFormat = .text
-
-    @OptionGroup(title: "Store and nodes") var storage: StoreOptions
+    @OptionGroup(title: "Listening") var listening: ListenOptions
     @OptionGroup(title: "Authentication") var auth: AuthOptions
+    @OptionGroup(title: "Store and nodes") var storage: StoreOptions
     @OptionGroup(title: "Limits of sessions") var limits: LimitOptions
     @OptionGroup(title: "Quotas per user") var quotas: QuotaOptions
+    @OptionGroup(title: "Observability") var observability: ObservabilityOptions
+
+    // The options by the names the service reads them by.
+    var user: String? { listening.user }
+    var listen: [String] { listening.listen }
+    var attachmentsDir: String? { listening.attachmentsDir }
+    var dataDir: String? { storage.dataDir }
+    var cacheMb: Int { storage.cacheMb }
+    var metrics: String? { observability.metrics }
+    var logLevel: Logger.Level { observability.logLevel }
+    var logFormat: LogFormat { observability.logFormat }
 
     func validate() throws {
         if let user, user.isEmpty || user.utf8.count > 128 { throw ValidationError("--user must be 1 to 128 bytes") }

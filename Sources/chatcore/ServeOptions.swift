@@ -8,6 +8,14 @@ import Storage
 struct StoreOptions: ParsableArguments {
     @Option(
         name: .long,
+        help: ArgumentHelp("Where the store lives (created if missing). Default: $XDG_DATA_HOME/chatcore, else ~/.local/share/chatcore.", valueName: "dir"))
+    var dataDir: String?
+
+    @Option(name: .long, help: ArgumentHelp("Memory for messages kept in memory (the hot ones; the store has them all), in MiB.", valueName: "MiB"))
+    var cacheMb: Int = Engine.defaultCacheBytes >> 20
+
+    @Option(
+        name: .long,
         help: ArgumentHelp(
             "Keep everything in this PostgreSQL database instead of SQLite in --data-dir: postgres://USER@HOST[:PORT]/DATABASE[?sslmode=MODE&sslrootcert=CA_FILE] (libpq's modes; default prefer), or postgres://USER@/DATABASE?host=SOCKET_DIR. No password here: --store-password-file or PGPASSWORD.",
             valueName: "url"))
@@ -86,30 +94,45 @@ struct AuthOptions: ParsableArguments {
 
 /// What one session, and all of them together, may hold.
 struct LimitOptions: ParsableArguments {
-    @Option(name: .long, help: "A longer line is skipped without being buffered and answered with TooLarge.")
-    var maxLineBytes: Int = 1 << 20
+    @Option(
+        name: .customLong("max-line-bytes"),
+        help: ArgumentHelp("A longer line is skipped without being buffered and answered with TooLarge.", valueName: "bytes"))
+    var maxLineBytesOption = ByteCount(1 << 20)
+    var maxLineBytes: Int { maxLineBytesOption.bytes }
 
-    @Option(name: .long, help: "Requests of one session that may wait in the engine before its input is paused.")
+    @Option(name: .long, help: ArgumentHelp("Requests of one session that may wait in the engine before its input is paused.", valueName: "n"))
     var maxRequestsInFlight: Int = 1024
 
-    @Option(name: .long, help: "Unread output of a socket session above which its input is paused.")
-    var outputHighWater: Int = 1 << 20
+    @Option(
+        name: .customLong("output-high-water"), help: ArgumentHelp("Unread output of a socket session above which its input is paused.", valueName: "bytes"))
+    var outputHighWaterOption = ByteCount(1 << 20)
+    var outputHighWater: Int { outputHighWaterOption.bytes }
 
-    @Option(name: .long, help: "Unread output of a socket session above which it is disconnected.")
-    var maxOutputBytes: Int = 64 << 20
+    @Option(name: .customLong("max-output-bytes"), help: ArgumentHelp("Unread output of a socket session above which it is disconnected.", valueName: "bytes"))
+    var maxOutputBytesOption = ByteCount(64 << 20)
+    var maxOutputBytes: Int { maxOutputBytesOption.bytes }
+
+    @Option(
+        name: .customLong("max-output-total"),
+        help: ArgumentHelp(
+            "Unread output of all socket sessions together above which a session behind by more than its share (this over the sessions open, at least --output-high-water) is disconnected when more is written to it. Default: 4 × --max-output-bytes.",
+            valueName: "bytes")
+    )
+    var maxOutputTotalOption: ByteCount?
+    var maxOutputTotal: Int? { maxOutputTotalOption?.bytes }
+
+    @Option(
+        name: .customLong("max-input-total"),
+        help: ArgumentHelp(
+            "Bytes of unfinished lines all socket sessions together may hold; the line that would go over is refused (TooLarge).", valueName: "bytes"))
+    var maxInputTotalOption = ByteCount(256 << 20)
+    var maxInputTotal: Int { maxInputTotalOption.bytes }
 
     @Option(
         name: .long,
-        help:
-            "Unread output of all socket sessions together above which a session behind by more than its share (this over the sessions open, at least --output-high-water) is disconnected when more is written to it. Default: 4 × --max-output-bytes."
-    )
-    var maxOutputTotal: Int?
-
-    @Option(name: .long, help: "Bytes of unfinished lines all socket sessions together may hold; the line that would go over is refused (TooLarge).")
-    var maxInputTotal: Int = 256 << 20
-
-    @Option(
-        name: .long, help: "Socket connections open at once; further ones are closed when accepted. Lowered to what the file descriptor limit leaves room for.")
+        help: ArgumentHelp(
+            "Socket connections open at once; further ones are closed when accepted. Lowered to what the file descriptor limit leaves room for.",
+            valueName: "n"))
     var maxSessions: Int = 10_000
 
     @Option(name: .long, help: ArgumentHelp("Close a socket connection that sends nothing for this many seconds (0: never).", valueName: "seconds"))
@@ -117,7 +140,9 @@ struct LimitOptions: ParsableArguments {
 
     @Option(
         name: .long,
-        help: "Endpoints one user may have at once: registered ones (endpointUpdate) and connected sessions. A session past it waits in setupState Full.")
+        help: ArgumentHelp(
+            "Endpoints one user may have at once: registered ones (endpointUpdate) and connected sessions. A session past it waits in setupState Full.",
+            valueName: "n"))
     var maxEndpoints: Int = 100
 
     /// `--max-output-total`, or four times `--max-output-bytes` (at most `Int.max`).
@@ -151,6 +176,36 @@ struct QuotaOptions: ParsableArguments {
     var maxSearchCandidates: Int = SearchBudget.defaultCandidates
 
     @Option(
-        name: .long, help: ArgumentHelp("Bytes of text one search checks at most; past it, it answers what it found, marked incomplete.", valueName: "bytes"))
-    var maxSearchBytes: Int = SearchBudget.defaultBytes
+        name: .customLong("max-search-bytes"),
+        help: ArgumentHelp("Bytes of text one search checks at most; past it, it answers what it found, marked incomplete.", valueName: "bytes"))
+    var maxSearchBytesOption = ByteCount(SearchBudget.defaultBytes)
+    var maxSearchBytes: Int { maxSearchBytesOption.bytes }
+}
+
+/// Who connects, and how.
+struct ListenOptions: ParsableArguments {
+    @Option(name: .long, help: ArgumentHelp("Serve standard input/output as this user, already authenticated.", valueName: "id"))
+    var user: String?
+
+    @Option(name: .long, help: ArgumentHelp("Accept connections at HOST:PORT (TCP; [::1]:PORT for IPv6) or unix:PATH. Repeatable.", valueName: "address"))
+    var listen: [String] = []
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "The only directory socket sessions may attach files from (after resolving links). Without it they attach nothing; standard input/output may name any readable file.",
+            valueName: "dir"))
+    var attachmentsDir: String?
+}
+
+/// What the service says of itself.
+struct ObservabilityOptions: ParsableArguments {
+    @Option(name: .long, help: ArgumentHelp("Serve Prometheus metrics at http://HOST:PORT/metrics.", valueName: "address"))
+    var metrics: String?
+
+    @Option(name: .long, help: ArgumentHelp("trace, debug, info, notice, warning, error or critical. Logs go to standard error.", valueName: "level"))
+    var logLevel: Logger.Level = .info
+
+    @Option(name: .long, help: ArgumentHelp("text (for people) or json (one object per line, for log collectors).", valueName: "format"))
+    var logFormat: LogFormat = .text
 }

@@ -45,5 +45,5 @@ def test_a_socket_path_that_cannot_be_made_or_is_served_says_what_to_do():
         plain = os.path.join(work, "plain")
         open(plain, "w").close()
         done = start(data, "unix:" + plain)
-        assert done.returncode == 1 and b"is a file that is not a socket" in done.stderr
+        assert done.returncode == 1 and b"the path exists and is not a socket" in done.stderr
         assert not os.path.exists(data)

@@ -11,6 +11,7 @@
 // is answered with no failure before it, the request succeeded.
 import { spawn } from "node:child_process";
 import { accessSync, constants, mkdtempSync, rmSync } from "node:fs";
+import { createRequire } from "node:module";
 import { connect as netConnect } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, delimiter, join, resolve } from "node:path";
@@ -55,11 +56,29 @@ function executable(path) {
   }
 }
 
-/** The chatcore executable: `binary`, else $CHATCORE_BINARY, else `chatcore` on PATH, else a
- * build in the current directory or above (.build/release/chatcore, then debug). */
+/** The package carrying this platform's binary, installed beside this one as an optional
+ * dependency (the way esbuild ships its binaries). */
+const PLATFORM_PACKAGE = `chatcore-client-${process.platform}-${process.arch}`;
+
+function givenExecutable(path, givenAs) {
+  const absolute = resolve(path);
+  if (!executable(absolute)) throw new Error(`${givenAs} is ${absolute}, which is not an executable file: point it at the chatcore binary`);
+  return absolute;
+}
+
+/** The chatcore executable: `binary`, else $CHATCORE_BINARY, else the one installed with this
+ * package (its platform package), else `chatcore` on PATH, else a build in the current
+ * directory or above (.build/release/chatcore, then debug). A `binary` or $CHATCORE_BINARY
+ * that is not an executable file throws. */
 export function findBinary(binary) {
-  if (binary) return resolve(binary);
-  if (process.env.CHATCORE_BINARY) return resolve(process.env.CHATCORE_BINARY);
+  if (binary) return givenExecutable(binary, "binary");
+  if (process.env.CHATCORE_BINARY) return givenExecutable(process.env.CHATCORE_BINARY, "CHATCORE_BINARY");
+  try {
+    const bundled = join(dirname(createRequire(import.meta.url).resolve(`${PLATFORM_PACKAGE}/package.json`)), "bin", "chatcore");
+    if (executable(bundled)) return bundled;
+  } catch {
+    // Not installed with its platform package (a checkout of the repository).
+  }
   for (const directory of (process.env.PATH ?? "").split(delimiter)) {
     if (directory && executable(join(directory, "chatcore"))) return join(directory, "chatcore");
   }
@@ -117,7 +136,10 @@ export class Client {
     const quiet = args.includes("--log-level") ? [] : ["--log-level", "warning"];
     const command = ["serve", "--user", user, ...quiet, ...args, ...(dataDir ? ["--data-dir", dataDir] : [])];
     const child = spawn(findBinary(binary), command, { stdio: ["pipe", "pipe", "inherit"] });
-    return new Client(child.stdin, child.stdout, child);
+    const client = new Client(child.stdin, child.stdout, child);
+    // A binary that cannot be started fails the client's requests, not the process.
+    child.once("error", (error) => child.stdout.destroy(error));
+    return client;
   }
 
   /** Connects to a serving chatcore: "unix:/path", "tcp://host:port" or "host:port". */
@@ -326,10 +348,13 @@ export class Server {
     const socket = join(directory, "chatcore.sock");
     const child = spawn(findBinary(binary), ["serve", "--listen", `unix:${socket}`, "--data-dir", dataDir ?? join(directory, "data"), ...args],
       { stdio: ["ignore", "ignore", "inherit"] });
+    let failed = null;
+    child.once("error", (error) => { failed = error; });
     const started = Date.now();
     // The socket file appears when chatcore binds it, a moment before it listens: it is
     // ready once a connection is accepted.
     while (!(await accepts(socket))) {
+      if (failed) throw new ConnectionClosed(`chatcore could not be started: ${failed.message}`);
       if (child.exitCode !== null || Date.now() - started > timeout) {
         throw new ConnectionClosed(`chatcore did not start serving ${socket} (exit ${child.exitCode})`);
       }

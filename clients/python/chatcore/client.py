@@ -20,6 +20,7 @@ import json
 import os
 import pathlib
 import shutil
+import sysconfig
 import tempfile
 from typing import Any, AsyncIterator, Callable
 
@@ -54,13 +55,26 @@ class BinaryNotFound(FileNotFoundError):
     pass
 
 
+def _executable(path: str | os.PathLike[str], given_as: str) -> str:
+    path = os.path.abspath(path)
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise BinaryNotFound(f"{given_as} is {path}, which is not an executable file: point it at the chatcore binary")
+    return path
+
+
 def find_binary(binary: str | os.PathLike[str] | None = None) -> str:
-    """The chatcore executable: `binary`, else $CHATCORE_BINARY, else `chatcore` on PATH, else
-    a build in this or an enclosing directory (`.build/release/chatcore`, then debug)."""
+    """The chatcore executable: `binary`, else $CHATCORE_BINARY, else the one this package was
+    installed with (the wheel's `chatcore` command, in the environment's scripts directory),
+    else `chatcore` on PATH, else a build in this or an enclosing directory
+    (`.build/release/chatcore`, then debug). A `binary` or $CHATCORE_BINARY that is not an
+    executable file raises `BinaryNotFound`."""
     if binary:
-        return os.path.abspath(binary)
+        return _executable(binary, "binary=")
     if os.environ.get("CHATCORE_BINARY"):
-        return os.path.abspath(os.environ["CHATCORE_BINARY"])
+        return _executable(os.environ["CHATCORE_BINARY"], "CHATCORE_BINARY")
+    bundled = pathlib.Path(sysconfig.get_path("scripts")) / "chatcore"
+    if bundled.is_file() and os.access(bundled, os.X_OK):
+        return str(bundled)
     if found := shutil.which("chatcore"):
         return found
     for start in (pathlib.Path.cwd(), pathlib.Path(__file__).resolve().parent):

@@ -146,6 +146,13 @@ def test_without_a_binary_the_error_says_how_to_point_at_one(tmp_path, monkeypat
     assert "CHATCORE_BINARY" in str(error.value) and "make build" in str(error.value)
 
 
+def test_a_wrong_chatcore_binary_raises_the_clients_own_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHATCORE_BINARY", str(tmp_path / "nothing-here"))
+    with pytest.raises(BinaryNotFound) as error:
+        find_binary()
+    assert str(error.value) == f"CHATCORE_BINARY is {tmp_path / 'nothing-here'}, which is not an executable file: point it at the chatcore binary"
+
+
 def test_the_package_installs_into_a_fresh_virtualenv_and_its_example_runs(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
     python = tmp_path / "venv" / "bin" / "python"

@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import {
-  ChatcoreError, ChatcoreTimeout, Client, Server, findBinary,
+  ChatcoreError, ChatcoreTimeout, Client, ConnectionClosed, Server, findBinary,
   chatStart, chatMessageSend, chatMessageRead, chatLeave, requestListAll, requestListMatchingChatMessage, search, identitiesGet,
 } from "../client.js";
 
@@ -129,6 +129,13 @@ async function stopped(pid, timeout = 10000) {
     await new Promise((resolve) => setTimeout(resolve, 10));
   }
 }
+
+test("a binary that cannot be started fails the requests, not the process", async () => {
+  assert.throws(() => findBinary(join(scratch(), "nothing-here")), /binary is .*nothing-here, which is not an executable file/);
+  // A directory passes the executable check but cannot be run: spawning it fails.
+  const client = Client.spawn("alice", { binary: scratch() });
+  await assert.rejects(client.request(chatStart({ invitees: [{ userId: "bob" }], subject: "never" })), ConnectionClosed);
+});
 
 test("without a binary the error says how to point at one", async () => {
   const saved = { binary: process.env.CHATCORE_BINARY, path: process.env.PATH, cwd: process.cwd() };
