@@ -5,7 +5,7 @@ LISTEN  ?= 127.0.0.1:7400
 DATA_DIR ?= $(or $(XDG_DATA_HOME),$(HOME)/.local/share)/chatcore
 RELEASE := .build/release/chatcore
 
-.PHONY: help setup build run run-nodes test test-swift test-python test-node test-postgres test-postgres-if-available test-fuzz generate check-generated format check-format bench soak fuzz asan tsan clean
+.PHONY: help setup build run run-nodes dist wheel npm deb test-dist test test-swift test-python test-node test-postgres test-postgres-if-available test-fuzz generate check-generated format check-format bench soak fuzz asan tsan clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -117,5 +117,37 @@ bench: setup ## run the benchmarks and print a table
 	$(SWIFT) build -c release --product chatcore-bench
 	$(PYTHON) Benchmarks/run.py
 
+VERSION := $(shell sed -n 's/.*static let version = "\(.*\)"/\1/p' Sources/chatcore/Chatcore.swift)
+ARCH := $(shell uname -m)
+DIST_LIBS := $(CURDIR)/.build-dist/static-libs
+DIST_NAME := chatcore-$(VERSION)-linux-$(ARCH)
+
+dist: setup ## a self-contained release binary (the C library and the kernel are all it needs) and dist/$(DIST_NAME).tar.gz with it
+	@mkdir -p $(DIST_LIBS) dist
+	@# Only static libraries in a directory searched first: YAJL, SQLite and the C++ runtime are linked in.
+	ln -sf /usr/lib/$(ARCH)-linux-gnu/libyajl_s.a $(DIST_LIBS)/libyajl.a
+	ln -sf /usr/lib/$(ARCH)-linux-gnu/libsqlite3.a $(DIST_LIBS)/libsqlite3.a
+	ln -sf $$(gcc -print-file-name=libstdc++.a) $(DIST_LIBS)/libstdc++.a
+	@# YAJL's pkg-config names that directory first on the link line, before the system's.
+	sed 's|^Libs: .*|Libs: -L$(DIST_LIBS) -lyajl|' /usr/lib/$(ARCH)-linux-gnu/pkgconfig/yajl.pc > $(DIST_LIBS)/yajl.pc
+	PKG_CONFIG_PATH=$(DIST_LIBS) $(SWIFT) build -c release --product chatcore --static-swift-stdlib --scratch-path .build-dist
+	rm -rf dist/$(DIST_NAME) && mkdir -p dist/$(DIST_NAME)
+	strip -o dist/$(DIST_NAME)/chatcore .build-dist/release/chatcore
+	cp README.md LICENSE CHANGELOG.md packaging/chatcore.service packaging/chatcore.env dist/$(DIST_NAME)/
+	tar -C dist -czf dist/$(DIST_NAME).tar.gz $(DIST_NAME)
+	@echo "dist/$(DIST_NAME).tar.gz: $$(du -h dist/$(DIST_NAME)/chatcore | cut -f1) binary"
+
+wheel: dist ## the Python client's wheel with the binary in it (dist/chatcore-*.whl): pip install it, and chatcore and Client.spawn() work
+	$(PYTHON) packaging/python_wheel.py dist/$(DIST_NAME)/chatcore dist
+
+npm: dist ## the Node client and its platform package with the binary (dist/chatcore-client-*.tgz): npm install both
+	packaging/npm_packages.sh dist/$(DIST_NAME)/chatcore dist
+
+deb: dist ## the Debian package (dist/chatcore_*.deb): /usr/bin/chatcore, the chatcore user, /var/lib/chatcore, a hardened systemd unit and its options file
+	packaging/build_deb.sh dist/$(DIST_NAME)/chatcore $(VERSION) dist
+
+test-dist: dist ## the dist binary, the wheel and the packages, each installed and run where no Swift toolchain can be found
+	$(PYTHON) -m pytest -q Tests/dist
+
 clean:
-	rm -rf .build .build-fuzz .build-asan .build-tsan Benchmarks/out Fuzz/corpus
+	rm -rf .build .build-fuzz .build-asan .build-tsan .build-dist dist Benchmarks/out Fuzz/corpus
