@@ -54,6 +54,8 @@ export class Client {
   events(): EventStream;
   /** The first event (from `events`, or from now on) for which the predicate holds. */
   waitFor(predicate: (name: keyof Events, fields: any) => boolean, options?: { timeout?: number; events?: EventStream }): Promise<EventEntry>;
+  /** Event iterators open now (`events()` not yet ended or returned): for diagnostics. */
+  readonly openEventIterators: number;
   /** Ends the session once the service has answered everything sent. */
   close(): Promise<void>;
 }

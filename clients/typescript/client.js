@@ -249,7 +249,14 @@ export class Client {
       })()]);
     } finally {
       clearTimeout(timer);
+      // An iterator it opened itself is closed: it would otherwise buffer every later event.
+      if (!events) await source.return();
     }
+  }
+
+  /** Event iterators open now (`events()` not yet ended or returned): for diagnostics. */
+  get openEventIterators() {
+    return this.#subscribers.size;
   }
 
   /** Ends the session: no more input; resolves once the service has answered everything. */

@@ -273,6 +273,10 @@ class Client:
             return await asyncio.wait_for(first(), timeout)
         except asyncio.TimeoutError:
             raise ChatcoreTimeout("an event", timeout) from None
+        finally:
+            if events is None:
+                # The iterator opened here stops taking events (it would buffer every later one).
+                await source.aclose()  # type: ignore[attr-defined]
 
     async def _read(self) -> None:
         try:

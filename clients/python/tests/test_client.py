@@ -146,6 +146,18 @@ def test_without_a_binary_the_error_says_how_to_point_at_one(tmp_path, monkeypat
     assert "CHATCORE_BINARY" in str(error.value) and "make build" in str(error.value)
 
 
+def test_wait_for_closes_the_event_iterator_it_opened(tmp_path):
+    async def scenario():
+        async with await Client.spawn("alice", data_dir=tmp_path) as alice:
+            for n in range(8):
+                waiting = asyncio.ensure_future(alice.wait_for(lambda name, body, n=n: name == "identities" and body.get("cookie") == f"w{n}"))
+                await asyncio.sleep(0)  # it is listening before the request goes out
+                await alice.send(protocol.identities_get(cookie=f"w{n}", appUserIds=["alice"]))
+                await waiting
+            assert alice._subscribers == [], "each wait_for left a queue taking every later event"
+    run(scenario())
+
+
 def test_a_wrong_chatcore_binary_raises_the_clients_own_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CHATCORE_BINARY", str(tmp_path / "nothing-here"))
     with pytest.raises(BinaryNotFound) as error:

@@ -130,6 +130,20 @@ async function stopped(pid, timeout = 10000) {
   }
 }
 
+test("waitFor closes the event iterator it opened", async () => {
+  const alice = Client.spawn("alice", { dataDir: join(scratch(), "data") });
+  try {
+    for (let n = 0; n < 8; n++) {
+      const waiting = alice.waitFor((name, fields) => name === "identities" && fields.cookie === `w${n}`);
+      alice.send(identitiesGet({ cookie: `w${n}`, appUserIds: ["alice"] }));
+      await waiting;
+    }
+    assert.equal(alice.openEventIterators, 0, "each waitFor left its iterator subscribed, buffering every later event");
+  } finally {
+    await alice.close();
+  }
+});
+
 test("a binary that cannot be started fails the requests, not the process", async () => {
   assert.throws(() => findBinary(join(scratch(), "nothing-here")), /binary is .*nothing-here, which is not an executable file/);
   // A directory passes the executable check but cannot be run: spawning it fails.
