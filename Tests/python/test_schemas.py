@@ -75,6 +75,10 @@ def test_what_the_service_writes_matches_the_event_schema():
 
 
 def test_generated_code_is_up_to_date():
+    # A tree built only for a sanitizer (.build-tsan) has no codegen here; `make test`
+    # checks the generated files itself (check-generated) before any of this runs.
+    if not (ROOT / ".build" / "debug" / "chatcore-codegen").exists():
+        pytest.skip("chatcore-codegen is not built in .build")
     result = subprocess.run(["swift", "run", "--skip-build", "chatcore-codegen", "--check", "Schemas", "Sources/ChatProtocol/Generated"],
                             cwd=ROOT, capture_output=True, text=True)
     if "error: no executable product" in result.stderr or "--skip-build" in result.stderr:
