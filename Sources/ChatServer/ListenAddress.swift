@@ -1,8 +1,63 @@
+import ChatEngine
+import ChatSession
+import ChatWire
+import Dispatch
 import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import Synchronization
+import Threads
 
-#if canImport(Glibc)
-    import Glibc
-#endif
+/// Where to listen: `HOST:PORT` (TCP, `[::1]:PORT` for IPv6) or `unix:PATH`.
+public enum ListenAddress: Sendable, CustomStringConvertible, Equatable {
+    case tcp(host: String, port: Int)
+    case unix(path: String)
+
+    public init?(_ text: String) {
+        if text.hasPrefix("unix:") {
+            let path = String(text.dropFirst(5))
+            guard !path.isEmpty else { return nil }
+            self = .unix(path: path)
+            return
+        }
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port) else {
+            return nil
+        }
+        var host = String(text[..<colon])
+        if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty else { return nil }
+        self = .tcp(host: host, port: port)
+    }
+
+    public var description: String {
+        switch self {
+        case .tcp(let host, let port): return host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        case .unix(let path): return "unix:\(path)"
+        }
+    }
+
+    /// True when every address the host resolves to is loopback (or it is a Unix socket).
+    public func isLoopbackOnly() -> Bool {
+        switch self {
+        case .unix:
+            return true
+        case .tcp(let host, let port):
+            guard let address = try? SocketAddress.makeAddressResolvingHost(host, port: port) else { return false }
+            switch address {
+            case .v4(let v4):
+                return (UInt32(bigEndian: v4.address.sin_addr.s_addr) >> 24) == 127
+            case .v6(let v6):
+                var loopback = in6addr_loopback
+                return withUnsafeBytes(of: v6.address.sin6_addr) { mine in
+                    withUnsafeBytes(of: &loopback) { mine.elementsEqual($0) }
+                }
+            default:
+                return false
+            }
+        }
+    }
+}
 
 extension ListenAddress {
     /// What would keep the service from listening here, in one sentence that says what to
