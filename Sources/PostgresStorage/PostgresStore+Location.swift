@@ -134,7 +134,7 @@ extension PostgresStore {
             case .unix(let path):
                 configuration = .init(unixSocketPath: path, username: user, password: password, database: database)
             }
-            configuration.options.connectTimeout = .seconds(5)
+            configuration.options.connectTimeout = .seconds(PostgresStore.connectionPatience.components.seconds)
             // Every connection of this process is named after it: a node taking over
             // from a writer that stopped answering ends exactly that writer's sessions.
             configuration.options.additionalStartupParameters = [("application_name", PostgresStore.nodeName)]
