@@ -133,7 +133,7 @@ dist: setup ## a self-contained release binary (the C library and the kernel are
 	PKG_CONFIG_PATH=$(DIST_LIBS) $(SWIFT) build -c release --product chatcore --static-swift-stdlib --scratch-path .build-dist
 	rm -rf dist/$(DIST_NAME) && mkdir -p dist/$(DIST_NAME)
 	strip -o dist/$(DIST_NAME)/chatcore .build-dist/release/chatcore
-	cp README.md LICENSE CHANGELOG.md packaging/chatcore.service packaging/chatcore.env dist/$(DIST_NAME)/
+	cp README.md LICENSE CHANGELOG.md packaging/chatcore.service packaging/chatcore.yaml dist/$(DIST_NAME)/
 	tar -C dist -czf dist/$(DIST_NAME).tar.gz $(DIST_NAME)
 	@echo "dist/$(DIST_NAME).tar.gz: $$(du -h dist/$(DIST_NAME)/chatcore | cut -f1) binary"
 

@@ -2,7 +2,7 @@
 # Builds chatcore's Debian package from a self-contained binary (make dist):
 #   packaging/build_deb.sh BINARY VERSION OUTPUT_DIRECTORY
 # It installs /usr/bin/chatcore, the system user chatcore, /var/lib/chatcore (0700, the
-# user's), the hardened unit chatcore.service and its options in /etc/chatcore/chatcore.env
+# user's), the hardened unit chatcore.service and its options in /etc/chatcore/chatcore.yaml
 # (a conffile: an upgrade keeps the operator's edits).
 set -eu
 binary=$1 version=$2 output=$3
@@ -12,7 +12,7 @@ root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
 install -D -m 0755 "$binary" "$root/usr/bin/chatcore"
 install -D -m 0644 "$here/chatcore.service" "$root/lib/systemd/system/chatcore.service"
-install -D -m 0640 "$here/chatcore.env" "$root/etc/chatcore/chatcore.env"
+install -D -m 0640 "$here/chatcore.yaml" "$root/etc/chatcore/chatcore.yaml"
 install -D -m 0644 "$here/../LICENSE" "$root/usr/share/doc/chatcore/copyright"
 install -D -m 0644 "$here/../README.md" "$root/usr/share/doc/chatcore/README.md"
 mkdir -p "$root/DEBIAN"
@@ -30,7 +30,7 @@ Description: chat core speaking BBMDS JSON over sockets and standard input/outpu
  search and change feeds, durable in SQLite or PostgreSQL, for applications in any
  language (and bbmcore applications, unmodified).
 CONTROL
-echo /etc/chatcore/chatcore.env > "$root/DEBIAN/conffiles"
+echo /etc/chatcore/chatcore.yaml > "$root/DEBIAN/conffiles"
 cat > "$root/DEBIAN/postinst" <<'POSTINST'
 #!/bin/sh
 set -e
@@ -38,7 +38,7 @@ if [ "$1" = configure ]; then
     getent group chatcore >/dev/null || addgroup --system chatcore
     getent passwd chatcore >/dev/null || adduser --system --ingroup chatcore --home /var/lib/chatcore --no-create-home --shell /usr/sbin/nologin chatcore
     install -d -o chatcore -g chatcore -m 0700 /var/lib/chatcore
-    chgrp chatcore /etc/chatcore/chatcore.env
+    chgrp chatcore /etc/chatcore/chatcore.yaml
     if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
 fi
 POSTINST

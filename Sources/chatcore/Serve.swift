@@ -37,6 +37,7 @@ struct Serve: AsyncParsableCommand {
             """
     )
 
+    @OptionGroup(title: "Configuration") var configuration: ConfigurationOptions
     @OptionGroup(title: "Listening") var listening: ListenOptions
     @OptionGroup(title: "Authentication") var auth: AuthOptions
     @OptionGroup(title: "Store and nodes") var storage: StoreOptions

@@ -209,3 +209,17 @@ struct ObservabilityOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("text (for people) or json (one object per line, for log collectors).", valueName: "format"))
     var logFormat: LogFormat = .text
 }
+
+/// Where the other options come from besides the command line (read by `Settings` before
+/// parsing; declared here so that the parser accepts them and `--help` shows them).
+struct ConfigurationOptions: ParsableArguments {
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "A YAML file of options by their long names (max-line-bytes: 2 MiB, listen: [127.0.0.1:7400], insecure-no-auth: true). Each option is also read from the environment as CHATCORE_<NAME> (CHATCORE_MAX_LINE_BYTES; a list separated by commas). The command line wins over the environment, which wins over the file. Default: $CHATCORE_CONFIG.",
+            valueName: "file"))
+    var config: String?
+
+    @Flag(name: .long, help: "Print the settings in effect as a config file, each with where it came from, and exit.")
+    var showConfig = false
+}

@@ -18,7 +18,7 @@ from conftest import ROOT
 from test_dist import dist_binary
 
 UNIT = pathlib.Path("/lib/systemd/system/chatcore.service")
-OPTIONS = pathlib.Path("/etc/chatcore/chatcore.env")
+OPTIONS = pathlib.Path("/etc/chatcore/chatcore.yaml")
 
 
 @pytest.fixture
@@ -55,13 +55,14 @@ def test_the_service_reads_its_options_from_the_configuration_file(installed, tm
     secret.write_bytes(os.urandom(32))
     os.chown(secret, pwd.getpwnam("chatcore").pw_uid, -1)
     secret.chmod(0o400)
-    OPTIONS.write_text(f"CHATCORE_ARGS=--listen 127.0.0.1:{port} --auth-secret-file {secret}\n")
-    # As the unit starts it: its EnvironmentFile, its user, its command line.
-    arguments = shlex.split(OPTIONS.read_text().split("=", 1)[1])
+    # The packaged file, its listener moved to a free port, as the operator would edit it.
+    packaged = OPTIONS.read_text()
+    assert "listen:\n  - 127.0.0.1:7400\n" in packaged and "data-dir: /var/lib/chatcore" in packaged
+    OPTIONS.write_text(packaged.replace("127.0.0.1:7400", f"127.0.0.1:{port}").replace("metrics: 127.0.0.1:9400\n", ""))
+    # As the unit starts it: its user, its command line.
     unit = UNIT.read_text()
     command = next(line for line in unit.splitlines() if line.startswith("ExecStart=")).removeprefix("ExecStart=")
-    command = shlex.split(command.replace("$CHATCORE_ARGS", ""))
-    server = subprocess.Popen(["runuser", "-u", "chatcore", "--"] + command + arguments, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(["runuser", "-u", "chatcore", "--"] + shlex.split(command), stderr=subprocess.PIPE, text=True)
     try:
         for line in server.stderr:
             if "listening" in line:

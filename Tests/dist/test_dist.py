@@ -26,7 +26,7 @@ def test_the_binary_needs_no_swift_library():
 
 def test_the_archive_holds_the_binary_the_license_the_readme_and_the_unit():
     archive = dist_binary().parent
-    for name in ("chatcore", "LICENSE", "README.md", "CHANGELOG.md", "chatcore.service", "chatcore.env"):
+    for name in ("chatcore", "LICENSE", "README.md", "CHANGELOG.md", "chatcore.service", "chatcore.yaml"):
         assert (archive / name).exists(), name
     assert (archive.parent / f"{archive.name}.tar.gz").exists()
 
