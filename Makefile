@@ -13,10 +13,12 @@ help: ## this list
 setup: ## install the system packages and Python test tools (Debian; run as root)
 	@missing=""; for p in libyajl-dev libsqlite3-dev pkg-config strace netcat-openbsd python3-venv postgresql; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	command -v node >/dev/null || missing="$$missing nodejs"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
+	command -v tsc >/dev/null || missing="$$missing node-typescript"; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && apt-get install -y -qq $$missing; fi
-	@$(PYTHON) -c "import jsonschema, referencing, pytest, cryptography, prometheus_client" 2>/dev/null || \
-	  $(PYTHON) -m pip install --quiet pytest "jsonschema>=4.18" cryptography prometheus_client 2>/dev/null || \
-	  (apt-get update -qq && apt-get install -y -qq python3-pytest python3-jsonschema python3-cryptography python3-prometheus-client)
+	@$(PYTHON) -c "import jsonschema, referencing, pytest, cryptography, prometheus_client, mypy" 2>/dev/null || \
+	  $(PYTHON) -m pip install --quiet pytest "jsonschema>=4.18" cryptography prometheus_client mypy 2>/dev/null || \
+	  (apt-get update -qq && apt-get install -y -qq python3-pytest python3-jsonschema python3-cryptography python3-prometheus-client mypy)
 	@command -v $(SWIFT) >/dev/null || { echo "Swift 6.1 or later is needed: https://www.swift.org/install/linux/"; exit 1; }
 
 build: setup ## build the release binary

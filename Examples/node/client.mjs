@@ -1,22 +1,23 @@
-// A chatcore session from Node.js, with the client in clients/typescript (`npm install
-// ./clients/typescript`, or run from the repository as is):
+// A chatcore session from Node.js, with the client in clients/typescript as this
+// directory's package.json names it:
 //
-//     node Examples/node/client.mjs
+//     cd Examples/node && npm install && node client.mjs
 //
 // It spawns `chatcore serve --user alice` on a fresh data directory, starts a chat with bob,
 // sends a message, reads the chat back, and shows a refused request. The binary is found
 // through CHATCORE_BINARY, PATH, or a build of this repository (`make build`).
+// @ts-check
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Client, chatStart, chatMessageSend, identitiesGet, requestListMatchingChatMessage } from "../../clients/typescript/client.js";
+import { ChatcoreError, Client, chatStart, chatMessageSend, identitiesGet, requestListMatchingChatMessage } from "chatcore-client";
 
 const dataDir = mkdtempSync(join(tmpdir(), "chatcore-node-"));
 let alice;
 try {
   alice = Client.spawn("alice", { dataDir });
 } catch (error) {
-  console.error(error.message);
+  console.error(error instanceof Error ? error.message : error);
   process.exit(1);
 }
 const me = await alice.request(identitiesGet({ appUserIds: ["alice"] }));
@@ -30,6 +31,7 @@ for (const message of window.elements) console.log(" ", message.messageId, messa
 try {
   await alice.request({ chatMessageSend: { chatId: chat.chatId, tag: "Text", misspelled: true } });
 } catch (refused) {
+  if (!(refused instanceof ChatcoreError)) throw refused;
   console.log("refused:", refused.error, refused.reason);
 }
 await alice.close();

@@ -1,5 +1,5 @@
-"""A chatcore session from Python, with the client in clients/python (`pip install
-./clients/python`, or run from the repository as is):
+"""A chatcore session from Python, with the client in clients/python installed (`pip
+install ./clients/python`, or `PYTHONPATH=clients/python` in the repository):
 
     python3 Examples/python/chat.py
 
@@ -8,21 +8,16 @@ sends a message, reads the chat back, and shows a refused request. The binary is
 through CHATCORE_BINARY, PATH, or a build of this repository (`make build`).
 """
 import asyncio
-import pathlib
 import sys
 import tempfile
 
-try:
-    import chatcore
-except ImportError:  # not installed: use the repository's copy
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "clients" / "python"))
-    import chatcore
+import chatcore
 from chatcore import ChatcoreError, Client, protocol
 
 
-async def main():
+async def main() -> None:
     with tempfile.TemporaryDirectory() as data:
-        async with await Client.spawn("alice", data_dir=data) as alice:
+        async with Client.spawn("alice", data_dir=data) as alice:
             me = await alice.request(protocol.identities_get(appUserIds=["alice"]))
             print("alice is", me["info"][0]["uri"])
             chat = await alice.request(protocol.chat_start(invitees=[{"userId": "bob"}], subject="Lunch"))

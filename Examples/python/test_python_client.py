@@ -6,10 +6,16 @@ import subprocess
 import sys
 
 EXAMPLE = pathlib.Path(__file__).with_name("chat.py")
+CLIENT = pathlib.Path(__file__).resolve().parents[2] / "clients" / "python"
+
+
+def with_client(env):
+    """The example imports the installed package: here, the repository's copy."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(CLIENT), env.get("PYTHONPATH")]))}
 
 
 def test_the_python_example_chats_through_the_client():
-    result = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=120, env=with_client(os.environ))
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "alice is bbmpim://user/id/0",
@@ -29,6 +35,7 @@ def test_without_a_binary_the_example_says_how_to_point_at_one(tmp_path):
     shutil.copy(EXAMPLE, tmp_path / "Examples" / "python")
     env = {key: value for key, value in os.environ.items() if key != "CHATCORE_BINARY"}
     env["PATH"] = os.path.dirname(sys.executable)
+    env["PYTHONPATH"] = str(tmp_path / "clients" / "python")
     result = subprocess.run([sys.executable, str(tmp_path / "Examples" / "python" / "chat.py")], capture_output=True, text=True,
                             timeout=60, cwd=tmp_path, env=env)
     assert result.returncode == 1

@@ -6,6 +6,7 @@ each message's delivery status change live. It reacts to events as a bbmcore app
 handler per event), and builds its requests with the Python client's typed builders
 (`chatcore.protocol`).
 
+    # with the client installed (pip install ./clients/python, or PYTHONPATH=clients/python),
     # spawn chatcore on this user's own data directory (standard input/output):
     python3 simple_chat.py --user alice
     # or connect to a running service (make run) as one of several users:
@@ -27,19 +28,20 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
+from typing import IO, Any, TextIO
 
-try:
-    import chatcore
-except ImportError:  # not installed (pip install ./clients/python): use the repository's copy
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "clients", "python"))
-    import chatcore
+import chatcore
 from chatcore import protocol
 
 
 class Connection:
     """Newline-delimited JSON to chatcore: a spawned child, or a TCP / Unix socket."""
 
-    def __init__(self, args):
+    def __init__(self, args: argparse.Namespace):
+        self.process: subprocess.Popen[str] | None
+        self.reader: IO[str]
+        self.writer: IO[str]
         if args.connect:
             if args.connect.startswith("unix:"):
                 sock = socket.socket(socket.AF_UNIX)
@@ -55,17 +57,18 @@ class Connection:
             self.process = subprocess.Popen([args.binary, "serve", "--user", args.user, "--data-dir", data_dir],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                             text=True, bufsize=1)
+            assert self.process.stdout is not None and self.process.stdin is not None
             self.reader, self.writer = self.process.stdout, self.process.stdin
 
-    def send(self, message):
+    def send(self, message: dict[str, Any]) -> None:
         self.writer.write(json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\n")
         self.writer.flush()
 
-    def events(self):
+    def events(self) -> Iterator[dict[str, Any]]:
         for line in self.reader:
             yield json.loads(line)
 
-    def close(self):
+    def close(self) -> None:
         try:
             self.writer.close()
         except OSError:
@@ -75,30 +78,30 @@ class Connection:
 
 
 class SimpleChat:
-    def __init__(self, connection, user, out=sys.stdout):
+    def __init__(self, connection: Connection, user: str, out: TextIO = sys.stdout):
         self.connection = connection
         self.user = user
         self.out = out
         self.lock = threading.Lock()
-        self.my_uri = None
-        self.users = {}          # uri -> userId
-        self.chats = {}          # chatId -> chat element
-        self.open_chat = None
+        self.my_uri: str | None = None
+        self.users: dict[str, str] = {}             # uri -> userId
+        self.chats: dict[str, dict[str, Any]] = {}  # chatId -> chat element (as changes left it)
+        self.open_chat: str | None = None
         self.ready = threading.Event()
 
-    def say(self, text):
+    def say(self, text: str) -> None:
         with self.lock:
             self.out.write(text + "\n")
             self.out.flush()
 
-    def name(self, uri):
+    def name(self, uri: str) -> str:
         if uri == self.my_uri:
             return "me"
         return self.users.get(uri, uri)
 
     # events
 
-    def listen(self):
+    def listen(self) -> None:
         for event in self.connection.events():
             (kind, body), = event.items()
             handler = getattr(self, "on_" + kind, None)
@@ -106,7 +109,7 @@ class SimpleChat:
                 handler(body)
         self.say("* chatcore closed the connection")
 
-    def on_listChange(self, body):
+    def on_listChange(self, body: dict[str, Any]) -> None:
         if body["type"] == "global":
             for element in body["elements"]:
                 if element["name"] == "localUri":
@@ -123,7 +126,7 @@ class SimpleChat:
                 if "state" in change and change["chatId"] == self.open_chat:
                     self.say(f"  #{change['messageId']} is now {change['state']}")
 
-    def on_listAdd(self, body):
+    def on_listAdd(self, body: dict[str, Any]) -> None:
         if body["type"] == "chat":
             for chat in body["elements"]:
                 self.chats[chat["chatId"]] = chat
@@ -139,7 +142,7 @@ class SimpleChat:
                 if participant["userUri"] not in self.users:
                     self.connection.send(protocol.request_list_elements_user(elements=[{"uri": participant["userUri"]}]))
 
-    def on_listChunk(self, body):
+    def on_listChunk(self, body: dict[str, Any]) -> None:
         # A list answer opens with its header (listAll, listElements, listMatching); its
         # chunks follow, the final one with "last": true.
         if body["type"] == "chatMessage":
@@ -157,23 +160,23 @@ class SimpleChat:
         if body["type"] == "chat" and body.get("cookie") == "chats" and body.get("last"):
             self.list_chats()
 
-    def opened(self, chat_id):
+    def opened(self, chat_id: str) -> None:
         self.open_chat = chat_id
         self.say(f"* chat {chat_id} is open: type to send")
 
-    def on_chatStartFailed(self, body):
+    def on_chatStartFailed(self, body: dict[str, Any]) -> None:
         if body["reason"] == "AlreadyExists":
             self.opened(body["chatId"])  # the one-to-one chat we already have
         else:
             self.say(f"! could not start the chat: {body['reason']} ({body.get('detail', '')})")
 
-    def on_requestFailed(self, body):
+    def on_requestFailed(self, body: dict[str, Any]) -> None:
         self.say(f"! {body.get('request', 'request')} failed: {body['error']}: {body['reason']}")
 
-    def on_setupError(self, body):
+    def on_setupError(self, body: dict[str, Any]) -> None:
         self.say(f"! authentication failed: {body['error']}")
 
-    def show(self, message, live):
+    def show(self, message: dict[str, Any], live: bool) -> None:
         if message["tag"] != "Text":
             return  # like the Spark sample: only Text is rendered
         if live and message["chatId"] != self.open_chat:
@@ -183,7 +186,7 @@ class SimpleChat:
         status = f" [{message['state']}]" if message["senderUri"] == self.my_uri else ""
         self.say(f"  #{message['messageId']} {self.name(message['senderUri'])}: {text}{status}")
 
-    def list_chats(self):
+    def list_chats(self) -> None:
         if not self.chats:
             self.say("* no chats yet: /start USERID [SUBJECT]")
         for chat in sorted(self.chats.values(), key=lambda c: int(c["chatId"])):
@@ -191,7 +194,7 @@ class SimpleChat:
 
     # commands
 
-    def command(self, line):
+    def command(self, line: str) -> bool:
         if line.startswith("/start "):
             parts = line.split(maxsplit=2)
             subject = parts[2] if len(parts) == 3 else None
@@ -204,8 +207,8 @@ class SimpleChat:
             self.connection.send(protocol.request_list_matching_chat_message(
                 criteria={"chatId": self.open_chat, "tag": "Text"}, window={"timestamp": 2 ** 40, "before": 20}, cookie="open"))
         elif line == "/read":
-            chat = self.chats.get(self.open_chat)
-            if chat and chat.get("lastMessage"):
+            chat = self.chats.get(self.open_chat) if self.open_chat else None
+            if self.open_chat and chat and chat.get("lastMessage"):
                 self.connection.send(protocol.chat_message_read(chatId=self.open_chat, messageId=str(chat["lastMessage"])))
         elif line == "/quit":
             return False
@@ -218,8 +221,8 @@ class SimpleChat:
         return True
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--user", required=True)
     parser.add_argument("--connect", help="HOST:PORT or unix:PATH of a running chatcore")
     parser.add_argument("--token", default="-", help="JWT for --connect (any text with --insecure-no-auth)")

@@ -17,7 +17,8 @@ BINARY = os.environ.get("CHATCORE_BINARY") or str(ROOT / ".build" / "debug" / "c
 class Terminal:
     def __init__(self, user, *args):
         self.process = subprocess.Popen([sys.executable, str(HERE / "simple_chat.py"), "--user", user, "--binary", BINARY, *args],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                        env={**os.environ, "PYTHONPATH": str(ROOT / "clients" / "python")})
         self.lines = queue.Queue()
         threading.Thread(target=lambda: [self.lines.put(line.rstrip("\n")) for line in self.process.stdout], daemon=True).start()
         self.seen = []

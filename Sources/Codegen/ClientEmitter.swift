@@ -35,6 +35,8 @@ struct ClientEmitter {
         /// One builder per variant (`requestListMatching` has several), or one.
         let builders: [Builder]
         let answers: [String]
+        /// The list whose `listAdd` element answers it (`x-answer-list`).
+        let answerList: String?
         let description: String?
 
         var takesCookie: Bool { builders.allSatisfy { $0.structure.fields.contains { $0.name == "cookie" } } }
@@ -47,17 +49,19 @@ struct ClientEmitter {
             let file = "requests/\(wireName).json"
             guard let typeName = reader.files[file]?["title"]?.stringValue else { return nil }
             let answers = reader.answers(toRequestIn: file)
+            let answerList = reader.answerList(ofRequestIn: file)
             switch catalogue[typeName] {
             case .structure(let structure)?:
                 return RequestInfo(
                     wireName: wireName, typeName: typeName, builders: [Builder(suffix: "", discriminator: nil, structure: structure)],
-                    answers: answers, description: structure.description)
+                    answers: answers, answerList: answerList, description: structure.description)
             case .union(_, let description, let discriminator, let variants)?:
                 let builders = variants.compactMap { variant -> Builder? in
                     guard case .structure(let structure)? = catalogue[variant.type] else { return nil }
                     return Builder(suffix: variant.value, discriminator: (discriminator, variant.value), structure: structure)
                 }
-                return RequestInfo(wireName: wireName, typeName: typeName, builders: builders, answers: answers, description: description)
+                return RequestInfo(
+                    wireName: wireName, typeName: typeName, builders: builders, answers: answers, answerList: answerList, description: description)
             default:
                 return nil
             }
@@ -68,6 +72,67 @@ struct ClientEmitter {
         reader.messageNames(in: "event.json").compactMap { name in
             reader.files["events/\(name).json"]?["title"]?.stringValue.map { (name, $0) }
         }
+    }
+
+    /// What a client's `request` resolves with for one builder's request (the clients'
+    /// "Reference" in docs/protocol.md): read from the request's `x-answer` and
+    /// `x-answer-list`.
+    enum Outcome {
+        /// Answered only when it fails.
+        case nothing
+        /// `authToken`: the `global` values once set up.
+        case globals
+        /// A list request: its header and every element, of this type.
+        case list(element: String)
+        /// `requestListAll`: a list of the elements of its `type`, by that value.
+        case listByType([(list: String, element: String)])
+        /// The `listAdd` element that carries the request's cookie (a started chat).
+        case element(String)
+        /// The answer event's fields.
+        case event(String)
+    }
+
+    func outcome(of request: RequestInfo, _ builder: Builder) -> Outcome {
+        let answers = request.answers
+        guard let first = answers.first else { return .nothing }
+        if answers.contains("listChunk") {
+            if let (_, list) = builder.discriminator, let element = reader.elementType(ofList: list) { return .list(element: element) }
+            if let field = builder.parameters.first(where: { $0.name == "type" }), case .enumeration(_, let lists) = field.shape {
+                return .listByType(lists.compactMap { list in reader.elementType(ofList: list).map { (list, $0) } })
+            }
+        }
+        if answers.contains("listAdd"), let list = request.answerList, let element = reader.elementType(ofList: list) { return .element(element) }
+        if answers.contains("listChange") { return .globals }
+        return reader.eventType(named: first).map { .event($0) } ?? .nothing
+    }
+
+    /// The types a request may carry: ids in them may be given as numbers too. The others
+    /// (events, list elements) are only written by the service, whose ids are strings.
+    var inputTypes: Set<String> {
+        var found: Set<String> = []
+        func visit(_ shape: FieldShape) {
+            switch shape {
+            case .object(let name), .union(let name):
+                guard found.insert(name).inserted else { return }
+                switch catalogue[name] {
+                case .structure(let structure)?:
+                    for field in structure.fields { visit(field.shape) }
+                case .union(_, _, _, let variants)?:
+                    for variant in variants { visit(.object(variant.type)) }
+                default: break
+                }
+            case .array(let element, _, _): visit(element)
+            case .nullable(let inner): visit(inner)
+            default: break
+            }
+        }
+        for request in requests {
+            for builder in request.builders {
+                found.insert(builder.structure.name)
+                for field in builder.structure.fields { visit(field.shape) }
+            }
+        }
+        return found
     }
 
     static func snake(_ name: String) -> String {
@@ -101,11 +166,24 @@ struct ClientEmitter {
         case .integer: return "int"
         case .id64: return input ? "str | int" : "str"
         case .boolean: return "bool"
-        case .json(let objectOnly): return objectOnly ? "dict[str, Any]" : "Any"
+        // No Any: a value of Any in an answer's type would make `Client.request`'s overloads
+        // ambiguous to mypy, which then types the outcome Any. What the caller gives is read
+        // only (Mapping, covariant); what the service gives is a dict of values to narrow.
+        case .json(let objectOnly): return objectOnly ? (input ? "Mapping[str, object]" : "dict[str, object]") : "object"
         case .object(let name), .union(let name): return name
         case .array(let element, _, _): return "list[\(python(element, input: input))]"
         case .nullable(let inner): return python(inner, input: input) + " | None"
         case .rejected: return "Any"
+        }
+    }
+
+    static func python(_ outcome: Outcome) -> String {
+        switch outcome {
+        case .nothing: return "None"
+        case .globals: return "dict[str, object]"
+        case .list(let element): return "ListAnswer[\(element)]"
+        case .listByType: return "ListAnswer[Any]"
+        case .element(let type), .event(let type): return type
         }
     }
 
@@ -115,22 +193,38 @@ struct ClientEmitter {
             Schemas/ (see docs/protocol.md). Do not edit: run `make generate`.\"\"\"
             from __future__ import annotations
 
-            from typing import Any, Literal, NotRequired, TypedDict, Union
+            from collections.abc import Mapping
+            from typing import Any, Generic, Literal, NotRequired, TypedDict, TypeVar, Union, overload
+
+            Answer = TypeVar("Answer")
+            Element = TypeVar("Element")
 
 
-            def _message(name: str, fields: dict[str, Any]) -> dict[str, Any]:
-                return {name: {key: value for key, value in fields.items() if value is not None}}
+            class RequestLine(dict[str, Any], Generic[Answer]):
+                \"\"\"One request's line, `{name: {fields}}`, typed by what `Client.request` resolves
+                with for it (`Answer`).\"\"\"
+
+
+            class ListAnswer(TypedDict, Generic[Element]):
+                \"\"\"What a list request resolves with: its header and the elements of every chunk.\"\"\"
+                header: ListAll | ListElements | ListMatching
+                elements: list[Element]
+
+
+            def _message(name: str, fields: dict[str, Any]) -> RequestLine[Any]:
+                return RequestLine({name: {key: value for key, value in fields.items() if value is not None}})
 
 
             # Objects and values (requests, events, list elements and what they share).
 
             """
+        let inputs = inputTypes
         for name in catalogue.keys.sorted() {
             switch catalogue[name]! {
             case .structure(let structure):
                 out += "\(name) = TypedDict(\(ClientEmitter.quoted(name)), {\n"
                 for field in structure.fields where field.shape != .rejected {
-                    let type = ClientEmitter.python(field.shape, input: true)
+                    let type = ClientEmitter.python(field.shape, input: inputs.contains(name))
                     out += "    \(ClientEmitter.quoted(field.name)): \(ClientEmitter.quoted(field.required ? type : "NotRequired[\(type)]")),\n"
                 }
                 out += "})\n"
@@ -144,17 +238,30 @@ struct ClientEmitter {
                 break
             }
         }
-        out += "\n# Request builders: each returns the line's object, {name: {fields}}; None leaves a field out.\n\n"
+        out += "\n# Request builders: each returns the line's object, {name: {fields}}, typed by what\n"
+        out += "# Client.request resolves with for it; None leaves a field out.\n\n"
         for request in requests {
             for builder in request.builders {
                 let function = ClientEmitter.snake(request.wireName) + (builder.suffix.isEmpty ? "" : "_" + ClientEmitter.snake(builder.suffix))
                 let fields = builder.parameters
                 let ordered = fields.filter(Builder.isRequired) + fields.filter { !Builder.isRequired($0) }
-                var parameters = ordered.map { field in
-                    "\(field.name): \(ClientEmitter.python(field.shape, input: true))" + (Builder.isRequired(field) ? "" : " | None = None")
+                func parameters(type: (Field) -> String) -> String {
+                    var parameters = ordered.map { field in "\(field.name): \(type(field))" + (Builder.isRequired(field) ? "" : " | None = None") }
+                    if !parameters.isEmpty { parameters.insert("*", at: 0) }
+                    return parameters.joined(separator: ", ")
                 }
-                if !parameters.isEmpty { parameters.insert("*", at: 0) }
-                out += "def \(function)(\(parameters.joined(separator: ", "))) -> dict[str, Any]:\n"
+                let outcome = outcome(of: request, builder)
+                if case .listByType(let lists) = outcome {
+                    // One overload per list: the answer's elements are that list's.
+                    for (list, element) in lists {
+                        let typed = parameters { field in
+                            field.name == "type" ? "Literal[\(ClientEmitter.quoted(list))]" : ClientEmitter.python(field.shape, input: true)
+                        }
+                        out += "@overload\ndef \(function)(\(typed)) -> RequestLine[ListAnswer[\(element)]]: ...\n\n\n"
+                    }
+                }
+                let answer = ClientEmitter.python(outcome)
+                out += "def \(function)(\(parameters { ClientEmitter.python($0.shape, input: true) })) -> RequestLine[\(answer)]:\n"
                 out +=
                     "    \"\"\"\((builder.structure.description ?? request.description ?? request.wireName).replacingOccurrences(of: "\"\"\"", with: "'''"))\"\"\"\n"
                 var members = ordered.map { "\(ClientEmitter.quoted($0.name)): \($0.name)" }
@@ -246,6 +353,16 @@ struct ClientEmitter {
         return out
     }
 
+    static func typescript(_ outcome: Outcome) -> String {
+        switch outcome {
+        case .nothing: return "undefined"
+        case .globals: return "Record<string, unknown>"
+        case .list(let element): return "ListAnswer<\(element)>"
+        case .listByType: return "ListAnswer<Elements[T]>"
+        case .element(let type), .event(let type): return type
+        }
+    }
+
     /// The declarations of the ES module: every type, the builders, the events.
     func renderDeclarations() -> String {
         var out = """
@@ -255,8 +372,22 @@ struct ClientEmitter {
             /** A builder's fields: the cookie may be left out (the client gives each request one). */
             export type CookieOptional<T> = T extends { cookie: string } ? Omit<T, "cookie"> & { cookie?: string } : T;
 
+            declare const answer: unique symbol;
+
+            /** What `Client.request` resolves with for a line built here (a type only: the line has no such property). */
+            export interface Answered<Answer> {
+              readonly [answer]?: Answer;
+            }
+
+            /** What a list request resolves with: its header and the elements of every chunk. */
+            export interface ListAnswer<Element> {
+              header: ListAll | ListElements | ListMatching;
+              elements: Element[];
+            }
+
 
             """
+        let inputs = inputTypes
         for name in catalogue.keys.sorted() {
             switch catalogue[name]! {
             case .structure(let structure):
@@ -264,7 +395,7 @@ struct ClientEmitter {
                 out += "export interface \(name) {\n"
                 for field in structure.fields where field.shape != .rejected {
                     if let description = field.description { out += "  /** \(ClientEmitter.comment(description)) */\n" }
-                    out += "  \(field.name)\(field.required ? "" : "?"): \(ClientEmitter.typescript(field.shape, input: true));\n"
+                    out += "  \(field.name)\(field.required ? "" : "?"): \(ClientEmitter.typescript(field.shape, input: inputs.contains(name)));\n"
                 }
                 out += "}\n\n"
             case .enumeration(_, _, let values):
@@ -275,13 +406,29 @@ struct ClientEmitter {
                 break
             }
         }
+        var lists: [(list: String, element: String)] = []
+        for request in requests {
+            for builder in request.builders {
+                if case .listByType(let byType) = outcome(of: request, builder) { lists = byType }
+            }
+        }
+        out += "/** Each list's element type, by the list's name. */\n"
+        out += "export interface Elements {\n"
+        for (list, element) in lists { out += "  \(list): \(element);\n" }
+        out += "}\n\n"
         for request in requests {
             for builder in request.builders {
                 let function = ClientEmitter.camel(request.wireName, builder.suffix)
                 let parameter = builder.discriminator.map { "Omit<\(builder.structure.name), \(ClientEmitter.quoted($0.key))>" } ?? builder.structure.name
+                let outcome = outcome(of: request, builder)
+                let line = "{ \(request.wireName): \(request.typeName) } & Answered<\(ClientEmitter.typescript(outcome))>"
                 out += "/** \(ClientEmitter.comment(builder.structure.description ?? request.description)) */\n"
-                out +=
-                    "export function \(function)(fields\(builder.needsFields ? "" : "?"): CookieOptional<\(parameter)>): { \(request.wireName): \(request.typeName) };\n\n"
+                if case .listByType = outcome {
+                    // Generic in its list: the answer's elements are that list's.
+                    out += "export function \(function)<T extends keyof Elements>(fields: CookieOptional<\(parameter)> & { type: T }): \(line);\n\n"
+                } else {
+                    out += "export function \(function)(fields\(builder.needsFields ? "" : "?"): CookieOptional<\(parameter)>): \(line);\n\n"
+                }
             }
         }
         out += "/** Every request, by its name. */\n"

@@ -46,6 +46,21 @@ final class SchemaReader {
         files[file]?["x-answer"]?.elements?.compactMap(\.stringValue) ?? []
     }
 
+    /// The list whose `listAdd` element answers a request (`x-answer-list`: chatStart's chat).
+    func answerList(ofRequestIn file: String) -> String? {
+        files[file]?["x-answer-list"]?.stringValue
+    }
+
+    /// The type of a list's elements (the title of `elements/LIST.json`).
+    func elementType(ofList list: String) -> String? {
+        files["elements/\(list).json"]?["title"]?.stringValue
+    }
+
+    /// The type of an event (the title of `events/NAME.json`).
+    func eventType(named name: String) -> String? {
+        files["events/\(name).json"]?["title"]?.stringValue
+    }
+
     func run(messageSets: [String]) throws {
         for file in messageSets {
             guard let tree = files[file] else { throw GeneratorError(description: "missing \(file)") }

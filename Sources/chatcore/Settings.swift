@@ -22,7 +22,10 @@ struct Settings {
 
     /// Where an option's value came from.
     enum Source: Equatable, CustomStringConvertible {
-        case commandLine, environment(String), file(String), none
+        case commandLine
+        case environment(String)
+        case file(String)
+        case none
 
         var description: String {
             switch self {

@@ -32,8 +32,15 @@ struct Token: AsyncParsableCommand {
         do {
             secret = try Authenticator.loadSecret(path: authSecretFile)
         } catch {
-            throw ValidationError("cannot read --auth-secret-file: \(error)")
+            // A sentence, not the usage: the command line was right, the file is not.
+            throw CleanFailure(description: "cannot read --auth-secret-file: \(error)")
         }
         print(try await Authenticator.issue(userId: user, secret: secret, expiresIn: expiresIn, audience: audience, issuer: issuer))
     }
+}
+
+/// A failure to say in one line (`Error: ...`, exit 1), without the usage that follows a
+/// mistake on the command line.
+struct CleanFailure: Error, CustomStringConvertible {
+    let description: String
 }

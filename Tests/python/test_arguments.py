@@ -39,3 +39,10 @@ def test_a_data_directory_from_the_environment_must_be_utf8_too():
         assert done.returncode == 64, done
         assert b"$XDG_DATA_HOME is not UTF-8" in done.stderr, done.stderr
         assert not made_with_replacement_characters(work)
+
+
+def test_a_token_whose_key_file_is_missing_says_so_in_one_sentence(tmp_path):
+    missing = tmp_path / "secret"
+    done = subprocess.run([chatcore_binary(), "token", "--user", "alice", "--auth-secret-file", str(missing)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [f"Error: cannot read --auth-secret-file: cannot read the secret file {missing}: The file doesn’t exist."]

@@ -5,8 +5,8 @@ import asyncio
 from chatcore import Server, protocol
 
 
-async def main():
-    async with await Server.start() as server:
+async def main() -> None:
+    async with Server.start() as server:
         alice = await server.connect("alice")
         bob = await server.connect("bob")
         bob_events = bob.events()

@@ -47,6 +47,38 @@ export class ConnectionClosed extends ChatcoreError {
   }
 }
 
+/** An `events()` iterator fell more than its `maxBuffered` events behind: later events were
+ * dropped for it alone. It hands over those it kept, then throws this and ends. */
+export class EventsLost extends ChatcoreError {
+  constructor(kept) {
+    super("events", "EventsLost", `more than ${kept} events waited in this iterator unread; later ones were dropped`);
+    this.name = "EventsLost";
+    this.kept = kept;
+  }
+}
+
+/** How many unread events one `events()` iterator keeps by default. */
+export const MAX_BUFFERED_EVENTS = 10000;
+
+/** "host:port", "tcp://host:port", "[::1]:port" (IPv6 in brackets) as net.connect's options. */
+function tcpOptions(address) {
+  const rest = address.replace(/^tcp:\/\//, "");
+  const at = rest.lastIndexOf(":");
+  let host = rest.slice(0, at);
+  const port = rest.slice(at + 1);
+  const bracketed = host.startsWith("[") && host.endsWith("]");
+  if (at < 0 || !/^\d+$/.test(port) || (host.includes(":") && !bracketed)) {
+    throw new TypeError(`${JSON.stringify(address)} is not an address: expected unix:/path, host:port or [ipv6]:port`);
+  }
+  if (bracketed) host = host.slice(1, -1);
+  return { host: host || "127.0.0.1", port: Number(port) };
+}
+
+/** The error a request or wait rejects with when its signal is aborted: the signal's reason. */
+function aborted(signal) {
+  return signal.reason ?? Object.assign(new Error("This operation was aborted"), { name: "AbortError" });
+}
+
 function executable(path) {
   try {
     accessSync(path, constants.X_OK);
@@ -142,16 +174,10 @@ export class Client {
     return client;
   }
 
-  /** Connects to a serving chatcore: "unix:/path", "tcp://host:port" or "host:port". */
+  /** Connects to a serving chatcore: "unix:/path", "host:port", "tcp://host:port" or "[::1]:port". */
   static connect(address) {
     return new Promise((resolveClient, reject) => {
-      const options = address.startsWith("unix:")
-        ? { path: address.slice("unix:".length) }
-        : (() => {
-            const rest = address.replace(/^tcp:\/\//, "");
-            const at = rest.lastIndexOf(":");
-            return { host: rest.slice(0, at) || "127.0.0.1", port: Number(rest.slice(at + 1)) };
-          })();
+      const options = address.startsWith("unix:") ? { path: address.slice("unix:".length) } : tcpOptions(address);
       const socket = netConnect({ ...options, allowHalfOpen: true });
       socket.once("connect", () => resolveClient(new Client(socket, socket)));
       socket.once("error", reject);
@@ -175,12 +201,15 @@ export class Client {
    * Sends a request and resolves with its outcome: a list answer as { header, elements }, the
    * new chat element for chatStart, the sent message element for chatMessageSend, the globals
    * for authToken, the answer's fields for an answered request, undefined for a request
-   * answered only when it fails. Rejects with ChatcoreError or ChatcoreTimeout.
+   * answered only when it fails. Rejects with ChatcoreError or ChatcoreTimeout, or with the
+   * signal's reason once `signal` is aborted (the request may still have been carried out:
+   * only waiting for its outcome stops).
    */
-  request(message, { timeout = 10000 } = {}) {
+  request(message, { timeout = 10000, signal } = {}) {
     const [name, fields] = Object.entries(message)[0];
     const body = { ...fields };
     if (TAKES_COOKIE.has(name) && body.cookie === undefined) body.cookie = `js${++this.#cookies}`;
+    if (signal?.aborted) return Promise.reject(aborted(signal));
     return new Promise((resolvePromise, reject) => {
       const pending = { name, cookie: body.cookie, resolve: resolvePromise, reject, header: null, elements: [], done: false };
       if (pending.cookie !== undefined) {
@@ -189,8 +218,11 @@ export class Client {
       }
       if (name === "authToken") this.#auth = pending;
       const timer = setTimeout(() => this.#settle(pending, undefined, new ChatcoreTimeout(name, timeout)), timeout);
+      const onAbort = () => this.#settle(pending, undefined, aborted(signal));
+      signal?.addEventListener("abort", onAbort, { once: true });
       pending.cleanup = () => {
         clearTimeout(timer);
+        signal?.removeEventListener("abort", onAbort);
         for (const table of [this.#byLine, this.#byCookie]) {
           for (const [key, value] of table) if (value === pending || value.barrierFor === pending) table.delete(key);
         }
@@ -209,11 +241,27 @@ export class Client {
     });
   }
 
-  /** Every event from now on, as [name, fields], answers included; ends when the connection closes. */
-  events() {
+  /**
+   * Every event from now on, as [name, fields], answers included; ends when the connection
+   * closes. Events wait in the iterator until read: past `maxBuffered` unread ones, later
+   * events are dropped for this iterator alone, and once it has handed over those it kept it
+   * throws EventsLost and ends. Return an iterator you stop reading (`break` does).
+   */
+  events({ maxBuffered = MAX_BUFFERED_EVENTS } = {}) {
     const queue = [];
     let wake = null;
-    const subscriber = { push: (item) => { queue.push(item); if (wake) { wake(); wake = null; } } };
+    let lost = false;
+    const subscriber = {
+      push: (item) => {
+        if (lost) return;
+        if (item !== null && queue.length >= maxBuffered) {
+          lost = true;
+          item = null;
+        }
+        queue.push(item);
+        if (wake) { wake(); wake = null; }
+      },
+    };
     this.#subscribers.add(subscriber);
     const subscribers = this.#subscribers;
     return {
@@ -222,6 +270,7 @@ export class Client {
         const item = queue.shift();
         if (item === null) {
           subscribers.delete(subscriber);
+          if (lost) throw new EventsLost(maxBuffered);
           return { done: true, value: undefined };
         }
         return { done: false, value: item };
@@ -234,11 +283,27 @@ export class Client {
     };
   }
 
-  /** The first event (from `events`, or from now on) for which predicate(name, fields) holds. */
-  async waitFor(predicate, { timeout = 10000, events } = {}) {
+  /**
+   * The first event (from `events`, or from the moment of this call) for which
+   * predicate(name, fields) holds; rejects with ChatcoreTimeout, or the signal's reason.
+   * `waitFor(name, predicate?, options?)` waits for an event of that name (predicate(fields)).
+   */
+  async waitFor(...given) {
+    if (typeof given[0] === "string") {
+      const [wanted, test, options] = given;
+      const predicate = (name, fields) => name === wanted && (typeof test !== "function" || test(fields));
+      return this.waitFor(predicate, (typeof test === "function" ? options : test) ?? {});
+    }
+    const [predicate, { timeout = 10000, events, signal } = {}] = given;
     const source = events ?? this.events();
     let timer;
-    const expired = new Promise((_, reject) => { timer = setTimeout(() => reject(new ChatcoreTimeout("an event", timeout)), timeout); });
+    let onAbort;
+    const expired = new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new ChatcoreTimeout("an event", timeout)), timeout);
+      onAbort = () => reject(aborted(signal));
+      if (signal?.aborted) onAbort();
+      signal?.addEventListener("abort", onAbort, { once: true });
+    });
     try {
       return await Promise.race([expired, (async () => {
         for (;;) {
@@ -249,6 +314,7 @@ export class Client {
       })()]);
     } finally {
       clearTimeout(timer);
+      signal?.removeEventListener("abort", onAbort);
       // An iterator it opened itself is closed: it would otherwise buffer every later event.
       if (!events) await source.return();
     }
@@ -272,6 +338,11 @@ export class Client {
         this.#child.once("exit", () => { clearTimeout(timer); resolveExit(); });
       });
     }
+  }
+
+  /** `await using client = ...` closes it at the end of the scope. */
+  [Symbol.asyncDispose ?? Symbol.for("Symbol.asyncDispose")]() {
+    return this.close();
   }
 
   #receive(text) {
@@ -386,5 +457,10 @@ export class Server {
       });
     }
     rmSync(this.directory, { recursive: true, force: true });
+  }
+
+  /** `await using server = await Server.start()` stops it at the end of the scope. */
+  [Symbol.asyncDispose ?? Symbol.for("Symbol.asyncDispose")]() {
+    return this.stop();
   }
 }

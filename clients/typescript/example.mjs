@@ -13,8 +13,9 @@ const aliceEvents = alice.events();
 const sent = await alice.request(chatMessageSend({ chatId: chat.chatId, tag: "Text", content: "Noon?" }));
 console.log("alice sent message", sent.messageId, sent.state);
 
-const [, added] = await bob.waitFor((name, body) => name === "listAdd" && body.type === "chatMessage"
-  && body.elements[0].content === "Noon?", { events: bobEvents });
+const [, added] = await bob.waitFor("listAdd", (body) => body.type === "chatMessage" && body.elements[0].content === "Noon?",
+  { events: bobEvents });
+if (added.type !== "chatMessage") throw new Error("a message was expected");
 const message = added.elements[0];
 console.log("bob received:", message.content);
 await bob.request(chatMessageRead({ chatId: message.chatId, messageId: message.messageId }));

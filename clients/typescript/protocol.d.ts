@@ -4,6 +4,19 @@
 /** A builder's fields: the cookie may be left out (the client gives each request one). */
 export type CookieOptional<T> = T extends { cookie: string } ? Omit<T, "cookie"> & { cookie?: string } : T;
 
+declare const answer: unique symbol;
+
+/** What `Client.request` resolves with for a line built here (a type only: the line has no such property). */
+export interface Answered<Answer> {
+  readonly [answer]?: Answer;
+}
+
+/** What a list request resolves with: its header and the elements of every chunk. */
+export interface ListAnswer<Element> {
+  header: ListAll | ListElements | ListMatching;
+  elements: Element[];
+}
+
 export type AttachmentPolicy = "Copy" | "Move" | "Delete";
 
 /** Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId). The token's aud and iss must be the service's when it is started with --auth-audience / --auth-issuer; exp, nbf and iat may be off the service's clock by --auth-leeway, and a token valid for longer than --auth-max-lifetime is refused. When the token expires (or its key leaves the JWKS file) authTokenState goes to Needed: requests are refused with NotAuthenticated until a new authToken for the same user is accepted on the session, and without one within --auth-timeout the session is closed. On a node of a shared PostgreSQL store, the first line of a connection may instead carry a node token (signed with the key every node is given out of band, --node-key-file, for this writer, valid once and for a minute): that is how a node relays a standard input/output session started as userId (--user) to the writer, which then serves it as its own trusted session (no answer to this line, and the client's lines are numbered from the next). */
@@ -129,7 +142,7 @@ export interface ChatMessage {
   /** A chat, as the service named it. */
   chatId: string;
   /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
-  messageId: string | number;
+  messageId: string;
   /** A user as the protocol names them: bbmpim://user/id/<n>. */
   senderUri: string;
   /** What a message is (Text, Quote, Edit, Thread, or any application tag). */
@@ -169,7 +182,7 @@ export interface ChatMessageChange {
   /** A chat, as the service named it. */
   chatId: string;
   /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
-  messageId: string | number;
+  messageId: string;
   senderUri?: string | null;
   tag?: string | null;
   content?: string | null;
@@ -309,7 +322,7 @@ export interface ChatMessageStateEvent {
   /** A chat, as the service named it. */
   chatId: string;
   /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
-  messageId: string | number;
+  messageId: string;
   /** Each recipient. */
   states: RecipientState[];
 }
@@ -536,7 +549,7 @@ export interface Identity {
   /** The application's id of a user. */
   appUserId: string;
   /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
-  regId: string | number;
+  regId: string;
   /** A user as the protocol names them: bbmpim://user/id/<n>. */
   uri: string;
 }
@@ -910,7 +923,7 @@ export interface MessageKey {
   /** A chat, as the service named it. */
   chatId: string;
   /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
-  messageId: string | number;
+  messageId: string;
 }
 
 /** A reference from one message to another of the same chat. */
@@ -970,7 +983,7 @@ export interface RefBy {
   /** What a message is (Text, Quote, Edit, Thread, or any application tag). */
   tag: string;
   /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
-  newestRef: string | number;
+  newestRef: string;
   /** How many messages refer to this one with this tag. */
   count: number;
 }
@@ -978,7 +991,7 @@ export interface RefBy {
 /** One endpoint. */
 export interface RegisteredEndpoint {
   /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
-  endpointId: string | number;
+  endpointId: string;
   /** As endpointUpdate named it (empty when it never did). */
   description: string;
   /** As endpointUpdate named it (empty when it never did). */
@@ -1246,7 +1259,7 @@ export interface User {
   /** A user as the protocol names them: bbmpim://user/id/<n>. */
   uri: string;
   /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
-  regId: string | number;
+  regId: string;
   /** The application's id of a user. */
   userId: string;
 }
@@ -1255,7 +1268,7 @@ export interface User {
 export interface UserChange {
   /** A user as the protocol names them: bbmpim://user/id/<n>. */
   uri: string;
-  regId?: string | number | null;
+  regId?: string | null;
   userId?: string | null;
 }
 
@@ -1289,122 +1302,132 @@ export interface Window {
   reverse?: boolean;
 }
 
+/** Each list's element type, by the list's name. */
+export interface Elements {
+  global: Global;
+  user: User;
+  chat: Chat;
+  chatParticipant: ChatParticipant;
+  chatMessage: ChatMessage;
+  typing: Typing;
+}
+
 /** Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId). The token's aud and iss must be the service's when it is started with --auth-audience / --auth-issuer; exp, nbf and iat may be off the service's clock by --auth-leeway, and a token valid for longer than --auth-max-lifetime is refused. When the token expires (or its key leaves the JWKS file) authTokenState goes to Needed: requests are refused with NotAuthenticated until a new authToken for the same user is accepted on the session, and without one within --auth-timeout the session is closed. On a node of a shared PostgreSQL store, the first line of a connection may instead carry a node token (signed with the key every node is given out of band, --node-key-file, for this writer, valid once and for a minute): that is how a node relays a standard input/output session started as userId (--user) to the writer, which then serves it as its own trusted session (no answer to this line, and the client's lines are numbered from the next). */
-export function authToken(fields: CookieOptional<AuthToken>): { authToken: AuthToken };
+export function authToken(fields: CookieOptional<AuthToken>): { authToken: AuthToken } & Answered<Record<string, unknown>>;
 
 /** Looks up users by userId or regId; unknown ones are left out. */
-export function identitiesGet(fields?: CookieOptional<IdentitiesGet>): { identitiesGet: IdentitiesGet };
+export function identitiesGet(fields?: CookieOptional<IdentitiesGet>): { identitiesGet: IdentitiesGet } & Answered<Identities>;
 
 /** Asks for every element of a list (not chatMessage). */
-export function requestListAll(fields: CookieOptional<RequestListAll>): { requestListAll: RequestListAll };
+export function requestListAll<T extends keyof Elements>(fields: CookieOptional<RequestListAll> & { type: T }): { requestListAll: RequestListAll } & Answered<ListAnswer<Elements[T]>>;
 
 /** Elements of the global list by key. */
-export function requestListElementsGlobal(fields: CookieOptional<Omit<RequestListElementsGlobal, "type">>): { requestListElements: RequestListElements };
+export function requestListElementsGlobal(fields: CookieOptional<Omit<RequestListElementsGlobal, "type">>): { requestListElements: RequestListElements } & Answered<ListAnswer<Global>>;
 
 /** Elements of the user list by key. */
-export function requestListElementsUser(fields: CookieOptional<Omit<RequestListElementsUser, "type">>): { requestListElements: RequestListElements };
+export function requestListElementsUser(fields: CookieOptional<Omit<RequestListElementsUser, "type">>): { requestListElements: RequestListElements } & Answered<ListAnswer<User>>;
 
 /** Elements of the chat list by key. */
-export function requestListElementsChat(fields: CookieOptional<Omit<RequestListElementsChat, "type">>): { requestListElements: RequestListElements };
+export function requestListElementsChat(fields: CookieOptional<Omit<RequestListElementsChat, "type">>): { requestListElements: RequestListElements } & Answered<ListAnswer<Chat>>;
 
 /** Elements of the chatParticipant list by key. */
-export function requestListElementsChatParticipant(fields: CookieOptional<Omit<RequestListElementsChatParticipant, "type">>): { requestListElements: RequestListElements };
+export function requestListElementsChatParticipant(fields: CookieOptional<Omit<RequestListElementsChatParticipant, "type">>): { requestListElements: RequestListElements } & Answered<ListAnswer<ChatParticipant>>;
 
 /** Elements of the chatMessage list by key. */
-export function requestListElementsChatMessage(fields: CookieOptional<Omit<RequestListElementsChatMessage, "type">>): { requestListElements: RequestListElements };
+export function requestListElementsChatMessage(fields: CookieOptional<Omit<RequestListElementsChatMessage, "type">>): { requestListElements: RequestListElements } & Answered<ListAnswer<ChatMessage>>;
 
 /** Elements of the typing list by key. */
-export function requestListElementsTyping(fields: CookieOptional<Omit<RequestListElementsTyping, "type">>): { requestListElements: RequestListElements };
+export function requestListElementsTyping(fields: CookieOptional<Omit<RequestListElementsTyping, "type">>): { requestListElements: RequestListElements } & Answered<ListAnswer<Typing>>;
 
 /** Messages of a chat by criteria and window. */
-export function requestListMatchingChatMessage(fields: CookieOptional<Omit<RequestListMatchingChatMessage, "type">>): { requestListMatching: RequestListMatching };
+export function requestListMatchingChatMessage(fields: CookieOptional<Omit<RequestListMatchingChatMessage, "type">>): { requestListMatching: RequestListMatching } & Answered<ListAnswer<ChatMessage>>;
 
 /** Participants by criteria. */
-export function requestListMatchingChatParticipant(fields: CookieOptional<Omit<RequestListMatchingChatParticipant, "type">>): { requestListMatching: RequestListMatching };
+export function requestListMatchingChatParticipant(fields: CookieOptional<Omit<RequestListMatchingChatParticipant, "type">>): { requestListMatching: RequestListMatching } & Answered<ListAnswer<ChatParticipant>>;
 
 /** Chats by mailbox or key state, as the real protocol has them. chatcore's chats have no mailbox and no end-to-end keys: no chat matches, and the answer is an empty list. */
-export function requestListMatchingChat(fields: CookieOptional<Omit<RequestListMatchingChat, "type">>): { requestListMatching: RequestListMatching };
+export function requestListMatchingChat(fields: CookieOptional<Omit<RequestListMatchingChat, "type">>): { requestListMatching: RequestListMatching } & Answered<ListAnswer<Chat>>;
 
 /** Users by key state, as the real protocol has them. chatcore keeps no end-to-end keys: no user matches, and the answer is an empty list. */
-export function requestListMatchingUser(fields: CookieOptional<Omit<RequestListMatchingUser, "type">>): { requestListMatching: RequestListMatching };
+export function requestListMatchingUser(fields: CookieOptional<Omit<RequestListMatchingUser, "type">>): { requestListMatching: RequestListMatching } & Answered<ListAnswer<User>>;
 
 /** Changes to chats. */
-export function requestListChangeChat(fields: CookieOptional<Omit<RequestListChangeChat, "type">>): { requestListChange: RequestListChange };
+export function requestListChangeChat(fields: CookieOptional<Omit<RequestListChangeChat, "type">>): { requestListChange: RequestListChange } & Answered<undefined>;
 
 /** Changes to messages. */
-export function requestListChangeChatMessage(fields: CookieOptional<Omit<RequestListChangeChatMessage, "type">>): { requestListChange: RequestListChange };
+export function requestListChangeChatMessage(fields: CookieOptional<Omit<RequestListChangeChatMessage, "type">>): { requestListChange: RequestListChange } & Answered<undefined>;
 
 /** Asks for every message that changed for this user after a token. */
-export function requestListChanges(fields: CookieOptional<RequestListChanges>): { requestListChanges: RequestListChanges };
+export function requestListChanges(fields: CookieOptional<RequestListChanges>): { requestListChanges: RequestListChanges } & Answered<ListChanges>;
 
 /** Starts a chat (§5). */
-export function chatStart(fields: CookieOptional<ChatStart>): { chatStart: ChatStart };
+export function chatStart(fields: CookieOptional<ChatStart>): { chatStart: ChatStart } & Answered<Chat>;
 
 /** Invites users into a chat, by its invite policy. */
-export function chatInvite(fields: CookieOptional<ChatInvite>): { chatInvite: ChatInvite };
+export function chatInvite(fields: CookieOptional<ChatInvite>): { chatInvite: ChatInvite } & Answered<undefined>;
 
 /** Leaves chats. */
-export function chatLeave(fields: CookieOptional<ChatLeave>): { chatLeave: ChatLeave };
+export function chatLeave(fields: CookieOptional<ChatLeave>): { chatLeave: ChatLeave } & Answered<undefined>;
 
 /** Removes a participant (admins only, not in one-to-one chats). */
-export function participantRemove(fields: CookieOptional<ParticipantRemove>): { participantRemove: ParticipantRemove };
+export function participantRemove(fields: CookieOptional<ParticipantRemove>): { participantRemove: ParticipantRemove } & Answered<undefined>;
 
 /** Makes a participant an admin (admins only). */
-export function participantPromote(fields: CookieOptional<ParticipantPromote>): { participantPromote: ParticipantPromote };
+export function participantPromote(fields: CookieOptional<ParticipantPromote>): { participantPromote: ParticipantPromote } & Answered<undefined>;
 
 /** Takes admin from a participant (admins only). */
-export function participantDemote(fields: CookieOptional<ParticipantDemote>): { participantDemote: ParticipantDemote };
+export function participantDemote(fields: CookieOptional<ParticipantDemote>): { participantDemote: ParticipantDemote } & Answered<undefined>;
 
 /** Hides chats until their next message. */
-export function chatHide(fields: CookieOptional<ChatHide>): { chatHide: ChatHide };
+export function chatHide(fields: CookieOptional<ChatHide>): { chatHide: ChatHide } & Answered<undefined>;
 
 /** Sends a message (§6). content + data + thumb are at most 71680 bytes together (TooLarge). */
-export function chatMessageSend(fields: CookieOptional<ChatMessageSend>): { chatMessageSend: ChatMessageSend };
+export function chatMessageSend(fields: CookieOptional<ChatMessageSend>): { chatMessageSend: ChatMessageSend } & Answered<ChatMessage>;
 
 /** Marks every incoming message up to messageId as Read. */
-export function chatMessageRead(fields: CookieOptional<ChatMessageRead>): { chatMessageRead: ChatMessageRead };
+export function chatMessageRead(fields: CookieOptional<ChatMessageRead>): { chatMessageRead: ChatMessageRead } & Answered<undefined>;
 
 /** Asks for the per-recipient states of an own message. */
-export function chatMessageStateGet(fields: CookieOptional<ChatMessageStateGet>): { chatMessageStateGet: ChatMessageStateGet };
+export function chatMessageStateGet(fields: CookieOptional<ChatMessageStateGet>): { chatMessageStateGet: ChatMessageStateGet } & Answered<ChatMessageStateEvent>;
 
 /** Deletes a message for this user only. */
-export function chatMessageDelete(fields: CookieOptional<ChatMessageDelete>): { chatMessageDelete: ChatMessageDelete };
+export function chatMessageDelete(fields: CookieOptional<ChatMessageDelete>): { chatMessageDelete: ChatMessageDelete } & Answered<undefined>;
 
 /** Recalls an own message, or every own message of the chat when messageId is absent. */
-export function chatMessageDestroy(fields: CookieOptional<ChatMessageDestroy>): { chatMessageDestroy: ChatMessageDestroy };
+export function chatMessageDestroy(fields: CookieOptional<ChatMessageDestroy>): { chatMessageDestroy: ChatMessageDestroy } & Answered<undefined>;
 
 /** Downloads a message's file. */
-export function chatMessageFileDownload(fields: CookieOptional<ChatMessageFileDownload>): { chatMessageFileDownload: ChatMessageFileDownload };
+export function chatMessageFileDownload(fields: CookieOptional<ChatMessageFileDownload>): { chatMessageFileDownload: ChatMessageFileDownload } & Answered<undefined>;
 
 /** Removes this user's copy of a message's thumb and/or file. */
-export function chatMessageDetach(fields: CookieOptional<ChatMessageDetach>): { chatMessageDetach: ChatMessageDetach };
+export function chatMessageDetach(fields: CookieOptional<ChatMessageDetach>): { chatMessageDetach: ChatMessageDetach } & Answered<undefined>;
 
 /** Tells the other participants that this user is typing. */
-export function chatTyping(fields: CookieOptional<ChatTyping>): { chatTyping: ChatTyping };
+export function chatTyping(fields: CookieOptional<ChatTyping>): { chatTyping: ChatTyping } & Answered<undefined>;
 
 /** Sends a transient event to the other connected participants (not stored). */
-export function chatEventSend(fields: CookieOptional<ChatEventSend>): { chatEventSend: ChatEventSend };
+export function chatEventSend(fields: CookieOptional<ChatEventSend>): { chatEventSend: ChatEventSend } & Answered<undefined>;
 
 /** Finds messages by content and chats by subject (§9). */
-export function search(fields: CookieOptional<Search>): { search: Search };
+export function search(fields: CookieOptional<Search>): { search: Search } & Answered<SearchResult>;
 
 /** Starts key synchronisation with a passcode. chatcore has no end-to-end keys, so setup never needs it (setupState goes from NotRequested to Success, or Full): accepted at any time, changes nothing, not answered. */
-export function syncStart(fields: CookieOptional<SyncStart>): { syncStart: SyncStart };
+export function syncStart(fields: CookieOptional<SyncStart>): { syncStart: SyncStart } & Answered<undefined>;
 
 /** Asks setup to try again. A session whose token was accepted while its user had no endpoint free (setupState Full) tries again to become an endpoint: setupState then changes to Success (with localUri, localRegId and endpointId), or is said to be Full again. Otherwise it changes nothing and is not answered. */
-export function setupRetry(fields?: CookieOptional<SetupRetry>): { setupRetry: SetupRetry };
+export function setupRetry(fields?: CookieOptional<SetupRetry>): { setupRetry: SetupRetry } & Answered<undefined>;
 
 /** Asks for requests to BlackBerry's servers to be retried. chatcore has no such servers: accepted, changes nothing, not answered. */
-export function retryServerRequests(fields?: CookieOptional<RetryServerRequests>): { retryServerRequests: RetryServerRequests };
+export function retryServerRequests(fields?: CookieOptional<RetryServerRequests>): { retryServerRequests: RetryServerRequests } & Answered<undefined>;
 
 /** Names an endpoint (a session, or a registered device of the user) and registers it: kept across reconnects, listed by endpointsGet, counted against --max-endpoints. Before authentication (setupState NotRequested) it describes the endpoint the session is about to register, and with endpointId it asks to be that registered endpoint again (a reconnect). After setup, without endpointId it registers and names the session's own endpoint; with the endpointId of one of the user's endpoints it renames that one (a session not yet registered becomes that endpoint instead). Answered by endpointUpdateResult. */
-export function endpointUpdate(fields: CookieOptional<EndpointUpdate>): { endpointUpdate: EndpointUpdate };
+export function endpointUpdate(fields: CookieOptional<EndpointUpdate>): { endpointUpdate: EndpointUpdate } & Answered<EndpointUpdateResult>;
 
 /** Lists the user's endpoints: registered ones and the sessions connected now. Served once a token was accepted, also while setupState is Full. Answered by endpoints. */
-export function endpointsGet(fields?: CookieOptional<EndpointsGet>): { endpointsGet: EndpointsGet };
+export function endpointsGet(fields?: CookieOptional<EndpointsGet>): { endpointsGet: EndpointsGet } & Answered<Endpoints>;
 
 /** Removes one of the user's endpoints: it is no longer registered, and every session that is that endpoint gets endpointDeregistered and is closed (this one too, when it names itself). Served once a token was accepted, also while setupState is Full. Answered by endpointDeregisterResult. */
-export function endpointDeregister(fields: CookieOptional<EndpointDeregister>): { endpointDeregister: EndpointDeregister };
+export function endpointDeregister(fields: CookieOptional<EndpointDeregister>): { endpointDeregister: EndpointDeregister } & Answered<EndpointDeregisterResult>;
 
 /** Every request, by its name. */
 export interface Requests {

@@ -22,12 +22,18 @@ import pathlib
 import shutil
 import sysconfig
 import tempfile
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
+from types import TracebackType
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from . import protocol
 
 LIST_HEADERS = {"listAll", "listElements", "listMatching"}
 STREAM_LIMIT = 256 << 20  # a list chunk of 500 large messages is tens of MB
+MAX_BUFFERED_EVENTS = 10_000
+
+Answer = TypeVar("Answer")
+Event = tuple[str, dict[str, Any]]
 
 
 class ChatcoreError(Exception):
@@ -51,8 +57,55 @@ class ConnectionClosed(ChatcoreError, ConnectionError):
         super().__init__("closed", "Closed", reason)
 
 
+class EventsLost(ChatcoreError):
+    """An `events()` iterator fell more than its `max_buffered` events behind: the events
+    after those it kept were dropped for it (not for the others). Everything before is still
+    handed over first; then this is raised, and the iterator ends."""
+
+    def __init__(self, kept: int):
+        super().__init__("events", "EventsLost", f"more than {kept} events waited in this iterator unread; later ones were dropped")
+        self.kept = kept
+
+
 class BinaryNotFound(FileNotFoundError):
     pass
+
+
+class _Closable(Protocol):
+    async def _close_opened(self) -> None: ...
+
+
+Opened = TypeVar("Opened", bound=_Closable)
+
+
+class Opening(Generic[Opened]):
+    """What `Client.spawn`, `Client.connect`, `Server.start` and `Server.connect` return: await
+    it for the client or server (`client = await Client.spawn(...)`), or enter it to have it
+    closed at the end of the block (`async with Client.spawn(...) as client:`)."""
+
+    def __init__(self, opening: Coroutine[Any, Any, Opened]):
+        self._opening = opening
+        self._opened: Opened | None = None
+
+    def __await__(self) -> Generator[Any, None, Opened]:
+        return self._opening.__await__()
+
+    async def __aenter__(self) -> Opened:
+        self._opened = await self._opening
+        return self._opened
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None) -> None:
+        if self._opened is not None:
+            await self._opened._close_opened()
+
+
+def _host_and_port(address: str) -> tuple[str, int]:
+    """"host:port", "tcp://host:port", "[::1]:port" (an IPv6 address in brackets)."""
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if not port.isdigit() or (":" in host and not bracketed):
+        raise ValueError(f"{address!r} is not an address: expected unix:/path, host:port or [ipv6]:port")
+    return (host[1:-1] if bracketed else host) or "127.0.0.1", int(port)
 
 
 def _executable(path: str | os.PathLike[str], given_as: str) -> str:
@@ -88,6 +141,28 @@ def find_binary(binary: str | os.PathLike[str] | None = None) -> str:
         "chatcore repository), then set CHATCORE_BINARY=/path/to/chatcore, put it on PATH, or pass binary=")
 
 
+class _Subscriber:
+    """One `events()` iterator's queue: at most `limit` events, then it is marked lost."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self.lost = False
+
+    def put(self, event: Event) -> None:
+        if self.lost:
+            return
+        if self.queue.qsize() >= self.limit:
+            self.lost = True
+            self.queue.put_nowait(None)
+            return
+        self.queue.put_nowait(event)
+
+    def end(self) -> None:
+        if not self.lost:
+            self.queue.put_nowait(None)
+
+
 class _Pending:
     def __init__(self, name: str, cookie: str | None, future: asyncio.Future[Any]):
         self.name = name
@@ -111,7 +186,7 @@ class Client:
         self._by_line: dict[int, _Pending] = {}
         self._by_cookie: dict[str, _Pending] = {}
         self._auth: _Pending | None = None
-        self._subscribers: list[asyncio.Queue[tuple[str, dict[str, Any]] | None]] = []
+        self._subscribers: list[_Subscriber] = []
         self._closed: ConnectionClosed | None = None
         self._write_lock = asyncio.Lock()
         self.globals: dict[str, Any] = {}
@@ -120,10 +195,15 @@ class Client:
     # MARK: opening
 
     @classmethod
-    async def spawn(cls, user: str, *, data_dir: str | os.PathLike[str] | None = None,
-                    binary: str | os.PathLike[str] | None = None, args: tuple[str, ...] = ()) -> Client:
+    def spawn(cls, user: str, *, data_dir: str | os.PathLike[str] | None = None,
+              binary: str | os.PathLike[str] | None = None, args: tuple[str, ...] = ()) -> Opening[Client]:
         """Starts `chatcore serve --user USER` as a child process and talks over its
         standard input/output (the session is that user from the start)."""
+        return Opening(cls._spawn(user, data_dir, binary, args))
+
+    @classmethod
+    async def _spawn(cls, user: str, data_dir: str | os.PathLike[str] | None, binary: str | os.PathLike[str] | None,
+                     args: tuple[str, ...]) -> Client:
         quiet = () if "--log-level" in args else ("--log-level", "warning")
         command = [find_binary(binary), "serve", "--user", user, *quiet, *args]
         if data_dir is not None:
@@ -134,19 +214,27 @@ class Client:
         return cls(process.stdout, process.stdin, process)
 
     @classmethod
-    async def connect(cls, address: str) -> Client:
-        """Connects to a serving chatcore: "unix:/path", "tcp://host:port" or "host:port"."""
+    def connect(cls, address: str) -> Opening[Client]:
+        """Connects to a serving chatcore: "unix:/path", "host:port", "tcp://host:port" or
+        "[::1]:port"."""
+        return Opening(cls._connect(address))
+
+    @classmethod
+    async def _connect(cls, address: str) -> Client:
         if address.startswith("unix:"):
             reader, writer = await asyncio.open_unix_connection(address[len("unix:"):], limit=STREAM_LIMIT)
         else:
-            host, _, port = address.removeprefix("tcp://").rpartition(":")
-            reader, writer = await asyncio.open_connection(host or "127.0.0.1", int(port), limit=STREAM_LIMIT)
+            host, port = _host_and_port(address)
+            reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
         return cls(reader, writer)
 
     async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _close_opened(self) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -183,23 +271,33 @@ class Client:
         """Writes one request without waiting; returns its line number."""
         return await self._write(message)
 
-    async def request(self, message: dict[str, Any], *, timeout: float = 10.0) -> Any:
-        """Sends one request (built with `chatcore.protocol`) and waits for its outcome:
+    @overload
+    async def request(self, message: protocol.RequestLine[Answer], *, timeout: float = 10.0) -> Answer: ...
 
-        - a list request: `{"header": <listAll/listElements/listMatching>, "elements": [...]}`;
+    @overload
+    async def request(self, message: dict[str, Any], *, timeout: float = 10.0) -> Any: ...
+
+    async def request(self, message: dict[str, Any], *, timeout: float = 10.0) -> Any:
+        """Sends one request (built with `chatcore.protocol`) and waits for its outcome, typed
+        by the builder (`protocol.RequestLine[Answer]`):
+
+        - a list request: `{"header": <listAll/listElements/listMatching>, "elements": [...]}`
+          (`protocol.ListAnswer` of the list's element type);
         - `chatStart`: the new chat element; `chatMessageSend`: the sent message element;
         - `authToken`: the `global` values once set up;
         - an answered request (`identitiesGet`, `search`, ...): the answer's fields;
         - a request answered only when it fails: None.
 
         A failure raises ChatcoreError; no outcome in `timeout` seconds raises ChatcoreTimeout.
+        A plain `{name: {fields}}` dict is sent as it is, its outcome untyped.
         """
         ((name, body),) = message.items()
         body = dict(body)
         if name in protocol.TAKES_COOKIE and "cookie" not in body:
             body["cookie"] = next(self._cookies)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        pending = _Pending(name, body.get("cookie"), future)
+        cookie = body.get("cookie")
+        pending = _Pending(name, cookie if isinstance(cookie, str) else None, future)
         if pending.cookie is not None:
             if pending.cookie in self._by_cookie:
                 raise ValueError(f"cookie {pending.cookie!r} is already waiting for an answer")
@@ -210,11 +308,12 @@ class Client:
             line = await self._write({name: body})
             self._by_line[line] = pending
             if not protocol.ANSWERS.get(name) and name != "authToken":
-                barrier = _Pending("requestListElements", next(self._cookies), asyncio.get_running_loop().create_future())
+                barrier_cookie = next(self._cookies)
+                barrier = _Pending("requestListElements", barrier_cookie, asyncio.get_running_loop().create_future())
                 barrier.barrier_for = pending
-                self._by_cookie[barrier.cookie] = barrier
+                self._by_cookie[barrier_cookie] = barrier
                 barrier_line = await self._write(protocol.request_list_elements_global(
-                    elements=[{"name": "authTokenState"}], cookie=barrier.cookie))
+                    elements=[{"name": "authTokenState"}], cookie=barrier_cookie))
                 self._by_line[barrier_line] = barrier
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
@@ -236,47 +335,58 @@ class Client:
         return line
 
     def _forget(self, pending: _Pending) -> None:
-        for table in (self._by_line, self._by_cookie):
-            for key in [k for k, v in table.items() if v is pending or v.barrier_for is pending]:
-                del table[key]
+        for line in [k for k, v in self._by_line.items() if v is pending or v.barrier_for is pending]:
+            del self._by_line[line]
+        for cookie in [k for k, v in self._by_cookie.items() if v is pending or v.barrier_for is pending]:
+            del self._by_cookie[cookie]
         if self._auth is pending:
             self._auth = None
 
     # MARK: events
 
-    def events(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    def events(self, *, max_buffered: int = MAX_BUFFERED_EVENTS) -> AsyncIterator[Event]:
         """Every event from now on, as (name, fields), answers included; ends when the
-        connection closes."""
-        queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
-        self._subscribers.append(queue)
+        connection closes. Events wait in the iterator until read: past `max_buffered`
+        unread ones, later events are dropped for this iterator alone, and once it has handed
+        over those it kept it raises `EventsLost` and ends (the session and other iterators go
+        on). Close an iterator you stop reading (`aclose()`, or leave its `async for`)."""
+        subscriber = _Subscriber(max_buffered)
+        self._subscribers.append(subscriber)
 
-        async def iterate() -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        async def iterate() -> AsyncIterator[Event]:
             try:
-                while (item := await queue.get()) is not None:
+                while (item := await subscriber.queue.get()) is not None:
                     yield item
+                if subscriber.lost:
+                    raise EventsLost(subscriber.limit)
             finally:
-                if queue in self._subscribers:
-                    self._subscribers.remove(queue)
+                if subscriber in self._subscribers:
+                    self._subscribers.remove(subscriber)
         return iterate()
 
-    async def wait_for(self, predicate: Callable[[str, dict[str, Any]], bool], *, timeout: float = 10.0,
-                       events: AsyncIterator[tuple[str, dict[str, Any]]] | None = None) -> tuple[str, dict[str, Any]]:
-        """The first event (from `events`, or from now on) for which predicate(name, fields) holds."""
+    def wait_for(self, predicate: Callable[[str, dict[str, Any]], bool], *, timeout: float = 10.0,
+                 events: AsyncIterator[Event] | None = None) -> Awaitable[Event]:
+        """The first event (from `events`, or from the moment of this call) for which
+        predicate(name, fields) holds. It listens from the call, not from the await: an
+        event that arrives before the returned awaitable is awaited is not missed."""
         source = events or self.events()
 
-        async def first() -> tuple[str, dict[str, Any]]:
+        async def first() -> Event:
             async for name, body in source:
                 if predicate(name, body):
                     return name, body
             raise self._closed or ConnectionClosed()
-        try:
-            return await asyncio.wait_for(first(), timeout)
-        except asyncio.TimeoutError:
-            raise ChatcoreTimeout("an event", timeout) from None
-        finally:
-            if events is None:
-                # The iterator opened here stops taking events (it would buffer every later one).
-                await source.aclose()  # type: ignore[attr-defined]
+
+        async def waiting() -> Event:
+            try:
+                return await asyncio.wait_for(first(), timeout)
+            except asyncio.TimeoutError:
+                raise ChatcoreTimeout("an event", timeout) from None
+            finally:
+                if events is None:
+                    # The iterator opened here stops taking events (it would buffer every later one).
+                    await source.aclose()  # type: ignore[attr-defined]
+        return waiting()
 
     async def _read(self) -> None:
         try:
@@ -285,16 +395,16 @@ class Client:
                     break
                 ((name, body),) = json.loads(line).items()
                 self._dispatch(name, body)
-                for queue in list(self._subscribers):
-                    queue.put_nowait((name, body))
+                for subscriber in list(self._subscribers):
+                    subscriber.put((name, body))
         except (ConnectionError, asyncio.IncompleteReadError, ValueError) as error:
             self._closed = ConnectionClosed(f"the connection to chatcore failed: {error}")
         finally:
             self._closed = self._closed or ConnectionClosed()
             for pending in {*self._by_line.values(), *self._by_cookie.values()}:
                 self._settle(pending, error=self._closed)
-            for queue in self._subscribers:
-                queue.put_nowait(None)
+            for subscriber in self._subscribers:
+                subscriber.end()
 
     def _settle(self, pending: _Pending, value: Any = None, error: Exception | None = None) -> None:
         target = pending.barrier_for or pending
@@ -352,8 +462,15 @@ class Server:
         self._directory = directory
 
     @classmethod
-    async def start(cls, *, data_dir: str | os.PathLike[str] | None = None, binary: str | os.PathLike[str] | None = None,
-                    args: tuple[str, ...] = ("--insecure-no-auth", "--log-level", "warning"), timeout: float = 30.0) -> Server:
+    def start(cls, *, data_dir: str | os.PathLike[str] | None = None, binary: str | os.PathLike[str] | None = None,
+              args: tuple[str, ...] = ("--insecure-no-auth", "--log-level", "warning"), timeout: float = 30.0) -> Opening[Server]:
+        """Starts chatcore on a Unix socket in a new temporary directory; await it, or use it
+        in `async with` to have it stopped at the end."""
+        return Opening(cls._start(data_dir, binary, args, timeout))
+
+    @classmethod
+    async def _start(cls, data_dir: str | os.PathLike[str] | None, binary: str | os.PathLike[str] | None,
+                     args: tuple[str, ...], timeout: float) -> Server:
         directory = tempfile.TemporaryDirectory(prefix="chatcore-")
         socket_path = os.path.join(directory.name, "chatcore.sock")
         data = str(data_dir) if data_dir is not None else os.path.join(directory.name, "data")
@@ -375,8 +492,11 @@ class Server:
             await probe.wait_closed()
             return cls(process, socket_path, directory)
 
-    async def connect(self, user: str | None = None, token: str = "any") -> Client:
+    def connect(self, user: str | None = None, token: str = "any") -> Opening[Client]:
         """A new session; authenticated as `user` when given."""
+        return Opening(self._connect(user, token))
+
+    async def _connect(self, user: str | None, token: str) -> Client:
         client = await Client.connect(self.address)
         if user is not None:
             await client.authenticate(user, token)
@@ -397,4 +517,7 @@ class Server:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _close_opened(self) -> None:
         await self.stop()

@@ -2,11 +2,26 @@
 Schemas/ (see docs/protocol.md). Do not edit: run `make generate`."""
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict, Union
+from collections.abc import Mapping
+from typing import Any, Generic, Literal, NotRequired, TypedDict, TypeVar, Union, overload
+
+Answer = TypeVar("Answer")
+Element = TypeVar("Element")
 
 
-def _message(name: str, fields: dict[str, Any]) -> dict[str, Any]:
-    return {name: {key: value for key, value in fields.items() if value is not None}}
+class RequestLine(dict[str, Any], Generic[Answer]):
+    """One request's line, `{name: {fields}}`, typed by what `Client.request` resolves
+    with for it (`Answer`)."""
+
+
+class ListAnswer(TypedDict, Generic[Element]):
+    """What a list request resolves with: its header and the elements of every chunk."""
+    header: ListAll | ListElements | ListMatching
+    elements: list[Element]
+
+
+def _message(name: str, fields: dict[str, Any]) -> RequestLine[Any]:
+    return RequestLine({name: {key: value for key, value in fields.items() if value is not None}})
 
 
 # Objects and values (requests, events, list elements and what they share).
@@ -29,9 +44,9 @@ Chat = TypedDict("Chat", {
     "numUnread": "int",
     "lastActivity": "int",
     "invitePolicy": "Literal[\"AdminsOnly\", \"ParticipantsOnly\"]",
-    "data": "NotRequired[dict[str, Any]]",
-    "localData": "NotRequired[dict[str, Any]]",
-    "privateData": "NotRequired[dict[str, Any]]",
+    "data": "NotRequired[dict[str, object]]",
+    "localData": "NotRequired[dict[str, object]]",
+    "privateData": "NotRequired[dict[str, object]]",
 })
 """A chat the local user is in, as they see it."""
 
@@ -45,8 +60,8 @@ ChatChange = TypedDict("ChatChange", {
     "numUnread": "NotRequired[int | None]",
     "lastActivity": "NotRequired[int | None]",
     "invitePolicy": "NotRequired[Literal[\"AdminsOnly\", \"ParticipantsOnly\"] | None]",
-    "data": "NotRequired[dict[str, Any] | None]",
-    "localData": "NotRequired[dict[str, Any] | None]",
+    "data": "NotRequired[dict[str, object] | None]",
+    "localData": "NotRequired[dict[str, object] | None]",
 })
 """A change to a chat element: its key and every field that changed; a field that went away is null."""
 
@@ -60,14 +75,14 @@ ChatEvent = TypedDict("ChatEvent", {
     "chatId": "str",
     "senderUri": "str",
     "tag": "str",
-    "data": "NotRequired[dict[str, Any]]",
+    "data": "NotRequired[dict[str, object]]",
 })
 """A transient event from another participant."""
 
 ChatEventSend = TypedDict("ChatEventSend", {
     "chatId": "str",
     "tag": "str",
-    "data": "NotRequired[dict[str, Any]]",
+    "data": "NotRequired[Mapping[str, object]]",
     "cookie": "NotRequired[str]",
 })
 """Sends a transient event to the other connected participants (not stored)."""
@@ -98,12 +113,12 @@ ChatLeave = TypedDict("ChatLeave", {
 
 ChatMessage = TypedDict("ChatMessage", {
     "chatId": "str",
-    "messageId": "str | int",
+    "messageId": "str",
     "senderUri": "str",
     "tag": "str",
     "content": "NotRequired[str]",
-    "data": "NotRequired[dict[str, Any]]",
-    "localData": "NotRequired[dict[str, Any]]",
+    "data": "NotRequired[dict[str, object]]",
+    "localData": "NotRequired[dict[str, object]]",
     "thumb": "NotRequired[str]",
     "file": "NotRequired[str]",
     "fileSize": "NotRequired[int]",
@@ -120,12 +135,12 @@ ChatMessage = TypedDict("ChatMessage", {
 
 ChatMessageChange = TypedDict("ChatMessageChange", {
     "chatId": "str",
-    "messageId": "str | int",
+    "messageId": "str",
     "senderUri": "NotRequired[str | None]",
     "tag": "NotRequired[str | None]",
     "content": "NotRequired[str | None]",
-    "data": "NotRequired[dict[str, Any] | None]",
-    "localData": "NotRequired[dict[str, Any] | None]",
+    "data": "NotRequired[dict[str, object] | None]",
+    "localData": "NotRequired[dict[str, object] | None]",
     "thumb": "NotRequired[str | None]",
     "file": "NotRequired[str | None]",
     "fileSize": "NotRequired[int | None]",
@@ -196,7 +211,7 @@ ChatMessageSend = TypedDict("ChatMessageSend", {
     "chatId": "str",
     "tag": "str",
     "content": "NotRequired[str]",
-    "data": "NotRequired[dict[str, Any]]",
+    "data": "NotRequired[Mapping[str, object]]",
     "ref": "NotRequired[list[MessageRef]]",
     "thumb": "NotRequired[str]",
     "thumbPolicy": "NotRequired[Literal[\"Copy\", \"Move\", \"Delete\"]]",
@@ -211,14 +226,14 @@ ChatMessageSend = TypedDict("ChatMessageSend", {
 ChatMessageSettable = TypedDict("ChatMessageSettable", {
     "chatId": "str",
     "messageId": "str | int",
-    "localData": "NotRequired[dict[str, Any] | None]",
+    "localData": "NotRequired[Mapping[str, object] | None]",
 })
 """A change to a message: only localData may be set (null removes it)."""
 
 ChatMessageStateEvent = TypedDict("ChatMessageStateEvent", {
     "cookie": "NotRequired[str]",
     "chatId": "str",
-    "messageId": "str | int",
+    "messageId": "str",
     "states": "list[RecipientState]",
 })
 """The per-recipient states of a message."""
@@ -262,8 +277,8 @@ ChatParticipantKey = TypedDict("ChatParticipantKey", {
 ChatSettable = TypedDict("ChatSettable", {
     "chatId": "str",
     "subject": "NotRequired[str]",
-    "data": "NotRequired[dict[str, Any] | None]",
-    "localData": "NotRequired[dict[str, Any] | None]",
+    "data": "NotRequired[Mapping[str, object] | None]",
+    "localData": "NotRequired[Mapping[str, object] | None]",
 })
 """A change to a chat: subject, data and localData may be set (null removes data and localData)."""
 
@@ -273,9 +288,9 @@ ChatStart = TypedDict("ChatStart", {
     "subject": "NotRequired[str]",
     "isOneToOne": "NotRequired[bool]",
     "invitePolicy": "NotRequired[Literal[\"AdminsOnly\", \"ParticipantsOnly\"]]",
-    "data": "NotRequired[dict[str, Any]]",
-    "localData": "NotRequired[dict[str, Any]]",
-    "privateData": "NotRequired[dict[str, Any]]",
+    "data": "NotRequired[Mapping[str, object]]",
+    "localData": "NotRequired[Mapping[str, object]]",
+    "privateData": "NotRequired[Mapping[str, object]]",
 })
 """Starts a chat (§5)."""
 
@@ -353,13 +368,13 @@ FileState = Literal["Available", "Transferring", "Done"]
 
 Global = TypedDict("Global", {
     "name": "str",
-    "value": "Any",
+    "value": "object",
 })
 """A named global value of the session: authTokenState (Needed, Ok, Rejected), setupState ({state: NotRequested, Full or Success}), and once set up localUri, localRegId and endpointId."""
 
 GlobalChange = TypedDict("GlobalChange", {
     "name": "str",
-    "value": "NotRequired[Any | None]",
+    "value": "NotRequired[object | None]",
 })
 """A change to a global element: its key and every field that changed; a field that went away is null."""
 
@@ -384,7 +399,7 @@ IdentitiesGet = TypedDict("IdentitiesGet", {
 
 Identity = TypedDict("Identity", {
     "appUserId": "str",
-    "regId": "str | int",
+    "regId": "str",
     "uri": "str",
 })
 """A user."""
@@ -653,7 +668,7 @@ ListType = Literal["global", "user", "chat", "chatParticipant", "chatMessage", "
 
 MessageKey = TypedDict("MessageKey", {
     "chatId": "str",
-    "messageId": "str | int",
+    "messageId": "str",
 })
 """Names one message."""
 
@@ -698,13 +713,13 @@ RecipientState = TypedDict("RecipientState", {
 
 RefBy = TypedDict("RefBy", {
     "tag": "str",
-    "newestRef": "str | int",
+    "newestRef": "str",
     "count": "int",
 })
 """How many messages refer to this one with a tag, and the newest of them."""
 
 RegisteredEndpoint = TypedDict("RegisteredEndpoint", {
-    "endpointId": "str | int",
+    "endpointId": "str",
     "description": "str",
     "nickname": "str",
     "isCurrent": "bool",
@@ -893,14 +908,14 @@ TypingKey = TypedDict("TypingKey", {
 
 User = TypedDict("User", {
     "uri": "str",
-    "regId": "str | int",
+    "regId": "str",
     "userId": "str",
 })
 """A user known to the local user."""
 
 UserChange = TypedDict("UserChange", {
     "uri": "str",
-    "regId": "NotRequired[str | int | None]",
+    "regId": "NotRequired[str | None]",
     "userId": "NotRequired[str | None]",
 })
 """A change to a user element: its key and every field that changed; a field that went away is null."""
@@ -927,199 +942,224 @@ Window = TypedDict("Window", {
 """Where to look: around a message or a time, with how many older and newer matches."""
 
 
-# Request builders: each returns the line's object, {name: {fields}}; None leaves a field out.
+# Request builders: each returns the line's object, {name: {fields}}, typed by what
+# Client.request resolves with for it; None leaves a field out.
 
-def auth_token(*, userId: str, authToken: str, cookie: str | None = None) -> dict[str, Any]:
+def auth_token(*, userId: str, authToken: str, cookie: str | None = None) -> RequestLine[dict[str, object]]:
     """Authenticates the session as a user with a JWT (HS256 with the secret, RS256 or ES256 with a JWKS key; sub = userId). The token's aud and iss must be the service's when it is started with --auth-audience / --auth-issuer; exp, nbf and iat may be off the service's clock by --auth-leeway, and a token valid for longer than --auth-max-lifetime is refused. When the token expires (or its key leaves the JWKS file) authTokenState goes to Needed: requests are refused with NotAuthenticated until a new authToken for the same user is accepted on the session, and without one within --auth-timeout the session is closed. On a node of a shared PostgreSQL store, the first line of a connection may instead carry a node token (signed with the key every node is given out of band, --node-key-file, for this writer, valid once and for a minute): that is how a node relays a standard input/output session started as userId (--user) to the writer, which then serves it as its own trusted session (no answer to this line, and the client's lines are numbered from the next)."""
     return _message("authToken", {"userId": userId, "authToken": authToken, "cookie": cookie})
 
 
-def identities_get(*, cookie: str | None = None, appUserIds: list[str] | None = None, regIds: list[str | int] | None = None) -> dict[str, Any]:
+def identities_get(*, cookie: str | None = None, appUserIds: list[str] | None = None, regIds: list[str | int] | None = None) -> RequestLine[Identities]:
     """Looks up users by userId or regId; unknown ones are left out."""
     return _message("identitiesGet", {"cookie": cookie, "appUserIds": appUserIds, "regIds": regIds})
 
 
-def request_list_all(*, type: Literal["global", "user", "chat", "chatParticipant", "chatMessage", "typing"], cookie: str | None = None) -> dict[str, Any]:
+@overload
+def request_list_all(*, type: Literal["global"], cookie: str | None = None) -> RequestLine[ListAnswer[Global]]: ...
+
+
+@overload
+def request_list_all(*, type: Literal["user"], cookie: str | None = None) -> RequestLine[ListAnswer[User]]: ...
+
+
+@overload
+def request_list_all(*, type: Literal["chat"], cookie: str | None = None) -> RequestLine[ListAnswer[Chat]]: ...
+
+
+@overload
+def request_list_all(*, type: Literal["chatParticipant"], cookie: str | None = None) -> RequestLine[ListAnswer[ChatParticipant]]: ...
+
+
+@overload
+def request_list_all(*, type: Literal["chatMessage"], cookie: str | None = None) -> RequestLine[ListAnswer[ChatMessage]]: ...
+
+
+@overload
+def request_list_all(*, type: Literal["typing"], cookie: str | None = None) -> RequestLine[ListAnswer[Typing]]: ...
+
+
+def request_list_all(*, type: Literal["global", "user", "chat", "chatParticipant", "chatMessage", "typing"], cookie: str | None = None) -> RequestLine[ListAnswer[Any]]:
     """Asks for every element of a list (not chatMessage)."""
     return _message("requestListAll", {"type": type, "cookie": cookie})
 
 
-def request_list_elements_global(*, elements: list[GlobalKey], cookie: str | None = None) -> dict[str, Any]:
+def request_list_elements_global(*, elements: list[GlobalKey], cookie: str | None = None) -> RequestLine[ListAnswer[Global]]:
     """Elements of the global list by key."""
     return _message("requestListElements", {"type": "global", "elements": elements, "cookie": cookie})
 
 
-def request_list_elements_user(*, elements: list[UserKey], cookie: str | None = None) -> dict[str, Any]:
+def request_list_elements_user(*, elements: list[UserKey], cookie: str | None = None) -> RequestLine[ListAnswer[User]]:
     """Elements of the user list by key."""
     return _message("requestListElements", {"type": "user", "elements": elements, "cookie": cookie})
 
 
-def request_list_elements_chat(*, elements: list[ChatKey], cookie: str | None = None) -> dict[str, Any]:
+def request_list_elements_chat(*, elements: list[ChatKey], cookie: str | None = None) -> RequestLine[ListAnswer[Chat]]:
     """Elements of the chat list by key."""
     return _message("requestListElements", {"type": "chat", "elements": elements, "cookie": cookie})
 
 
-def request_list_elements_chat_participant(*, elements: list[ChatParticipantKey], cookie: str | None = None) -> dict[str, Any]:
+def request_list_elements_chat_participant(*, elements: list[ChatParticipantKey], cookie: str | None = None) -> RequestLine[ListAnswer[ChatParticipant]]:
     """Elements of the chatParticipant list by key."""
     return _message("requestListElements", {"type": "chatParticipant", "elements": elements, "cookie": cookie})
 
 
-def request_list_elements_chat_message(*, elements: list[ChatMessageKey], cookie: str | None = None) -> dict[str, Any]:
+def request_list_elements_chat_message(*, elements: list[ChatMessageKey], cookie: str | None = None) -> RequestLine[ListAnswer[ChatMessage]]:
     """Elements of the chatMessage list by key."""
     return _message("requestListElements", {"type": "chatMessage", "elements": elements, "cookie": cookie})
 
 
-def request_list_elements_typing(*, elements: list[TypingKey], cookie: str | None = None) -> dict[str, Any]:
+def request_list_elements_typing(*, elements: list[TypingKey], cookie: str | None = None) -> RequestLine[ListAnswer[Typing]]:
     """Elements of the typing list by key."""
     return _message("requestListElements", {"type": "typing", "elements": elements, "cookie": cookie})
 
 
-def request_list_matching_chat_message(*, criteria: ChatMessageCriteria, window: Window | None = None, withRefTargets: bool | None = None, cookie: str | None = None) -> dict[str, Any]:
+def request_list_matching_chat_message(*, criteria: ChatMessageCriteria, window: Window | None = None, withRefTargets: bool | None = None, cookie: str | None = None) -> RequestLine[ListAnswer[ChatMessage]]:
     """Messages of a chat by criteria and window."""
     return _message("requestListMatching", {"type": "chatMessage", "criteria": criteria, "window": window, "withRefTargets": withRefTargets, "cookie": cookie})
 
 
-def request_list_matching_chat_participant(*, criteria: ChatParticipantCriteria, cookie: str | None = None) -> dict[str, Any]:
+def request_list_matching_chat_participant(*, criteria: ChatParticipantCriteria, cookie: str | None = None) -> RequestLine[ListAnswer[ChatParticipant]]:
     """Participants by criteria."""
     return _message("requestListMatching", {"type": "chatParticipant", "criteria": criteria, "cookie": cookie})
 
 
-def request_list_matching_chat(*, criteria: ChatCriteria, cookie: str | None = None) -> dict[str, Any]:
+def request_list_matching_chat(*, criteria: ChatCriteria, cookie: str | None = None) -> RequestLine[ListAnswer[Chat]]:
     """Chats by mailbox or key state, as the real protocol has them. chatcore's chats have no mailbox and no end-to-end keys: no chat matches, and the answer is an empty list."""
     return _message("requestListMatching", {"type": "chat", "criteria": criteria, "cookie": cookie})
 
 
-def request_list_matching_user(*, criteria: UserCriteria, cookie: str | None = None) -> dict[str, Any]:
+def request_list_matching_user(*, criteria: UserCriteria, cookie: str | None = None) -> RequestLine[ListAnswer[User]]:
     """Users by key state, as the real protocol has them. chatcore keeps no end-to-end keys: no user matches, and the answer is an empty list."""
     return _message("requestListMatching", {"type": "user", "criteria": criteria, "cookie": cookie})
 
 
-def request_list_change_chat(*, elements: list[ChatSettable], cookie: str | None = None) -> dict[str, Any]:
+def request_list_change_chat(*, elements: list[ChatSettable], cookie: str | None = None) -> RequestLine[None]:
     """Changes to chats."""
     return _message("requestListChange", {"type": "chat", "elements": elements, "cookie": cookie})
 
 
-def request_list_change_chat_message(*, elements: list[ChatMessageSettable], cookie: str | None = None) -> dict[str, Any]:
+def request_list_change_chat_message(*, elements: list[ChatMessageSettable], cookie: str | None = None) -> RequestLine[None]:
     """Changes to messages."""
     return _message("requestListChange", {"type": "chatMessage", "elements": elements, "cookie": cookie})
 
 
-def request_list_changes(*, type: Literal["chatMessage"], chatId: str | None = None, since: str | None = None, limit: int | None = None, cookie: str | None = None) -> dict[str, Any]:
+def request_list_changes(*, type: Literal["chatMessage"], chatId: str | None = None, since: str | None = None, limit: int | None = None, cookie: str | None = None) -> RequestLine[ListChanges]:
     """Asks for every message that changed for this user after a token."""
     return _message("requestListChanges", {"type": type, "chatId": chatId, "since": since, "limit": limit, "cookie": cookie})
 
 
-def chat_start(*, invitees: list[Invitee], cookie: str | None = None, subject: str | None = None, isOneToOne: bool | None = None, invitePolicy: Literal["AdminsOnly", "ParticipantsOnly"] | None = None, data: dict[str, Any] | None = None, localData: dict[str, Any] | None = None, privateData: dict[str, Any] | None = None) -> dict[str, Any]:
+def chat_start(*, invitees: list[Invitee], cookie: str | None = None, subject: str | None = None, isOneToOne: bool | None = None, invitePolicy: Literal["AdminsOnly", "ParticipantsOnly"] | None = None, data: Mapping[str, object] | None = None, localData: Mapping[str, object] | None = None, privateData: Mapping[str, object] | None = None) -> RequestLine[Chat]:
     """Starts a chat (§5)."""
     return _message("chatStart", {"invitees": invitees, "cookie": cookie, "subject": subject, "isOneToOne": isOneToOne, "invitePolicy": invitePolicy, "data": data, "localData": localData, "privateData": privateData})
 
 
-def chat_invite(*, chatId: str, invitees: list[Invitee], cookie: str | None = None) -> dict[str, Any]:
+def chat_invite(*, chatId: str, invitees: list[Invitee], cookie: str | None = None) -> RequestLine[None]:
     """Invites users into a chat, by its invite policy."""
     return _message("chatInvite", {"chatId": chatId, "invitees": invitees, "cookie": cookie})
 
 
-def chat_leave(*, chatIds: list[str], cookie: str | None = None) -> dict[str, Any]:
+def chat_leave(*, chatIds: list[str], cookie: str | None = None) -> RequestLine[None]:
     """Leaves chats."""
     return _message("chatLeave", {"chatIds": chatIds, "cookie": cookie})
 
 
-def participant_remove(*, chatId: str, userUri: str, cookie: str | None = None) -> dict[str, Any]:
+def participant_remove(*, chatId: str, userUri: str, cookie: str | None = None) -> RequestLine[None]:
     """Removes a participant (admins only, not in one-to-one chats)."""
     return _message("participantRemove", {"chatId": chatId, "userUri": userUri, "cookie": cookie})
 
 
-def participant_promote(*, chatId: str, userUri: str, cookie: str | None = None) -> dict[str, Any]:
+def participant_promote(*, chatId: str, userUri: str, cookie: str | None = None) -> RequestLine[None]:
     """Makes a participant an admin (admins only)."""
     return _message("participantPromote", {"chatId": chatId, "userUri": userUri, "cookie": cookie})
 
 
-def participant_demote(*, chatId: str, userUri: str, cookie: str | None = None) -> dict[str, Any]:
+def participant_demote(*, chatId: str, userUri: str, cookie: str | None = None) -> RequestLine[None]:
     """Takes admin from a participant (admins only)."""
     return _message("participantDemote", {"chatId": chatId, "userUri": userUri, "cookie": cookie})
 
 
-def chat_hide(*, chatIds: list[str], cookie: str | None = None) -> dict[str, Any]:
+def chat_hide(*, chatIds: list[str], cookie: str | None = None) -> RequestLine[None]:
     """Hides chats until their next message."""
     return _message("chatHide", {"chatIds": chatIds, "cookie": cookie})
 
 
-def chat_message_send(*, chatId: str, tag: str, content: str | None = None, data: dict[str, Any] | None = None, ref: list[MessageRef] | None = None, thumb: str | None = None, thumbPolicy: Literal["Copy", "Move", "Delete"] | None = None, file: str | None = None, filePolicy: Literal["Copy", "Move", "Delete"] | None = None, control: bool | None = None, neverCountUnread: bool | None = None, cookie: str | None = None) -> dict[str, Any]:
+def chat_message_send(*, chatId: str, tag: str, content: str | None = None, data: Mapping[str, object] | None = None, ref: list[MessageRef] | None = None, thumb: str | None = None, thumbPolicy: Literal["Copy", "Move", "Delete"] | None = None, file: str | None = None, filePolicy: Literal["Copy", "Move", "Delete"] | None = None, control: bool | None = None, neverCountUnread: bool | None = None, cookie: str | None = None) -> RequestLine[ChatMessage]:
     """Sends a message (§6). content + data + thumb are at most 71680 bytes together (TooLarge)."""
     return _message("chatMessageSend", {"chatId": chatId, "tag": tag, "content": content, "data": data, "ref": ref, "thumb": thumb, "thumbPolicy": thumbPolicy, "file": file, "filePolicy": filePolicy, "control": control, "neverCountUnread": neverCountUnread, "cookie": cookie})
 
 
-def chat_message_read(*, chatId: str, messageId: str | int, cookie: str | None = None) -> dict[str, Any]:
+def chat_message_read(*, chatId: str, messageId: str | int, cookie: str | None = None) -> RequestLine[None]:
     """Marks every incoming message up to messageId as Read."""
     return _message("chatMessageRead", {"chatId": chatId, "messageId": messageId, "cookie": cookie})
 
 
-def chat_message_state_get(*, chatId: str, messageId: str | int, cookie: str | None = None) -> dict[str, Any]:
+def chat_message_state_get(*, chatId: str, messageId: str | int, cookie: str | None = None) -> RequestLine[ChatMessageStateEvent]:
     """Asks for the per-recipient states of an own message."""
     return _message("chatMessageStateGet", {"chatId": chatId, "messageId": messageId, "cookie": cookie})
 
 
-def chat_message_delete(*, chatId: str, id: str | int, cookie: str | None = None) -> dict[str, Any]:
+def chat_message_delete(*, chatId: str, id: str | int, cookie: str | None = None) -> RequestLine[None]:
     """Deletes a message for this user only."""
     return _message("chatMessageDelete", {"chatId": chatId, "id": id, "cookie": cookie})
 
 
-def chat_message_destroy(*, chatId: str, messageId: str | int | None = None, cookie: str | None = None) -> dict[str, Any]:
+def chat_message_destroy(*, chatId: str, messageId: str | int | None = None, cookie: str | None = None) -> RequestLine[None]:
     """Recalls an own message, or every own message of the chat when messageId is absent."""
     return _message("chatMessageDestroy", {"chatId": chatId, "messageId": messageId, "cookie": cookie})
 
 
-def chat_message_file_download(*, chatId: str, messageId: str | int, cookie: str | None = None) -> dict[str, Any]:
+def chat_message_file_download(*, chatId: str, messageId: str | int, cookie: str | None = None) -> RequestLine[None]:
     """Downloads a message's file."""
     return _message("chatMessageFileDownload", {"chatId": chatId, "messageId": messageId, "cookie": cookie})
 
 
-def chat_message_detach(*, chatId: str, messageId: str | int, detachThumb: bool | None = None, detachFile: bool | None = None, cookie: str | None = None) -> dict[str, Any]:
+def chat_message_detach(*, chatId: str, messageId: str | int, detachThumb: bool | None = None, detachFile: bool | None = None, cookie: str | None = None) -> RequestLine[None]:
     """Removes this user's copy of a message's thumb and/or file."""
     return _message("chatMessageDetach", {"chatId": chatId, "messageId": messageId, "detachThumb": detachThumb, "detachFile": detachFile, "cookie": cookie})
 
 
-def chat_typing(*, chatId: str, cookie: str | None = None, tag: str | None = None, messageId: str | int | None = None) -> dict[str, Any]:
+def chat_typing(*, chatId: str, cookie: str | None = None, tag: str | None = None, messageId: str | int | None = None) -> RequestLine[None]:
     """Tells the other participants that this user is typing."""
     return _message("chatTyping", {"chatId": chatId, "cookie": cookie, "tag": tag, "messageId": messageId})
 
 
-def chat_event_send(*, chatId: str, tag: str, data: dict[str, Any] | None = None, cookie: str | None = None) -> dict[str, Any]:
+def chat_event_send(*, chatId: str, tag: str, data: Mapping[str, object] | None = None, cookie: str | None = None) -> RequestLine[None]:
     """Sends a transient event to the other connected participants (not stored)."""
     return _message("chatEventSend", {"chatId": chatId, "tag": tag, "data": data, "cookie": cookie})
 
 
-def search(*, text: str, cookie: str | None = None, chatId: str | None = None, suggestedMaxResults: int | None = None, returnIdentifier: str | None = None) -> dict[str, Any]:
+def search(*, text: str, cookie: str | None = None, chatId: str | None = None, suggestedMaxResults: int | None = None, returnIdentifier: str | None = None) -> RequestLine[SearchResult]:
     """Finds messages by content and chats by subject (§9)."""
     return _message("search", {"text": text, "cookie": cookie, "chatId": chatId, "suggestedMaxResults": suggestedMaxResults, "returnIdentifier": returnIdentifier})
 
 
-def sync_start(*, passcode: str, action: Literal["New", "Existing"] | None = None, cookie: str | None = None) -> dict[str, Any]:
+def sync_start(*, passcode: str, action: Literal["New", "Existing"] | None = None, cookie: str | None = None) -> RequestLine[None]:
     """Starts key synchronisation with a passcode. chatcore has no end-to-end keys, so setup never needs it (setupState goes from NotRequested to Success, or Full): accepted at any time, changes nothing, not answered."""
     return _message("syncStart", {"passcode": passcode, "action": action, "cookie": cookie})
 
 
-def setup_retry(*, cookie: str | None = None) -> dict[str, Any]:
+def setup_retry(*, cookie: str | None = None) -> RequestLine[None]:
     """Asks setup to try again. A session whose token was accepted while its user had no endpoint free (setupState Full) tries again to become an endpoint: setupState then changes to Success (with localUri, localRegId and endpointId), or is said to be Full again. Otherwise it changes nothing and is not answered."""
     return _message("setupRetry", {"cookie": cookie})
 
 
-def retry_server_requests(*, cookie: str | None = None) -> dict[str, Any]:
+def retry_server_requests(*, cookie: str | None = None) -> RequestLine[None]:
     """Asks for requests to BlackBerry's servers to be retried. chatcore has no such servers: accepted, changes nothing, not answered."""
     return _message("retryServerRequests", {"cookie": cookie})
 
 
-def endpoint_update(*, description: str, cookie: str | None = None, nickname: str | None = None, isLegacyDelegate: bool | None = None, endpointId: str | int | None = None) -> dict[str, Any]:
+def endpoint_update(*, description: str, cookie: str | None = None, nickname: str | None = None, isLegacyDelegate: bool | None = None, endpointId: str | int | None = None) -> RequestLine[EndpointUpdateResult]:
     """Names an endpoint (a session, or a registered device of the user) and registers it: kept across reconnects, listed by endpointsGet, counted against --max-endpoints. Before authentication (setupState NotRequested) it describes the endpoint the session is about to register, and with endpointId it asks to be that registered endpoint again (a reconnect). After setup, without endpointId it registers and names the session's own endpoint; with the endpointId of one of the user's endpoints it renames that one (a session not yet registered becomes that endpoint instead). Answered by endpointUpdateResult."""
     return _message("endpointUpdate", {"description": description, "cookie": cookie, "nickname": nickname, "isLegacyDelegate": isLegacyDelegate, "endpointId": endpointId})
 
 
-def endpoints_get(*, cookie: str | None = None) -> dict[str, Any]:
+def endpoints_get(*, cookie: str | None = None) -> RequestLine[Endpoints]:
     """Lists the user's endpoints: registered ones and the sessions connected now. Served once a token was accepted, also while setupState is Full. Answered by endpoints."""
     return _message("endpointsGet", {"cookie": cookie})
 
 
-def endpoint_deregister(*, endpointId: str | int, cookie: str | None = None) -> dict[str, Any]:
+def endpoint_deregister(*, endpointId: str | int, cookie: str | None = None) -> RequestLine[EndpointDeregisterResult]:
     """Removes one of the user's endpoints: it is no longer registered, and every session that is that endpoint gets endpointDeregistered and is closed (this one too, when it names itself). Served once a token was accepted, also while setupState is Full. Answered by endpointDeregisterResult."""
     return _message("endpointDeregister", {"endpointId": endpointId, "cookie": cookie})
 

@@ -14,7 +14,7 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from chatcore import BinaryNotFound, ChatcoreError, ChatcoreTimeout, Client, Server, find_binary, protocol  # noqa: E402
+from chatcore import BinaryNotFound, ChatcoreError, ChatcoreTimeout, Client, EventsLost, Server, find_binary, protocol  # noqa: E402
 
 
 def run(coroutine):
@@ -175,3 +175,66 @@ def test_the_package_installs_into_a_fresh_virtualenv_and_its_example_runs(tmp_p
                           timeout=120, env={**os.environ, "CHATCORE_BINARY": find_binary()})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-2:] == ["alice sees Delivered", "alice sees Read"]
+
+
+def test_opened_with_async_with_and_no_extra_await_and_closed_at_the_end(tmp_path):
+    async def scenario():
+        async with Client.spawn("alice", data_dir=tmp_path / "spawned") as alice:
+            assert (await alice.request(protocol.chat_start(invitees=[{"userId": "bob"}], subject="s")))["chatId"] == "1"
+            process = alice._process
+        assert process is not None and process.returncode == 0, "the spawned chatcore was not ended with the block"
+        async with Server.start() as server:
+            async with server.connect("alice") as alice:
+                assert alice.globals["authTokenState"] == "Ok"
+            assert alice._writer.is_closing()
+            process = server.process
+        assert process.returncode is not None, "the server was not stopped with the block"
+    run(scenario())
+
+
+def test_a_tcp_listener_on_ipv6_loopback_is_reached_by_its_bracketed_address(tmp_path):
+    import socket
+    with socket.socket(socket.AF_INET6) as probe:
+        probe.bind(("::1", 0))
+        port = probe.getsockname()[1]
+
+    async def scenario():
+        listen = ("--listen", f"[::1]:{port}", "--insecure-no-auth", "--log-level", "warning")
+        async with Server.start(args=listen, data_dir=tmp_path / "data"):
+            async with Client.connect(f"[::1]:{port}") as client:
+                await client.authenticate("alice")
+                assert client.globals["localUri"]
+            with pytest.raises(ValueError):
+                await Client.connect("::1")
+    run(scenario())
+
+
+def test_an_iterator_left_unread_keeps_its_bound_then_says_events_were_lost(tmp_path):
+    async def scenario():
+        async with Client.spawn("alice", data_dir=tmp_path) as alice:
+            lagging = alice.events(max_buffered=5)
+            following = alice.events()
+            for n in range(8):
+                await alice.request(protocol.identities_get(appUserIds=["alice"]))
+            received = []
+            with pytest.raises(EventsLost) as lost:
+                async for name, _ in lagging:
+                    received.append(name)
+            assert len(received) == 5 and lost.value.kept == 5
+            assert lagging not in alice._subscribers and len(alice._subscribers) == 1
+            # The session and the other iterator lost nothing.
+            names = [name for name, _ in [await following.__anext__() for _ in range(8)]]
+            assert names == ["identities"] * 8
+            assert (await alice.request(protocol.identities_get(appUserIds=["alice"])))["info"][0]["appUserId"] == "alice"
+    run(scenario())
+
+
+def test_wait_for_listens_from_the_call_not_from_the_await(tmp_path):
+    async def scenario():
+        async with Client.spawn("alice", data_dir=tmp_path) as alice:
+            waiting = alice.wait_for(lambda name, body: name == "identities" and body.get("cookie") == "early")
+            await alice.request(protocol.identities_get(cookie="early", appUserIds=["alice"]))
+            # The answer arrived before anything awaited `waiting`: it is still seen.
+            name, body = await waiting
+            assert body["cookie"] == "early"
+    run(scenario())

@@ -7,8 +7,9 @@ import { cpSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync }
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { createServer } from "node:net";
 import {
-  ChatcoreError, ChatcoreTimeout, Client, ConnectionClosed, Server, findBinary,
+  ChatcoreError, ChatcoreTimeout, Client, ConnectionClosed, EventsLost, Server, findBinary,
   chatStart, chatMessageSend, chatMessageRead, chatLeave, requestListAll, requestListMatchingChatMessage, search, identitiesGet,
 } from "../client.js";
 
@@ -179,5 +180,80 @@ test("the package installs into a fresh project and its example runs", () => {
     assert.deepEqual(out.trim().split("\n").slice(-2), ["alice sees Delivered", "alice sees Read"]);
   } finally {
     rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("an aborted signal stops waiting for an outcome, and the session goes on", async () => {
+  const server = await Server.start();
+  try {
+    const alice = await server.connect("alice");
+    const before = new AbortController();
+    before.abort(new Error("not wanted any more"));
+    await assert.rejects(alice.request(identitiesGet({ appUserIds: ["alice"] }), { signal: before.signal }), /not wanted any more/);
+    // Aborted while waiting: the service stopped (SIGSTOP) answers nothing until the abort.
+    server.child.kill("SIGSTOP");
+    const during = new AbortController();
+    const waiting = alice.request(identitiesGet({ appUserIds: ["alice"] }), { signal: during.signal, timeout: 60000 });
+    setTimeout(() => during.abort(), 50);
+    await assert.rejects(waiting, (error) => error.name === "AbortError");
+    const watching = new AbortController();
+    const event = alice.waitFor("identities", { signal: watching.signal });
+    watching.abort();
+    await assert.rejects(event, (error) => error.name === "AbortError");
+    server.child.kill("SIGCONT");
+    assert.equal((await alice.request(identitiesGet({ appUserIds: ["alice"] }))).info[0].appUserId, "alice");
+    assert.equal(alice.openEventIterators, 0);
+    await alice.close();
+  } finally {
+    server.child.kill("SIGCONT");
+    await server.stop();
+  }
+});
+
+test("Symbol.asyncDispose closes a client and stops a server", async () => {
+  const server = await Server.start();
+  const alice = await server.connect("alice");
+  await alice[Symbol.asyncDispose]();
+  await assert.rejects(alice.request(identitiesGet({ appUserIds: ["alice"] })), ConnectionClosed);
+  await server[Symbol.asyncDispose]();
+  assert.notEqual(server.child.exitCode ?? server.child.signalCode, null, "the server still runs");
+});
+
+test("a TCP listener on IPv6 loopback is reached by its bracketed address", async () => {
+  const probe = createServer();
+  await new Promise((done) => probe.listen(0, "::1", done));
+  const port = probe.address().port;
+  await new Promise((done) => probe.close(done));
+  const server = await Server.start({ args: ["--insecure-no-auth", "--log-level", "warning", "--listen", `[::1]:${port}`] });
+  try {
+    const client = await Client.connect(`[::1]:${port}`);
+    await client.authenticate("alice");
+    assert.equal(client.globals.authTokenState, "Ok");
+    await client.close();
+    await assert.rejects(Client.connect("::1"), TypeError);
+  } finally {
+    await server.stop();
+  }
+});
+
+test("an iterator left unread keeps its bound, then says events were lost", async () => {
+  const alice = Client.spawn("alice", { dataDir: join(scratch(), "data") });
+  try {
+    const lagging = alice.events({ maxBuffered: 5 });
+    const following = alice.events();
+    for (let n = 0; n < 8; n++) await alice.request(identitiesGet({ appUserIds: ["alice"] }));
+    const received = [];
+    await assert.rejects((async () => { for await (const [name] of lagging) received.push(name); })(), EventsLost);
+    assert.equal(received.length, 5);
+    assert.equal(alice.openEventIterators, 1);
+    const names = [];
+    for (let n = 0; n < 8; n++) names.push((await following.next()).value[0]);
+    assert.deepEqual(names, Array(8).fill("identities"));
+    const [name, fields] = await Promise.all([alice.waitFor("identities", (f) => f.cookie === "late"),
+      alice.request(identitiesGet({ cookie: "late", appUserIds: ["alice"] }))]).then(([entry]) => entry);
+    assert.equal(name, "identities");
+    assert.equal(fields.cookie, "late");
+  } finally {
+    await alice.close();
   }
 });
