@@ -86,9 +86,10 @@ struct Settings {
             return
         }
         let environmentProvider = EnvironmentVariablesProvider(environmentVariables: environment)
-        var file: (path: String, provider: FileProvider<YAMLSnapshot>)?
+        var file: (path: String, provider: any ConfigProvider, keys: [String: String])?
         if let path = Self.value(of: Self.configOption, in: arguments) ?? environment[Self.configVariable].flatMap({ $0.isEmpty ? nil : $0 }) {
-            file = (path, try await Self.open(path, options: options))
+            let (provider, keys) = try await Self.open(path, options: options)
+            file = (path, provider, keys)
         }
         for option in options {
             if given.contains(option.name) {
@@ -98,7 +99,9 @@ struct Settings {
             var found: (values: [String], source: Source)?
             if let values = try Self.lookUp(option, in: environmentProvider, key: ["chatcore", option.name], named: option.environmentName) {
                 found = (values, .environment(option.environmentName))
-            } else if let file, let values = try Self.lookUp(option, in: file.provider, key: [option.name], named: "\(option.name) in \(file.path)") {
+            } else if let file, let key = file.keys[option.name],
+                let values = try Self.lookUp(option, in: file.provider, key: [key], named: "\(key) in \(file.path)")
+            {
                 found = (values, .file(file.path))
             }
             guard let found else {
@@ -135,26 +138,38 @@ struct Settings {
         return nil
     }
 
-    /// The file, read, with every key it has checked against the options.
-    private static func open(_ path: String, options: [Option]) async throws -> FileProvider<YAMLSnapshot> {
+    /// The file, read, with every key it has checked against the options: each option's key as
+    /// the file writes it (`max-line-bytes`, or `max_line_bytes` as YAML often has it).
+    private static func open(_ path: String, options: [Option]) async throws -> (any ConfigProvider, [String: String]) {
         let text: String
         do {
             text = try String(contentsOfFile: path, encoding: .utf8)
         } catch {
             throw Problem(description: "cannot read the config file \(path): \((error as NSError).localizedFailureReason ?? "\(error)")")
         }
-        let keys: [String]
+        let written: [String]
         do {
-            guard let root = try Yams.compose(yaml: text) else { return try await FileProvider(filePath: FilePath(path), allowMissing: true) }
+            // A file of comments only (or nothing) sets nothing.
+            guard let root = try Yams.compose(yaml: text) else { return (InMemoryProvider(values: [:]), [:]) }
             guard let mapping = root.mapping else { throw Problem(description: "the config file \(path) must be a mapping of option names to values") }
-            keys = mapping.keys.map { $0.string ?? "\($0)" }
+            written = mapping.keys.map { $0.string ?? "\($0)" }
         } catch let problem as Problem {
             throw problem
         } catch {
             throw Problem(description: "the config file \(path) is not YAML: \(error)")
         }
         let known = Set(options.map(\.name))
-        let unknown = keys.filter { !known.contains($0) }
+        var keys: [String: String] = [:]
+        var unknown: [String] = []
+        for key in written {
+            let name = key.replacingOccurrences(of: "_", with: "-")
+            guard known.contains(name) else {
+                unknown.append(key)
+                continue
+            }
+            if let other = keys[name] { throw Problem(description: "the config file \(path) sets --\(name) twice: as '\(other)' and as '\(key)'") }
+            keys[name] = key
+        }
         guard unknown.isEmpty else {
             throw Problem(
                 description:
@@ -162,7 +177,7 @@ struct Settings {
             )
         }
         do {
-            return try await FileProvider(filePath: FilePath(path))
+            return (try await FileProvider<YAMLSnapshot>(filePath: FilePath(path)), keys)
         } catch {
             throw Problem(description: "the config file \(path): \(error)")
         }

@@ -166,6 +166,7 @@ def test_listeners_from_a_file_named_by_CHATCORE_CONFIG_and_a_list_in_the_enviro
     ({}, "- listen\n", "must be a mapping of option names to values"),
     ({}, "max-line-bytes: [1, 2]\n", "max-line-bytes in "),
     ({"CHATCORE_CONFIG": "/nonexistent/chatcore.yaml"}, None, "cannot read the config file /nonexistent/chatcore.yaml"),
+    ({}, "max_line_bytes: 2 KiB\nmax-line-bytes: 3 KiB\n", "sets --max-line-bytes twice: as 'max_line_bytes' and as 'max-line-bytes'"),
 ])
 def test_a_bad_setting_outside_the_command_line_says_where_it_is(environment, config, message, tmp_path):
     done = run("--user", "alice", "--data-dir", str(tmp_path / "data"), environment=environment, config=config, tmp_path=tmp_path)
@@ -190,3 +191,10 @@ def test_show_config_prints_a_file_that_gives_the_same_settings(tmp_path):
     values = lambda done: {name: value for name, (value, _) in shown(done).items()}
     assert values(first) == values(again)
     assert shown(again)["listen"] == ("['127.0.0.1:7001', 'unix:/tmp/x y.sock']", f"the config file {saved}")
+
+
+def test_keys_may_be_written_with_underscores_and_a_file_of_comments_sets_nothing(tmp_path):
+    settings = shown(run("--show-config", config="# the service\nmax_line_bytes: 2 KiB\nlog_format: json\n", tmp_path=tmp_path))
+    assert settings["max-line-bytes"][0] == "'2 KiB'" and settings["log-format"][0] == "json"
+    settings = shown(run("--show-config", config="# nothing set yet\n", tmp_path=tmp_path))
+    assert settings["max-line-bytes"] == ("'1 MiB'", "default")
