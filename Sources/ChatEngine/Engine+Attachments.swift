@@ -116,8 +116,10 @@ extension Engine {
         }
     }
 
-    /// The worker is done with a message's attachments: `Sent` (and the files appear to
-    /// recipients) or `Failed`.
+    /// The worker is done with a message's attachments. Stored: its sender sees it `Sent`,
+    /// and the others see it for the first time, as a new message (counted unread, found
+    /// by search). Not stored: its sender sees it `Failed`, the others a `Gap` in its place,
+    /// so that every viewer's ids stay consecutive (docs/protocol.md, "Attachments").
     func attachmentsStored(chat number: Int64, id: Int64, thumb: String?, file: String?, error: String?, batch: Batch) {
         // Read while it still counts as being stored (read from the store, it would
         // otherwise be taken for one whose storing failed).
@@ -135,13 +137,15 @@ extension Engine {
                 batch.ifNotCommitted(release)
             }
         }
-        guard let attachments = attachmentWork.store, let chat = directory.chats[number], let message, message.attached.attachment == .sending else {
+        guard let attachments = attachmentWork.store, let chat = directory.chats[number], let message, message.isPending else {
             // Recalled while being stored: nothing holds on to what was stored.
             sources?.close()
             return
         }
         let changes = PendingChanges()
+        willChange(chat, changes)
         willChange(message, in: chat, changes)
+        chat.pendingSends[id] = nil
         var failure = error
         if failure == nil {
             do {
@@ -167,8 +171,20 @@ extension Engine {
             for blob in message.blobs { batch.uses(blob, +1) }
             batch.whenCommitted { sources?.removeByPolicy(attachments) }
             batch.ifNotCommitted { sources?.close() }
+            index(message, in: chat, batch: batch)
+            if !message.neverCountsUnread { chat.lastActivity = max(chat.lastActivity, message.timestamp) }
+            // A member who read past it while it was being stored got it read.
+            for member in chat.members.values where member.isActive && member.received(id) && member.readUpTo < id && message.countsUnread(for: member.user) {
+                member.numUnread += 1
+                batch.changed(member, of: chat)
+            }
         }
         batch.changed(message)
+        do {
+            try announceNew([message], in: chat, except: message.sender, batch: batch, changes: changes)
+        } catch {
+            logger.warning("deliveries were not marked: the store could not be read", metadata: ["error": "\(error)"])
+        }
         publish(changes, batch: batch)
     }
 
@@ -257,6 +273,7 @@ extension Engine {
             throw ProtocolError.invalid("message \(message.id) has no stored file to download")
         }
         guard message.sender != user, message.privateStates[user]?.fileState != .done else { return }
+        // Another try after a failed one starts over (Failed, FailedAvailable).
         let transferring = PendingChanges()
         willChange(message, in: chat, transferring)
         message.privateStates[user, default: PrivateState()].fileState = .transferring
@@ -264,12 +281,19 @@ extension Engine {
 
         let done = PendingChanges()
         willChange(message, in: chat, done)
-        do {
-            try attachments.link(blob: blob, at: attachments.downloadPath(user: user, chat: chat.number, id: message.id, name: file.name))
-            message.privateStates[user, default: PrivateState()].fileState = .done
-        } catch {
-            message.privateStates[user, default: PrivateState()].fileState = nil
-            logger.error("a download could not be made", metadata: ["error": "\(error)"])
+        if access(attachments.blobPath(blob), F_OK) != 0 {
+            // The stored content is gone (removed by hand, or a damaged disk): nothing to
+            // download, now or later.
+            message.privateStates[user, default: PrivateState()].fileState = .failed
+            logger.error("a download found no stored content", metadata: ["chat": "\(chat.number)", "message": "\(message.id)", "blob": "\(blob)"])
+        } else {
+            do {
+                try attachments.link(blob: blob, at: attachments.downloadPath(user: user, chat: chat.number, id: message.id, name: file.name))
+                message.privateStates[user, default: PrivateState()].fileState = .done
+            } catch {
+                message.privateStates[user, default: PrivateState()].fileState = .failedAvailable
+                logger.error("a download could not be made: it can be tried again", metadata: ["error": "\(error)"])
+            }
         }
         batch.changedPrivately(message, for: user)
         publish(done, batch: batch)

@@ -185,7 +185,8 @@ extension Engine {
         if !others.isEmpty {
             emit(.listAdd(.chatParticipant(ListAddChatParticipant(elements: others))), toUser: member.user, batch: batch)
         }
-        let visible = try loadMessages(in: chat, max(member.joinedAt, 1)...chat.lastMessage).map { renderMessage($0, in: chat, for: member.user) }
+        let visible = try loadMessages(in: chat, max(member.joinedAt, 1)...chat.lastMessage).filter { $0.isSeen(by: member.user) }
+            .map { renderMessage($0, in: chat, for: member.user) }
         for chunk in visible.chunked(Engine.chunkSize) {
             emit(.listAdd(.chatMessage(ListAddChatMessage(elements: chunk))), toUser: member.user, batch: batch)
         }

@@ -339,7 +339,7 @@ extension Engine {
                 hasMoreAfter = true
             }
         }
-        let messages = try loadMessages(in: chat, ids: found)
+        let messages = try loadMessages(in: chat, ids: found).filter { $0.isSeen(by: user) }
         let result = messages.map { renderMessage($0, in: chat, for: user) }
         var refTargets: [ChatMessage]?
         if request.withRefTargets ?? false {
@@ -348,7 +348,7 @@ extension Engine {
             for message in messages {
                 for ref in message.refs where ref.messageId >= member.joinedAt && seen.insert(ref.messageId).inserted { targetIds.append(ref.messageId) }
             }
-            refTargets = try loadMessages(in: chat, ids: targetIds).map { renderMessage($0, in: chat, for: user) }
+            refTargets = try loadMessages(in: chat, ids: targetIds).filter { $0.isSeen(by: user) }.map { renderMessage($0, in: chat, for: user) }
         }
         return (
             ListMatchingChatMessage(cookie: request.cookie, hasMoreBefore: hasMoreBefore, hasMoreAfter: hasMoreAfter, refTargets: refTargets),
@@ -406,7 +406,7 @@ extension Engine {
         }
         // A message changed by two slots since may be found in each: it is given once.
         var given: Set<Batch.RowKey> = []
-        let changed = found.filter { given.insert(Batch.RowKey(chat: $0.chat.number, item: $0.message.id)).inserted }
+        let changed = found.filter { given.insert(Batch.RowKey(chat: $0.chat.number, item: $0.message.id)).inserted && $0.message.isSeen(by: user) }
             .map { renderMessage($0.message, in: $0.chat, for: user) }
         return .listChanges(ListChanges(cookie: request.cookie, changed: changed, token: next.description, hasMore: hasMore))
     }

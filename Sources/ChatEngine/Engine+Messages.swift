@@ -38,9 +38,9 @@ extension Engine {
         throw ProtocolError.notFound("chat '\(chatId)' was not found")
     }
 
-    /// A message `member` can see.
+    /// A message `member` can see (not one whose attachments are being stored, but for its sender).
     func message(_ id: Int64, in chat: ChatRecord, seenBy member: MemberRecord) throws -> MessageRecord {
-        guard id >= member.joinedAt, let message = try loadMessage(id, in: chat) else {
+        guard id >= member.joinedAt, let message = try loadMessage(id, in: chat), message.isSeen(by: member.user) else {
             throw ProtocolError.notFound("message \(id) was not found in chat '\(chat.chatId)'")
         }
         return message
@@ -54,11 +54,13 @@ extension Engine {
 
     /// Adds a message to the chat's history (records and store only; announcing is the
     /// caller's). The chat must have been passed to `willChange` first; the targets of
-    /// `refs` must be loaded (`send` checked them).
+    /// `refs` must be loaded (`send` checked them). A `pending` message (its attachments
+    /// are to be stored) is its sender's alone until they are: it counts as unread, moves
+    /// the chat's activity and is found by search from then (`attachmentsStored`).
     @discardableResult
     func append(
         to chat: ChatRecord, sender: Int64, tag: String, content: String? = nil, data: JSONValue? = nil, refs: [MessageRef] = [],
-        targets: [MessageRecord] = [], isControl: Bool = false, neverCountsUnread: Bool = false, batch: Batch,
+        targets: [MessageRecord] = [], isControl: Bool = false, neverCountsUnread: Bool = false, pending: Bool = false, batch: Batch,
         changes: PendingChanges
     ) -> MessageRecord {
         for target in targets { willChange(target, in: chat, changes) }
@@ -70,7 +72,12 @@ extension Engine {
             changeSeq: directory.changeSeq)
         chat.lastMessage = message.id
         chat.lastTimestamp = timestamp
-        if !neverCountsUnread { chat.lastActivity = max(chat.lastActivity, timestamp) }
+        if pending {
+            message.attached.attachment = .sending
+            chat.pendingSends[message.id] = sender
+        } else if !neverCountsUnread {
+            chat.lastActivity = max(chat.lastActivity, timestamp)
+        }
         for target in targets {
             for ref in refs where ref.messageId == target.id {
                 let counted = target.refBy[ExactText(ref.tag)] ?? (0, 0)
@@ -78,11 +85,7 @@ extension Engine {
                 batch.changedReferences(to: target, tag: ref.tag)
             }
         }
-        if let content, !message.isSystem {
-            message.searchRow = newNumber(for: .searchRow, after: searches.lastRow)
-            searches.lastRow = max(searches.lastRow, message.searchRow)
-            batch.searchAdds.append(SearchEntry(row: message.searchRow, chat: chat.number, id: message.id, text: content))
-        }
+        if !pending { index(message, in: chat, batch: batch) }
         batch.changed(message)
         batch.changed(chat)
         for member in chat.members.values where member.isActive {
@@ -98,13 +101,22 @@ extension Engine {
         return message
     }
 
+    /// Makes a message's text searchable.
+    func index(_ message: MessageRecord, in chat: ChatRecord, batch: Batch) {
+        guard let content = message.content, !message.isSystem else { return }
+        message.searchRow = newNumber(for: .searchRow, after: searches.lastRow)
+        searches.lastRow = max(searches.lastRow, message.searchRow)
+        batch.searchAdds.append(SearchEntry(row: message.searchRow, chat: chat.number, id: message.id, text: content))
+    }
+
     /// Sends `listAdd chatMessage` to every connected member who sees the new messages,
     /// and marks them delivered to recipients that are connected.
     /// With `answering`, that session's `listAdd chatMessage` carries the request's cookie
-    /// (the answer to a send).
+    /// (the answer to a send). `except`: a member who has them already (the sender of a
+    /// message whose attachments were just stored).
     func announceNew(
         _ messages: [MessageRecord], in chat: ChatRecord, answering: (session: EngineSession, cookie: String?)? = nil,
-        batch: Batch, changes: PendingChanges
+        except: Int64? = nil, batch: Batch, changes: PendingChanges
     ) throws {
         guard !messages.isEmpty else { return }
         // As every online viewer sees them now: the delivery below changes them from this.
@@ -112,8 +124,8 @@ extension Engine {
         // What the last session without a cookie was sent, in one event: members who see
         // the messages alike (in a group, all but their sender) get its bytes again.
         var lastAlike: [ChatMessage]?
-        for member in chat.members.values where member.isActive && isOnline(member.user) {
-            let visible = messages.filter { $0.id >= member.joinedAt }
+        for member in chat.members.values where member.isActive && member.user != except && isOnline(member.user) {
+            let visible = messages.filter { $0.id >= member.joinedAt && $0.isSeen(by: member.user) }
             guard !visible.isEmpty else { continue }
             let elements = visible.map { renderMessage($0, in: chat, for: member.user) }
             for (message, element) in zip(visible, elements) { renderedNow[message.id, default: [:]][member.user] = element }
@@ -140,20 +152,28 @@ extension Engine {
         _ chat: ChatRecord, only user: Int64? = nil, batch: Batch, changes: PendingChanges,
         renderedNow: [Int64: [Int64: ChatMessage]] = [:]
     ) throws {
-        let last = chat.lastMessage
+        // A recipient's mark stops before a message they cannot see yet (its attachments
+        // are being stored): it moves on once they can, and until then the marks say what
+        // they were given.
+        func deliverable(to member: MemberRecord) -> Int64 {
+            let hidden = chat.pendingSends.filter { $0.value != member.user }.keys
+            return min(chat.lastMessage, (hidden.min() ?? .max) - 1)
+        }
         let receiving = chat.members.values.filter { member in
-            member.isActive && member.deliveredUpTo < last && isConnectedAnywhere(member.user) && (user == nil || member.user == user)
+            member.isActive && member.deliveredUpTo < deliverable(to: member) && isConnectedAnywhere(member.user)
+                && (user == nil || member.user == user)
         }
         // Every message as it was before any mark moves, then the marks.
         for member in receiving {
             let start = max(member.deliveredUpTo + 1, member.joinedAt)
+            let last = deliverable(to: member)
             guard start <= last else { continue }
             // Only the senders see a delivery: read the messages if one of them is here.
             let someoneSees = chat.members.values.contains { $0.isActive && $0.user != member.user && isOnline($0.user) }
             try willChange(start...last, of: chat, notSentBy: member.user, someoneSees: someoneSees, changes, renderedNow: renderedNow)
         }
         for member in receiving {
-            member.deliveredUpTo = last
+            member.deliveredUpTo = deliverable(to: member)
             batch.changed(member, of: chat)
         }
     }
@@ -221,14 +241,14 @@ extension Engine {
         }
         let changes = PendingChanges()
         willChange(chat, changes)
+        let attaches = thumb != nil || file != nil
         let message = append(
             to: chat, sender: user, tag: request.tag, content: request.content, data: request.data, refs: refs,
             targets: targets, isControl: request.control ?? false, neverCountsUnread: request.neverCountUnread ?? false,
-            batch: batch, changes: changes)
-        if thumb != nil || file != nil {
+            pending: attaches, batch: batch, changes: changes)
+        if attaches {
             message.attached.thumb = thumb.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
             message.attached.file = file.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
-            message.attached.attachment = .sending
             storeAttachments(of: message, in: chat, thumb: thumb, file: file, request: request, session: session, batch: batch)
         }
         stopTyping(user: user, chat: chat, batch: batch)
@@ -296,9 +316,9 @@ extension Engine {
             guard !message.isRecalled else {
                 throw ProtocolError.invalid("message \(id) was already recalled")
             }
-            guard message.attached.attachment != .failed else {
-                throw ProtocolError.notPermitted("message \(id) failed to send: there is nothing to recall")
-            }
+            // A message that failed to send is its sender's alone: destroying it is ignored
+            // (as bbmcore does), not refused.
+            guard message.attached.attachment != .failed else { return }
             try recall([message], in: chat, batch: batch, changes: changes)
             publish(changes, batch: batch)
             return
@@ -394,17 +414,29 @@ extension Engine {
             target.refBy[ExactText(ref.tag)] = remaining.newest.map { (remaining.count, $0) }
             batch.changedReferences(to: target, tag: ref.tag)
         }
+        var unseen: [MessageRecord] = []
         for message in recalling {
             if message.searchRow > 0 {
                 batch.searchRemovals.append(message.searchRow)
                 message.searchRow = 0
             }
+            let wasPending = message.isPending
             releaseAttachments(of: message, in: chat, batch: batch)
             message.refs = []
             message.content = nil
             message.data = nil
             message.isRecalled = true
+            if wasPending {
+                // Recalled while its attachments were being stored: it was never sent.
+                // The others see a Gap in its place from now on, as for one that failed.
+                message.attached.attachment = .failed
+                chat.pendingSends[message.id] = nil
+                unseen.append(message)
+            }
             batch.changed(message)
+        }
+        for message in unseen {
+            try announceNew([message], in: chat, except: message.sender, batch: batch, changes: changes)
         }
     }
 

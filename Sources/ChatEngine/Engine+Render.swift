@@ -35,7 +35,10 @@ extension Engine {
         if member.isAdmin { flags += "A" }
         if member.isHidden { flags += "H" }
         if chat.isOneToOne { flags += "O" }
-        let last = chat.lastMessage
+        // The newest message this member sees: one whose attachments are being stored is
+        // its sender's alone until they are.
+        var last = chat.lastMessage
+        while let sender = chat.pendingSends[last], sender != member.user { last -= 1 }
         return Chat(
             chatId: chat.chatId, subject: chat.subject, state: chat.isDefunct ? .defunct : .ready, flags: flags,
             lastMessage: last, numMessages: last >= member.joinedAt ? last - member.joinedAt + 1 : 0,
@@ -78,9 +81,16 @@ extension Engine {
         }
     }
 
-    /// A message as `viewer` sees it.
+    /// A message as `viewer` sees it (a member who sees it: `MessageRecord.isSeen(by:)`).
     func renderMessage(_ message: MessageRecord, in chat: ChatRecord, for viewer: Int64) -> ChatMessage {
         let own = message.sender == viewer
+        if !own && message.isGapForOthers {
+            // BBMDS's Gap: "the message history contains a gap at this position", posted
+            // by the viewer, Sent, no content. Nothing of the message that failed.
+            return ChatMessage(
+                chatId: chat.chatId, messageId: message.id, senderUri: uri(viewer), tag: "Gap", flags: "N", state: .sent, stateIsPartial: false,
+                timestamp: message.timestamp)
+        }
         let privateState = message.privateStates[viewer]
         let deleted = privateState?.isDeleted ?? false
         var flags = ""
@@ -123,9 +133,11 @@ extension Engine {
                     file = attachments.messagePath(chat: chat.number, id: message.id, kind: "file", name: stored.name)
                     fileState = .done
                 } else {
+                    // Set only once their download is Done (as bbmcore does): a path before
+                    // that would be taken for a downloaded file.
                     let mine = privateState?.fileState ?? .available
                     fileState = mine
-                    file = mine == .done ? attachments.downloadPath(user: viewer, chat: chat.number, id: message.id, name: stored.name) : stored.name
+                    file = mine == .done ? attachments.downloadPath(user: viewer, chat: chat.number, id: message.id, name: stored.name) : nil
                 }
             }
         }
@@ -142,9 +154,10 @@ extension Engine {
         ChatMessageKey(chatId: chat.chatId, messageId: message.id)
     }
 
-    /// Who sees `message` now: the chat's current members who were there for it.
+    /// Who sees `message` now: the chat's current members who were there for it (only its
+    /// sender while its attachments are being stored).
     func viewers(of message: MessageRecord, in chat: ChatRecord) -> [MemberRecord] {
-        chat.members.values.filter { $0.isActive && $0.joinedAt <= message.id }
+        chat.members.values.filter { $0.isActive && $0.joinedAt <= message.id && message.isSeen(by: $0.user) }
     }
 }
 

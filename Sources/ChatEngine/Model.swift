@@ -82,7 +82,8 @@ struct PrivateState {
     var isDeleted = false
     /// They removed their copy of the thumb (for good).
     var thumbDetached = false
-    /// Their copy of the file: nil (Available), Transferring, or Done.
+    /// Their copy of the file: nil (Available), Transferring, Done, or where a download
+    /// failed (Failed, FailedAvailable: kept in memory only; read back, it is Available).
     var fileState: FileState?
 }
 
@@ -212,9 +213,23 @@ final class MessageRecord {
 
     var isSystem: Bool { reservedTags.contains(tag) }
 
-    /// Counts towards `numUnread` of `user`.
+    /// Its attachments are being stored: only its sender sees it.
+    var isPending: Bool { attached.attachment == .sending }
+
+    /// Its attachments could not be stored (or it was recalled while they were being
+    /// stored): its sender sees it `Failed`, everyone else a `Gap` in its place.
+    var isGapForOthers: Bool { attached.attachment == .failed }
+
+    /// Whether `viewer` (a member who was there for it) sees it at all.
+    func isSeen(by viewer: Int64) -> Bool {
+        sender == viewer || !isPending
+    }
+
+    /// Counts towards `numUnread` of `user`. A message whose attachments are being stored
+    /// counts from when they are (`Engine.attachmentsStored`); one whose storing failed
+    /// never does (the others see a Gap).
     func countsUnread(for user: Int64) -> Bool {
-        sender != user && !neverCountsUnread
+        sender != user && !neverCountsUnread && attached.attachment != .sending && attached.attachment != .failed
     }
 
     /// What the record takes from the heap, as allocated: the object (what the store has
@@ -269,6 +284,10 @@ final class ChatRecord {
     var lastActivity: Int64 = 0
     /// The newest message's timestamp, once known (`Engine.lastTimestamp(of:)`).
     var lastTimestamp: Int64?
+    /// Messages whose attachments are being stored, by id, with their senders: only the
+    /// sender sees them until they are (docs/protocol.md, "Attachments"). Memory only: a
+    /// process that stops ends their storing, and they are read back as Failed.
+    var pendingSends: [Int64: Int64] = [:]
     /// The row as the store has it (nil: not stored yet).
     var stored: ChatRow?
     /// The version the next commit that changes the chat expects the store to have

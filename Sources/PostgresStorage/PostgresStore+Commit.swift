@@ -126,11 +126,14 @@ extension PostgresStore {
         try run(connection, "COMMIT")
     }
 
-    /// The search index's rows (`PostgresSearchIndex`): a new searchable message's keys,
-    /// and a recalled message's row deleted (its search row set to 0), in the commit that
-    /// makes or recalls it.
+    /// The search index's rows (`PostgresSearchIndex`): a new searchable message's keys (or
+    /// an older message's, made searchable once its attachments are stored), and a
+    /// recalled message's row deleted (its search row set to 0), in the commit that makes
+    /// or recalls it.
     func writeSearchKeys(_ batch: StoreBatch, _ statement: OneStatement) {
-        let searchable = batch.newMessages.filter { $0.searchRow > 0 && $0.content != nil }
+        let searchable =
+            batch.newMessages.filter { $0.searchRow > 0 && $0.content != nil }
+            + batch.messageUpdates.filter { $0.columns.contains(.searchRow) && $0.row.searchRow > 0 && $0.row.content != nil }.map(\.row)
         if !searchable.isEmpty {
             let rows = PostgresStore.searchRows(searchable.map { SearchEntry(row: $0.searchRow, chat: $0.chat, id: $0.id, text: $0.content!) })
             statement.add(#"INSERT INTO message_search (chat, id, "searchRow", keys) SELECT u.chat, u.id, u."row", u.keys FROM \#(rows)"#)

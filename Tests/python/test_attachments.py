@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import queue
+import shutil
 import re
 import socket
 import subprocess
@@ -60,6 +61,14 @@ class Connection:
                 e["messageId"] == str(message_id) and field in e for e in change["elements"])
         event = self.expect(has, f"a change of {field} on message {message_id}", timeout)
         return next(e for e in event["listChange"]["elements"] if e["messageId"] == str(message_id) and field in e)
+
+    def added_message(self, message_id, timeout=60):
+        """The listAdd that brings message `message_id`."""
+        def has(event):
+            added = event.get("listAdd")
+            return added and added["type"] == "chatMessage" and any(e["messageId"] == str(message_id) for e in added["elements"])
+        event = self.expect(has, f"message {message_id} added", timeout)
+        return next(e for e in event["listAdd"]["elements"] if e["messageId"] == str(message_id))
 
     def added(self, timeout=30):
         event = self.expect(lambda e: e.get("listAdd", {}).get("type") == "chatMessage", "listAdd chatMessage", timeout)
@@ -150,8 +159,9 @@ def test_move_reaches_the_recipient_who_downloads_the_same_bytes(server):
     assert not os.path.exists(source), "Move removes the source once stored"
     assert os.path.exists(thumb), "Copy (the default) keeps it"
 
-    theirs = bob.message_change(2, "fileState")
-    assert theirs["fileState"] == "Available" and theirs["fileSize"] == len(payload) and theirs["file"] == "holiday photo.jpg"
+    # Bob gets the message once its file is stored, without a `file` until he downloads it.
+    theirs = bob.added_message(2)
+    assert theirs["fileState"] == "Available" and theirs["fileSize"] == len(payload) and "file" not in theirs
     assert open(theirs["thumb"], "rb").read() == b"\x89PNG small"
 
     bob.send({"chatMessageFileDownload": {"chatId": "1", "messageId": 2}})
@@ -181,7 +191,7 @@ def test_one_content_is_stored_once_and_released_by_the_last_recall(server):
     assert digest in server.blobs(), "message 3 still holds it"
     alice.send({"chatMessageDestroy": {"chatId": "1", "messageId": 3}})
     recalled = bob.message_change(3, "recall")
-    assert recalled["fileState"] is None and recalled["file"] is None
+    assert recalled["fileState"] is None and recalled.get("file") is None
     assert digest not in server.blobs()
 
 
@@ -293,8 +303,11 @@ def test_limits_missing_files_and_odd_names(server):
 
     odd = server.write(server.allowed, ".hidden\x01na:me*?.txt", b"odd")
     alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": odd}})
-    theirs = bob.message_change(2, "fileState")
-    assert theirs["file"] == "hidden" + "na_me__.txt"
+    assert bob.added_message(2)["fileState"] == "Available"
+    bob.send({"chatMessageFileDownload": {"chatId": "1", "messageId": 2}})
+    while (done := bob.message_change(2, "fileState"))["fileState"] != "Done":
+        pass
+    assert os.path.basename(done["file"]) == "hidden" + "na_me__.txt"
 
 
 def test_sockets_without_an_attachments_directory_attach_nothing():
@@ -417,3 +430,120 @@ def test_a_stored_content_no_message_uses_is_removed_at_start():
         process.stdin.close()
         assert process.wait(timeout=60) == 0
         assert b"no message uses" in process.stderr.read()
+
+
+def chat_window(connection, cookie, chat_id="1"):
+    """The ids of a chat's messages as `connection` sees them, oldest first."""
+    connection.send({"requestListMatching": {"type": "chatMessage", "cookie": cookie, "criteria": {"chatId": chat_id},
+                                             "window": {"timestamp": 2 ** 40, "before": 100}}})
+    ids = []
+    while True:
+        event = connection.expect(lambda e: "listChunk" in e and e["listChunk"].get("cookie") == cookie, cookie)
+        ids += [int(m["messageId"]) for m in event["listChunk"]["elements"]]
+        if event["listChunk"].get("last"):
+            return ids
+
+
+def unread(connection, cookie):
+    connection.send({"requestListElements": {"type": "chat", "cookie": cookie, "elements": [{"chatId": "1"}]}})
+    event = connection.expect(lambda e: "listChunk" in e and e["listChunk"].get("cookie") == cookie, cookie)
+    return event["listChunk"]["elements"][0]
+
+
+def test_others_see_a_message_only_once_its_attachments_are_stored(server):
+    alice, bob = server.connect("alice"), server.connect("bob")
+    start_chat(alice)
+    bob.added_message(1)
+    block = os.urandom(1 << 20)
+    big = os.path.join(server.allowed, "big.bin")
+    with open(big, "wb") as f:
+        for n in range(120):
+            f.write(block[n:] + block[:n])
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "content": "the big one", "file": big}})
+    assert alice.added_message(2)["state"] == "Sending"
+    # While it is stored (a 120 MB copy, hashed and synced): bob sends, and sees no message 2.
+    bob.send({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "meanwhile"}})
+    assert bob.added_message(3)["content"] == "meanwhile"
+    assert chat_window(bob, "during") == [1, 3]
+    bob.send({"requestListElements": {"type": "chatMessage", "cookie": "two", "elements": [{"chatId": "1", "messageId": "2"}]}})
+    header = bob.expect(lambda e: e.get("listElements", {}).get("cookie") == "two", "the answer for message 2")["listElements"]
+    assert header["missing"] == [{"chatId": "1", "messageId": "2"}]
+    bob.send({"search": {"cookie": "s", "text": "big"}})
+    assert bob.expect(lambda e: "searchResult" in e, "the search")["searchResult"]["messages"] == []
+    during = unread(bob, "chat-during")
+    assert during["numUnread"] == 0 and during["lastMessage"] == 3
+    assert alice.message_change(2, "state", timeout=120)["state"] in ("Sent", "Delivered")
+
+    # Then it reaches bob as a new message, counted unread, and the ids are consecutive.
+    theirs = bob.added_message(2)
+    assert theirs["content"] == "the big one" and theirs["fileState"] == "Available" and "file" not in theirs
+    assert chat_window(bob, "after") == [1, 2, 3] == chat_window(alice, "after")
+    assert unread(bob, "chat-after")["numUnread"] == 1
+    bob.send({"search": {"cookie": "s2", "text": "big"}})
+    assert [m["messageId"] for m in bob.expect(lambda e: "searchResult" in e, "the search")["searchResult"]["messages"]] == ["2"]
+
+
+def test_a_message_whose_attachments_fail_is_its_senders_alone_and_a_gap_for_the_others(server):
+    alice, bob = server.connect("alice"), server.connect("bob")
+    start_chat(alice)
+    bob.added_message(1)
+    # A real fault: where copies are made is not a directory any more.
+    temporary = os.path.join(server.data, "attachments", "tmp")
+    os.rmdir(temporary)
+    open(temporary, "w").close()
+    source = server.write(server.allowed, "report.pdf", b"%PDF secret plans")
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "content": "secret plans", "file": source}})
+    assert alice.added_message(2)["state"] == "Sending"
+    assert alice.message_change(2, "state")["state"] == "Failed"
+    gap = bob.added_message(2)
+    assert gap["tag"] == "Gap" and gap["state"] == "Sent" and gap["flags"] == "N"
+    assert not {"content", "file", "fileState", "fileSize", "thumb", "data"} & set(gap)
+    bob.send({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "mine"}})
+    assert gap["senderUri"] == bob.added_message(3)["senderUri"], "a Gap is posted by the viewer"
+    assert unread(bob, "chat")["numUnread"] == 0
+    bob.send({"search": {"cookie": "s", "text": "secret"}})
+    assert bob.expect(lambda e: "searchResult" in e, "the search")["searchResult"]["messages"] == []
+    # Destroying a Failed message is ignored, not refused; the next message follows on.
+    alice.send({"chatMessageDestroy": {"chatId": "1", "messageId": "2"}})
+    os.remove(temporary)
+    os.mkdir(temporary)
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "after"}})
+    added = alice.expect(lambda e: "requestFailed" in e or (e.get("listAdd", {}).get("type") == "chatMessage"
+                                                             and e["listAdd"]["elements"][0]["messageId"] == "4"), "message 4")
+    assert "requestFailed" not in added, added
+    assert chat_window(bob, "bob") == [1, 2, 3, 4] == chat_window(alice, "alice")
+    alice.send({"requestListElements": {"type": "chatMessage", "cookie": "two", "elements": [{"chatId": "1", "messageId": "2"}]}})
+    own = alice.expect(lambda e: e.get("listChunk", {}).get("cookie") == "two", "alice's message 2")["listChunk"]["elements"][0]
+    assert own["state"] == "Failed" and own["content"] == "secret plans" and own["tag"] == "File"
+
+
+def test_a_download_that_fails_can_be_tried_again_and_a_lost_file_fails_for_good(server):
+    alice, bob = server.connect("alice"), server.connect("bob")
+    start_chat(alice)
+    source = server.write(server.allowed, "notes.txt", b"the notes")
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": source}})
+    assert "file" not in bob.added_message(2)
+    downloads = os.path.join(server.data, "attachments", "downloads")
+    shutil.rmtree(downloads)
+    open(downloads, "w").close()
+    bob.send({"chatMessageFileDownload": {"chatId": "1", "messageId": "2"}})
+    assert bob.message_change(2, "fileState")["fileState"] == "Transferring"
+    failed = bob.message_change(2, "fileState")
+    assert failed["fileState"] == "FailedAvailable" and failed.get("file") is None
+    os.remove(downloads)
+    bob.send({"chatMessageFileDownload": {"chatId": "1", "messageId": "2"}})
+    while (done := bob.message_change(2, "fileState"))["fileState"] != "Done":
+        pass
+    assert open(done["file"], "rb").read() == b"the notes"
+
+    # The stored content itself is gone: nothing to download.
+    second = server.write(server.allowed, "other.txt", b"other notes")
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": second}})
+    bob.added_message(3)
+    for blob in server.blobs():
+        if sha256(os.path.join(server.data, "attachments", "blobs", blob)) == hashlib.sha256(b"other notes").hexdigest():
+            os.remove(os.path.join(server.data, "attachments", "blobs", blob))
+    bob.send({"chatMessageFileDownload": {"chatId": "1", "messageId": "3"}})
+    while (lost := bob.message_change(3, "fileState"))["fileState"] == "Transferring":
+        pass
+    assert lost["fileState"] == "Failed"

@@ -159,8 +159,8 @@ export interface ChatMessage {
   file?: string;
   /** Size of the file in bytes. */
   fileSize?: number;
-  /** Where the download of the file is. */
-  fileState?: "Available" | "Transferring" | "Done";
+  /** Where the download of the file is, for a recipient (the sender's is Done once stored): Available (chatMessageFileDownload starts it), Transferring, Done ('file' is then the recipient's own copy, and only then set), Failed (the service no longer has the file: nothing to download), FailedAvailable (the download failed; chatMessageFileDownload tries again). */
+  fileState?: "Available" | "Transferring" | "Done" | "Failed" | "FailedAvailable";
   /** Letters, alphabetical: C control, D deleted, I incoming, N never counts as unread, U unverified. */
   flags: string;
   /** Where a message is on its way (§6). */
@@ -191,7 +191,7 @@ export interface ChatMessageChange {
   thumb?: string | null;
   file?: string | null;
   fileSize?: number | null;
-  fileState?: "Available" | "Transferring" | "Done" | null;
+  fileState?: "Available" | "Transferring" | "Done" | "Failed" | "FailedAvailable" | null;
   flags?: string | null;
   state?: "Sending" | "Sent" | "Delivered" | "Read" | "Failed" | null;
   stateIsPartial?: boolean | null;
@@ -501,7 +501,7 @@ export type EndpointsResult = "Success";
 
 export type ErrorCode = "ParseError" | "UnknownRequest" | "InvalidParameter" | "NotAuthenticated" | "NotFound" | "NotPermitted" | "ReservedTag" | "TooLarge" | "RateLimited" | "Internal";
 
-export type FileState = "Available" | "Transferring" | "Done";
+export type FileState = "Available" | "Transferring" | "Done" | "Failed" | "FailedAvailable";
 
 /** A named global value of the session: authTokenState (Needed, Ok, Rejected), setupState ({state: NotRequested, Full or Success}), and once set up localUri, localRegId and endpointId. */
 export interface Global {

@@ -122,7 +122,7 @@ ChatMessage = TypedDict("ChatMessage", {
     "thumb": "NotRequired[str]",
     "file": "NotRequired[str]",
     "fileSize": "NotRequired[int]",
-    "fileState": "NotRequired[Literal[\"Available\", \"Transferring\", \"Done\"]]",
+    "fileState": "NotRequired[Literal[\"Available\", \"Transferring\", \"Done\", \"Failed\", \"FailedAvailable\"]]",
     "flags": "str",
     "state": "Literal[\"Sending\", \"Sent\", \"Delivered\", \"Read\", \"Failed\"]",
     "stateIsPartial": "bool",
@@ -144,7 +144,7 @@ ChatMessageChange = TypedDict("ChatMessageChange", {
     "thumb": "NotRequired[str | None]",
     "file": "NotRequired[str | None]",
     "fileSize": "NotRequired[int | None]",
-    "fileState": "NotRequired[Literal[\"Available\", \"Transferring\", \"Done\"] | None]",
+    "fileState": "NotRequired[Literal[\"Available\", \"Transferring\", \"Done\", \"Failed\", \"FailedAvailable\"] | None]",
     "flags": "NotRequired[str | None]",
     "state": "NotRequired[Literal[\"Sending\", \"Sent\", \"Delivered\", \"Read\", \"Failed\"] | None]",
     "stateIsPartial": "NotRequired[bool | None]",
@@ -364,7 +364,7 @@ EndpointsResult = Literal["Success"]
 
 ErrorCode = Literal["ParseError", "UnknownRequest", "InvalidParameter", "NotAuthenticated", "NotFound", "NotPermitted", "ReservedTag", "TooLarge", "RateLimited", "Internal"]
 
-FileState = Literal["Available", "Transferring", "Done"]
+FileState = Literal["Available", "Transferring", "Done", "Failed", "FailedAvailable"]
 
 Global = TypedDict("Global", {
     "name": "str",

@@ -38,11 +38,13 @@ public struct ChatMessageKey: Sendable, Equatable, WireDecodable, WireEncodable 
     }
 }
 
-/// Where the download of the file is.
+/// Where the download of the file is, for a recipient (the sender's is Done once stored): Available (chatMessageFileDownload starts it), Transferring, Done ('file' is then the recipient's own copy, and only then set), Failed (the service no longer has the file: nothing to download), FailedAvailable (the download failed; chatMessageFileDownload tries again).
 public enum FileState: String, Sendable, Hashable, CaseIterable {
     case available = "Available"
     case transferring = "Transferring"
     case done = "Done"
+    case failed = "Failed"
+    case failedAvailable = "FailedAvailable"
 }
 
 /// Recalled by its sender.
@@ -72,7 +74,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
     public var file: String?
     /// Size of the file in bytes.
     public var fileSize: Int64?
-    /// Where the download of the file is.
+    /// Where the download of the file is, for a recipient (the sender's is Done once stored): Available (chatMessageFileDownload starts it), Transferring, Done ('file' is then the recipient's own copy, and only then set), Failed (the service no longer has the file: nothing to download), FailedAvailable (the download failed; chatMessageFileDownload tries again).
     public var fileState: FileState?
     /// Letters, alphabetical: C control, D deleted, I incoming, N never counts as unread, U unverified.
     public var flags: String
@@ -121,7 +123,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("thumb", .string(minBytes: 0, maxBytes: Int.max)),
         WireField("file", .string(minBytes: 0, maxBytes: Int.max)),
         WireField("fileSize", .integer(min: 0, max: Int64.max)),
-        WireField("fileState", .enumeration(["Available", "Transferring", "Done"])),
+        WireField("fileState", .enumeration(["Available", "Transferring", "Done", "Failed", "FailedAvailable"])),
         WireField("flags", .string(minBytes: 0, maxBytes: Int.max), required: true),
         WireField("state", .enumeration(["Sending", "Sent", "Delivered", "Read", "Failed"]), required: true),
         WireField("stateIsPartial", .boolean, required: true),
@@ -252,7 +254,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         WireField("thumb", .nullable(.string(minBytes: 0, maxBytes: Int.max))),
         WireField("file", .nullable(.string(minBytes: 0, maxBytes: Int.max))),
         WireField("fileSize", .nullable(.integer(min: 0, max: Int64.max))),
-        WireField("fileState", .nullable(.enumeration(["Available", "Transferring", "Done"]))),
+        WireField("fileState", .nullable(.enumeration(["Available", "Transferring", "Done", "Failed", "FailedAvailable"]))),
         WireField("flags", .nullable(.string(minBytes: 0, maxBytes: Int.max))),
         WireField("state", .nullable(.enumeration(["Sending", "Sent", "Delivered", "Read", "Failed"]))),
         WireField("stateIsPartial", .nullable(.boolean)),
