@@ -60,8 +60,8 @@ extension Engine {
     @discardableResult
     func append(
         to chat: ChatRecord, sender: Int64, tag: String, content: String? = nil, data: JSONValue? = nil, refs: [MessageRef] = [],
-        targets: [MessageRecord] = [], isControl: Bool = false, neverCountsUnread: Bool = false, pending: Bool = false, batch: Batch,
-        changes: PendingChanges
+        targets: [MessageRecord] = [], isControl: Bool = false, neverCountsUnread: Bool = false, pending: Bool = false,
+        externalId: String? = nil, batch: Batch, changes: PendingChanges
     ) -> MessageRecord {
         for target in targets { willChange(target, in: chat, changes) }
         directory.changeSeq += 1
@@ -70,6 +70,7 @@ extension Engine {
             chat: chat.number, id: chat.lastMessage + 1, sender: sender, tag: tag, content: content, data: data,
             refs: refs, timestamp: timestamp, isControl: isControl, neverCountsUnread: neverCountsUnread,
             changeSeq: directory.changeSeq)
+        message.externalId = externalId
         chat.lastMessage = message.id
         chat.lastTimestamp = timestamp
         if pending {
@@ -231,6 +232,22 @@ extension Engine {
             }
             if !targets.contains(where: { $0 === target }) { targets.append(target) }
         }
+        // A resend (its externalId already used by this sender in this chat) is answered
+        // with the message it names; nothing is posted, no file opened.
+        if let externalId = request.externalId {
+            try commitIfChanged(chat, batch: batch)
+            let earlier: Int64?
+            do {
+                earlier = try store.message(chat: chat.number, sender: user, externalId: externalId)
+            } catch {
+                throw unreadable(error)
+            }
+            if let earlier, let message = try loadMessage(earlier, in: chat) {
+                let element = renderMessage(message, in: chat, for: user)
+                batch.emit(.listAdd(.chatMessage(ListAddChatMessage(cookie: request.cookie, elements: [element]))), to: session)
+                return
+            }
+        }
         // Files last: everything else is known to be fine, so an opened file is always used.
         let (thumb, file) = try admitAttachments(request, session: session)
         let total = size + Int(thumb?.size ?? 0)
@@ -245,7 +262,7 @@ extension Engine {
         let message = append(
             to: chat, sender: user, tag: request.tag, content: request.content, data: request.data, refs: refs,
             targets: targets, isControl: request.control ?? false, neverCountsUnread: request.neverCountUnread ?? false,
-            pending: attaches, batch: batch, changes: changes)
+            pending: attaches, externalId: request.externalId, batch: batch, changes: changes)
         if attaches {
             message.attached.thumb = thumb.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
             message.attached.file = file.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }

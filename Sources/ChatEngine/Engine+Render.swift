@@ -147,7 +147,7 @@ extension Engine {
             localData: deleted ? nil : privateState?.localData, thumb: thumb, file: file, fileSize: fileSize,
             fileState: fileState, flags: flags, state: state, stateIsPartial: partial,
             recall: message.isRecalled ? .recalled : nil, ref: message.refs.isEmpty ? nil : message.refs,
-            refBy: refBy, timestamp: message.timestamp)
+            refBy: refBy, timestamp: message.timestamp, externalId: message.externalId)
     }
 
     func key(_ chat: ChatRecord, _ message: MessageRecord) -> ChatMessageKey {
@@ -324,7 +324,8 @@ extension Engine {
             chatId: new.chatId, messageId: new.messageId, senderUri: .value(new.senderUri), tag: .value(new.tag), content: given(new.content),
             data: given(new.data), localData: given(new.localData), thumb: given(new.thumb), file: given(new.file), fileSize: given(new.fileSize),
             fileState: given(new.fileState), flags: given(new.flags), state: given(new.state), stateIsPartial: given(new.stateIsPartial),
-            recall: given(new.recall), ref: given(new.ref), refBy: given(new.refBy), timestamp: given(new.timestamp))
+            recall: given(new.recall), ref: given(new.ref), refBy: given(new.refBy), timestamp: given(new.timestamp),
+            externalId: given(new.externalId))
     }
 
     /// Every field of `new` as a change (`everything(_:)` for a message).

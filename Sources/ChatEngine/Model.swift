@@ -122,6 +122,8 @@ final class MessageRecord {
     let timestamp: Int64
     let isControl: Bool
     let neverCountsUnread: Bool
+    /// Its sender's own identifier of it (`chatMessageSend`'s `externalId`).
+    var externalId: String?
     var isRecalled: Bool
     /// The feed position of its latest change of its own.
     var changeSeq: Int64
@@ -169,6 +171,7 @@ final class MessageRecord {
         timestamp = row.timestamp
         isControl = row.isControl
         neverCountsUnread = row.neverCountsUnread
+        externalId = row.externalId
         isRecalled = row.isRecalled
         changeSeq = row.changeSeq
         searchRow = row.searchRow
@@ -203,6 +206,7 @@ final class MessageRecord {
         row.attachments.fileBlob = attached.file?.blob
         row.attachments.fileSize = attached.file?.size
         row.attachments.attachment = attached.attachment?.rawValue
+        row.externalId = externalId
         return row
     }
 
@@ -236,7 +240,7 @@ final class MessageRecord {
     /// inline), its texts (shared with what the store has, so counted once), its
     /// references and its tables. The cache's budget counts it.
     var footprint: Int {
-        var bytes = MessageRecord.objectBytes + Heap.bytes(of: tag) + Heap.bytes(of: content) + Heap.bytes(of: data?.json)
+        var bytes = MessageRecord.objectBytes + Heap.bytes(of: tag) + Heap.bytes(of: content) + Heap.bytes(of: data?.json) + Heap.bytes(of: externalId)
         if !refs.isEmpty {
             bytes += Heap.bytes(ofArray: refs.count, stride: MemoryLayout<MessageRef>.stride)
             for ref in refs { bytes += Heap.bytes(of: ref.tag) }

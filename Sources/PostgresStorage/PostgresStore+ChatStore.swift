@@ -221,6 +221,11 @@ extension PostgresStore: ChatStore {
         return try withConnection { connection in try run(connection, sql).map { try $0.decode(Int64.self) } }
     }
 
+    public func message(chat: Int64, sender: Int64, externalId: String) throws -> Int64? {
+        let sql: SQL = #"SELECT min(id) FROM message WHERE chat = \#(chat) AND sender = \#(sender) AND "externalId" = \#(externalId)"#
+        return try withConnection { connection in try run(connection, sql).first?.decode(Int64?.self) ?? nil }
+    }
+
     public func firstMessage(chat: Int64, notBefore timestamp: Int64) throws -> Int64? {
         // Timestamps never decrease along a chat's ids: a binary search over ids by point
         // reads of the primary key needs no index of its own.

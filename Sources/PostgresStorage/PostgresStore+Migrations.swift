@@ -374,6 +374,15 @@ extension PostgresStore {
                 "ALTER TABLE writer_node ADD COLUMN instance text NOT NULL DEFAULT ''",
                 "UPDATE writer_node SET credential = ''"
             ]
+        ),
+        (
+            "v12-external-ids",
+            [
+                // A sender's own identifier of a message: a send that names one already used
+                // in the chat is answered with that message instead of posting another.
+                #"ALTER TABLE message ADD COLUMN "externalId" text"#,
+                #"CREATE INDEX message_by_external_id ON message(chat, sender, "externalId") WHERE "externalId" IS NOT NULL"#
+            ]
         )
     ]
 

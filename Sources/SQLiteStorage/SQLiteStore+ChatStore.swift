@@ -186,6 +186,14 @@ extension SQLiteStore: ChatStore {
         return try pool.read { db in try Int64.fetchAll(db.cachedStatement(sql: sql), arguments: arguments) }
     }
 
+    public func message(chat: Int64, sender: Int64, externalId: String) throws -> Int64? {
+        try pool.read { db in
+            try Int64.fetchOne(
+                db.cachedStatement(sql: "SELECT min(id) FROM message WHERE chat = ? AND sender = ? AND externalId = ?"),
+                arguments: [chat, sender, externalId])
+        }
+    }
+
     public func firstMessage(chat: Int64, notBefore timestamp: Int64) throws -> Int64? {
         try pool.read { db in
             // Timestamps never decrease along a chat's ids: a binary search over ids by

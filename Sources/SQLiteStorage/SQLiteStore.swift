@@ -379,6 +379,15 @@ public final class SQLiteStore: Sendable {
                     CREATE INDEX message_by_search_row ON message(searchRow) WHERE searchRow > 0;
                     """)
         }
+        migrator.registerMigration("v8-external-ids") { db in
+            // A sender's own identifier of a message: a send that names one already used
+            // in the chat is answered with that message instead of posting another.
+            try db.execute(
+                sql: """
+                    ALTER TABLE message ADD COLUMN externalId TEXT;
+                    CREATE INDEX message_by_external_id ON message(chat, sender, externalId) WHERE externalId IS NOT NULL;
+                    """)
+        }
         return migrator
     }
 

@@ -38,6 +38,9 @@ public protocol ChatStore: AnyObject, Sendable {
     /// never decrease along a chat's ids), or nil when none is.
     func firstMessage(chat: Int64, notBefore timestamp: Int64) throws -> Int64?
 
+    /// The first message of `chat` that `sender` sent with this `externalId`, if any.
+    func message(chat: Int64, sender: Int64, externalId: String) throws -> Int64?
+
     /// The newest message referring to `target` with `tag`, leaving out `excluded`
     /// (messages being recalled), and how many there are without them.
     func references(chat: Int64, to target: Int64, tag: String, excluding excluded: Set<Int64>) throws -> (count: Int64, newest: Int64?)

@@ -8,6 +8,7 @@
 public enum MessageColumn: String, Sendable, CaseIterable {
     case chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow
     case thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment
+    case externalId
 
     /// The kinds of value a column holds.
     public enum Kind: Sendable {
@@ -19,7 +20,7 @@ public enum MessageColumn: String, Sendable, CaseIterable {
         case .chat, .id, .sender, .timestamp, .changeSeq, .searchRow: .int
         case .fileSize: .optionalInt
         case .tag: .text
-        case .content, .data, .thumbName, .thumbBlob, .fileName, .fileBlob, .attachment: .optionalText
+        case .content, .data, .thumbName, .thumbBlob, .fileName, .fileBlob, .attachment, .externalId: .optionalText
         case .isControl, .neverCountsUnread, .isRecalled: .bool
         }
     }
@@ -30,7 +31,7 @@ public enum MessageColumn: String, Sendable, CaseIterable {
     /// What a change of a stored message may write: not its key, nor what it was sent
     /// with.
     public static let changeable: [MessageColumn] = allCases.filter { !fixed.contains($0) }
-    private static let fixed: Set<MessageColumn> = [.chat, .id, .sender, .tag, .timestamp, .isControl, .neverCountsUnread]
+    private static let fixed: Set<MessageColumn> = [.chat, .id, .sender, .tag, .timestamp, .isControl, .neverCountsUnread, .externalId]
 }
 
 /// A message as everyone sees it, with what refers to it and what each user changed of
@@ -53,6 +54,8 @@ public struct MessageRow: Sendable, Equatable {
     /// Its row in the search index, 0 when its text is not indexed.
     public var searchRow: Int64
     public var attachments = AttachmentColumns()
+    /// The sender's own identifier of the message (`chatMessageSend`'s `externalId`).
+    public var externalId: String?
     /// Read with the message: the messages referring to it, per tag.
     public var refCounts: [RefCountRow] = []
     /// Read with the message: every user's private state of it.
@@ -105,6 +108,7 @@ public struct MessageRow: Sendable, Equatable {
             case .changeSeq: .int(changeSeq)
             case .searchRow: .int(searchRow)
             case .thumbName, .thumbBlob, .fileName, .fileBlob, .fileSize, .attachment: attachments[column]
+            case .externalId: .text(externalId)
             }
         }
         set {
@@ -122,6 +126,7 @@ public struct MessageRow: Sendable, Equatable {
             case (.changeSeq, .int(let value?)): changeSeq = value
             case (.searchRow, .int(let value?)): searchRow = value
             case (.thumbName, _), (.thumbBlob, _), (.fileName, _), (.fileBlob, _), (.fileSize, _), (.attachment, _): attachments[column] = newValue
+            case (.externalId, .text(let value)): externalId = value
             default: break
             }
         }

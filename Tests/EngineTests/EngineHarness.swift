@@ -378,6 +378,9 @@ final class FailingStore: ChatStore, NodeCoordination, @unchecked Sendable {
         try inner.messageIds(chat: chat, matching: filter, from: start, ascending: ascending, limit: limit)
     }
     func firstMessage(chat: Int64, notBefore timestamp: Int64) throws -> Int64? { try inner.firstMessage(chat: chat, notBefore: timestamp) }
+    func message(chat: Int64, sender: Int64, externalId: String) throws -> Int64? {
+        try inner.message(chat: chat, sender: sender, externalId: externalId)
+    }
     func references(chat: Int64, to target: Int64, tag: String, excluding excluded: Set<Int64>) throws -> (count: Int64, newest: Int64?) {
         try inner.references(chat: chat, to: target, tag: tag, excluding: excluded)
     }

@@ -175,6 +175,8 @@ export interface ChatMessage {
   refBy?: RefBy[];
   /** Seconds since 1970 (UTC). */
   timestamp: number;
+  /** The identifier its sender gave it (chatMessageSend's externalId; seed 001's externalId): present only when one was given. It never changes. */
+  externalId?: string;
 }
 
 /** A change to a chatMessage element: its key and every field that changed; a field that went away is null. */
@@ -199,6 +201,7 @@ export interface ChatMessageChange {
   ref?: MessageRef[] | null;
   refBy?: RefBy[] | null;
   timestamp?: number | null;
+  externalId?: string | null;
 }
 
 /** Which messages of a chat. */
@@ -301,6 +304,8 @@ export interface ChatMessageSend {
   control?: boolean;
   /** Never counts as unread (flag N). */
   neverCountUnread?: boolean;
+  /** The sender's own identifier of the message (the application's, e.g. a UUID made when the user pressed send), shown on the message as its externalId. A send naming one the sender already used in this chat posts nothing: it is answered with that message (a client resending after a lost connection does not post twice). */
+  externalId?: string;
   /** Chosen by the client; echoed on every direct response to the request. */
   cookie?: string;
 }

@@ -130,6 +130,7 @@ ChatMessage = TypedDict("ChatMessage", {
     "ref": "NotRequired[list[MessageRef]]",
     "refBy": "NotRequired[list[RefBy]]",
     "timestamp": "int",
+    "externalId": "NotRequired[str]",
 })
 """A message of a chat, as the local user sees it (§6)."""
 
@@ -152,6 +153,7 @@ ChatMessageChange = TypedDict("ChatMessageChange", {
     "ref": "NotRequired[list[MessageRef] | None]",
     "refBy": "NotRequired[list[RefBy] | None]",
     "timestamp": "NotRequired[int | None]",
+    "externalId": "NotRequired[str | None]",
 })
 """A change to a chatMessage element: its key and every field that changed; a field that went away is null."""
 
@@ -219,6 +221,7 @@ ChatMessageSend = TypedDict("ChatMessageSend", {
     "filePolicy": "NotRequired[Literal[\"Copy\", \"Move\", \"Delete\"]]",
     "control": "NotRequired[bool]",
     "neverCountUnread": "NotRequired[bool]",
+    "externalId": "NotRequired[str]",
     "cookie": "NotRequired[str]",
 })
 """Sends a message (§6). content + data + thumb are at most 71680 bytes together (TooLarge)."""
@@ -1084,9 +1087,9 @@ def chat_hide(*, chatIds: list[str], cookie: str | None = None) -> RequestLine[N
     return _message("chatHide", {"chatIds": chatIds, "cookie": cookie})
 
 
-def chat_message_send(*, chatId: str, tag: str, content: str | None = None, data: Mapping[str, object] | None = None, ref: list[MessageRef] | None = None, thumb: str | None = None, thumbPolicy: Literal["Copy", "Move", "Delete"] | None = None, file: str | None = None, filePolicy: Literal["Copy", "Move", "Delete"] | None = None, control: bool | None = None, neverCountUnread: bool | None = None, cookie: str | None = None) -> RequestLine[ChatMessage]:
+def chat_message_send(*, chatId: str, tag: str, content: str | None = None, data: Mapping[str, object] | None = None, ref: list[MessageRef] | None = None, thumb: str | None = None, thumbPolicy: Literal["Copy", "Move", "Delete"] | None = None, file: str | None = None, filePolicy: Literal["Copy", "Move", "Delete"] | None = None, control: bool | None = None, neverCountUnread: bool | None = None, externalId: str | None = None, cookie: str | None = None) -> RequestLine[ChatMessage]:
     """Sends a message (§6). content + data + thumb are at most 71680 bytes together (TooLarge)."""
-    return _message("chatMessageSend", {"chatId": chatId, "tag": tag, "content": content, "data": data, "ref": ref, "thumb": thumb, "thumbPolicy": thumbPolicy, "file": file, "filePolicy": filePolicy, "control": control, "neverCountUnread": neverCountUnread, "cookie": cookie})
+    return _message("chatMessageSend", {"chatId": chatId, "tag": tag, "content": content, "data": data, "ref": ref, "thumb": thumb, "thumbPolicy": thumbPolicy, "file": file, "filePolicy": filePolicy, "control": control, "neverCountUnread": neverCountUnread, "externalId": externalId, "cookie": cookie})
 
 
 def chat_message_read(*, chatId: str, messageId: str | int, cookie: str | None = None) -> RequestLine[None]:

@@ -90,8 +90,10 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
     public var refBy: [RefBy]?
     /// Seconds since 1970 (UTC).
     public var timestamp: Int64
+    /// The identifier its sender gave it (chatMessageSend's externalId; seed 001's externalId): present only when one was given. It never changes.
+    public var externalId: String?
 
-    public init(chatId: String, messageId: Int64, senderUri: String, tag: String, content: String? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, thumb: String? = nil, file: String? = nil, fileSize: Int64? = nil, fileState: FileState? = nil, flags: String, state: MessageState, stateIsPartial: Bool, recall: RecallState? = nil, ref: [MessageRef]? = nil, refBy: [RefBy]? = nil, timestamp: Int64) {
+    public init(chatId: String, messageId: Int64, senderUri: String, tag: String, content: String? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, thumb: String? = nil, file: String? = nil, fileSize: Int64? = nil, fileState: FileState? = nil, flags: String, state: MessageState, stateIsPartial: Bool, recall: RecallState? = nil, ref: [MessageRef]? = nil, refBy: [RefBy]? = nil, timestamp: Int64, externalId: String? = nil) {
         self.chatId = chatId
         self.messageId = messageId
         self.senderUri = senderUri
@@ -110,6 +112,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         self.ref = ref
         self.refBy = refBy
         self.timestamp = timestamp
+        self.externalId = externalId
     }
 
     public static let wireSchema = WireSchema([
@@ -131,6 +134,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("ref", .array(.object(MessageRef.self), minItems: 0, maxItems: Int.max)),
         WireField("refBy", .array(.object(RefBy.self), minItems: 0, maxItems: Int.max)),
         WireField("timestamp", .integer(min: 0, max: Int64.max), required: true),
+        WireField("externalId", .string(minBytes: 0, maxBytes: Int.max)),
     ])
 
     public init(wire fields: WireFields) throws {
@@ -152,6 +156,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         self.ref = try fields.optional(15) { value in try value.array().map { element in try element.object(MessageRef.self) } }
         self.refBy = try fields.optional(16) { value in try value.array().map { element in try element.object(RefBy.self) } }
         self.timestamp = try fields.required(17) { value in try value.integer() }
+        self.externalId = try fields.optional(18) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -174,6 +179,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.ref { writer.rawKey("\"ref\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         if let value = self.refBy { writer.rawKey("\"refBy\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.rawKey("\"timestamp\":"); writer.integer(self.timestamp)
+        if let value = self.externalId { writer.rawKey("\"externalId\":"); writer.string(value) }
         writer.endObject()
     }
 
@@ -196,6 +202,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.ref, rhs.ref)
             && sameBytes(lhs.refBy, rhs.refBy)
             && sameBytes(lhs.timestamp, rhs.timestamp)
+            && sameBytes(lhs.externalId, rhs.externalId)
     }
 }
 
@@ -221,8 +228,9 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
     public var ref: Nullable<[MessageRef]>?
     public var refBy: Nullable<[RefBy]>?
     public var timestamp: Nullable<Int64>?
+    public var externalId: Nullable<String>?
 
-    public init(chatId: String, messageId: Int64, senderUri: Nullable<String>? = nil, tag: Nullable<String>? = nil, content: Nullable<String>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil, thumb: Nullable<String>? = nil, file: Nullable<String>? = nil, fileSize: Nullable<Int64>? = nil, fileState: Nullable<FileState>? = nil, flags: Nullable<String>? = nil, state: Nullable<MessageState>? = nil, stateIsPartial: Nullable<Bool>? = nil, recall: Nullable<RecallState>? = nil, ref: Nullable<[MessageRef]>? = nil, refBy: Nullable<[RefBy]>? = nil, timestamp: Nullable<Int64>? = nil) {
+    public init(chatId: String, messageId: Int64, senderUri: Nullable<String>? = nil, tag: Nullable<String>? = nil, content: Nullable<String>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil, thumb: Nullable<String>? = nil, file: Nullable<String>? = nil, fileSize: Nullable<Int64>? = nil, fileState: Nullable<FileState>? = nil, flags: Nullable<String>? = nil, state: Nullable<MessageState>? = nil, stateIsPartial: Nullable<Bool>? = nil, recall: Nullable<RecallState>? = nil, ref: Nullable<[MessageRef]>? = nil, refBy: Nullable<[RefBy]>? = nil, timestamp: Nullable<Int64>? = nil, externalId: Nullable<String>? = nil) {
         self.chatId = chatId
         self.messageId = messageId
         self.senderUri = senderUri
@@ -241,6 +249,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         self.ref = ref
         self.refBy = refBy
         self.timestamp = timestamp
+        self.externalId = externalId
     }
 
     public static let wireSchema = WireSchema([
@@ -262,6 +271,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         WireField("ref", .nullable(.array(.object(MessageRef.self), minItems: 0, maxItems: Int.max))),
         WireField("refBy", .nullable(.array(.object(RefBy.self), minItems: 0, maxItems: Int.max))),
         WireField("timestamp", .nullable(.integer(min: 0, max: Int64.max))),
+        WireField("externalId", .nullable(.string(minBytes: 0, maxBytes: Int.max))),
     ])
 
     public init(wire fields: WireFields) throws {
@@ -283,6 +293,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         self.ref = try fields.optional(15) { value in try value.nullable { inner in try inner.array().map { element in try element.object(MessageRef.self) } } }
         self.refBy = try fields.optional(16) { value in try value.nullable { inner in try inner.array().map { element in try element.object(RefBy.self) } } }
         self.timestamp = try fields.optional(17) { value in try value.nullable { inner in try inner.integer() } }
+        self.externalId = try fields.optional(18) { value in try value.nullable { inner in try inner.string() } }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -305,6 +316,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         if let value = self.ref { writer.rawKey("\"ref\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { element.encode(to: &writer) }; writer.endArray() } }
         if let value = self.refBy { writer.rawKey("\"refBy\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { element.encode(to: &writer) }; writer.endArray() } }
         if let value = self.timestamp { writer.rawKey("\"timestamp\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
+        if let value = self.externalId { writer.rawKey("\"externalId\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
         writer.endObject()
     }
 
@@ -327,5 +339,6 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
             && sameBytes(lhs.ref, rhs.ref)
             && sameBytes(lhs.refBy, rhs.refBy)
             && sameBytes(lhs.timestamp, rhs.timestamp)
+            && sameBytes(lhs.externalId, rhs.externalId)
     }
 }

@@ -30,10 +30,12 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
     public var control: Bool?
     /// Never counts as unread (flag N).
     public var neverCountUnread: Bool?
+    /// The sender's own identifier of the message (the application's, e.g. a UUID made when the user pressed send), shown on the message as its externalId. A send naming one the sender already used in this chat posts nothing: it is answered with that message (a client resending after a lost connection does not post twice).
+    public var externalId: String?
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
 
-    public init(chatId: String, tag: String, content: String? = nil, data: JSONValue? = nil, ref: [MessageRef]? = nil, thumb: String? = nil, thumbPolicy: AttachmentPolicy? = nil, file: String? = nil, filePolicy: AttachmentPolicy? = nil, control: Bool? = nil, neverCountUnread: Bool? = nil, cookie: String? = nil) {
+    public init(chatId: String, tag: String, content: String? = nil, data: JSONValue? = nil, ref: [MessageRef]? = nil, thumb: String? = nil, thumbPolicy: AttachmentPolicy? = nil, file: String? = nil, filePolicy: AttachmentPolicy? = nil, control: Bool? = nil, neverCountUnread: Bool? = nil, externalId: String? = nil, cookie: String? = nil) {
         self.chatId = chatId
         self.tag = tag
         self.content = content
@@ -45,6 +47,7 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
         self.filePolicy = filePolicy
         self.control = control
         self.neverCountUnread = neverCountUnread
+        self.externalId = externalId
         self.cookie = cookie
     }
 
@@ -60,6 +63,7 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
         WireField("filePolicy", .enumeration(["Copy", "Move", "Delete"])),
         WireField("control", .boolean),
         WireField("neverCountUnread", .boolean),
+        WireField("externalId", .string(minBytes: 1, maxBytes: 128)),
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
     ])
 
@@ -75,7 +79,8 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
         self.filePolicy = try fields.optional(8) { value in try value.enumeration(AttachmentPolicy.self) }
         self.control = try fields.optional(9) { value in try value.bool() }
         self.neverCountUnread = try fields.optional(10) { value in try value.bool() }
-        self.cookie = try fields.optional(11) { value in try value.string() }
+        self.externalId = try fields.optional(11) { value in try value.string() }
+        self.cookie = try fields.optional(12) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -91,6 +96,7 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
         if let value = self.filePolicy { writer.rawKey("\"filePolicy\":"); writer.string(value.rawValue) }
         if let value = self.control { writer.rawKey("\"control\":"); writer.bool(value) }
         if let value = self.neverCountUnread { writer.rawKey("\"neverCountUnread\":"); writer.bool(value) }
+        if let value = self.externalId { writer.rawKey("\"externalId\":"); writer.string(value) }
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
@@ -107,6 +113,7 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
             && sameBytes(lhs.filePolicy, rhs.filePolicy)
             && sameBytes(lhs.control, rhs.control)
             && sameBytes(lhs.neverCountUnread, rhs.neverCountUnread)
+            && sameBytes(lhs.externalId, rhs.externalId)
             && sameBytes(lhs.cookie, rhs.cookie)
     }
 }
