@@ -547,3 +547,42 @@ def test_a_download_that_fails_can_be_tried_again_and_a_lost_file_fails_for_good
     while (lost := bob.message_change(3, "fileState"))["fileState"] == "Transferring":
         pass
     assert lost["fileState"] == "Failed"
+
+
+def test_a_message_pending_when_the_process_is_killed_is_a_gap_for_others_and_counts_stay_right(server):
+    alice, bob = server.connect("alice"), server.connect("bob")
+    start_chat(alice)
+    bob.added_message(1)
+    block = os.urandom(1 << 20)
+    big = os.path.join(server.allowed, "big.bin")
+    with open(big, "wb") as f:
+        for n in range(120):
+            f.write(block[n:] + block[:n])
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "content": "never stored", "file": big}})
+    assert alice.added_message(2)["state"] == "Sending"
+    bob.send({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "meanwhile"}})
+    bob.added_message(3)
+    server.process.kill()
+    server.process.wait(timeout=30)
+    # The same store, started again.
+    server.process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", server.data, "--listen", "127.0.0.1:0",
+                                       "--insecure-no-auth", "--attachments-dir", server.root],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in server.process.stderr:
+        match = re.search(r"port=(\d+)", line)
+        if match:
+            server.port = int(match.group(1))
+            break
+    threading.Thread(target=server.process.stderr.read, daemon=True).start()
+    alice, bob = server.connect("alice"), server.connect("bob")
+    assert chat_window(bob, "bob") == [1, 2, 3] == chat_window(alice, "alice")
+    bob.send({"requestListElements": {"type": "chatMessage", "cookie": "two", "elements": [{"chatId": "1", "messageId": "2"}]}})
+    gap = bob.expect(lambda e: e.get("listChunk", {}).get("cookie") == "two", "bob's message 2")["listChunk"]["elements"][0]
+    assert gap["tag"] == "Gap" and "content" not in gap
+    alice.send({"requestListElements": {"type": "chatMessage", "cookie": "own", "elements": [{"chatId": "1", "messageId": "2"}]}})
+    own = alice.expect(lambda e: e.get("listChunk", {}).get("cookie") == "own", "alice's message 2")["listChunk"]["elements"][0]
+    assert own["state"] == "Failed" and own["content"] == "never stored"
+    # bob's own message is not unread for him; alice has bob's one unread; nothing else.
+    assert unread(bob, "bob-chat")["numUnread"] == 0
+    mine = unread(alice, "alice-chat")
+    assert mine["numUnread"] == 1 and mine["lastMessage"] == 3
