@@ -92,7 +92,11 @@ extension Engine {
         let sources = SourcesInFlight(
             thumb: thumb, file: file, removeThumb: (request.thumbPolicy ?? .copy) != .copy,
             removeFile: (request.filePolicy ?? .copy) != .copy)
-        batch.ifNotCommitted { sources.close() }
+        batch.ifNotCommitted { [self] in
+            // Never posted: nothing is pending for anyone.
+            sources.close()
+            directory.chats[chatNumber]?.pendingSends[id] = nil
+        }
         batch.whenCommitted { [self] in
             attachmentWork.inFlight[Batch.RowKey(chat: chatNumber, item: id)] = sources
             attachmentWork.jobs.add(1, ordering: .relaxed)

@@ -86,8 +86,13 @@ extension Engine {
         } else {
             cache.remove(chats: numbers)
         }
+        // This process's messages whose attachments it is storing stay its senders' alone,
+        // whatever else is read again.
+        var pending: [Int64: [Int64: Int64]] = [:]
         for number in numbers {
             guard let old = directory.chats.removeValue(forKey: number) else { continue }
+            let storing = old.pendingSends.filter { attachmentWork.inFlight[Batch.RowKey(chat: number, item: $0.key)] != nil }
+            if !storing.isEmpty { pending[number] = storing }
             for (user, member) in old.members where member.isActive {
                 directory.chatsOfUser[user]?.remove(number)
                 if directory.chatsOfUser[user]?.isEmpty == true { directory.chatsOfUser[user] = nil }
@@ -96,6 +101,7 @@ extension Engine {
         // A chat the batches made is not in the store: its number is free again.
         if loaded.chats.count < numbers.count && numbers.contains(directory.lastChatNumber) { directory.lastChatNumber = directory.chats.keys.max() ?? 0 }
         install(loaded, takingCounters: takingCounters)
+        for (number, sends) in pending { directory.chats[number]?.pendingSends = sends }
     }
 
     /// The number of a new chat, user or search row (`Directory.newNumber`).
