@@ -157,7 +157,8 @@ extension Engine {
         // are being stored): it moves on once they can, and until then the marks say what
         // they were given.
         func deliverable(to member: MemberRecord) -> Int64 {
-            let hidden = chat.pendingSends.filter { $0.value != member.user }.keys
+            guard !chat.pendingSends.isEmpty else { return chat.lastMessage }
+            let hidden = chat.pendingSends.lazy.filter { $0.value != member.user }.map(\.key)
             return min(chat.lastMessage, (hidden.min() ?? .max) - 1)
         }
         let receiving = chat.members.values.filter { member in
