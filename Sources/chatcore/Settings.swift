@@ -87,13 +87,15 @@ struct Settings {
         }
         let environmentProvider = EnvironmentVariablesProvider(environmentVariables: environment)
         var file: (path: String, provider: any ConfigProvider, keys: [String: String])?
-        if let path = Self.value(of: Self.configOption, in: arguments) ?? environment[Self.configVariable].flatMap({ $0.isEmpty ? nil : $0 }) {
+        if let path = Self.values(of: Self.configOption, isFlag: false, in: arguments).last
+            ?? environment[Self.configVariable].flatMap({ $0.isEmpty ? nil : $0 })
+        {
             let (provider, keys) = try await Self.open(path, options: options)
             file = (path, provider, keys)
         }
         for option in options {
             if given.contains(option.name) {
-                resolved.append((option, [], .commandLine))
+                resolved.append((option, Self.values(of: option.name, isFlag: option.isFlag, in: arguments), .commandLine))
                 continue
             }
             var found: (values: [String], source: Source)?
@@ -128,14 +130,26 @@ struct Settings {
         return names
     }
 
-    /// The value of `--name value` or `--name=value` on the command line.
-    static func value(of name: String, in arguments: [String]) -> String? {
-        for (index, argument) in arguments.enumerated() {
-            if argument == "--" { break }
-            if argument == "--\(name)" { return index + 1 < arguments.count ? arguments[index + 1] : nil }
-            if argument.hasPrefix("--\(name)=") { return String(argument.dropFirst(name.count + 3)) }
+    /// Every value the command line gives `--name` (`--name value` or `--name=value`; a
+    /// flag's is `true`), up to a `--`.
+    static func values(of name: String, isFlag: Bool, in arguments: [String]) -> [String] {
+        var values: [String] = []
+        var index = 0
+        while index < arguments.count, arguments[index] != "--" {
+            let argument = arguments[index]
+            if argument == "--\(name)" {
+                if isFlag {
+                    values.append("true")
+                } else if index + 1 < arguments.count {
+                    values.append(arguments[index + 1])
+                    index += 1
+                }
+            } else if argument.hasPrefix("--\(name)=") {
+                values.append(String(argument.dropFirst(name.count + 3)))
+            }
+            index += 1
         }
-        return nil
+        return values
     }
 
     /// The file, read, with every key it has checked against the options: each option's key as
@@ -224,7 +238,6 @@ struct Settings {
     var yaml: String {
         var lines = ["# chatcore serve: the settings in effect (flags > CHATCORE_* > config file > default)"]
         for (option, values, source) in resolved {
-            let values = source == .commandLine ? commandLineValues(of: option) : values
             let origin = "  # \(source)"
             if option.isFlag {
                 lines.append("\(option.name): \(values.last ?? "false")\(origin)")
@@ -237,26 +250,6 @@ struct Settings {
             }
         }
         return lines.joined(separator: "\n")
-    }
-
-    private func commandLineValues(of option: Option) -> [String] {
-        var values: [String] = []
-        var index = 0
-        while index < arguments.count, arguments[index] != "--" {
-            let argument = arguments[index]
-            if argument == "--\(option.name)" {
-                if option.isFlag {
-                    values.append("true")
-                } else if index + 1 < arguments.count {
-                    values.append(arguments[index + 1])
-                    index += 1
-                }
-            } else if argument.hasPrefix("--\(option.name)=") {
-                values.append(String(argument.dropFirst(option.name.count + 3)))
-            }
-            index += 1
-        }
-        return values
     }
 
     /// A YAML scalar for `value`: plain when it is only letters, digits and `./_@-` (and does
