@@ -93,9 +93,12 @@ class Server:
         os.makedirs(self.allowed)
         os.makedirs(os.path.join(self.root, "bob"))
         os.makedirs(self.outside)
-        arguments = ["--attachments-dir", self.root] if allowed else []
+        self.arguments = ["--attachments-dir", self.root] if allowed else []
+        self.start()
+
+    def start(self):
         self.process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", self.data, "--listen", "127.0.0.1:0",
-                                         "--insecure-no-auth", *arguments],
+                                         "--insecure-no-auth", *self.arguments],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for line in self.process.stderr:
             match = re.search(r"port=(\d+)", line)
@@ -103,6 +106,12 @@ class Server:
                 self.port = int(match.group(1))
                 break
         threading.Thread(target=self.process.stderr.read, daemon=True).start()
+
+    def kill_and_restart(self):
+        """SIGKILL, then the same store started again (on another port)."""
+        self.process.kill()
+        self.process.wait(timeout=30)
+        self.start()
 
     def connect(self, user):
         connection = Connection(port=self.port)
@@ -130,6 +139,15 @@ def server():
     server = Server()
     yield server
     server.close()
+
+
+def write_big(path):
+    """120 MiB that take a while to store (hashed, copied, synced), no two MiB alike."""
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        for n in range(120):
+            f.write(block[n:] + block[:n])
+    return path
 
 
 def start_chat(alice):
@@ -366,11 +384,7 @@ def test_stored_files_survive_a_restart_and_a_kill_mid_store_leaves_no_half_file
             f.write(b"kept across restarts")
         alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": small}})
         assert alice.message_change(2, "state")["state"] == "Sent"
-        big = os.path.join(scratch, "big.bin")
-        block = os.urandom(1 << 20)
-        with open(big, "wb") as f:
-            for n in range(120):
-                f.write(block[n:] + block[:n])
+        big = write_big(os.path.join(scratch, "big.bin"))
         alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "file": big}})
         assert alice.added()["state"] == "Sending"
         alice_process.kill()
@@ -444,6 +458,12 @@ def chat_window(connection, cookie, chat_id="1"):
             return ids
 
 
+def seen(connection, cookie, message_id="2"):
+    """Message `message_id` of chat 1 as `connection` sees it (asked by key)."""
+    connection.send({"requestListElements": {"type": "chatMessage", "cookie": cookie, "elements": [{"chatId": "1", "messageId": message_id}]}})
+    return connection.expect(lambda e: e.get("listChunk", {}).get("cookie") == cookie, f"message {message_id}")["listChunk"]["elements"][0]
+
+
 def unread(connection, cookie):
     connection.send({"requestListElements": {"type": "chat", "cookie": cookie, "elements": [{"chatId": "1"}]}})
     event = connection.expect(lambda e: "listChunk" in e and e["listChunk"].get("cookie") == cookie, cookie)
@@ -454,11 +474,7 @@ def test_others_see_a_message_only_once_its_attachments_are_stored(server):
     alice, bob = server.connect("alice"), server.connect("bob")
     start_chat(alice)
     bob.added_message(1)
-    block = os.urandom(1 << 20)
-    big = os.path.join(server.allowed, "big.bin")
-    with open(big, "wb") as f:
-        for n in range(120):
-            f.write(block[n:] + block[:n])
+    big = write_big(os.path.join(server.allowed, "big.bin"))
     alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "content": "the big one", "file": big}})
     assert alice.added_message(2)["state"] == "Sending"
     # While it is stored (a 120 MB copy, hashed and synced): bob sends, and sees no message 2.
@@ -512,8 +528,7 @@ def test_a_message_whose_attachments_fail_is_its_senders_alone_and_a_gap_for_the
                                                              and e["listAdd"]["elements"][0]["messageId"] == "4"), "message 4")
     assert "requestFailed" not in added, added
     assert chat_window(bob, "bob") == [1, 2, 3, 4] == chat_window(alice, "alice")
-    alice.send({"requestListElements": {"type": "chatMessage", "cookie": "two", "elements": [{"chatId": "1", "messageId": "2"}]}})
-    own = alice.expect(lambda e: e.get("listChunk", {}).get("cookie") == "two", "alice's message 2")["listChunk"]["elements"][0]
+    own = seen(alice, "two")
     assert own["state"] == "Failed" and own["content"] == "secret plans" and own["tag"] == "File"
 
 
@@ -553,34 +568,17 @@ def test_a_message_pending_when_the_process_is_killed_is_a_gap_for_others_and_co
     alice, bob = server.connect("alice"), server.connect("bob")
     start_chat(alice)
     bob.added_message(1)
-    block = os.urandom(1 << 20)
-    big = os.path.join(server.allowed, "big.bin")
-    with open(big, "wb") as f:
-        for n in range(120):
-            f.write(block[n:] + block[:n])
+    big = write_big(os.path.join(server.allowed, "big.bin"))
     alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "content": "never stored", "file": big}})
     assert alice.added_message(2)["state"] == "Sending"
     bob.send({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "meanwhile"}})
     bob.added_message(3)
-    server.process.kill()
-    server.process.wait(timeout=30)
-    # The same store, started again.
-    server.process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", server.data, "--listen", "127.0.0.1:0",
-                                       "--insecure-no-auth", "--attachments-dir", server.root],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    for line in server.process.stderr:
-        match = re.search(r"port=(\d+)", line)
-        if match:
-            server.port = int(match.group(1))
-            break
-    threading.Thread(target=server.process.stderr.read, daemon=True).start()
+    server.kill_and_restart()
     alice, bob = server.connect("alice"), server.connect("bob")
     assert chat_window(bob, "bob") == [1, 2, 3] == chat_window(alice, "alice")
-    bob.send({"requestListElements": {"type": "chatMessage", "cookie": "two", "elements": [{"chatId": "1", "messageId": "2"}]}})
-    gap = bob.expect(lambda e: e.get("listChunk", {}).get("cookie") == "two", "bob's message 2")["listChunk"]["elements"][0]
+    gap = seen(bob, "two")
     assert gap["tag"] == "Gap" and "content" not in gap
-    alice.send({"requestListElements": {"type": "chatMessage", "cookie": "own", "elements": [{"chatId": "1", "messageId": "2"}]}})
-    own = alice.expect(lambda e: e.get("listChunk", {}).get("cookie") == "own", "alice's message 2")["listChunk"]["elements"][0]
+    own = seen(alice, "own")
     assert own["state"] == "Failed" and own["content"] == "never stored"
     # bob's own message is not unread for him; alice has bob's one unread; nothing else.
     assert unread(bob, "bob-chat")["numUnread"] == 0
