@@ -72,7 +72,7 @@ class BinaryNotFound(FileNotFoundError):
 
 
 class _Closable(Protocol):
-    async def _close_opened(self) -> None: ...
+    async def __aexit__(self, *exc: object) -> None: ...
 
 
 Opened = TypeVar("Opened", bound=_Closable)
@@ -96,7 +96,7 @@ class Opening(Generic[Opened]):
 
     async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None) -> None:
         if self._opened is not None:
-            await self._opened._close_opened()
+            await self._opened.__aexit__(kind, error, traceback)
 
 
 def _host_and_port(address: str) -> tuple[str, int]:
@@ -232,9 +232,6 @@ class Client:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def _close_opened(self) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -517,7 +514,4 @@ class Server:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def _close_opened(self) -> None:
         await self.stop()
