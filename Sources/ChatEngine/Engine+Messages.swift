@@ -453,8 +453,9 @@ extension Engine {
             }
             batch.changed(message)
         }
-        for message in unseen {
-            try announceNew([message], in: chat, except: message.sender, batch: batch, changes: changes)
+        // One sender recalls only their own messages: the others get them at once.
+        if let sender = unseen.first?.sender {
+            try announceNew(unseen, in: chat, except: sender, batch: batch, changes: changes)
         }
     }
 

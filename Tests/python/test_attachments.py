@@ -584,3 +584,17 @@ def test_a_message_pending_when_the_process_is_killed_is_a_gap_for_others_and_co
     assert unread(bob, "bob-chat")["numUnread"] == 0
     mine = unread(alice, "alice-chat")
     assert mine["numUnread"] == 1 and mine["lastMessage"] == 3
+
+
+def test_a_message_recalled_while_its_attachments_are_stored_is_a_gap_for_the_others(server):
+    alice, bob = server.connect("alice"), server.connect("bob")
+    start_chat(alice)
+    bob.added_message(1)
+    big = write_big(os.path.join(server.allowed, "big.bin"))
+    alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "content": "changed my mind", "file": big}})
+    assert alice.added_message(2)["state"] == "Sending"
+    alice.send({"chatMessageDestroy": {"chatId": "1", "messageId": "2"}})
+    assert alice.message_change(2, "recall")["recall"] == "Recalled"
+    gap = bob.added_message(2)
+    assert gap["tag"] == "Gap" and "content" not in gap and "recall" not in gap
+    assert chat_window(bob, "bob") == [1, 2] and unread(bob, "chat")["numUnread"] == 0
