@@ -263,6 +263,7 @@ final class Batch {
                 isDeleted: state.isDeleted)
             row.thumbDetached = state.thumbDetached
             row.fileDownloaded = state.fileState == .done
+            row.reactions = GivenReaction.stored(state.reactions)
             return row
         }
         store.blobUses = changes.blobDeltas.filter { $0.value != 0 }

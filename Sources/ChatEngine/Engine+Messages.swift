@@ -315,7 +315,8 @@ extension Engine {
         let changes = PendingChanges()
         willChange(message, in: chat, changes)
         releaseDownload(of: message, in: chat, for: user, batch: batch)
-        message.privateStates[user] = PrivateState(localData: nil, isDeleted: true)
+        // Their reactions stay: the others saw them given.
+        message.privateStates[user] = PrivateState(localData: nil, isDeleted: true, reactions: message.privateStates[user]?.reactions ?? [])
         batch.changedPrivately(message, for: user)
         publish(changes, batch: batch)
     }
@@ -444,6 +445,11 @@ extension Engine {
             message.content = nil
             message.data = nil
             message.isRecalled = true
+            // Its reactions go with it.
+            for (user, state) in message.privateStates where !state.reactions.isEmpty {
+                message.privateStates[user]?.reactions = []
+                batch.changedPrivately(message, for: user)
+            }
             if wasPending {
                 // Recalled while its attachments were being stored: it was never sent.
                 // The others see a Gap in its place from now on, as for one that failed.

@@ -141,13 +141,20 @@ extension Engine {
                 }
             }
         }
+        var reactions: [ReactionCount]?
+        if !hidesBody && message.privateStates.values.contains(where: { !$0.reactions.isEmpty }) {
+            let mine = privateState?.reactions ?? []
+            reactions = message.tallyReactions().map { tally in
+                ReactionCount(reaction: tally.text, count: tally.count, mine: mine.contains { sameBytes($0.text, tally.text) })
+            }
+        }
         return ChatMessage(
             chatId: chat.chatId, messageId: message.id, senderUri: uri(message.sender), tag: message.tag,
             content: hidesBody ? nil : message.content, data: hidesBody ? nil : message.data,
             localData: deleted ? nil : privateState?.localData, thumb: thumb, file: file, fileSize: fileSize,
             fileState: fileState, flags: flags, state: state, stateIsPartial: partial,
             recall: message.isRecalled ? .recalled : nil, ref: message.refs.isEmpty ? nil : message.refs,
-            refBy: refBy, timestamp: message.timestamp, externalId: message.externalId)
+            refBy: refBy, reactions: reactions, timestamp: message.timestamp, externalId: message.externalId)
     }
 
     func key(_ chat: ChatRecord, _ message: MessageRecord) -> ChatMessageKey {
@@ -313,7 +320,8 @@ extension Engine {
             thumb: field(old.thumb, new.thumb), file: field(old.file, new.file), fileSize: field(old.fileSize, new.fileSize),
             fileState: field(old.fileState, new.fileState), flags: field(old.flags, new.flags), state: field(old.state, new.state),
             stateIsPartial: field(old.stateIsPartial, new.stateIsPartial), recall: field(old.recall, new.recall),
-            ref: field(old.ref, new.ref), refBy: field(old.refBy, new.refBy), timestamp: field(old.timestamp, new.timestamp))
+            ref: field(old.ref, new.ref), refBy: field(old.refBy, new.refBy), reactions: field(old.reactions, new.reactions),
+            timestamp: field(old.timestamp, new.timestamp))
     }
 
     /// Every field of `new` as a change, for a viewer whose old rendering is unknown
@@ -324,7 +332,7 @@ extension Engine {
             chatId: new.chatId, messageId: new.messageId, senderUri: .value(new.senderUri), tag: .value(new.tag), content: given(new.content),
             data: given(new.data), localData: given(new.localData), thumb: given(new.thumb), file: given(new.file), fileSize: given(new.fileSize),
             fileState: given(new.fileState), flags: given(new.flags), state: given(new.state), stateIsPartial: given(new.stateIsPartial),
-            recall: given(new.recall), ref: given(new.ref), refBy: given(new.refBy), timestamp: given(new.timestamp),
+            recall: given(new.recall), ref: given(new.ref), refBy: given(new.refBy), reactions: given(new.reactions), timestamp: given(new.timestamp),
             externalId: given(new.externalId))
     }
 

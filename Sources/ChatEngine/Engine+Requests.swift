@@ -52,6 +52,10 @@ extension Engine {
             batch.emit(try stateGet(request, user: user), to: session)
         case .chatMessageDelete(let request):
             try deletePrivately(request, user: user, batch: batch)
+        case .chatMessageReact(let request):
+            try react(request, user: user, batch: batch)
+        case .chatMessageReactionsGet(let request):
+            batch.emit(try reactions(request, user: user), to: session)
         case .chatMessageDestroy(let request):
             try destroy(request, user: user, session: session, line: line, batch: batch)
         case .chatTyping(let request):

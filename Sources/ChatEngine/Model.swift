@@ -85,6 +85,8 @@ struct PrivateState {
     /// Their copy of the file: nil (Available), Transferring, Done, or where a download
     /// failed (Failed, FailedAvailable: kept in memory only; read back, it is Available).
     var fileState: FileState?
+    /// Their reactions to it, in the order they gave them.
+    var reactions: [GivenReaction] = []
 }
 
 /// An attached thumb or file: its kept base name, its stored content (nil until stored).
@@ -188,7 +190,7 @@ final class MessageRecord {
         for state in row.privateStates {
             privateStates[state.user] = PrivateState(
                 localData: state.localData.map { JSONValue(compactJSON: $0) }, isDeleted: state.isDeleted,
-                thumbDetached: state.thumbDetached, fileState: state.fileDownloaded ? .done : nil)
+                thumbDetached: state.thumbDetached, fileState: state.fileDownloaded ? .done : nil, reactions: GivenReaction.read(state.reactions))
         }
         stored = MessageColumns(row)
     }
@@ -251,7 +253,13 @@ final class MessageRecord {
         }
         if !privateStates.isEmpty {
             bytes += Heap.bytes(ofTable: privateStates.count, stride: MemoryLayout<Int64>.stride + MemoryLayout<PrivateState>.stride)
-            for state in privateStates.values { bytes += Heap.bytes(of: state.localData?.json) }
+            for state in privateStates.values {
+                bytes += Heap.bytes(of: state.localData?.json)
+                if !state.reactions.isEmpty {
+                    bytes += Heap.bytes(ofArray: state.reactions.count, stride: MemoryLayout<GivenReaction>.stride)
+                    for given in state.reactions { bytes += Heap.bytes(of: given.text) }
+                }
+            }
         }
         if let thumb = attached.thumb { bytes += Heap.bytes(of: thumb.name) + Heap.bytes(of: thumb.blob) }
         if let file = attached.file { bytes += Heap.bytes(of: file.name) + Heap.bytes(of: file.blob) }

@@ -112,7 +112,7 @@ extension PostgresStore: ChatStore {
         static let member =
             #"chat, "user", "isActive", "isAdmin", "joinedAt", "leftAt", "isHidden", "localData", "privateData", "deliveredUpTo", "readUpTo", "numUnread""#
         static let message = MessageColumn.allCases.map { "\"\($0.rawValue)\"" }.joined(separator: ", ")
-        static let messageUser = #"chat, id, "user", "localData", "isDeleted", "thumbDetached", "fileDownloaded""#
+        static let messageUser = #"chat, id, "user", "localData", "isDeleted", "thumbDetached", "fileDownloaded", reactions"#
     }
 
     static func member(_ row: PostgresRow) throws -> MemberRow {
@@ -175,11 +175,13 @@ extension PostgresStore: ChatStore {
             }
         }
         for row in try read({ "SELECT \(unescaped: Columns.messageUser) FROM message_user WHERE \($0) ORDER BY id, \"user\"" }, column: "id") {
-            let (chat, id, user, localData, isDeleted, thumbDetached, fileDownloaded) = try row.decode((Int64, Int64, Int64, String?, Bool, Bool, Bool).self)
+            let (chat, id, user, localData, isDeleted, thumbDetached, fileDownloaded, reactions) = try row.decode(
+                (Int64, Int64, Int64, String?, Bool, Bool, Bool, String?).self)
             guard let position = index[id] else { continue }
             var state = MessageUserRow(chat: chat, id: id, user: user, localData: localData, isDeleted: isDeleted)
             state.thumbDetached = thumbDetached
             state.fileDownloaded = fileDownloaded
+            state.reactions = reactions
             messages[position].privateStates.append(state)
         }
         return messages

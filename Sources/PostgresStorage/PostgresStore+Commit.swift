@@ -331,7 +331,10 @@ extension PostgresStore {
         insert(
             statement, into: "message_user", columns: S.messageUserColumns,
             rows: batch.privateStates.map {
-                [.int($0.chat), .int($0.id), .int($0.user), .text($0.localData), .bool($0.isDeleted), .bool($0.thumbDetached), .bool($0.fileDownloaded)]
+                [
+                    .int($0.chat), .int($0.id), .int($0.user), .text($0.localData), .bool($0.isDeleted), .bool($0.thumbDetached), .bool($0.fileDownloaded),
+                    .text($0.reactions)
+                ]
             }, conflict: S.replacing(key: ["chat", "id", #""user""#], columns: S.messageUserColumns))
         let blobs = batch.blobUses.filter { $0.value != 0 }.sorted { $0.key < $1.key }
         if !blobs.isEmpty {

@@ -383,6 +383,13 @@ extension PostgresStore {
                 #"ALTER TABLE message ADD COLUMN "externalId" text"#,
                 #"CREATE INDEX message_by_external_id ON message(chat, sender, "externalId") WHERE "externalId" IS NOT NULL"#
             ]
+        ),
+        (
+            "v13-reactions",
+            [
+                // Each user's reactions to a message, kept with what else they did to it alone.
+                #"ALTER TABLE message_user ADD COLUMN reactions text"#
+            ]
         )
     ]
 

@@ -186,7 +186,7 @@ extension RefCountRow: SelectedInOrder, PersistableRecord {
 
 extension MessageUserRow: SelectedInOrder, PersistableRecord {
     public static let databaseTableName = "message_user"
-    enum Field: Int, CaseIterable { case chat, id, user, localData, isDeleted, thumbDetached, fileDownloaded }
+    enum Field: Int, CaseIterable { case chat, id, user, localData, isDeleted, thumbDetached, fileDownloaded, reactions }
 
     public init(row: Row) throws {
         self.init(
@@ -194,6 +194,7 @@ extension MessageUserRow: SelectedInOrder, PersistableRecord {
             isDeleted: row[Field.isDeleted.rawValue])
         thumbDetached = row[Field.thumbDetached.rawValue]
         fileDownloaded = row[Field.fileDownloaded.rawValue]
+        reactions = row[Field.reactions.rawValue]
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -204,6 +205,7 @@ extension MessageUserRow: SelectedInOrder, PersistableRecord {
         container["isDeleted"] = isDeleted
         container["thumbDetached"] = thumbDetached
         container["fileDownloaded"] = fileDownloaded
+        container["reactions"] = reactions
     }
 }
 

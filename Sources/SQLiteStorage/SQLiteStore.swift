@@ -388,6 +388,10 @@ public final class SQLiteStore: Sendable {
                     CREATE INDEX message_by_external_id ON message(chat, sender, externalId) WHERE externalId IS NOT NULL;
                     """)
         }
+        migrator.registerMigration("v9-reactions") { db in
+            // Each user's reactions to a message, kept with what else they did to it alone.
+            try db.execute(sql: "ALTER TABLE message_user ADD COLUMN reactions TEXT")
+        }
         return migrator
     }
 

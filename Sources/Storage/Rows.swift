@@ -179,6 +179,9 @@ public struct MessageUserRow: Sendable, Equatable {
     public var isDeleted: Bool
     public var thumbDetached = false
     public var fileDownloaded = false
+    /// Their reactions to the message, one per line: when it was given (microseconds
+    /// since 1970), a space, the reaction (`"1700000000123456 👍"`; nil: none).
+    public var reactions: String?
 
     public init(chat: Int64, id: Int64, user: Int64, localData: String?, isDeleted: Bool) {
         self.chat = chat

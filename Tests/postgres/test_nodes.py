@@ -167,6 +167,13 @@ def conversation(alice_socket, bob_socket):
     act(bob, {"chatMessageRead": {"chatId": "1", "messageId": "2"}})
     act(alice, {"chatMessageRead": {"chatId": "1", "messageId": "3"}})
     act(alice, {"chatEventSend": {"chatId": "1", "type": "poke", "data": {"n": 1}}})
+    act(bob, {"chatMessageReact": {"chatId": "1", "messageId": "2", "reaction": "🎉"}})
+    act(alice, {"chatMessageReact": {"chatId": "1", "messageId": "2", "reaction": "👍"}})
+    act(alice, {"chatMessageReact": {"chatId": "1", "messageId": "3", "reaction": "👍"}})
+    act(bob, {"chatMessageReact": {"chatId": "1", "messageId": "2", "reaction": "👍"}})
+    act(bob, {"chatMessageReact": {"chatId": "1", "messageId": "2", "reaction": "🎉", "remove": True}})
+    act(alice, {"chatMessageReactionsGet": {"chatId": "1", "messageId": "2", "cookie": "who"}})
+    act(bob, {"chatMessageDestroy": {"chatId": "1", "messageId": "3"}})
     act(bob, {"chatMessageRecall": {"chatId": "1", "messageId": "3", "cookie": "recall"}})
     act(alice, {"requestListMatching": {"type": "chatMessage", "cookie": "all", "criteria": {"chatId": "1"},
                                         "window": {"messageId": 1, "before": 0, "after": 50}}})
@@ -269,6 +276,7 @@ def test_users_on_two_nodes_see_what_they_would_see_on_one(cluster, scratch):
     assert relay.stop() == 0
     assert writer.stop() == 0
     assert len(on_one["bob"]) > 20, "the conversation reached bob"
+    assert any('"reactions":[{"count":2,"mine":true' in line for line in on_one["bob"]), "reactions reached bob"
 
 
 def test_a_standard_input_output_session_relayed_to_the_writer_sees_what_it_would_see_there(cluster, scratch):
@@ -298,6 +306,7 @@ def test_a_standard_input_output_session_relayed_to_the_writer_sees_what_it_woul
     assert bob.process.wait(timeout=30) == 0
     assert writer.stop() == 0
     assert len(on_one["bob"]) > 20, "the conversation reached bob"
+    assert any('"reactions":[{"count":2,"mine":true' in line for line in on_one["bob"]), "reactions reached bob"
 
 
 def test_nodes_of_standard_input_output_only_serve_one_domain(cluster, scratch):

@@ -173,6 +173,8 @@ export interface ChatMessage {
   ref?: MessageRef[];
   /** The messages referring to this one, per tag. */
   refBy?: RefBy[];
+  /** The reactions to it, in the order each first appeared: per reaction how many users reacted with it and whether the viewer did. Absent when there are none (and on a recalled message, or one the viewer deleted). */
+  reactions?: ReactionCount[];
   /** Seconds since 1970 (UTC). */
   timestamp: number;
   /** The identifier its sender gave it (chatMessageSend's externalId; seed 001's externalId): present only when one was given. It never changes. */
@@ -200,6 +202,7 @@ export interface ChatMessageChange {
   recall?: "Recalled" | null;
   ref?: MessageRef[] | null;
   refBy?: RefBy[] | null;
+  reactions?: ReactionCount[] | null;
   timestamp?: number | null;
   externalId?: string | null;
 }
@@ -268,6 +271,50 @@ export interface ChatMessageKey {
   chatId: string;
   /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
+}
+
+/** Adds (or, with remove, takes back) the user's reaction to a message. The message changes for every member who sees it (listChange of chatMessage, its reactions); a reaction never counts as unread nor moves the chat's lastActivity. Adding a reaction the user already gave, or removing one they did not, changes nothing. */
+export interface ChatMessageReact {
+  /** A chat, as the service named it. */
+  chatId: string;
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
+  messageId: string | number;
+  /** A reaction to a message: an emoji or a short text, compared byte for byte. */
+  reaction: string;
+  /** Take the reaction back instead of adding it. */
+  remove?: boolean;
+  /** Chosen by the client; echoed on every direct response to the request. */
+  cookie?: string;
+}
+
+/** A page of who reacted to a message with what, oldest first. */
+export interface ChatMessageReactionsEvent {
+  /** Chosen by the client; echoed on every direct response to the request. */
+  cookie?: string;
+  /** A chat, as the service named it. */
+  chatId: string;
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
+  messageId: string;
+  /** The page. */
+  reactions: Reactor[];
+  /** Present when there are more: the after of the next page. */
+  next?: string;
+}
+
+/** Asks who reacted to a message with what, oldest reaction first, a page at a time. */
+export interface ChatMessageReactionsGet {
+  /** A chat, as the service named it. */
+  chatId: string;
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
+  messageId: string | number;
+  /** Only this reaction. */
+  reaction?: string;
+  /** Where the previous page ended: its answer's next. */
+  after?: string;
+  /** At most this many reactions in the page. */
+  limit?: number;
+  /** Chosen by the client; echoed on every direct response to the request. */
+  cookie?: string;
 }
 
 /** Marks every incoming message up to messageId as Read. */
@@ -973,6 +1020,24 @@ export interface ParticipantRemove {
 
 export type ParticipantState = "Joined";
 
+/** One reaction to a message: how many users reacted with it, and whether the viewer did. */
+export interface ReactionCount {
+  /** A reaction to a message: an emoji or a short text, compared byte for byte. */
+  reaction: string;
+  /** How many users reacted with it. */
+  count: number;
+  /** Whether the viewer is one of them. */
+  mine: boolean;
+}
+
+/** One user's reaction. */
+export interface Reactor {
+  /** A user as the protocol names them: bbmpim://user/id/<n>. */
+  userUri: string;
+  /** A reaction to a message: an emoji or a short text, compared byte for byte. */
+  reaction: string;
+}
+
 export type RecallState = "Recalled";
 
 /** One recipient and the state of the message for them. */
@@ -1434,6 +1499,12 @@ export function endpointsGet(fields?: CookieOptional<EndpointsGet>): { endpoints
 /** Removes one of the user's endpoints: it is no longer registered, and every session that is that endpoint gets endpointDeregistered and is closed (this one too, when it names itself). Served once a token was accepted, also while setupState is Full. Answered by endpointDeregisterResult. */
 export function endpointDeregister(fields: CookieOptional<EndpointDeregister>): { endpointDeregister: EndpointDeregister } & Answered<EndpointDeregisterResult>;
 
+/** Adds (or, with remove, takes back) the user's reaction to a message. The message changes for every member who sees it (listChange of chatMessage, its reactions); a reaction never counts as unread nor moves the chat's lastActivity. Adding a reaction the user already gave, or removing one they did not, changes nothing. */
+export function chatMessageReact(fields: CookieOptional<ChatMessageReact>): { chatMessageReact: ChatMessageReact } & Answered<undefined>;
+
+/** Asks who reacted to a message with what, oldest reaction first, a page at a time. */
+export function chatMessageReactionsGet(fields: CookieOptional<ChatMessageReactionsGet>): { chatMessageReactionsGet: ChatMessageReactionsGet } & Answered<ChatMessageReactionsEvent>;
+
 /** Every request, by its name. */
 export interface Requests {
   authToken: AuthToken;
@@ -1466,6 +1537,8 @@ export interface Requests {
   endpointUpdate: EndpointUpdate;
   endpointsGet: EndpointsGet;
   endpointDeregister: EndpointDeregister;
+  chatMessageReact: ChatMessageReact;
+  chatMessageReactionsGet: ChatMessageReactionsGet;
 }
 
 /** Every event, by its name. */
@@ -1489,6 +1562,7 @@ export interface Events {
   endpoints: Endpoints;
   endpointDeregisterResult: EndpointDeregisterResult;
   endpointDeregistered: EndpointDeregistered;
+  chatMessageReactions: ChatMessageReactionsEvent;
 }
 
 /** One line the service writes: one event. */

@@ -202,6 +202,16 @@ export function endpointDeregister(fields) {
   return message("endpointDeregister", { ...fields });
 }
 
+/** Adds (or, with remove, takes back) the user's reaction to a message. The message changes for every member who sees it (listChange of chatMessage, its reactions); a reaction never counts as unread nor moves the chat's lastActivity. Adding a reaction the user already gave, or removing one they did not, changes nothing. */
+export function chatMessageReact(fields) {
+  return message("chatMessageReact", { ...fields });
+}
+
+/** Asks who reacted to a message with what, oldest reaction first, a page at a time. */
+export function chatMessageReactionsGet(fields) {
+  return message("chatMessageReactionsGet", { ...fields });
+}
+
 /** What answers each request: the events that carry its cookie; none when only a failure is answered. */
 export const ANSWERS = Object.freeze({
   authToken: ["listChange", "setupError"],
@@ -234,6 +244,8 @@ export const ANSWERS = Object.freeze({
   endpointUpdate: ["endpointUpdateResult"],
   endpointsGet: ["endpoints"],
   endpointDeregister: ["endpointDeregisterResult"],
+  chatMessageReact: [],
+  chatMessageReactionsGet: ["chatMessageReactions"],
 });
 
 /** Requests that take a cookie. */
@@ -268,7 +280,9 @@ export const TAKES_COOKIE = new Set([
   "endpointUpdate",
   "endpointsGet",
   "endpointDeregister",
+  "chatMessageReact",
+  "chatMessageReactionsGet",
 ]);
 
 /** Every event's name. */
-export const EVENTS = Object.freeze(["requestFailed", "setupError", "listAdd", "listChange", "listRemove", "listChunk", "listAll", "listElements", "listMatching", "listChanges", "chatStartFailed", "chatMessageState", "identities", "chatEvent", "searchResult", "endpointUpdateResult", "endpoints", "endpointDeregisterResult", "endpointDeregistered"]);
+export const EVENTS = Object.freeze(["requestFailed", "setupError", "listAdd", "listChange", "listRemove", "listChunk", "listAll", "listElements", "listMatching", "listChanges", "chatStartFailed", "chatMessageState", "identities", "chatEvent", "searchResult", "endpointUpdateResult", "endpoints", "endpointDeregisterResult", "endpointDeregistered", "chatMessageReactions"]);

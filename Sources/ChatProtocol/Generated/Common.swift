@@ -147,6 +147,48 @@ public struct RefBy: Sendable, Equatable, WireDecodable, WireEncodable {
     }
 }
 
+/// One reaction to a message: how many users reacted with it, and whether the viewer did.
+public struct ReactionCount: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// A reaction to a message: an emoji or a short text, compared byte for byte.
+    public var reaction: String
+    /// How many users reacted with it.
+    public var count: Int64
+    /// Whether the viewer is one of them.
+    public var mine: Bool
+
+    public init(reaction: String, count: Int64, mine: Bool) {
+        self.reaction = reaction
+        self.count = count
+        self.mine = mine
+    }
+
+    public static let wireSchema = WireSchema([
+        WireField("reaction", .string(minBytes: 1, maxBytes: 64), required: true),
+        WireField("count", .integer(min: 1, max: Int64.max), required: true),
+        WireField("mine", .boolean, required: true),
+    ])
+
+    public init(wire fields: WireFields) throws {
+        self.reaction = try fields.required(0) { value in try value.string() }
+        self.count = try fields.required(1) { value in try value.integer() }
+        self.mine = try fields.required(2) { value in try value.bool() }
+    }
+
+    public func encode(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.rawKey("\"reaction\":"); writer.string(self.reaction)
+        writer.rawKey("\"count\":"); writer.integer(self.count)
+        writer.rawKey("\"mine\":"); writer.bool(self.mine)
+        writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.reaction, rhs.reaction)
+            && sameBytes(lhs.count, rhs.count)
+            && sameBytes(lhs.mine, rhs.mine)
+    }
+}
+
 /// Names one message.
 public struct MessageKey: Sendable, Equatable, WireDecodable, WireEncodable {
     /// A chat, as the service named it.

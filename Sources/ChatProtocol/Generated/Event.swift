@@ -24,6 +24,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
     case endpoints(Endpoints)
     case endpointDeregisterResult(EndpointDeregisterResult)
     case endpointDeregistered(EndpointDeregistered)
+    case chatMessageReactions(ChatMessageReactionsEvent)
 
     public static let wireMessages = WireSchema([
         WireField("requestFailed", .object(RequestFailed.self)),
@@ -45,6 +46,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         WireField("endpoints", .object(Endpoints.self)),
         WireField("endpointDeregisterResult", .object(EndpointDeregisterResult.self)),
         WireField("endpointDeregistered", .object(EndpointDeregistered.self)),
+        WireField("chatMessageReactions", .object(ChatMessageReactionsEvent.self)),
     ])
 
     public init(messageIndex: Int, fields: WireFields) throws {
@@ -62,6 +64,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case 16: self = .endpoints(try Endpoints(wire: fields))
         case 17: self = .endpointDeregisterResult(try EndpointDeregisterResult(wire: fields))
         case 18: self = .endpointDeregistered(try EndpointDeregistered(wire: fields))
+        case 19: self = .chatMessageReactions(try ChatMessageReactionsEvent(wire: fields))
         default: throw WireFailure(.internal, "message \(messageIndex) is not built from members")
         }
     }
@@ -86,6 +89,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         "endpoints": .object(Endpoints.self),
         "endpointDeregisterResult": .object(EndpointDeregisterResult.self),
         "endpointDeregistered": .object(EndpointDeregistered.self),
+        "chatMessageReactions": .object(ChatMessageReactionsEvent.self),
     ]
 
     public static func wireType(named name: String) -> WireType? {
@@ -113,6 +117,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case "endpoints": self = .endpoints(try value.object(Endpoints.self))
         case "endpointDeregisterResult": self = .endpointDeregisterResult(try value.object(EndpointDeregisterResult.self))
         case "endpointDeregistered": self = .endpointDeregistered(try value.object(EndpointDeregistered.self))
+        case "chatMessageReactions": self = .chatMessageReactions(try value.object(ChatMessageReactionsEvent.self))
         default: throw WireFailure(.unknownRequest, "unknown message '\(name)'")
         }
     }
@@ -139,6 +144,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case .endpoints: return "endpoints"
         case .endpointDeregisterResult: return "endpointDeregisterResult"
         case .endpointDeregistered: return "endpointDeregistered"
+        case .chatMessageReactions: return "chatMessageReactions"
         }
     }
 
@@ -166,6 +172,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case .endpoints(let value): writer.rawKey("\"endpoints\":"); value.encode(to: &writer)
         case .endpointDeregisterResult(let value): writer.rawKey("\"endpointDeregisterResult\":"); value.encode(to: &writer)
         case .endpointDeregistered(let value): writer.rawKey("\"endpointDeregistered\":"); value.encode(to: &writer)
+        case .chatMessageReactions(let value): writer.rawKey("\"chatMessageReactions\":"); value.encode(to: &writer)
         }
         writer.endObject()
         writer.endLine()

@@ -35,6 +35,8 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
     case endpointUpdate(EndpointUpdate)
     case endpointsGet(EndpointsGet)
     case endpointDeregister(EndpointDeregister)
+    case chatMessageReact(ChatMessageReact)
+    case chatMessageReactionsGet(ChatMessageReactionsGet)
 
     public static let wireMessages = WireSchema([
         WireField("authToken", .object(AuthToken.self)),
@@ -67,6 +69,8 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         WireField("endpointUpdate", .object(EndpointUpdate.self)),
         WireField("endpointsGet", .object(EndpointsGet.self)),
         WireField("endpointDeregister", .object(EndpointDeregister.self)),
+        WireField("chatMessageReact", .object(ChatMessageReact.self)),
+        WireField("chatMessageReactionsGet", .object(ChatMessageReactionsGet.self)),
     ])
 
     public init(messageIndex: Int, fields: WireFields) throws {
@@ -98,6 +102,8 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case 27: self = .endpointUpdate(try EndpointUpdate(wire: fields))
         case 28: self = .endpointsGet(try EndpointsGet(wire: fields))
         case 29: self = .endpointDeregister(try EndpointDeregister(wire: fields))
+        case 30: self = .chatMessageReact(try ChatMessageReact(wire: fields))
+        case 31: self = .chatMessageReactionsGet(try ChatMessageReactionsGet(wire: fields))
         default: throw WireFailure(.internal, "message \(messageIndex) is not built from members")
         }
     }
@@ -133,6 +139,8 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         "endpointUpdate": .object(EndpointUpdate.self),
         "endpointsGet": .object(EndpointsGet.self),
         "endpointDeregister": .object(EndpointDeregister.self),
+        "chatMessageReact": .object(ChatMessageReact.self),
+        "chatMessageReactionsGet": .object(ChatMessageReactionsGet.self),
     ]
 
     public static func wireType(named name: String) -> WireType? {
@@ -171,6 +179,8 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case "endpointUpdate": self = .endpointUpdate(try value.object(EndpointUpdate.self))
         case "endpointsGet": self = .endpointsGet(try value.object(EndpointsGet.self))
         case "endpointDeregister": self = .endpointDeregister(try value.object(EndpointDeregister.self))
+        case "chatMessageReact": self = .chatMessageReact(try value.object(ChatMessageReact.self))
+        case "chatMessageReactionsGet": self = .chatMessageReactionsGet(try value.object(ChatMessageReactionsGet.self))
         default: throw WireFailure(.unknownRequest, "unknown message '\(name)'")
         }
     }
@@ -208,6 +218,8 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .endpointUpdate: return "endpointUpdate"
         case .endpointsGet: return "endpointsGet"
         case .endpointDeregister: return "endpointDeregister"
+        case .chatMessageReact: return "chatMessageReact"
+        case .chatMessageReactionsGet: return "chatMessageReactionsGet"
         }
     }
 
@@ -244,6 +256,8 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .endpointUpdate(let value): return value.cookie
         case .endpointsGet(let value): return value.cookie
         case .endpointDeregister(let value): return value.cookie
+        case .chatMessageReact(let value): return value.cookie
+        case .chatMessageReactionsGet(let value): return value.cookie
         }
     }
 
@@ -281,6 +295,8 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .endpointUpdate(let value): writer.rawKey("\"endpointUpdate\":"); value.encode(to: &writer)
         case .endpointsGet(let value): writer.rawKey("\"endpointsGet\":"); value.encode(to: &writer)
         case .endpointDeregister(let value): writer.rawKey("\"endpointDeregister\":"); value.encode(to: &writer)
+        case .chatMessageReact(let value): writer.rawKey("\"chatMessageReact\":"); value.encode(to: &writer)
+        case .chatMessageReactionsGet(let value): writer.rawKey("\"chatMessageReactionsGet\":"); value.encode(to: &writer)
         }
         writer.endObject()
         writer.endLine()

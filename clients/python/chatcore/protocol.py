@@ -129,6 +129,7 @@ ChatMessage = TypedDict("ChatMessage", {
     "recall": "NotRequired[Literal[\"Recalled\"]]",
     "ref": "NotRequired[list[MessageRef]]",
     "refBy": "NotRequired[list[RefBy]]",
+    "reactions": "NotRequired[list[ReactionCount]]",
     "timestamp": "int",
     "externalId": "NotRequired[str]",
 })
@@ -152,6 +153,7 @@ ChatMessageChange = TypedDict("ChatMessageChange", {
     "recall": "NotRequired[Literal[\"Recalled\"] | None]",
     "ref": "NotRequired[list[MessageRef] | None]",
     "refBy": "NotRequired[list[RefBy] | None]",
+    "reactions": "NotRequired[list[ReactionCount] | None]",
     "timestamp": "NotRequired[int | None]",
     "externalId": "NotRequired[str | None]",
 })
@@ -201,6 +203,34 @@ ChatMessageKey = TypedDict("ChatMessageKey", {
     "messageId": "str | int",
 })
 """The key of a chatMessage element."""
+
+ChatMessageReact = TypedDict("ChatMessageReact", {
+    "chatId": "str",
+    "messageId": "str | int",
+    "reaction": "str",
+    "remove": "NotRequired[bool]",
+    "cookie": "NotRequired[str]",
+})
+"""Adds (or, with remove, takes back) the user's reaction to a message. The message changes for every member who sees it (listChange of chatMessage, its reactions); a reaction never counts as unread nor moves the chat's lastActivity. Adding a reaction the user already gave, or removing one they did not, changes nothing."""
+
+ChatMessageReactionsEvent = TypedDict("ChatMessageReactionsEvent", {
+    "cookie": "NotRequired[str]",
+    "chatId": "str",
+    "messageId": "str",
+    "reactions": "list[Reactor]",
+    "next": "NotRequired[str]",
+})
+"""A page of who reacted to a message with what, oldest first."""
+
+ChatMessageReactionsGet = TypedDict("ChatMessageReactionsGet", {
+    "chatId": "str",
+    "messageId": "str | int",
+    "reaction": "NotRequired[str]",
+    "after": "NotRequired[str]",
+    "limit": "NotRequired[int]",
+    "cookie": "NotRequired[str]",
+})
+"""Asks who reacted to a message with what, oldest reaction first, a page at a time."""
 
 ChatMessageRead = TypedDict("ChatMessageRead", {
     "chatId": "str",
@@ -706,6 +736,19 @@ ParticipantRemove = TypedDict("ParticipantRemove", {
 
 ParticipantState = Literal["Joined"]
 
+ReactionCount = TypedDict("ReactionCount", {
+    "reaction": "str",
+    "count": "int",
+    "mine": "bool",
+})
+"""One reaction to a message: how many users reacted with it, and whether the viewer did."""
+
+Reactor = TypedDict("Reactor", {
+    "userUri": "str",
+    "reaction": "str",
+})
+"""One user's reaction."""
+
 RecallState = Literal["Recalled"]
 
 RecipientState = TypedDict("RecipientState", {
@@ -1167,6 +1210,16 @@ def endpoint_deregister(*, endpointId: str | int, cookie: str | None = None) -> 
     return _message("endpointDeregister", {"endpointId": endpointId, "cookie": cookie})
 
 
+def chat_message_react(*, chatId: str, messageId: str | int, reaction: str, remove: bool | None = None, cookie: str | None = None) -> RequestLine[None]:
+    """Adds (or, with remove, takes back) the user's reaction to a message. The message changes for every member who sees it (listChange of chatMessage, its reactions); a reaction never counts as unread nor moves the chat's lastActivity. Adding a reaction the user already gave, or removing one they did not, changes nothing."""
+    return _message("chatMessageReact", {"chatId": chatId, "messageId": messageId, "reaction": reaction, "remove": remove, "cookie": cookie})
+
+
+def chat_message_reactions_get(*, chatId: str, messageId: str | int, reaction: str | None = None, after: str | None = None, limit: int | None = None, cookie: str | None = None) -> RequestLine[ChatMessageReactionsEvent]:
+    """Asks who reacted to a message with what, oldest reaction first, a page at a time."""
+    return _message("chatMessageReactionsGet", {"chatId": chatId, "messageId": messageId, "reaction": reaction, "after": after, "limit": limit, "cookie": cookie})
+
+
 # What answers each request (docs/protocol.md): the events that carry its cookie; none
 # when only a failure is answered.
 ANSWERS: dict[str, tuple[str, ...]] = {
@@ -1200,6 +1253,8 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "endpointUpdate": ("endpointUpdateResult",),
     "endpointsGet": ("endpoints",),
     "endpointDeregister": ("endpointDeregisterResult",),
+    "chatMessageReact": (),
+    "chatMessageReactionsGet": ("chatMessageReactions",),
 }
 
 # Requests that take a cookie.
@@ -1234,6 +1289,8 @@ TAKES_COOKIE: frozenset[str] = frozenset({
     "endpointUpdate",
     "endpointsGet",
     "endpointDeregister",
+    "chatMessageReact",
+    "chatMessageReactionsGet",
 })
 
 # Event names and their types.
@@ -1257,4 +1314,5 @@ EVENTS: dict[str, str] = {
     "endpoints": "Endpoints",
     "endpointDeregisterResult": "EndpointDeregisterResult",
     "endpointDeregistered": "EndpointDeregistered",
+    "chatMessageReactions": "ChatMessageReactionsEvent",
 }

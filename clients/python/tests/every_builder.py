@@ -88,6 +88,10 @@ async def main() -> None:
 
             assert await refused(alice, protocol.chat_message_file_download(chatId=chat_id, messageId=message_id)) == "InvalidParameter"
             assert_type(await alice.request(protocol.chat_message_detach(chatId=chat_id, messageId=message_id, detachFile=True)), None)
+            assert_type(await bob.request(protocol.chat_message_react(chatId=chat_id, messageId=message_id, reaction="👍")), None)
+            reactions = assert_type(await alice.request(protocol.chat_message_reactions_get(chatId=chat_id, messageId=message_id)),
+                                    protocol.ChatMessageReactionsEvent)
+            assert [r["reaction"] for r in reactions["reactions"]] == ["👍"]
             assert_type(await alice.request(protocol.chat_message_delete(chatId=chat_id, id=message_id)), None)
             again = await alice.request(protocol.chat_message_send(chatId=chat_id, tag="Text", content="again"))
             assert_type(await alice.request(protocol.chat_message_destroy(chatId=chat_id, messageId=again["messageId"])), None)

@@ -11,7 +11,7 @@ import {
   requestListMatchingChatMessage, requestListMatchingChatParticipant, requestListMatchingChat, requestListMatchingUser,
   requestListChangeChat, requestListChangeChatMessage, requestListChanges, chatInvite, participantPromote, participantDemote,
   participantRemove, chatMessageRead, chatMessageStateGet, chatTyping, chatEventSend, search, chatMessageFileDownload,
-  chatMessageDetach, chatMessageDelete, chatMessageDestroy, syncStart, setupRetry, retryServerRequests, chatHide, chatLeave,
+  chatMessageDetach, chatMessageDelete, chatMessageDestroy, chatMessageReact, chatMessageReactionsGet, syncStart, setupRetry, retryServerRequests, chatHide, chatLeave,
   endpointUpdate, endpointsGet, endpointDeregister,
 } from "chatcore-client";
 
@@ -136,6 +136,10 @@ try {
 
   check(await refused(alice, chatMessageFileDownload({ chatId, messageId })) === "InvalidParameter");
   await alice.request(chatMessageDetach({ chatId, messageId, detachFile: true }));
+  await bob.request(chatMessageReact({ chatId, messageId, reaction: "👍" }));
+  /** @type {import("chatcore-client").ChatMessageReactionsEvent} */
+  const reactions = await alice.request(chatMessageReactionsGet({ chatId, messageId }));
+  check(reactions.reactions.map((r) => r.reaction).join() === "👍", reactions);
   await alice.request(chatMessageDelete({ chatId, id: messageId }));
   const again = await alice.request(chatMessageSend({ chatId, tag: "Text", content: "again" }));
   await alice.request(chatMessageDestroy({ chatId, messageId: again.messageId }));

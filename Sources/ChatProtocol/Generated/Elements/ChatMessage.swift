@@ -88,12 +88,14 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
     public var ref: [MessageRef]?
     /// The messages referring to this one, per tag.
     public var refBy: [RefBy]?
+    /// The reactions to it, in the order each first appeared: per reaction how many users reacted with it and whether the viewer did. Absent when there are none (and on a recalled message, or one the viewer deleted).
+    public var reactions: [ReactionCount]?
     /// Seconds since 1970 (UTC).
     public var timestamp: Int64
     /// The identifier its sender gave it (chatMessageSend's externalId; seed 001's externalId): present only when one was given. It never changes.
     public var externalId: String?
 
-    public init(chatId: String, messageId: Int64, senderUri: String, tag: String, content: String? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, thumb: String? = nil, file: String? = nil, fileSize: Int64? = nil, fileState: FileState? = nil, flags: String, state: MessageState, stateIsPartial: Bool, recall: RecallState? = nil, ref: [MessageRef]? = nil, refBy: [RefBy]? = nil, timestamp: Int64, externalId: String? = nil) {
+    public init(chatId: String, messageId: Int64, senderUri: String, tag: String, content: String? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, thumb: String? = nil, file: String? = nil, fileSize: Int64? = nil, fileState: FileState? = nil, flags: String, state: MessageState, stateIsPartial: Bool, recall: RecallState? = nil, ref: [MessageRef]? = nil, refBy: [RefBy]? = nil, reactions: [ReactionCount]? = nil, timestamp: Int64, externalId: String? = nil) {
         self.chatId = chatId
         self.messageId = messageId
         self.senderUri = senderUri
@@ -111,6 +113,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         self.recall = recall
         self.ref = ref
         self.refBy = refBy
+        self.reactions = reactions
         self.timestamp = timestamp
         self.externalId = externalId
     }
@@ -133,6 +136,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("recall", .enumeration(["Recalled"])),
         WireField("ref", .array(.object(MessageRef.self), minItems: 0, maxItems: Int.max)),
         WireField("refBy", .array(.object(RefBy.self), minItems: 0, maxItems: Int.max)),
+        WireField("reactions", .array(.object(ReactionCount.self), minItems: 0, maxItems: Int.max)),
         WireField("timestamp", .integer(min: 0, max: Int64.max), required: true),
         WireField("externalId", .string(minBytes: 0, maxBytes: Int.max)),
     ])
@@ -155,8 +159,9 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         self.recall = try fields.optional(14) { value in try value.enumeration(RecallState.self) }
         self.ref = try fields.optional(15) { value in try value.array().map { element in try element.object(MessageRef.self) } }
         self.refBy = try fields.optional(16) { value in try value.array().map { element in try element.object(RefBy.self) } }
-        self.timestamp = try fields.required(17) { value in try value.integer() }
-        self.externalId = try fields.optional(18) { value in try value.string() }
+        self.reactions = try fields.optional(17) { value in try value.array().map { element in try element.object(ReactionCount.self) } }
+        self.timestamp = try fields.required(18) { value in try value.integer() }
+        self.externalId = try fields.optional(19) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -178,6 +183,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.recall { writer.rawKey("\"recall\":"); writer.string(value.rawValue) }
         if let value = self.ref { writer.rawKey("\"ref\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         if let value = self.refBy { writer.rawKey("\"refBy\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
+        if let value = self.reactions { writer.rawKey("\"reactions\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         writer.rawKey("\"timestamp\":"); writer.integer(self.timestamp)
         if let value = self.externalId { writer.rawKey("\"externalId\":"); writer.string(value) }
         writer.endObject()
@@ -201,6 +207,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.recall, rhs.recall)
             && sameBytes(lhs.ref, rhs.ref)
             && sameBytes(lhs.refBy, rhs.refBy)
+            && sameBytes(lhs.reactions, rhs.reactions)
             && sameBytes(lhs.timestamp, rhs.timestamp)
             && sameBytes(lhs.externalId, rhs.externalId)
     }
@@ -227,10 +234,11 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
     public var recall: Nullable<RecallState>?
     public var ref: Nullable<[MessageRef]>?
     public var refBy: Nullable<[RefBy]>?
+    public var reactions: Nullable<[ReactionCount]>?
     public var timestamp: Nullable<Int64>?
     public var externalId: Nullable<String>?
 
-    public init(chatId: String, messageId: Int64, senderUri: Nullable<String>? = nil, tag: Nullable<String>? = nil, content: Nullable<String>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil, thumb: Nullable<String>? = nil, file: Nullable<String>? = nil, fileSize: Nullable<Int64>? = nil, fileState: Nullable<FileState>? = nil, flags: Nullable<String>? = nil, state: Nullable<MessageState>? = nil, stateIsPartial: Nullable<Bool>? = nil, recall: Nullable<RecallState>? = nil, ref: Nullable<[MessageRef]>? = nil, refBy: Nullable<[RefBy]>? = nil, timestamp: Nullable<Int64>? = nil, externalId: Nullable<String>? = nil) {
+    public init(chatId: String, messageId: Int64, senderUri: Nullable<String>? = nil, tag: Nullable<String>? = nil, content: Nullable<String>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil, thumb: Nullable<String>? = nil, file: Nullable<String>? = nil, fileSize: Nullable<Int64>? = nil, fileState: Nullable<FileState>? = nil, flags: Nullable<String>? = nil, state: Nullable<MessageState>? = nil, stateIsPartial: Nullable<Bool>? = nil, recall: Nullable<RecallState>? = nil, ref: Nullable<[MessageRef]>? = nil, refBy: Nullable<[RefBy]>? = nil, reactions: Nullable<[ReactionCount]>? = nil, timestamp: Nullable<Int64>? = nil, externalId: Nullable<String>? = nil) {
         self.chatId = chatId
         self.messageId = messageId
         self.senderUri = senderUri
@@ -248,6 +256,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         self.recall = recall
         self.ref = ref
         self.refBy = refBy
+        self.reactions = reactions
         self.timestamp = timestamp
         self.externalId = externalId
     }
@@ -270,6 +279,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         WireField("recall", .nullable(.enumeration(["Recalled"]))),
         WireField("ref", .nullable(.array(.object(MessageRef.self), minItems: 0, maxItems: Int.max))),
         WireField("refBy", .nullable(.array(.object(RefBy.self), minItems: 0, maxItems: Int.max))),
+        WireField("reactions", .nullable(.array(.object(ReactionCount.self), minItems: 0, maxItems: Int.max))),
         WireField("timestamp", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("externalId", .nullable(.string(minBytes: 0, maxBytes: Int.max))),
     ])
@@ -292,8 +302,9 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         self.recall = try fields.optional(14) { value in try value.nullable { inner in try inner.enumeration(RecallState.self) } }
         self.ref = try fields.optional(15) { value in try value.nullable { inner in try inner.array().map { element in try element.object(MessageRef.self) } } }
         self.refBy = try fields.optional(16) { value in try value.nullable { inner in try inner.array().map { element in try element.object(RefBy.self) } } }
-        self.timestamp = try fields.optional(17) { value in try value.nullable { inner in try inner.integer() } }
-        self.externalId = try fields.optional(18) { value in try value.nullable { inner in try inner.string() } }
+        self.reactions = try fields.optional(17) { value in try value.nullable { inner in try inner.array().map { element in try element.object(ReactionCount.self) } } }
+        self.timestamp = try fields.optional(18) { value in try value.nullable { inner in try inner.integer() } }
+        self.externalId = try fields.optional(19) { value in try value.nullable { inner in try inner.string() } }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -315,6 +326,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         if let value = self.recall { writer.rawKey("\"recall\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
         if let value = self.ref { writer.rawKey("\"ref\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { element.encode(to: &writer) }; writer.endArray() } }
         if let value = self.refBy { writer.rawKey("\"refBy\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { element.encode(to: &writer) }; writer.endArray() } }
+        if let value = self.reactions { writer.rawKey("\"reactions\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { element.encode(to: &writer) }; writer.endArray() } }
         if let value = self.timestamp { writer.rawKey("\"timestamp\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.externalId { writer.rawKey("\"externalId\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
         writer.endObject()
@@ -338,6 +350,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
             && sameBytes(lhs.recall, rhs.recall)
             && sameBytes(lhs.ref, rhs.ref)
             && sameBytes(lhs.refBy, rhs.refBy)
+            && sameBytes(lhs.reactions, rhs.reactions)
             && sameBytes(lhs.timestamp, rhs.timestamp)
             && sameBytes(lhs.externalId, rhs.externalId)
     }
