@@ -248,7 +248,10 @@ final class Batch {
             } else {
                 store.newMessages.append(row)
             }
-            changes.written.append { message.stored = MessageColumns(row) }
+            changes.written.append {
+                message.stored = MessageColumns(row)
+                message.mentionedUsers = []
+            }
         }
         store.touches = changes.touches.compactMap { key, seq in changes.dirtyMessages[key] == nil ? (key.chat, key.item, seq) : nil }
         store.rangeChanges = changes.rangeChanges

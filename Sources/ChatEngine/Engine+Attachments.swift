@@ -180,6 +180,7 @@ extension Engine {
             // A member who read past it while it was being stored got it read.
             for member in chat.members.values where member.isActive && member.received(id) && member.readUpTo < id && message.countsUnread(for: member.user) {
                 member.numUnread += 1
+                if message.mentions(member.user) { member.numUnreadMentions += 1 }
                 batch.changed(member, of: chat)
             }
         }

@@ -61,7 +61,7 @@ extension Engine {
     func append(
         to chat: ChatRecord, sender: Int64, tag: String, content: String? = nil, data: JSONValue? = nil, refs: [MessageRef] = [],
         targets: [MessageRecord] = [], isControl: Bool = false, neverCountsUnread: Bool = false, pending: Bool = false,
-        externalId: String? = nil, batch: Batch, changes: PendingChanges
+        externalId: String? = nil, mentions: [Int64] = [], mentionsAll: Bool = false, batch: Batch, changes: PendingChanges
     ) -> MessageRecord {
         for target in targets { willChange(target, in: chat, changes) }
         directory.changeSeq += 1
@@ -71,6 +71,11 @@ extension Engine {
             refs: refs, timestamp: timestamp, isControl: isControl, neverCountsUnread: neverCountsUnread,
             changeSeq: directory.changeSeq)
         message.externalId = externalId
+        message.mentioned = mentions
+        message.mentionsAll = mentionsAll
+        if mentionsAll || !mentions.isEmpty {
+            message.mentionedUsers = chat.members.values.filter { $0.isActive && message.mentions($0.user) }.map(\.user).sorted()
+        }
         chat.lastMessage = message.id
         chat.lastTimestamp = timestamp
         if pending {
@@ -96,6 +101,7 @@ extension Engine {
             }
             if member.received(message.id) && message.countsUnread(for: member.user) {
                 member.numUnread += 1
+                if message.mentions(member.user) { member.numUnreadMentions += 1 }
                 batch.changed(member, of: chat)
             }
         }
@@ -233,6 +239,7 @@ extension Engine {
             }
             if !targets.contains(where: { $0 === target }) { targets.append(target) }
         }
+        let mentions = try mentioned(by: request, in: chat, member: member)
         // A resend (its externalId already used by this sender in this chat) is answered
         // with the message it names; nothing is posted, no file opened.
         if let externalId = request.externalId {
@@ -263,7 +270,8 @@ extension Engine {
         let message = append(
             to: chat, sender: user, tag: request.tag, content: request.content, data: request.data, refs: refs,
             targets: targets, isControl: request.control ?? false, neverCountsUnread: request.neverCountUnread ?? false,
-            pending: attaches, externalId: request.externalId, batch: batch, changes: changes)
+            pending: attaches, externalId: request.externalId, mentions: mentions, mentionsAll: request.mentionsAll ?? false, batch: batch,
+            changes: changes)
         if attaches {
             message.attached.thumb = thumb.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
             message.attached.file = file.map { StoredFile(name: $0.name, blob: nil, size: $0.size) }
@@ -272,6 +280,22 @@ extension Engine {
         stopTyping(user: user, chat: chat, batch: batch)
         try announceNew([message], in: chat, answering: (session, request.cookie), batch: batch, changes: changes)
         publish(changes, batch: batch)
+    }
+
+    /// The members a send mentions by name, ascending: each a current member of the chat
+    /// (mentioning is not a way to reach anyone else). Mentioning everyone is for admins.
+    private func mentioned(by request: ChatMessageSend, in chat: ChatRecord, member: MemberRecord) throws -> [Int64] {
+        if request.mentionsAll == true && !member.isAdmin {
+            throw ProtocolError.notPermitted("'mentionsAll' is for the admins of chat '\(chat.chatId)'")
+        }
+        var users = Set<Int64>()
+        for (index, uri) in (request.mentions ?? []).enumerated() {
+            guard let number = user(fromURI: uri, viewer: member.user), chat.activeMember(number) != nil else {
+                throw ProtocolError.invalid("'mentions[\(index)]' \(uri) is not a participant of chat '\(chat.chatId)'")
+            }
+            users.insert(number)
+        }
+        return users.sorted()
     }
 
     func read(_ request: ChatMessageRead, user: Int64, batch: Batch) throws {
@@ -286,9 +310,14 @@ extension Engine {
         let start = max(member.readUpTo + 1, member.joinedAt)
         let range = start...target.id
         var unread: Int64 = 0
-        for message in try loadMessages(in: chat, range) where message.countsUnread(for: user) { unread += 1 }
+        var mentions: Int64 = 0
+        for message in try loadMessages(in: chat, range) where message.countsUnread(for: user) {
+            unread += 1
+            if message.mentions(user) { mentions += 1 }
+        }
         try willChange(range, of: chat, notSentBy: user, someoneSees: true, changes)
         member.numUnread = max(0, member.numUnread - unread)
+        member.numUnreadMentions = max(0, member.numUnreadMentions - mentions)
         member.readUpTo = target.id
         member.deliveredUpTo = max(member.deliveredUpTo, target.id)
         batch.changed(member, of: chat)
@@ -441,6 +470,15 @@ extension Engine {
             }
             let wasPending = message.isPending
             releaseAttachments(of: message, in: chat, batch: batch)
+            // An unread mention of it is no longer one.
+            for member in chat.members.values
+            where member.isActive && member.received(message.id) && member.readUpTo < message.id && message.countsUnread(for: member.user)
+                && message.mentions(member.user)
+            {
+                willChange(chat, changes)
+                member.numUnreadMentions = max(0, member.numUnreadMentions - 1)
+                batch.changed(member, of: chat)
+            }
             message.refs = []
             message.content = nil
             message.data = nil

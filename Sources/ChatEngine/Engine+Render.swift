@@ -42,7 +42,7 @@ extension Engine {
         return Chat(
             chatId: chat.chatId, subject: chat.subject, state: chat.isDefunct ? .defunct : .ready, flags: flags,
             lastMessage: last, numMessages: last >= member.joinedAt ? last - member.joinedAt + 1 : 0,
-            numUnread: member.numUnread, lastActivity: chat.lastActivity, invitePolicy: chat.invitePolicy,
+            numUnread: member.numUnread, numUnreadMentions: member.numUnreadMentions, lastActivity: chat.lastActivity, invitePolicy: chat.invitePolicy,
             data: chat.data, localData: member.localData, privateData: member.privateData)
     }
 
@@ -148,13 +148,16 @@ extension Engine {
                 ReactionCount(reaction: tally.text, count: tally.count, mine: mine.contains { sameBytes($0.text, tally.text) })
             }
         }
+        let showsMentions = !hidesBody && !message.isRecalled
         return ChatMessage(
             chatId: chat.chatId, messageId: message.id, senderUri: uri(message.sender), tag: message.tag,
             content: hidesBody ? nil : message.content, data: hidesBody ? nil : message.data,
             localData: deleted ? nil : privateState?.localData, thumb: thumb, file: file, fileSize: fileSize,
             fileState: fileState, flags: flags, state: state, stateIsPartial: partial,
             recall: message.isRecalled ? .recalled : nil, ref: message.refs.isEmpty ? nil : message.refs,
-            refBy: refBy, reactions: reactions, timestamp: message.timestamp, externalId: message.externalId)
+            refBy: refBy, reactions: reactions, mentions: showsMentions && !message.mentioned.isEmpty ? message.mentioned.map(uri) : nil,
+            mentionsAll: showsMentions && message.mentionsAll ? true : nil, mentioned: showsMentions && message.mentions(viewer) ? true : nil,
+            timestamp: message.timestamp, externalId: message.externalId)
     }
 
     func key(_ chat: ChatRecord, _ message: MessageRecord) -> ChatMessageKey {
@@ -321,7 +324,8 @@ extension Engine {
             fileState: field(old.fileState, new.fileState), flags: field(old.flags, new.flags), state: field(old.state, new.state),
             stateIsPartial: field(old.stateIsPartial, new.stateIsPartial), recall: field(old.recall, new.recall),
             ref: field(old.ref, new.ref), refBy: field(old.refBy, new.refBy), reactions: field(old.reactions, new.reactions),
-            timestamp: field(old.timestamp, new.timestamp))
+            mentions: field(old.mentions, new.mentions), mentionsAll: field(old.mentionsAll, new.mentionsAll),
+            mentioned: field(old.mentioned, new.mentioned), timestamp: field(old.timestamp, new.timestamp))
     }
 
     /// Every field of `new` as a change, for a viewer whose old rendering is unknown
@@ -332,7 +336,8 @@ extension Engine {
             chatId: new.chatId, messageId: new.messageId, senderUri: .value(new.senderUri), tag: .value(new.tag), content: given(new.content),
             data: given(new.data), localData: given(new.localData), thumb: given(new.thumb), file: given(new.file), fileSize: given(new.fileSize),
             fileState: given(new.fileState), flags: given(new.flags), state: given(new.state), stateIsPartial: given(new.stateIsPartial),
-            recall: given(new.recall), ref: given(new.ref), refBy: given(new.refBy), reactions: given(new.reactions), timestamp: given(new.timestamp),
+            recall: given(new.recall), ref: given(new.ref), refBy: given(new.refBy), reactions: given(new.reactions),
+            mentions: given(new.mentions), mentionsAll: given(new.mentionsAll), mentioned: given(new.mentioned), timestamp: given(new.timestamp),
             externalId: given(new.externalId))
     }
 
@@ -341,7 +346,8 @@ extension Engine {
         func given<T>(_ value: T?) -> Nullable<T> { value.map { .value($0) } ?? .null }
         return ChatChange(
             chatId: new.chatId, subject: given(new.subject), state: given(new.state), flags: given(new.flags), lastMessage: given(new.lastMessage),
-            numMessages: given(new.numMessages), numUnread: given(new.numUnread), lastActivity: given(new.lastActivity),
+            numMessages: given(new.numMessages), numUnread: given(new.numUnread), numUnreadMentions: given(new.numUnreadMentions),
+            lastActivity: given(new.lastActivity),
             invitePolicy: given(new.invitePolicy), data: given(new.data), localData: given(new.localData))
     }
 
@@ -350,7 +356,8 @@ extension Engine {
         return ChatChange(
             chatId: new.chatId, subject: field(old.subject, new.subject), state: field(old.state, new.state), flags: field(old.flags, new.flags),
             lastMessage: field(old.lastMessage, new.lastMessage), numMessages: field(old.numMessages, new.numMessages),
-            numUnread: field(old.numUnread, new.numUnread), lastActivity: field(old.lastActivity, new.lastActivity),
+            numUnread: field(old.numUnread, new.numUnread), numUnreadMentions: field(old.numUnreadMentions, new.numUnreadMentions),
+            lastActivity: field(old.lastActivity, new.lastActivity),
             invitePolicy: field(old.invitePolicy, new.invitePolicy), data: field(old.data, new.data), localData: field(old.localData, new.localData))
     }
 }

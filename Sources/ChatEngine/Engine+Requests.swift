@@ -56,6 +56,8 @@ extension Engine {
             try react(request, user: user, batch: batch)
         case .chatMessageReactionsGet(let request):
             batch.emit(try reactions(request, user: user), to: session)
+        case .chatMessageMentionsGet(let request):
+            batch.emit(try mentions(request, user: user), to: session)
         case .chatMessageDestroy(let request):
             try destroy(request, user: user, session: session, line: line, batch: batch)
         case .chatTyping(let request):

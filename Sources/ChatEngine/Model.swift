@@ -27,6 +27,8 @@ final class MemberRecord {
     /// Incoming messages after `readUpTo` without flag N, kept exact (and stored) with
     /// every change that moves it.
     var numUnread: Int64 = 0
+    /// Of those, the messages that mention them (`MessageRecord.mentions(_:)`).
+    var numUnreadMentions: Int64 = 0
     /// The row as the store has it (nil: not stored yet).
     var stored: MemberRow?
 
@@ -54,13 +56,16 @@ final class MemberRecord {
         deliveredUpTo = row.deliveredUpTo
         readUpTo = row.readUpTo
         numUnread = row.numUnread
+        numUnreadMentions = row.numUnreadMentions
         stored = row
     }
 
     func row(chat: Int64) -> MemberRow {
-        MemberRow(
+        var row = MemberRow(
             chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
             localData: localData?.json, privateData: privateData?.json, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo, numUnread: numUnread)
+        row.numUnreadMentions = numUnreadMentions
+        return row
     }
 
     /// Whether this member received message `id` (was in the chat when it was posted).
@@ -126,6 +131,12 @@ final class MessageRecord {
     let neverCountsUnread: Bool
     /// Its sender's own identifier of it (`chatMessageSend`'s `externalId`).
     var externalId: String?
+    /// The members it mentions by name, ascending, and whether it mentions every member.
+    var mentioned: [Int64] = []
+    var mentionsAll = false
+    /// Every member it mentions, for the store's list of each user's mentions: made when
+    /// it is posted, written with it, not kept once stored.
+    var mentionedUsers: [Int64] = []
     var isRecalled: Bool
     /// The feed position of its latest change of its own.
     var changeSeq: Int64
@@ -174,6 +185,8 @@ final class MessageRecord {
         isControl = row.isControl
         neverCountsUnread = row.neverCountsUnread
         externalId = row.externalId
+        mentioned = row.mentions.map { $0.split(separator: " ").compactMap { Int64($0) } } ?? []
+        mentionsAll = row.mentionsAll
         isRecalled = row.isRecalled
         changeSeq = row.changeSeq
         searchRow = row.searchRow
@@ -209,6 +222,9 @@ final class MessageRecord {
         row.attachments.fileSize = attached.file?.size
         row.attachments.attachment = attached.attachment?.rawValue
         row.externalId = externalId
+        row.mentions = mentioned.isEmpty ? nil : mentioned.map(String.init).joined(separator: " ")
+        row.mentionsAll = mentionsAll
+        row.mentionedUsers = mentionedUsers
         return row
     }
 
@@ -231,6 +247,12 @@ final class MessageRecord {
         sender == viewer || !isPending
     }
 
+    /// It mentions `user` (by name, or every member), who did not send it, and it was not
+    /// recalled.
+    func mentions(_ user: Int64) -> Bool {
+        user != sender && !isRecalled && (mentionsAll || mentioned.contains(user))
+    }
+
     /// Counts towards `numUnread` of `user`. A message whose attachments are being stored
     /// counts from when they are (`Engine.attachmentsStored`); one whose storing failed
     /// never does (the others see a Gap).
@@ -243,6 +265,8 @@ final class MessageRecord {
     /// references and its tables. The cache's budget counts it.
     var footprint: Int {
         var bytes = MessageRecord.objectBytes + Heap.bytes(of: tag) + Heap.bytes(of: content) + Heap.bytes(of: data?.json) + Heap.bytes(of: externalId)
+        if !mentioned.isEmpty { bytes += Heap.bytes(ofArray: mentioned.count, stride: MemoryLayout<Int64>.stride) }
+        if !mentionedUsers.isEmpty { bytes += Heap.bytes(ofArray: mentionedUsers.count, stride: MemoryLayout<Int64>.stride) }
         if !refs.isEmpty {
             bytes += Heap.bytes(ofArray: refs.count, stride: MemoryLayout<MessageRef>.stride)
             for ref in refs { bytes += Heap.bytes(of: ref.tag) }

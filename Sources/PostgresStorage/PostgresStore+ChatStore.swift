@@ -110,17 +110,19 @@ extension PostgresStore: ChatStore {
         static let chat = #""number", subject, "isOneToOne", "invitePolicy", "isDefunct", data, "lastMessage", "lastActivity""#
         static let refCount = "chat, target, tag, count, newest"
         static let member =
-            #"chat, "user", "isActive", "isAdmin", "joinedAt", "leftAt", "isHidden", "localData", "privateData", "deliveredUpTo", "readUpTo", "numUnread""#
+            #"chat, "user", "isActive", "isAdmin", "joinedAt", "leftAt", "isHidden", "localData", "privateData", "deliveredUpTo", "readUpTo", "numUnread", "numUnreadMentions""#
         static let message = MessageColumn.allCases.map { "\"\($0.rawValue)\"" }.joined(separator: ", ")
         static let messageUser = #"chat, id, "user", "localData", "isDeleted", "thumbDetached", "fileDownloaded", reactions"#
     }
 
     static func member(_ row: PostgresRow) throws -> MemberRow {
-        let (chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread) =
-            try row.decode((Int64, Int64, Bool, Bool, Int64, Int64?, Bool, String?, String?, Int64, Int64, Int64).self)
-        return MemberRow(
+        let (chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread, numUnreadMentions) =
+            try row.decode((Int64, Int64, Bool, Bool, Int64, Int64?, Bool, String?, String?, Int64, Int64, Int64, Int64).self)
+        var member = MemberRow(
             chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
             localData: localData, privateData: privateData, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo, numUnread: numUnread)
+        member.numUnreadMentions = numUnreadMentions
+        return member
     }
 
     static func message(_ row: PostgresRow) throws -> MessageRow {
@@ -226,6 +228,18 @@ extension PostgresStore: ChatStore {
     public func message(chat: Int64, sender: Int64, externalId: String) throws -> Int64? {
         let sql: SQL = #"SELECT min(id) FROM message WHERE chat = \#(chat) AND sender = \#(sender) AND "externalId" = \#(externalId)"#
         return try withConnection { connection in try run(connection, sql).first?.decode(Int64?.self) ?? nil }
+    }
+
+    public func mentions(of user: Int64, after position: MentionPosition?, limit: Int) throws -> [MentionPosition] {
+        var sql: SQL = #"SELECT timestamp, chat, id FROM message_mention WHERE "user" = \#(user) "#
+        if let position { sql = sql + "AND (timestamp, chat, id) < (\(position.timestamp), \(position.chat), \(position.id)) " }
+        sql = sql + "ORDER BY timestamp DESC, chat DESC, id DESC LIMIT \(Int64(limit))"
+        return try withConnection { connection in
+            try run(connection, sql).map { row in
+                let (timestamp, chat, id) = try row.decode((Int64, Int64, Int64).self)
+                return MentionPosition(timestamp: timestamp, chat: chat, id: id)
+            }
+        }
     }
 
     public func firstMessage(chat: Int64, notBefore timestamp: Int64) throws -> Int64? {

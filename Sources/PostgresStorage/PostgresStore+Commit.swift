@@ -277,6 +277,7 @@ extension PostgresStore {
                         case .deliveredUpTo: (column.rawValue, .int(row.deliveredUpTo))
                         case .readUpTo: (column.rawValue, .int(row.readUpTo))
                         case .numUnread: (column.rawValue, .int(row.numUnread))
+                        case .numUnreadMentions: (column.rawValue, .int(row.numUnreadMentions))
                         }
                     })
             })
@@ -285,6 +286,11 @@ extension PostgresStore {
             statement, into: "message_ref", columns: ["chat", "source", "tag", "target"],
             rows: batch.newMessages.flatMap { message in
                 message.refs.map { [.int(message.chat), .int(message.id), .text($0.tag), .int($0.target)] }
+            }, conflict: "DO NOTHING")
+        insert(
+            statement, into: "message_mention", columns: [#""user""#, "timestamp", "chat", "id"],
+            rows: batch.newMessages.flatMap { message in
+                message.mentionedUsers.map { [.int($0), .int(message.timestamp), .int(message.chat), .int(message.id)] }
             }, conflict: "DO NOTHING")
         update(
             statement, "message", keyColumns: ["chat", "id"],
@@ -364,7 +370,8 @@ extension PostgresStore {
         [
             .int(member.chat), .int(member.user), .bool(member.isActive), .bool(member.isAdmin), .int(member.joinedAt), .int(member.leftAt),
             .bool(member.isHidden),
-            .text(member.localData), .text(member.privateData), .int(member.deliveredUpTo), .int(member.readUpTo), .int(member.numUnread)
+            .text(member.localData), .text(member.privateData), .int(member.deliveredUpTo), .int(member.readUpTo), .int(member.numUnread),
+            .int(member.numUnreadMentions)
         ]
     }
 

@@ -390,6 +390,25 @@ extension PostgresStore {
                 // Each user's reactions to a message, kept with what else they did to it alone.
                 #"ALTER TABLE message_user ADD COLUMN reactions text"#
             ]
+        ),
+        (
+            "v14-mentions",
+            [
+                // Whom a message mentions (shown on it), each member's unread mentions, and
+                // each user's mentions across chats, newest first.
+                #"ALTER TABLE message ADD COLUMN mentions text"#,
+                #"ALTER TABLE message ADD COLUMN "mentionsAll" boolean NOT NULL DEFAULT false"#,
+                #"ALTER TABLE member ADD COLUMN "numUnreadMentions" bigint NOT NULL DEFAULT 0"#,
+                """
+                CREATE TABLE message_mention (
+                    "user" bigint NOT NULL,
+                    timestamp bigint NOT NULL,
+                    chat bigint NOT NULL,
+                    id bigint NOT NULL,
+                    PRIMARY KEY ("user", timestamp, chat, id)
+                )
+                """
+            ]
         )
     ]
 

@@ -80,7 +80,7 @@ extension ChatRow: SelectedInOrder, PersistableRecord {
 extension MemberRow: SelectedInOrder, PersistableRecord {
     public static let databaseTableName = "member"
     enum Field: Int, CaseIterable {
-        case chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread
+        case chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread, numUnreadMentions
     }
 
     public init(row: Row) throws {
@@ -90,6 +90,7 @@ extension MemberRow: SelectedInOrder, PersistableRecord {
             localData: row[Field.localData.rawValue],
             privateData: row[Field.privateData.rawValue], deliveredUpTo: row[Field.deliveredUpTo.rawValue], readUpTo: row[Field.readUpTo.rawValue],
             numUnread: row[Field.numUnread.rawValue])
+        numUnreadMentions = row[Field.numUnreadMentions.rawValue]
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -105,6 +106,7 @@ extension MemberRow: SelectedInOrder, PersistableRecord {
         container["deliveredUpTo"] = deliveredUpTo
         container["readUpTo"] = readUpTo
         container["numUnread"] = numUnread
+        container["numUnreadMentions"] = numUnreadMentions
     }
 }
 

@@ -194,6 +194,26 @@ extension SQLiteStore: ChatStore {
         }
     }
 
+    public func mentions(of user: Int64, after position: MentionPosition?, limit: Int) throws -> [MentionPosition] {
+        try pool.read { db in
+            let rows: [Row]
+            if let position {
+                rows = try Row.fetchAll(
+                    db.cachedStatement(
+                        sql: """
+                            SELECT timestamp, chat, id FROM message_mention WHERE user = ? AND (timestamp, chat, id) < (?, ?, ?)
+                            ORDER BY timestamp DESC, chat DESC, id DESC LIMIT ?
+                            """), arguments: [user, position.timestamp, position.chat, position.id, limit])
+            } else {
+                rows = try Row.fetchAll(
+                    db.cachedStatement(
+                        sql: "SELECT timestamp, chat, id FROM message_mention WHERE user = ? ORDER BY timestamp DESC, chat DESC, id DESC LIMIT ?"),
+                    arguments: [user, limit])
+            }
+            return rows.map { MentionPosition(timestamp: $0[0], chat: $0[1], id: $0[2]) }
+        }
+    }
+
     public func firstMessage(chat: Int64, notBefore timestamp: Int64) throws -> Int64? {
         try pool.read { db in
             // Timestamps never decrease along a chat's ids: a binary search over ids by
@@ -334,6 +354,10 @@ extension SQLiteStore: ChatStore {
             for message in batch.newMessages {
                 try insertMessage.execute(arguments: message.insertArguments)
                 for ref in message.refs { try insertRef.execute(arguments: [message.chat, message.id, ref.tag, ref.target]) }
+                if !message.mentionedUsers.isEmpty {
+                    let insertMention = try db.cachedStatement(sql: "INSERT OR IGNORE INTO message_mention (user, timestamp, chat, id) VALUES (?, ?, ?, ?)")
+                    for user in message.mentionedUsers { try insertMention.execute(arguments: [user, message.timestamp, message.chat, message.id]) }
+                }
             }
         }
         for update in batch.messageUpdates { try update.row.update(db, columns: update.columns.map(\.rawValue)) }

@@ -392,6 +392,23 @@ public final class SQLiteStore: Sendable {
             // Each user's reactions to a message, kept with what else they did to it alone.
             try db.execute(sql: "ALTER TABLE message_user ADD COLUMN reactions TEXT")
         }
+        migrator.registerMigration("v10-mentions") { db in
+            // Whom a message mentions (shown on it), each member's unread mentions, and
+            // each user's mentions across chats, newest first.
+            try db.execute(
+                sql: """
+                    ALTER TABLE message ADD COLUMN mentions TEXT;
+                    ALTER TABLE message ADD COLUMN mentionsAll INTEGER NOT NULL DEFAULT 0;
+                    ALTER TABLE member ADD COLUMN numUnreadMentions INTEGER NOT NULL DEFAULT 0;
+                    CREATE TABLE message_mention (
+                        user INTEGER NOT NULL,
+                        timestamp INTEGER NOT NULL,
+                        chat INTEGER NOT NULL,
+                        id INTEGER NOT NULL,
+                        PRIMARY KEY (user, timestamp, chat, id)
+                    ) WITHOUT ROWID;
+                    """)
+        }
         return migrator
     }
 

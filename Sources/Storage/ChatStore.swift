@@ -41,6 +41,11 @@ public protocol ChatStore: AnyObject, Sendable {
     /// The first message of `chat` that `sender` sent with this `externalId`, if any.
     func message(chat: Int64, sender: Int64, externalId: String) throws -> Int64?
 
+    /// The messages that mention `user` (`MessageRow.mentionedUsers`), across chats, newest
+    /// first (by timestamp, then chat and id, descending), after `position` (the last one
+    /// of the page before), at most `limit`.
+    func mentions(of user: Int64, after position: MentionPosition?, limit: Int) throws -> [MentionPosition]
+
     /// The newest message referring to `target` with `tag`, leaving out `excluded`
     /// (messages being recalled), and how many there are without them.
     func references(chat: Int64, to target: Int64, tag: String, excluding excluded: Set<Int64>) throws -> (count: Int64, newest: Int64?)

@@ -8,7 +8,7 @@
 public enum MessageColumn: String, Sendable, CaseIterable {
     case chat, id, sender, tag, content, data, timestamp, isControl, neverCountsUnread, isRecalled, changeSeq, searchRow
     case thumbName, thumbBlob, fileName, fileBlob, fileSize, attachment
-    case externalId
+    case externalId, mentions, mentionsAll
 
     /// The kinds of value a column holds.
     public enum Kind: Sendable {
@@ -20,8 +20,8 @@ public enum MessageColumn: String, Sendable, CaseIterable {
         case .chat, .id, .sender, .timestamp, .changeSeq, .searchRow: .int
         case .fileSize: .optionalInt
         case .tag: .text
-        case .content, .data, .thumbName, .thumbBlob, .fileName, .fileBlob, .attachment, .externalId: .optionalText
-        case .isControl, .neverCountsUnread, .isRecalled: .bool
+        case .content, .data, .thumbName, .thumbBlob, .fileName, .fileBlob, .attachment, .externalId, .mentions: .optionalText
+        case .isControl, .neverCountsUnread, .isRecalled, .mentionsAll: .bool
         }
     }
 
@@ -31,7 +31,9 @@ public enum MessageColumn: String, Sendable, CaseIterable {
     /// What a change of a stored message may write: not its key, nor what it was sent
     /// with.
     public static let changeable: [MessageColumn] = allCases.filter { !fixed.contains($0) }
-    private static let fixed: Set<MessageColumn> = [.chat, .id, .sender, .tag, .timestamp, .isControl, .neverCountsUnread, .externalId]
+    private static let fixed: Set<MessageColumn> = [
+        .chat, .id, .sender, .tag, .timestamp, .isControl, .neverCountsUnread, .externalId, .mentions, .mentionsAll
+    ]
 }
 
 /// A message as everyone sees it, with what refers to it and what each user changed of
@@ -56,6 +58,15 @@ public struct MessageRow: Sendable, Equatable {
     public var attachments = AttachmentColumns()
     /// The sender's own identifier of the message (`chatMessageSend`'s `externalId`).
     public var externalId: String?
+    /// The users it mentions by name, as their numbers in ascending order, separated by
+    /// spaces (nil: none).
+    public var mentions: String?
+    /// It mentions every member.
+    public var mentionsAll = false
+    /// Written with a new message, never read back: every user it mentions (by name, or
+    /// each member with `mentionsAll`), one `message_mention` row each, which lists a
+    /// user's mentions across chats.
+    public var mentionedUsers: [Int64] = []
     /// Read with the message: the messages referring to it, per tag.
     public var refCounts: [RefCountRow] = []
     /// Read with the message: every user's private state of it.
@@ -109,6 +120,8 @@ public struct MessageRow: Sendable, Equatable {
             case .searchRow: .int(searchRow)
             case .thumbName, .thumbBlob, .fileName, .fileBlob, .fileSize, .attachment: attachments[column]
             case .externalId: .text(externalId)
+            case .mentions: .text(mentions)
+            case .mentionsAll: .bool(mentionsAll)
             }
         }
         set {
@@ -127,6 +140,8 @@ public struct MessageRow: Sendable, Equatable {
             case (.searchRow, .int(let value?)): searchRow = value
             case (.thumbName, _), (.thumbBlob, _), (.fileName, _), (.fileBlob, _), (.fileSize, _), (.attachment, _): attachments[column] = newValue
             case (.externalId, .text(let value)): externalId = value
+            case (.mentions, .text(let value)): mentions = value
+            case (.mentionsAll, .bool(let value)): mentionsAll = value
             default: break
             }
         }

@@ -116,6 +116,8 @@ public struct MemberRow: Sendable, Equatable {
     public var readUpTo: Int64
     /// Incoming messages after `readUpTo` without flag N, kept exact with every change.
     public var numUnread: Int64
+    /// Of those, the messages that mention them (`MessageRow.mentionedUsers`).
+    public var numUnreadMentions: Int64 = 0
 
     public init(
         chat: Int64, user: Int64, isActive: Bool, isAdmin: Bool, joinedAt: Int64, leftAt: Int64?, isHidden: Bool,
@@ -138,7 +140,7 @@ public struct MemberRow: Sendable, Equatable {
 
 /// The columns of a membership a change may write.
 public enum MemberColumn: String, Sendable, CaseIterable {
-    case isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread
+    case isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread, numUnreadMentions
 }
 
 /// A message's outgoing reference.
@@ -167,6 +169,23 @@ public struct RefCountRow: Sendable, Equatable {
         self.tag = tag
         self.count = count
         self.newest = newest
+    }
+}
+
+/// Where a message that mentions a user is among that user's mentions (newest first).
+public struct MentionPosition: Sendable, Equatable, Comparable {
+    public var timestamp: Int64
+    public var chat: Int64
+    public var id: Int64
+
+    public init(timestamp: Int64, chat: Int64, id: Int64) {
+        self.timestamp = timestamp
+        self.chat = chat
+        self.id = id
+    }
+
+    public static func < (a: MentionPosition, b: MentionPosition) -> Bool {
+        (a.timestamp, a.chat, a.id) < (b.timestamp, b.chat, b.id)
     }
 }
 
@@ -429,6 +448,7 @@ extension MemberRow {
         if deliveredUpTo != old.deliveredUpTo { columns.insert(.deliveredUpTo) }
         if readUpTo != old.readUpTo { columns.insert(.readUpTo) }
         if numUnread != old.numUnread { columns.insert(.numUnread) }
+        if numUnreadMentions != old.numUnreadMentions { columns.insert(.numUnreadMentions) }
         return columns
     }
 }

@@ -177,6 +177,10 @@ def conversation(alice_socket, bob_socket):
     act(bob, {"chatMessageRecall": {"chatId": "1", "messageId": "3", "cookie": "recall"}})
     act(alice, {"requestListMatching": {"type": "chatMessage", "cookie": "all", "criteria": {"chatId": "1"},
                                         "window": {"messageId": 1, "before": 0, "after": 50}}})
+    bob_uri = next(element["userUri"] for event in alice.all if "listAdd" in event and body(event)["type"] == "chatParticipant"
+                   for element in body(event)["elements"])
+    act(alice, {"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "@bob?", "mentions": [bob_uri], "cookie": "m3"}})
+    act(bob, {"chatMessageMentionsGet": {"cookie": "mentions"}})
     act(bob, {"chatLeave": {"chatIds": ["1"]}})
     events = {}
     for name, client in (("alice", alice), ("bob", bob)):
@@ -277,6 +281,7 @@ def test_users_on_two_nodes_see_what_they_would_see_on_one(cluster, scratch):
     assert writer.stop() == 0
     assert len(on_one["bob"]) > 20, "the conversation reached bob"
     assert any('"reactions":[{"count":2,"mine":true' in line for line in on_one["bob"]), "reactions reached bob"
+    assert any('"numUnreadMentions":1' in line for line in on_one["bob"]), "the mention reached bob"
 
 
 def test_a_standard_input_output_session_relayed_to_the_writer_sees_what_it_would_see_there(cluster, scratch):
@@ -307,6 +312,7 @@ def test_a_standard_input_output_session_relayed_to_the_writer_sees_what_it_woul
     assert writer.stop() == 0
     assert len(on_one["bob"]) > 20, "the conversation reached bob"
     assert any('"reactions":[{"count":2,"mine":true' in line for line in on_one["bob"]), "reactions reached bob"
+    assert any('"numUnreadMentions":1' in line for line in on_one["bob"]), "the mention reached bob"
 
 
 def test_nodes_of_standard_input_output_only_serve_one_domain(cluster, scratch):

@@ -38,6 +38,21 @@ def load_reads():
     return module
 
 
+# Fields of list elements added since that release, by list, with the value every element
+# of a store written by it has: checked, then left out of the comparison.
+ADDED_SINCE = {"chat": {"numUnreadMentions": 0}}
+
+
+def since_then(event):
+    """Checks and removes from `event` the fields added since the release (`ADDED_SINCE`)."""
+    body = next(iter(event.values()))
+    added = ADDED_SINCE.get(body.get("type")) if isinstance(body, dict) else None
+    for element in body.get("elements", []) if added else []:
+        for field, value in added.items():
+            if field in element or event.get("listChunk") or event.get("listAdd"):
+                assert element.pop(field) == value, f"{field} of {element}"
+
+
 def test_a_store_of_the_previous_release_is_answered_as_that_release_answered():
     maker = load_reads()
     expected = [json.loads(line) for line in (FIXTURE / "answers.ndjson").read_text().splitlines()]
@@ -48,5 +63,7 @@ def test_a_store_of_the_previous_release_is_answered_as_that_release_answered():
         os.makedirs(files)
         answers = maker.record(data, files)
     assert len(answers) == len(expected)
+    for got in answers:
+        since_then(got["event"])
     for got, want in zip(answers, expected):
         assert got == want, f"{want['user']} {json.dumps(want['request'])}:\n  expected {json.dumps(want['event'])}\n  got      {json.dumps(got['event'])}"

@@ -63,10 +63,9 @@ class Session:
         self.client.send({name: dict(message[name], cookie=cookie)}, {"identitiesGet": {"cookie": marker, "appUserIds": [self.user]}})
         answer = []
         for event in self.client.answer(marker)[:-1]:
+            self.apply(event)
             if (next(iter(event.values())) or {}).get("cookie") == cookie:
                 answer.append(event)
-            else:
-                self.apply(event)
         return answer
 
     def elements(self, keys):
@@ -82,10 +81,27 @@ class Model:
     """What each user must see: per message, each user's reactions and when each was given."""
 
     def __init__(self):
-        self.messages = {}  # id -> {"sender", "recalled"}
+        self.messages = {}  # id -> {"sender", "recalled", "system", "mentions": set of users, "all": bool}
         self.joined = {}  # user -> first id they see
+        self.read = {}  # user -> the id they read up to
         self.reactions = {}  # id -> {user: {reaction: when given}}
         self.clock = 0
+
+    def post(self, message_id, sender, mentions=(), everyone=False, system=False):
+        mentioned = set(self.joined) if everyone else set(mentions)
+        self.messages[message_id] = {"sender": sender, "recalled": False, "system": system, "mentions": set(mentions), "all": everyone,
+                                     "mentioned": mentioned - {sender}}
+
+    def mentioned(self, user, message_id):
+        message = self.messages[message_id]
+        return not message["recalled"] and user in message["mentioned"]
+
+    def unread_mentions(self, user):
+        return sum(1 for i, m in self.messages.items()
+                   if self.visible(user, i) and i > self.read.get(user, 0) and not m["system"] and self.mentioned(user, i))
+
+    def listed_mentions(self, user):
+        return sorted((i for i in self.messages if self.visible(user, i) and self.mentioned(user, i)), reverse=True)
 
     def visible(self, user, message_id):
         return user in self.joined and message_id >= self.joined[user] and message_id in self.messages
@@ -119,13 +135,27 @@ def check(sessions, model, step):
     for session in sessions:
         session.sync()
     for session in sessions:
-        keys = [("1", i) for i in model.messages if model.visible(session.user, i)]
+        user = session.user
+        keys = [("1", i) for i in model.messages if model.visible(user, i)]
         asked = session.elements(keys)
         for key in keys:
-            expected = model.expected_reactions(session.user, key[1])
+            message_id = key[1]
+            message = model.messages[message_id]
+            expected = model.expected_reactions(user, message_id)
             for where, element in (("its events", session.messages.get(key, {})), ("asking", asked.get(key, {}))):
-                assert element.get("reactions") == expected, (
-                    f"step {step}: {session.user} sees message {key[1]}'s reactions by {where} as {element.get('reactions')}, expected {expected}")
+                seen = f"step {step}: {user} sees message {message_id} by {where} as {element}"
+                assert element.get("reactions") == expected, f"{seen}; reactions expected {expected}"
+                assert element.get("mentioned", False) == model.mentioned(user, message_id), f"{seen}; mentioned expected {model.mentioned(user, message_id)}"
+                shown = not message["recalled"]
+                assert len(element.get("mentions", [])) == (len(message["mentions"]) if shown else 0), seen
+                assert element.get("mentionsAll", False) == (message["all"] and shown), seen
+        if user in model.joined:
+            chat = session.request({"requestListElements": {"type": "chat", "elements": [{"chatId": "1"}]}})[-1]["listChunk"]["elements"][0]
+            for where, element in (("its events", session.chats.get("1", {})), ("asking", chat)):
+                assert element.get("numUnreadMentions") == model.unread_mentions(user), (
+                    f"step {step}: {user}'s numUnreadMentions by {where} is {element.get('numUnreadMentions')}, expected {model.unread_mentions(user)}")
+            listed = session.request({"chatMessageMentionsGet": {"limit": 100}})[0]["chatMessageMentions"]["messages"]
+            assert [int(m["messageId"]) for m in listed] == model.listed_mentions(user), f"step {step}: {user}'s mentions"
         # What they cannot see never reached them.
         for message_id in model.messages:
             if not model.visible(session.user, message_id):
@@ -150,55 +180,77 @@ def server():
     state["process"].wait()
 
 
-def test_reactions_as_each_member_sees_them(server):
+def test_reactions_and_mentions_as_each_member_sees_them(server):
     path, restart = server
     rng = random.Random(41)
     model = Model()
+    numbers = {"alice": 1, "bob": 2, "carol": 3, "dave": 4}
 
     def connect():
-        return {"alice": Session(path, "alice"), "bob": Session(path, "bob"), "bob2": Session(path, "bob"), "carol": Session(path, "carol"),
-                "dave": Session(path, "dave")}
+        sessions = {name: Session(path, name.rstrip("2")) for name in ("alice", "bob", "bob2", "carol", "dave")}
+        for session in sessions.values():
+            # What a new session knows is what it asks for; from then on, its events.
+            session.messages = session.elements([("1", i) for i in model.messages if model.visible(session.user, i)])
+            if session.user in model.joined:
+                session.chats = {"1": session.request({"requestListElements": {"type": "chat", "elements": [{"chatId": "1"}]}})[-1]["listChunk"]["elements"][0]}
+        return sessions
 
     sessions = connect()
     alice = sessions["alice"]
     alice.request({"chatStart": {"invitees": [{"userId": "bob"}, {"userId": "carol"}], "subject": "model"}})
-    model.messages.update({i: {"sender": "alice", "recalled": False, "system": True} for i in (1, 2)})
     model.joined.update({"alice": 1, "bob": 1, "carol": 1})
+    for i in (1, 2):
+        model.post(i, "alice", system=True)
+    # The numbering the uris below use: as alice sees the others, and bob sees alice.
+    assert [i["uri"] for i in alice.request({"identitiesGet": {"appUserIds": ["bob", "carol", "dave"]}})[0]["identities"]["info"]] == [
+        f"bbmpim://user/id/{numbers[name]}" for name in ("bob", "carol", "dave")]
     last = 2
 
-    def send(by):
+    def send(name):
         nonlocal last
-        sessions[by].request({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": f"from {by}"}})
+        session = sessions[name]
+        members = sorted(model.joined)
+        mentions = rng.sample(members, rng.randint(0, len(members))) if rng.random() < 0.6 else []
+        everyone = session.user == "alice" and rng.random() < 0.3
+        uris = [f"bbmpim://user/id/{0 if user == session.user else numbers[user]}" for user in mentions]
+        request = {"chatId": "1", "tag": "Text", "content": f"from {name}", "mentions": uris}
+        if everyone:
+            request["mentionsAll"] = True
+        answer = session.request({"chatMessageSend": request})
+        assert "listAdd" in answer[0], answer
         last += 1
-        model.messages[last] = {"sender": sessions[by].user, "recalled": False}
+        model.post(last, session.user, mentions, everyone)
 
-    for by in ("alice", "bob", "carol", "bob2"):
-        send(by)
+    for name in ("alice", "bob", "carol", "bob2"):
+        send(name)
     check(sessions.values(), model, "start")
     for step in range(120):
         if step == 40:
-            # dave joins: the messages before his Join are not his to see or react to.
+            # dave joins: the messages before his Join are not his to see, react to, or be mentioned in.
             alice.request({"chatInvite": {"chatId": "1", "invitees": [{"userId": "dave"}]}})
             last += 1
-            model.messages[last] = {"sender": "alice", "recalled": False, "system": True}
+            model.post(last, "alice", system=True)
             model.joined["dave"] = last
             refused = sessions["dave"].request({"chatMessageReact": {"chatId": "1", "messageId": "3", "reaction": "👍"}})
             assert refused[0]["requestFailed"]["error"] == "NotFound"
+            sessions["dave"].chats = {"1": sessions["dave"].request(
+                {"requestListElements": {"type": "chat", "elements": [{"chatId": "1"}]}})[-1]["listChunk"]["elements"][0]}
         if step == 80:
             restart(kill=True)
             sessions = connect()
             alice = sessions["alice"]
-            for session in sessions.values():
-                # New sessions: what they know is what they ask for; from here on, events.
-                session.messages = session.elements([("1", i) for i in model.messages if model.visible(session.user, i)])
             check(sessions.values(), model, "after SIGKILL")
         name = rng.choice([n for n in sessions if sessions[n].user in model.joined])
         session = sessions[name]
         roll = rng.random()
-        if roll < 0.1:
+        if roll < 0.2:
             send(name)
-        elif roll < 0.15:
-            own = [i for i, m in model.messages.items() if m["sender"] == session.user and not m["recalled"] and not m.get("system")]
+        elif roll < 0.3:
+            target = rng.choice([i for i in model.messages if model.visible(session.user, i)])
+            assert session.request({"chatMessageRead": {"chatId": "1", "messageId": str(target)}}) == []
+            model.read[session.user] = max(model.read.get(session.user, 0), target)
+        elif roll < 0.35:
+            own = [i for i, m in model.messages.items() if m["sender"] == session.user and not m["recalled"] and not m["system"]]
             if own:
                 target = rng.choice(own)
                 assert session.request({"chatMessageDestroy": {"chatId": "1", "messageId": str(target)}}) == []
@@ -214,10 +266,7 @@ def test_reactions_as_each_member_sees_them(server):
                 model.react(session.user, target, reaction, remove)
         check(sessions.values(), model, step)
     restart(kill=False)
-    sessions = connect()
-    for session in sessions.values():
-        session.messages = session.elements([("1", i) for i in model.messages if model.visible(session.user, i)])
-    check(sessions.values(), model, "after a restart")
+    check(connect().values(), model, "after a restart")
 
 
 def test_a_reaction_reaches_the_change_feed_and_never_counts_unread(server):

@@ -45,6 +45,8 @@ export interface Chat {
   numMessages: number;
   /** Incoming messages not yet Read, without flag N. */
   numUnread: number;
+  /** Messages mentioning the viewer (by name or with mentionsAll) that are not yet Read. */
+  numUnreadMentions: number;
   /** Seconds since 1970 (UTC). */
   lastActivity: number;
   /** Who may invite new participants. */
@@ -67,6 +69,7 @@ export interface ChatChange {
   lastMessage?: number | null;
   numMessages?: number | null;
   numUnread?: number | null;
+  numUnreadMentions?: number | null;
   lastActivity?: number | null;
   invitePolicy?: "AdminsOnly" | "ParticipantsOnly" | null;
   data?: Record<string, unknown> | null;
@@ -175,6 +178,12 @@ export interface ChatMessage {
   refBy?: RefBy[];
   /** The reactions to it, in the order each first appeared: per reaction how many users reacted with it and whether the viewer did. Absent when there are none (and on a recalled message, or one the viewer deleted). */
   reactions?: ReactionCount[];
+  /** The members it mentions by name (absent when none; gone when recalled). */
+  mentions?: string[];
+  /** True when it mentions every member (absent otherwise; gone when recalled). */
+  mentionsAll?: boolean;
+  /** True when it mentions the viewer, by name or with mentionsAll (absent otherwise; never on the viewer's own message; gone when recalled). */
+  mentioned?: boolean;
   /** Seconds since 1970 (UTC). */
   timestamp: number;
   /** The identifier its sender gave it (chatMessageSend's externalId; seed 001's externalId): present only when one was given. It never changes. */
@@ -203,6 +212,9 @@ export interface ChatMessageChange {
   ref?: MessageRef[] | null;
   refBy?: RefBy[] | null;
   reactions?: ReactionCount[] | null;
+  mentions?: string[] | null;
+  mentionsAll?: boolean | null;
+  mentioned?: boolean | null;
   timestamp?: number | null;
   externalId?: string | null;
 }
@@ -271,6 +283,26 @@ export interface ChatMessageKey {
   chatId: string;
   /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
   messageId: string | number;
+}
+
+/** A page of the messages that mention the user, newest first, as they see them. */
+export interface ChatMessageMentionsEvent {
+  /** Chosen by the client; echoed on every direct response to the request. */
+  cookie?: string;
+  /** The page: messages of chats the user is in now, not recalled, not deleted by them. */
+  messages: ChatMessage[];
+  /** Present when there may be more: the after of the next page. */
+  next?: string;
+}
+
+/** Asks for the messages that mention the user, across their chats, newest first, a page at a time. */
+export interface ChatMessageMentionsGet {
+  /** Where the previous page ended: its answer's next. */
+  after?: string;
+  /** At most this many messages in the page (fewer when some were recalled or deleted since). */
+  limit?: number;
+  /** Chosen by the client; echoed on every direct response to the request. */
+  cookie?: string;
 }
 
 /** Adds (or, with remove, takes back) the user's reaction to a message. The message changes for every member who sees it (listChange of chatMessage, its reactions); a reaction never counts as unread nor moves the chat's lastActivity. Adding a reaction the user already gave, or removing one they did not, changes nothing. */
@@ -353,6 +385,10 @@ export interface ChatMessageSend {
   neverCountUnread?: boolean;
   /** The sender's own identifier of the message (the application's, e.g. a UUID made when the user pressed send), shown on the message as its externalId. A send naming one the sender already used in this chat posts nothing: it is answered with that message (a client resending after a lost connection does not post twice). */
   externalId?: string;
+  /** The members the message mentions (their userUris, as chatParticipant names them): each sees the message flagged mentioned, counted in their chat's numUnreadMentions while unread. Only current members of the chat can be mentioned. */
+  mentions?: string[];
+  /** Mentions every member (like @all): for a chat's admins only. */
+  mentionsAll?: boolean;
   /** Chosen by the client; echoed on every direct response to the request. */
   cookie?: string;
 }
@@ -1505,6 +1541,9 @@ export function chatMessageReact(fields: CookieOptional<ChatMessageReact>): { ch
 /** Asks who reacted to a message with what, oldest reaction first, a page at a time. */
 export function chatMessageReactionsGet(fields: CookieOptional<ChatMessageReactionsGet>): { chatMessageReactionsGet: ChatMessageReactionsGet } & Answered<ChatMessageReactionsEvent>;
 
+/** Asks for the messages that mention the user, across their chats, newest first, a page at a time. */
+export function chatMessageMentionsGet(fields?: CookieOptional<ChatMessageMentionsGet>): { chatMessageMentionsGet: ChatMessageMentionsGet } & Answered<ChatMessageMentionsEvent>;
+
 /** Every request, by its name. */
 export interface Requests {
   authToken: AuthToken;
@@ -1539,6 +1578,7 @@ export interface Requests {
   endpointDeregister: EndpointDeregister;
   chatMessageReact: ChatMessageReact;
   chatMessageReactionsGet: ChatMessageReactionsGet;
+  chatMessageMentionsGet: ChatMessageMentionsGet;
 }
 
 /** Every event, by its name. */
@@ -1563,6 +1603,7 @@ export interface Events {
   endpointDeregisterResult: EndpointDeregisterResult;
   endpointDeregistered: EndpointDeregistered;
   chatMessageReactions: ChatMessageReactionsEvent;
+  chatMessageMentions: ChatMessageMentionsEvent;
 }
 
 /** One line the service writes: one event. */

@@ -212,6 +212,11 @@ export function chatMessageReactionsGet(fields) {
   return message("chatMessageReactionsGet", { ...fields });
 }
 
+/** Asks for the messages that mention the user, across their chats, newest first, a page at a time. */
+export function chatMessageMentionsGet(fields = {}) {
+  return message("chatMessageMentionsGet", { ...fields });
+}
+
 /** What answers each request: the events that carry its cookie; none when only a failure is answered. */
 export const ANSWERS = Object.freeze({
   authToken: ["listChange", "setupError"],
@@ -246,6 +251,7 @@ export const ANSWERS = Object.freeze({
   endpointDeregister: ["endpointDeregisterResult"],
   chatMessageReact: [],
   chatMessageReactionsGet: ["chatMessageReactions"],
+  chatMessageMentionsGet: ["chatMessageMentions"],
 });
 
 /** Requests that take a cookie. */
@@ -282,7 +288,8 @@ export const TAKES_COOKIE = new Set([
   "endpointDeregister",
   "chatMessageReact",
   "chatMessageReactionsGet",
+  "chatMessageMentionsGet",
 ]);
 
 /** Every event's name. */
-export const EVENTS = Object.freeze(["requestFailed", "setupError", "listAdd", "listChange", "listRemove", "listChunk", "listAll", "listElements", "listMatching", "listChanges", "chatStartFailed", "chatMessageState", "identities", "chatEvent", "searchResult", "endpointUpdateResult", "endpoints", "endpointDeregisterResult", "endpointDeregistered", "chatMessageReactions"]);
+export const EVENTS = Object.freeze(["requestFailed", "setupError", "listAdd", "listChange", "listRemove", "listChunk", "listAll", "listElements", "listMatching", "listChanges", "chatStartFailed", "chatMessageState", "identities", "chatEvent", "searchResult", "endpointUpdateResult", "endpoints", "endpointDeregisterResult", "endpointDeregistered", "chatMessageReactions", "chatMessageMentions"]);

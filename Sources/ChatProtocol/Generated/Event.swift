@@ -25,6 +25,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
     case endpointDeregisterResult(EndpointDeregisterResult)
     case endpointDeregistered(EndpointDeregistered)
     case chatMessageReactions(ChatMessageReactionsEvent)
+    case chatMessageMentions(ChatMessageMentionsEvent)
 
     public static let wireMessages = WireSchema([
         WireField("requestFailed", .object(RequestFailed.self)),
@@ -47,6 +48,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         WireField("endpointDeregisterResult", .object(EndpointDeregisterResult.self)),
         WireField("endpointDeregistered", .object(EndpointDeregistered.self)),
         WireField("chatMessageReactions", .object(ChatMessageReactionsEvent.self)),
+        WireField("chatMessageMentions", .object(ChatMessageMentionsEvent.self)),
     ])
 
     public init(messageIndex: Int, fields: WireFields) throws {
@@ -65,6 +67,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case 17: self = .endpointDeregisterResult(try EndpointDeregisterResult(wire: fields))
         case 18: self = .endpointDeregistered(try EndpointDeregistered(wire: fields))
         case 19: self = .chatMessageReactions(try ChatMessageReactionsEvent(wire: fields))
+        case 20: self = .chatMessageMentions(try ChatMessageMentionsEvent(wire: fields))
         default: throw WireFailure(.internal, "message \(messageIndex) is not built from members")
         }
     }
@@ -90,6 +93,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         "endpointDeregisterResult": .object(EndpointDeregisterResult.self),
         "endpointDeregistered": .object(EndpointDeregistered.self),
         "chatMessageReactions": .object(ChatMessageReactionsEvent.self),
+        "chatMessageMentions": .object(ChatMessageMentionsEvent.self),
     ]
 
     public static func wireType(named name: String) -> WireType? {
@@ -118,6 +122,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case "endpointDeregisterResult": self = .endpointDeregisterResult(try value.object(EndpointDeregisterResult.self))
         case "endpointDeregistered": self = .endpointDeregistered(try value.object(EndpointDeregistered.self))
         case "chatMessageReactions": self = .chatMessageReactions(try value.object(ChatMessageReactionsEvent.self))
+        case "chatMessageMentions": self = .chatMessageMentions(try value.object(ChatMessageMentionsEvent.self))
         default: throw WireFailure(.unknownRequest, "unknown message '\(name)'")
         }
     }
@@ -145,6 +150,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case .endpointDeregisterResult: return "endpointDeregisterResult"
         case .endpointDeregistered: return "endpointDeregistered"
         case .chatMessageReactions: return "chatMessageReactions"
+        case .chatMessageMentions: return "chatMessageMentions"
         }
     }
 
@@ -173,6 +179,7 @@ public indirect enum Event: Sendable, Equatable, WireMessageSet, WireEncodable {
         case .endpointDeregisterResult(let value): writer.rawKey("\"endpointDeregisterResult\":"); value.encode(to: &writer)
         case .endpointDeregistered(let value): writer.rawKey("\"endpointDeregistered\":"); value.encode(to: &writer)
         case .chatMessageReactions(let value): writer.rawKey("\"chatMessageReactions\":"); value.encode(to: &writer)
+        case .chatMessageMentions(let value): writer.rawKey("\"chatMessageMentions\":"); value.encode(to: &writer)
         }
         writer.endObject()
         writer.endLine()

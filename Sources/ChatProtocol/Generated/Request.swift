@@ -37,6 +37,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
     case endpointDeregister(EndpointDeregister)
     case chatMessageReact(ChatMessageReact)
     case chatMessageReactionsGet(ChatMessageReactionsGet)
+    case chatMessageMentionsGet(ChatMessageMentionsGet)
 
     public static let wireMessages = WireSchema([
         WireField("authToken", .object(AuthToken.self)),
@@ -71,6 +72,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         WireField("endpointDeregister", .object(EndpointDeregister.self)),
         WireField("chatMessageReact", .object(ChatMessageReact.self)),
         WireField("chatMessageReactionsGet", .object(ChatMessageReactionsGet.self)),
+        WireField("chatMessageMentionsGet", .object(ChatMessageMentionsGet.self)),
     ])
 
     public init(messageIndex: Int, fields: WireFields) throws {
@@ -104,6 +106,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case 29: self = .endpointDeregister(try EndpointDeregister(wire: fields))
         case 30: self = .chatMessageReact(try ChatMessageReact(wire: fields))
         case 31: self = .chatMessageReactionsGet(try ChatMessageReactionsGet(wire: fields))
+        case 32: self = .chatMessageMentionsGet(try ChatMessageMentionsGet(wire: fields))
         default: throw WireFailure(.internal, "message \(messageIndex) is not built from members")
         }
     }
@@ -141,6 +144,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         "endpointDeregister": .object(EndpointDeregister.self),
         "chatMessageReact": .object(ChatMessageReact.self),
         "chatMessageReactionsGet": .object(ChatMessageReactionsGet.self),
+        "chatMessageMentionsGet": .object(ChatMessageMentionsGet.self),
     ]
 
     public static func wireType(named name: String) -> WireType? {
@@ -181,6 +185,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case "endpointDeregister": self = .endpointDeregister(try value.object(EndpointDeregister.self))
         case "chatMessageReact": self = .chatMessageReact(try value.object(ChatMessageReact.self))
         case "chatMessageReactionsGet": self = .chatMessageReactionsGet(try value.object(ChatMessageReactionsGet.self))
+        case "chatMessageMentionsGet": self = .chatMessageMentionsGet(try value.object(ChatMessageMentionsGet.self))
         default: throw WireFailure(.unknownRequest, "unknown message '\(name)'")
         }
     }
@@ -220,6 +225,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .endpointDeregister: return "endpointDeregister"
         case .chatMessageReact: return "chatMessageReact"
         case .chatMessageReactionsGet: return "chatMessageReactionsGet"
+        case .chatMessageMentionsGet: return "chatMessageMentionsGet"
         }
     }
 
@@ -258,6 +264,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .endpointDeregister(let value): return value.cookie
         case .chatMessageReact(let value): return value.cookie
         case .chatMessageReactionsGet(let value): return value.cookie
+        case .chatMessageMentionsGet(let value): return value.cookie
         }
     }
 
@@ -297,6 +304,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .endpointDeregister(let value): writer.rawKey("\"endpointDeregister\":"); value.encode(to: &writer)
         case .chatMessageReact(let value): writer.rawKey("\"chatMessageReact\":"); value.encode(to: &writer)
         case .chatMessageReactionsGet(let value): writer.rawKey("\"chatMessageReactionsGet\":"); value.encode(to: &writer)
+        case .chatMessageMentionsGet(let value): writer.rawKey("\"chatMessageMentionsGet\":"); value.encode(to: &writer)
         }
         writer.endObject()
         writer.endLine()

@@ -42,6 +42,7 @@ Chat = TypedDict("Chat", {
     "lastMessage": "int",
     "numMessages": "int",
     "numUnread": "int",
+    "numUnreadMentions": "int",
     "lastActivity": "int",
     "invitePolicy": "Literal[\"AdminsOnly\", \"ParticipantsOnly\"]",
     "data": "NotRequired[dict[str, object]]",
@@ -58,6 +59,7 @@ ChatChange = TypedDict("ChatChange", {
     "lastMessage": "NotRequired[int | None]",
     "numMessages": "NotRequired[int | None]",
     "numUnread": "NotRequired[int | None]",
+    "numUnreadMentions": "NotRequired[int | None]",
     "lastActivity": "NotRequired[int | None]",
     "invitePolicy": "NotRequired[Literal[\"AdminsOnly\", \"ParticipantsOnly\"] | None]",
     "data": "NotRequired[dict[str, object] | None]",
@@ -130,6 +132,9 @@ ChatMessage = TypedDict("ChatMessage", {
     "ref": "NotRequired[list[MessageRef]]",
     "refBy": "NotRequired[list[RefBy]]",
     "reactions": "NotRequired[list[ReactionCount]]",
+    "mentions": "NotRequired[list[str]]",
+    "mentionsAll": "NotRequired[bool]",
+    "mentioned": "NotRequired[bool]",
     "timestamp": "int",
     "externalId": "NotRequired[str]",
 })
@@ -154,6 +159,9 @@ ChatMessageChange = TypedDict("ChatMessageChange", {
     "ref": "NotRequired[list[MessageRef] | None]",
     "refBy": "NotRequired[list[RefBy] | None]",
     "reactions": "NotRequired[list[ReactionCount] | None]",
+    "mentions": "NotRequired[list[str] | None]",
+    "mentionsAll": "NotRequired[bool | None]",
+    "mentioned": "NotRequired[bool | None]",
     "timestamp": "NotRequired[int | None]",
     "externalId": "NotRequired[str | None]",
 })
@@ -204,6 +212,20 @@ ChatMessageKey = TypedDict("ChatMessageKey", {
 })
 """The key of a chatMessage element."""
 
+ChatMessageMentionsEvent = TypedDict("ChatMessageMentionsEvent", {
+    "cookie": "NotRequired[str]",
+    "messages": "list[ChatMessage]",
+    "next": "NotRequired[str]",
+})
+"""A page of the messages that mention the user, newest first, as they see them."""
+
+ChatMessageMentionsGet = TypedDict("ChatMessageMentionsGet", {
+    "after": "NotRequired[str]",
+    "limit": "NotRequired[int]",
+    "cookie": "NotRequired[str]",
+})
+"""Asks for the messages that mention the user, across their chats, newest first, a page at a time."""
+
 ChatMessageReact = TypedDict("ChatMessageReact", {
     "chatId": "str",
     "messageId": "str | int",
@@ -252,6 +274,8 @@ ChatMessageSend = TypedDict("ChatMessageSend", {
     "control": "NotRequired[bool]",
     "neverCountUnread": "NotRequired[bool]",
     "externalId": "NotRequired[str]",
+    "mentions": "NotRequired[list[str]]",
+    "mentionsAll": "NotRequired[bool]",
     "cookie": "NotRequired[str]",
 })
 """Sends a message (§6). content + data + thumb are at most 71680 bytes together (TooLarge)."""
@@ -1130,9 +1154,9 @@ def chat_hide(*, chatIds: list[str], cookie: str | None = None) -> RequestLine[N
     return _message("chatHide", {"chatIds": chatIds, "cookie": cookie})
 
 
-def chat_message_send(*, chatId: str, tag: str, content: str | None = None, data: Mapping[str, object] | None = None, ref: list[MessageRef] | None = None, thumb: str | None = None, thumbPolicy: Literal["Copy", "Move", "Delete"] | None = None, file: str | None = None, filePolicy: Literal["Copy", "Move", "Delete"] | None = None, control: bool | None = None, neverCountUnread: bool | None = None, externalId: str | None = None, cookie: str | None = None) -> RequestLine[ChatMessage]:
+def chat_message_send(*, chatId: str, tag: str, content: str | None = None, data: Mapping[str, object] | None = None, ref: list[MessageRef] | None = None, thumb: str | None = None, thumbPolicy: Literal["Copy", "Move", "Delete"] | None = None, file: str | None = None, filePolicy: Literal["Copy", "Move", "Delete"] | None = None, control: bool | None = None, neverCountUnread: bool | None = None, externalId: str | None = None, mentions: list[str] | None = None, mentionsAll: bool | None = None, cookie: str | None = None) -> RequestLine[ChatMessage]:
     """Sends a message (§6). content + data + thumb are at most 71680 bytes together (TooLarge)."""
-    return _message("chatMessageSend", {"chatId": chatId, "tag": tag, "content": content, "data": data, "ref": ref, "thumb": thumb, "thumbPolicy": thumbPolicy, "file": file, "filePolicy": filePolicy, "control": control, "neverCountUnread": neverCountUnread, "externalId": externalId, "cookie": cookie})
+    return _message("chatMessageSend", {"chatId": chatId, "tag": tag, "content": content, "data": data, "ref": ref, "thumb": thumb, "thumbPolicy": thumbPolicy, "file": file, "filePolicy": filePolicy, "control": control, "neverCountUnread": neverCountUnread, "externalId": externalId, "mentions": mentions, "mentionsAll": mentionsAll, "cookie": cookie})
 
 
 def chat_message_read(*, chatId: str, messageId: str | int, cookie: str | None = None) -> RequestLine[None]:
@@ -1220,6 +1244,11 @@ def chat_message_reactions_get(*, chatId: str, messageId: str | int, reaction: s
     return _message("chatMessageReactionsGet", {"chatId": chatId, "messageId": messageId, "reaction": reaction, "after": after, "limit": limit, "cookie": cookie})
 
 
+def chat_message_mentions_get(*, after: str | None = None, limit: int | None = None, cookie: str | None = None) -> RequestLine[ChatMessageMentionsEvent]:
+    """Asks for the messages that mention the user, across their chats, newest first, a page at a time."""
+    return _message("chatMessageMentionsGet", {"after": after, "limit": limit, "cookie": cookie})
+
+
 # What answers each request (docs/protocol.md): the events that carry its cookie; none
 # when only a failure is answered.
 ANSWERS: dict[str, tuple[str, ...]] = {
@@ -1255,6 +1284,7 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "endpointDeregister": ("endpointDeregisterResult",),
     "chatMessageReact": (),
     "chatMessageReactionsGet": ("chatMessageReactions",),
+    "chatMessageMentionsGet": ("chatMessageMentions",),
 }
 
 # Requests that take a cookie.
@@ -1291,6 +1321,7 @@ TAKES_COOKIE: frozenset[str] = frozenset({
     "endpointDeregister",
     "chatMessageReact",
     "chatMessageReactionsGet",
+    "chatMessageMentionsGet",
 })
 
 # Event names and their types.
@@ -1315,4 +1346,5 @@ EVENTS: dict[str, str] = {
     "endpointDeregisterResult": "EndpointDeregisterResult",
     "endpointDeregistered": "EndpointDeregistered",
     "chatMessageReactions": "ChatMessageReactionsEvent",
+    "chatMessageMentions": "ChatMessageMentionsEvent",
 }

@@ -92,6 +92,8 @@ async def main() -> None:
             reactions = assert_type(await alice.request(protocol.chat_message_reactions_get(chatId=chat_id, messageId=message_id)),
                                     protocol.ChatMessageReactionsEvent)
             assert [r["reaction"] for r in reactions["reactions"]] == ["👍"]
+            mentions = assert_type(await bob.request(protocol.chat_message_mentions_get(limit=10)), protocol.ChatMessageMentionsEvent)
+            assert mentions["messages"] == []
             assert_type(await alice.request(protocol.chat_message_delete(chatId=chat_id, id=message_id)), None)
             again = await alice.request(protocol.chat_message_send(chatId=chat_id, tag="Text", content="again"))
             assert_type(await alice.request(protocol.chat_message_destroy(chatId=chat_id, messageId=again["messageId"])), None)

@@ -53,6 +53,8 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
     public var numMessages: Int64
     /// Incoming messages not yet Read, without flag N.
     public var numUnread: Int64
+    /// Messages mentioning the viewer (by name or with mentionsAll) that are not yet Read.
+    public var numUnreadMentions: Int64
     /// Seconds since 1970 (UTC).
     public var lastActivity: Int64
     /// Who may invite new participants.
@@ -64,7 +66,7 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The starter's privateData from chatStart; only the starter sees it.
     public var privateData: JSONValue?
 
-    public init(chatId: String, subject: String, state: ChatState, flags: String, lastMessage: Int64, numMessages: Int64, numUnread: Int64, lastActivity: Int64, invitePolicy: InvitePolicy, data: JSONValue? = nil, localData: JSONValue? = nil, privateData: JSONValue? = nil) {
+    public init(chatId: String, subject: String, state: ChatState, flags: String, lastMessage: Int64, numMessages: Int64, numUnread: Int64, numUnreadMentions: Int64, lastActivity: Int64, invitePolicy: InvitePolicy, data: JSONValue? = nil, localData: JSONValue? = nil, privateData: JSONValue? = nil) {
         self.chatId = chatId
         self.subject = subject
         self.state = state
@@ -72,6 +74,7 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         self.lastMessage = lastMessage
         self.numMessages = numMessages
         self.numUnread = numUnread
+        self.numUnreadMentions = numUnreadMentions
         self.lastActivity = lastActivity
         self.invitePolicy = invitePolicy
         self.data = data
@@ -87,6 +90,7 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("lastMessage", .integer(min: 0, max: Int64.max), required: true),
         WireField("numMessages", .integer(min: 0, max: Int64.max), required: true),
         WireField("numUnread", .integer(min: 0, max: Int64.max), required: true),
+        WireField("numUnreadMentions", .integer(min: 0, max: Int64.max), required: true),
         WireField("lastActivity", .integer(min: 0, max: Int64.max), required: true),
         WireField("invitePolicy", .enumeration(["AdminsOnly", "ParticipantsOnly"]), required: true),
         WireField("data", .json(objectOnly: true)),
@@ -102,11 +106,12 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         self.lastMessage = try fields.required(4) { value in try value.integer() }
         self.numMessages = try fields.required(5) { value in try value.integer() }
         self.numUnread = try fields.required(6) { value in try value.integer() }
-        self.lastActivity = try fields.required(7) { value in try value.integer() }
-        self.invitePolicy = try fields.required(8) { value in try value.enumeration(InvitePolicy.self) }
-        self.data = try fields.optional(9) { value in try value.json() }
-        self.localData = try fields.optional(10) { value in try value.json() }
-        self.privateData = try fields.optional(11) { value in try value.json() }
+        self.numUnreadMentions = try fields.required(7) { value in try value.integer() }
+        self.lastActivity = try fields.required(8) { value in try value.integer() }
+        self.invitePolicy = try fields.required(9) { value in try value.enumeration(InvitePolicy.self) }
+        self.data = try fields.optional(10) { value in try value.json() }
+        self.localData = try fields.optional(11) { value in try value.json() }
+        self.privateData = try fields.optional(12) { value in try value.json() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -118,6 +123,7 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"lastMessage\":"); writer.integer(self.lastMessage)
         writer.rawKey("\"numMessages\":"); writer.integer(self.numMessages)
         writer.rawKey("\"numUnread\":"); writer.integer(self.numUnread)
+        writer.rawKey("\"numUnreadMentions\":"); writer.integer(self.numUnreadMentions)
         writer.rawKey("\"lastActivity\":"); writer.integer(self.lastActivity)
         writer.rawKey("\"invitePolicy\":"); writer.string(self.invitePolicy.rawValue)
         if let value = self.data { writer.rawKey("\"data\":"); writer.json(value) }
@@ -134,6 +140,7 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.lastMessage, rhs.lastMessage)
             && sameBytes(lhs.numMessages, rhs.numMessages)
             && sameBytes(lhs.numUnread, rhs.numUnread)
+            && sameBytes(lhs.numUnreadMentions, rhs.numUnreadMentions)
             && sameBytes(lhs.lastActivity, rhs.lastActivity)
             && sameBytes(lhs.invitePolicy, rhs.invitePolicy)
             && sameBytes(lhs.data, rhs.data)
@@ -152,12 +159,13 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
     public var lastMessage: Nullable<Int64>?
     public var numMessages: Nullable<Int64>?
     public var numUnread: Nullable<Int64>?
+    public var numUnreadMentions: Nullable<Int64>?
     public var lastActivity: Nullable<Int64>?
     public var invitePolicy: Nullable<InvitePolicy>?
     public var data: Nullable<JSONValue>?
     public var localData: Nullable<JSONValue>?
 
-    public init(chatId: String, subject: Nullable<String>? = nil, state: Nullable<ChatState>? = nil, flags: Nullable<String>? = nil, lastMessage: Nullable<Int64>? = nil, numMessages: Nullable<Int64>? = nil, numUnread: Nullable<Int64>? = nil, lastActivity: Nullable<Int64>? = nil, invitePolicy: Nullable<InvitePolicy>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil) {
+    public init(chatId: String, subject: Nullable<String>? = nil, state: Nullable<ChatState>? = nil, flags: Nullable<String>? = nil, lastMessage: Nullable<Int64>? = nil, numMessages: Nullable<Int64>? = nil, numUnread: Nullable<Int64>? = nil, numUnreadMentions: Nullable<Int64>? = nil, lastActivity: Nullable<Int64>? = nil, invitePolicy: Nullable<InvitePolicy>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil) {
         self.chatId = chatId
         self.subject = subject
         self.state = state
@@ -165,6 +173,7 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         self.lastMessage = lastMessage
         self.numMessages = numMessages
         self.numUnread = numUnread
+        self.numUnreadMentions = numUnreadMentions
         self.lastActivity = lastActivity
         self.invitePolicy = invitePolicy
         self.data = data
@@ -179,6 +188,7 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("lastMessage", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("numMessages", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("numUnread", .nullable(.integer(min: 0, max: Int64.max))),
+        WireField("numUnreadMentions", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("lastActivity", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("invitePolicy", .nullable(.enumeration(["AdminsOnly", "ParticipantsOnly"]))),
         WireField("data", .nullable(.json(objectOnly: true))),
@@ -193,10 +203,11 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         self.lastMessage = try fields.optional(4) { value in try value.nullable { inner in try inner.integer() } }
         self.numMessages = try fields.optional(5) { value in try value.nullable { inner in try inner.integer() } }
         self.numUnread = try fields.optional(6) { value in try value.nullable { inner in try inner.integer() } }
-        self.lastActivity = try fields.optional(7) { value in try value.nullable { inner in try inner.integer() } }
-        self.invitePolicy = try fields.optional(8) { value in try value.nullable { inner in try inner.enumeration(InvitePolicy.self) } }
-        self.data = try fields.optional(9) { value in try value.nullable { inner in try inner.json() } }
-        self.localData = try fields.optional(10) { value in try value.nullable { inner in try inner.json() } }
+        self.numUnreadMentions = try fields.optional(7) { value in try value.nullable { inner in try inner.integer() } }
+        self.lastActivity = try fields.optional(8) { value in try value.nullable { inner in try inner.integer() } }
+        self.invitePolicy = try fields.optional(9) { value in try value.nullable { inner in try inner.enumeration(InvitePolicy.self) } }
+        self.data = try fields.optional(10) { value in try value.nullable { inner in try inner.json() } }
+        self.localData = try fields.optional(11) { value in try value.nullable { inner in try inner.json() } }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -208,6 +219,7 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.lastMessage { writer.rawKey("\"lastMessage\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.numMessages { writer.rawKey("\"numMessages\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.numUnread { writer.rawKey("\"numUnread\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
+        if let value = self.numUnreadMentions { writer.rawKey("\"numUnreadMentions\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.lastActivity { writer.rawKey("\"lastActivity\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.invitePolicy { writer.rawKey("\"invitePolicy\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
         if let value = self.data { writer.rawKey("\"data\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
@@ -223,6 +235,7 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.lastMessage, rhs.lastMessage)
             && sameBytes(lhs.numMessages, rhs.numMessages)
             && sameBytes(lhs.numUnread, rhs.numUnread)
+            && sameBytes(lhs.numUnreadMentions, rhs.numUnreadMentions)
             && sameBytes(lhs.lastActivity, rhs.lastActivity)
             && sameBytes(lhs.invitePolicy, rhs.invitePolicy)
             && sameBytes(lhs.data, rhs.data)

@@ -90,12 +90,18 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
     public var refBy: [RefBy]?
     /// The reactions to it, in the order each first appeared: per reaction how many users reacted with it and whether the viewer did. Absent when there are none (and on a recalled message, or one the viewer deleted).
     public var reactions: [ReactionCount]?
+    /// The members it mentions by name (absent when none; gone when recalled).
+    public var mentions: [String]?
+    /// True when it mentions every member (absent otherwise; gone when recalled).
+    public var mentionsAll: Bool?
+    /// True when it mentions the viewer, by name or with mentionsAll (absent otherwise; never on the viewer's own message; gone when recalled).
+    public var mentioned: Bool?
     /// Seconds since 1970 (UTC).
     public var timestamp: Int64
     /// The identifier its sender gave it (chatMessageSend's externalId; seed 001's externalId): present only when one was given. It never changes.
     public var externalId: String?
 
-    public init(chatId: String, messageId: Int64, senderUri: String, tag: String, content: String? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, thumb: String? = nil, file: String? = nil, fileSize: Int64? = nil, fileState: FileState? = nil, flags: String, state: MessageState, stateIsPartial: Bool, recall: RecallState? = nil, ref: [MessageRef]? = nil, refBy: [RefBy]? = nil, reactions: [ReactionCount]? = nil, timestamp: Int64, externalId: String? = nil) {
+    public init(chatId: String, messageId: Int64, senderUri: String, tag: String, content: String? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, thumb: String? = nil, file: String? = nil, fileSize: Int64? = nil, fileState: FileState? = nil, flags: String, state: MessageState, stateIsPartial: Bool, recall: RecallState? = nil, ref: [MessageRef]? = nil, refBy: [RefBy]? = nil, reactions: [ReactionCount]? = nil, mentions: [String]? = nil, mentionsAll: Bool? = nil, mentioned: Bool? = nil, timestamp: Int64, externalId: String? = nil) {
         self.chatId = chatId
         self.messageId = messageId
         self.senderUri = senderUri
@@ -114,6 +120,9 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         self.ref = ref
         self.refBy = refBy
         self.reactions = reactions
+        self.mentions = mentions
+        self.mentionsAll = mentionsAll
+        self.mentioned = mentioned
         self.timestamp = timestamp
         self.externalId = externalId
     }
@@ -137,6 +146,9 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("ref", .array(.object(MessageRef.self), minItems: 0, maxItems: Int.max)),
         WireField("refBy", .array(.object(RefBy.self), minItems: 0, maxItems: Int.max)),
         WireField("reactions", .array(.object(ReactionCount.self), minItems: 0, maxItems: Int.max)),
+        WireField("mentions", .array(.string(minBytes: 1, maxBytes: 256), minItems: 0, maxItems: Int.max)),
+        WireField("mentionsAll", .boolean),
+        WireField("mentioned", .boolean),
         WireField("timestamp", .integer(min: 0, max: Int64.max), required: true),
         WireField("externalId", .string(minBytes: 0, maxBytes: Int.max)),
     ])
@@ -160,8 +172,11 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         self.ref = try fields.optional(15) { value in try value.array().map { element in try element.object(MessageRef.self) } }
         self.refBy = try fields.optional(16) { value in try value.array().map { element in try element.object(RefBy.self) } }
         self.reactions = try fields.optional(17) { value in try value.array().map { element in try element.object(ReactionCount.self) } }
-        self.timestamp = try fields.required(18) { value in try value.integer() }
-        self.externalId = try fields.optional(19) { value in try value.string() }
+        self.mentions = try fields.optional(18) { value in try value.array().map { element in try element.string() } }
+        self.mentionsAll = try fields.optional(19) { value in try value.bool() }
+        self.mentioned = try fields.optional(20) { value in try value.bool() }
+        self.timestamp = try fields.required(21) { value in try value.integer() }
+        self.externalId = try fields.optional(22) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -184,6 +199,9 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.ref { writer.rawKey("\"ref\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         if let value = self.refBy { writer.rawKey("\"refBy\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
         if let value = self.reactions { writer.rawKey("\"reactions\":"); writer.beginArray(); for element in value { element.encode(to: &writer) }; writer.endArray() }
+        if let value = self.mentions { writer.rawKey("\"mentions\":"); writer.beginArray(); for element in value { writer.string(element) }; writer.endArray() }
+        if let value = self.mentionsAll { writer.rawKey("\"mentionsAll\":"); writer.bool(value) }
+        if let value = self.mentioned { writer.rawKey("\"mentioned\":"); writer.bool(value) }
         writer.rawKey("\"timestamp\":"); writer.integer(self.timestamp)
         if let value = self.externalId { writer.rawKey("\"externalId\":"); writer.string(value) }
         writer.endObject()
@@ -208,6 +226,9 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.ref, rhs.ref)
             && sameBytes(lhs.refBy, rhs.refBy)
             && sameBytes(lhs.reactions, rhs.reactions)
+            && sameBytes(lhs.mentions, rhs.mentions)
+            && sameBytes(lhs.mentionsAll, rhs.mentionsAll)
+            && sameBytes(lhs.mentioned, rhs.mentioned)
             && sameBytes(lhs.timestamp, rhs.timestamp)
             && sameBytes(lhs.externalId, rhs.externalId)
     }
@@ -235,10 +256,13 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
     public var ref: Nullable<[MessageRef]>?
     public var refBy: Nullable<[RefBy]>?
     public var reactions: Nullable<[ReactionCount]>?
+    public var mentions: Nullable<[String]>?
+    public var mentionsAll: Nullable<Bool>?
+    public var mentioned: Nullable<Bool>?
     public var timestamp: Nullable<Int64>?
     public var externalId: Nullable<String>?
 
-    public init(chatId: String, messageId: Int64, senderUri: Nullable<String>? = nil, tag: Nullable<String>? = nil, content: Nullable<String>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil, thumb: Nullable<String>? = nil, file: Nullable<String>? = nil, fileSize: Nullable<Int64>? = nil, fileState: Nullable<FileState>? = nil, flags: Nullable<String>? = nil, state: Nullable<MessageState>? = nil, stateIsPartial: Nullable<Bool>? = nil, recall: Nullable<RecallState>? = nil, ref: Nullable<[MessageRef]>? = nil, refBy: Nullable<[RefBy]>? = nil, reactions: Nullable<[ReactionCount]>? = nil, timestamp: Nullable<Int64>? = nil, externalId: Nullable<String>? = nil) {
+    public init(chatId: String, messageId: Int64, senderUri: Nullable<String>? = nil, tag: Nullable<String>? = nil, content: Nullable<String>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil, thumb: Nullable<String>? = nil, file: Nullable<String>? = nil, fileSize: Nullable<Int64>? = nil, fileState: Nullable<FileState>? = nil, flags: Nullable<String>? = nil, state: Nullable<MessageState>? = nil, stateIsPartial: Nullable<Bool>? = nil, recall: Nullable<RecallState>? = nil, ref: Nullable<[MessageRef]>? = nil, refBy: Nullable<[RefBy]>? = nil, reactions: Nullable<[ReactionCount]>? = nil, mentions: Nullable<[String]>? = nil, mentionsAll: Nullable<Bool>? = nil, mentioned: Nullable<Bool>? = nil, timestamp: Nullable<Int64>? = nil, externalId: Nullable<String>? = nil) {
         self.chatId = chatId
         self.messageId = messageId
         self.senderUri = senderUri
@@ -257,6 +281,9 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         self.ref = ref
         self.refBy = refBy
         self.reactions = reactions
+        self.mentions = mentions
+        self.mentionsAll = mentionsAll
+        self.mentioned = mentioned
         self.timestamp = timestamp
         self.externalId = externalId
     }
@@ -280,6 +307,9 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         WireField("ref", .nullable(.array(.object(MessageRef.self), minItems: 0, maxItems: Int.max))),
         WireField("refBy", .nullable(.array(.object(RefBy.self), minItems: 0, maxItems: Int.max))),
         WireField("reactions", .nullable(.array(.object(ReactionCount.self), minItems: 0, maxItems: Int.max))),
+        WireField("mentions", .nullable(.array(.string(minBytes: 1, maxBytes: 256), minItems: 0, maxItems: Int.max))),
+        WireField("mentionsAll", .nullable(.boolean)),
+        WireField("mentioned", .nullable(.boolean)),
         WireField("timestamp", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("externalId", .nullable(.string(minBytes: 0, maxBytes: Int.max))),
     ])
@@ -303,8 +333,11 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         self.ref = try fields.optional(15) { value in try value.nullable { inner in try inner.array().map { element in try element.object(MessageRef.self) } } }
         self.refBy = try fields.optional(16) { value in try value.nullable { inner in try inner.array().map { element in try element.object(RefBy.self) } } }
         self.reactions = try fields.optional(17) { value in try value.nullable { inner in try inner.array().map { element in try element.object(ReactionCount.self) } } }
-        self.timestamp = try fields.optional(18) { value in try value.nullable { inner in try inner.integer() } }
-        self.externalId = try fields.optional(19) { value in try value.nullable { inner in try inner.string() } }
+        self.mentions = try fields.optional(18) { value in try value.nullable { inner in try inner.array().map { element in try element.string() } } }
+        self.mentionsAll = try fields.optional(19) { value in try value.nullable { inner in try inner.bool() } }
+        self.mentioned = try fields.optional(20) { value in try value.nullable { inner in try inner.bool() } }
+        self.timestamp = try fields.optional(21) { value in try value.nullable { inner in try inner.integer() } }
+        self.externalId = try fields.optional(22) { value in try value.nullable { inner in try inner.string() } }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -327,6 +360,9 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         if let value = self.ref { writer.rawKey("\"ref\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { element.encode(to: &writer) }; writer.endArray() } }
         if let value = self.refBy { writer.rawKey("\"refBy\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { element.encode(to: &writer) }; writer.endArray() } }
         if let value = self.reactions { writer.rawKey("\"reactions\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { element.encode(to: &writer) }; writer.endArray() } }
+        if let value = self.mentions { writer.rawKey("\"mentions\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { writer.string(element) }; writer.endArray() } }
+        if let value = self.mentionsAll { writer.rawKey("\"mentionsAll\":"); switch value { case .null: writer.null(); case .value(let inner): writer.bool(inner) } }
+        if let value = self.mentioned { writer.rawKey("\"mentioned\":"); switch value { case .null: writer.null(); case .value(let inner): writer.bool(inner) } }
         if let value = self.timestamp { writer.rawKey("\"timestamp\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.externalId { writer.rawKey("\"externalId\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
         writer.endObject()
@@ -351,6 +387,9 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
             && sameBytes(lhs.ref, rhs.ref)
             && sameBytes(lhs.refBy, rhs.refBy)
             && sameBytes(lhs.reactions, rhs.reactions)
+            && sameBytes(lhs.mentions, rhs.mentions)
+            && sameBytes(lhs.mentionsAll, rhs.mentionsAll)
+            && sameBytes(lhs.mentioned, rhs.mentioned)
             && sameBytes(lhs.timestamp, rhs.timestamp)
             && sameBytes(lhs.externalId, rhs.externalId)
     }

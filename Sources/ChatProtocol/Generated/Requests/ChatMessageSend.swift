@@ -32,10 +32,14 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
     public var neverCountUnread: Bool?
     /// The sender's own identifier of the message (the application's, e.g. a UUID made when the user pressed send), shown on the message as its externalId. A send naming one the sender already used in this chat posts nothing: it is answered with that message (a client resending after a lost connection does not post twice).
     public var externalId: String?
+    /// The members the message mentions (their userUris, as chatParticipant names them): each sees the message flagged mentioned, counted in their chat's numUnreadMentions while unread. Only current members of the chat can be mentioned.
+    public var mentions: [String]?
+    /// Mentions every member (like @all): for a chat's admins only.
+    public var mentionsAll: Bool?
     /// Chosen by the client; echoed on every direct response to the request.
     public var cookie: String?
 
-    public init(chatId: String, tag: String, content: String? = nil, data: JSONValue? = nil, ref: [MessageRef]? = nil, thumb: String? = nil, thumbPolicy: AttachmentPolicy? = nil, file: String? = nil, filePolicy: AttachmentPolicy? = nil, control: Bool? = nil, neverCountUnread: Bool? = nil, externalId: String? = nil, cookie: String? = nil) {
+    public init(chatId: String, tag: String, content: String? = nil, data: JSONValue? = nil, ref: [MessageRef]? = nil, thumb: String? = nil, thumbPolicy: AttachmentPolicy? = nil, file: String? = nil, filePolicy: AttachmentPolicy? = nil, control: Bool? = nil, neverCountUnread: Bool? = nil, externalId: String? = nil, mentions: [String]? = nil, mentionsAll: Bool? = nil, cookie: String? = nil) {
         self.chatId = chatId
         self.tag = tag
         self.content = content
@@ -48,6 +52,8 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
         self.control = control
         self.neverCountUnread = neverCountUnread
         self.externalId = externalId
+        self.mentions = mentions
+        self.mentionsAll = mentionsAll
         self.cookie = cookie
     }
 
@@ -64,6 +70,8 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
         WireField("control", .boolean),
         WireField("neverCountUnread", .boolean),
         WireField("externalId", .string(minBytes: 1, maxBytes: 128)),
+        WireField("mentions", .array(.string(minBytes: 1, maxBytes: 256), minItems: 0, maxItems: 100)),
+        WireField("mentionsAll", .boolean),
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
     ])
 
@@ -80,7 +88,9 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
         self.control = try fields.optional(9) { value in try value.bool() }
         self.neverCountUnread = try fields.optional(10) { value in try value.bool() }
         self.externalId = try fields.optional(11) { value in try value.string() }
-        self.cookie = try fields.optional(12) { value in try value.string() }
+        self.mentions = try fields.optional(12) { value in try value.array().map { element in try element.string() } }
+        self.mentionsAll = try fields.optional(13) { value in try value.bool() }
+        self.cookie = try fields.optional(14) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -97,6 +107,8 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
         if let value = self.control { writer.rawKey("\"control\":"); writer.bool(value) }
         if let value = self.neverCountUnread { writer.rawKey("\"neverCountUnread\":"); writer.bool(value) }
         if let value = self.externalId { writer.rawKey("\"externalId\":"); writer.string(value) }
+        if let value = self.mentions { writer.rawKey("\"mentions\":"); writer.beginArray(); for element in value { writer.string(element) }; writer.endArray() }
+        if let value = self.mentionsAll { writer.rawKey("\"mentionsAll\":"); writer.bool(value) }
         if let value = self.cookie { writer.rawKey("\"cookie\":"); writer.string(value) }
         writer.endObject()
     }
@@ -114,6 +126,8 @@ public struct ChatMessageSend: Sendable, Equatable, WireDecodable, WireEncodable
             && sameBytes(lhs.control, rhs.control)
             && sameBytes(lhs.neverCountUnread, rhs.neverCountUnread)
             && sameBytes(lhs.externalId, rhs.externalId)
+            && sameBytes(lhs.mentions, rhs.mentions)
+            && sameBytes(lhs.mentionsAll, rhs.mentionsAll)
             && sameBytes(lhs.cookie, rhs.cookie)
     }
 }
