@@ -126,7 +126,8 @@ extension Engine {
         directory.lastChatNumber = max(directory.lastChatNumber, number)
         let chat = ChatRecord(
             number: number, subject: request.subject ?? "", isOneToOne: isOneToOne,
-            invitePolicy: request.invitePolicy ?? .participantsOnly, data: request.data)
+            invitePolicy: request.invitePolicy ?? .participantsOnly, pinPolicy: request.pinPolicy ?? (isOneToOne ? .participantsOnly : .adminsOnly),
+            data: request.data)
         directory.chats[chat.number] = chat
         let starter = MemberRecord(user: user, isAdmin: true, joinedAt: 1)
         starter.localData = request.localData

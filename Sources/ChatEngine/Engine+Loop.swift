@@ -133,6 +133,7 @@ extension Engine {
             batch.begin(.internal, session: nil)
             timed.tickScheduled = false
             expireTyping(batch: batch)
+            endPins(batch: batch)
         case .continueList(let list):
             listContinues(list, batch: batch)
         case .continueRecall(let recall):

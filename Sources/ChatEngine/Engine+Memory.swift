@@ -41,6 +41,7 @@ extension Engine {
             let chat = ChatRecord(row)
             chat.version = loaded.chatVersions[row.number] ?? 0
             directory.chats[row.number] = chat
+            schedulePinEnds(of: chat)
             directory.lastChatNumber = max(directory.lastChatNumber, row.number)
         }
         for row in loaded.members {

@@ -470,6 +470,7 @@ extension Engine {
             }
             let wasPending = message.isPending
             releaseAttachments(of: message, in: chat, batch: batch)
+            unpin(message, in: chat, changes)
             // An unread mention of it is no longer one.
             for member in chat.members.values
             where member.isActive && member.received(message.id) && member.readUpTo < message.id && message.countsUnread(for: member.user)
@@ -574,7 +575,8 @@ extension Engine {
     }
 
     func scheduleTick() {
-        guard !timed.tickScheduled, let earliest = timed.typing.values.min() else { return }
+        let earliest = [timed.typing.values.min(), timed.pinEnds.values.map(\.due).min()].compactMap { $0 }.min()
+        guard !timed.tickScheduled, let earliest else { return }
         timed.tickScheduled = true
         let delay = max(0.01, earliest - monotonicSeconds())
         DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [self] in tick() }

@@ -39,11 +39,14 @@ extension Engine {
         // its sender's alone until they are.
         var last = chat.lastMessage
         while let sender = chat.pendingSends[last], sender != member.user { last -= 1 }
+        // Pins of messages from before they joined are not theirs to see.
+        let pinned = chat.pins.isEmpty ? [] : chat.pins.map(\.message).filter { $0 >= member.joinedAt }
         return Chat(
             chatId: chat.chatId, subject: chat.subject, state: chat.isDefunct ? .defunct : .ready, flags: flags,
             lastMessage: last, numMessages: last >= member.joinedAt ? last - member.joinedAt + 1 : 0,
             numUnread: member.numUnread, numUnreadMentions: member.numUnreadMentions, lastActivity: chat.lastActivity, invitePolicy: chat.invitePolicy,
-            data: chat.data, localData: member.localData, privateData: member.privateData)
+            pinPolicy: chat.pinPolicy, pinnedMessages: pinned.isEmpty ? nil : pinned, data: chat.data, localData: member.localData,
+            privateData: member.privateData)
     }
 
     func renderParticipant(_ chat: ChatRecord, _ member: MemberRecord) -> ChatParticipant {
@@ -149,6 +152,7 @@ extension Engine {
             }
         }
         let showsMentions = !hidesBody && !message.isRecalled
+        let pin = hidesBody ? nil : chat.pins.first { $0.message == message.id }
         return ChatMessage(
             chatId: chat.chatId, messageId: message.id, senderUri: uri(message.sender), tag: message.tag,
             content: hidesBody ? nil : message.content, data: hidesBody ? nil : message.data,
@@ -157,6 +161,7 @@ extension Engine {
             recall: message.isRecalled ? .recalled : nil, ref: message.refs.isEmpty ? nil : message.refs,
             refBy: refBy, reactions: reactions, mentions: showsMentions && !message.mentioned.isEmpty ? message.mentioned.map(uri) : nil,
             mentionsAll: showsMentions && message.mentionsAll ? true : nil, mentioned: showsMentions && message.mentions(viewer) ? true : nil,
+            pinned: pin.map { Pin(byUri: uri($0.by), until: $0.until) },
             timestamp: message.timestamp, externalId: message.externalId)
     }
 
@@ -325,7 +330,7 @@ extension Engine {
             stateIsPartial: field(old.stateIsPartial, new.stateIsPartial), recall: field(old.recall, new.recall),
             ref: field(old.ref, new.ref), refBy: field(old.refBy, new.refBy), reactions: field(old.reactions, new.reactions),
             mentions: field(old.mentions, new.mentions), mentionsAll: field(old.mentionsAll, new.mentionsAll),
-            mentioned: field(old.mentioned, new.mentioned), timestamp: field(old.timestamp, new.timestamp))
+            mentioned: field(old.mentioned, new.mentioned), pinned: field(old.pinned, new.pinned), timestamp: field(old.timestamp, new.timestamp))
     }
 
     /// Every field of `new` as a change, for a viewer whose old rendering is unknown
@@ -337,7 +342,8 @@ extension Engine {
             data: given(new.data), localData: given(new.localData), thumb: given(new.thumb), file: given(new.file), fileSize: given(new.fileSize),
             fileState: given(new.fileState), flags: given(new.flags), state: given(new.state), stateIsPartial: given(new.stateIsPartial),
             recall: given(new.recall), ref: given(new.ref), refBy: given(new.refBy), reactions: given(new.reactions),
-            mentions: given(new.mentions), mentionsAll: given(new.mentionsAll), mentioned: given(new.mentioned), timestamp: given(new.timestamp),
+            mentions: given(new.mentions), mentionsAll: given(new.mentionsAll), mentioned: given(new.mentioned), pinned: given(new.pinned),
+            timestamp: given(new.timestamp),
             externalId: given(new.externalId))
     }
 
@@ -348,7 +354,8 @@ extension Engine {
             chatId: new.chatId, subject: given(new.subject), state: given(new.state), flags: given(new.flags), lastMessage: given(new.lastMessage),
             numMessages: given(new.numMessages), numUnread: given(new.numUnread), numUnreadMentions: given(new.numUnreadMentions),
             lastActivity: given(new.lastActivity),
-            invitePolicy: given(new.invitePolicy), data: given(new.data), localData: given(new.localData))
+            invitePolicy: given(new.invitePolicy), pinPolicy: given(new.pinPolicy), pinnedMessages: given(new.pinnedMessages), data: given(new.data),
+            localData: given(new.localData))
     }
 
     func difference(_ old: Chat, _ new: Chat) -> ChatChange? {
@@ -358,6 +365,7 @@ extension Engine {
             lastMessage: field(old.lastMessage, new.lastMessage), numMessages: field(old.numMessages, new.numMessages),
             numUnread: field(old.numUnread, new.numUnread), numUnreadMentions: field(old.numUnreadMentions, new.numUnreadMentions),
             lastActivity: field(old.lastActivity, new.lastActivity),
-            invitePolicy: field(old.invitePolicy, new.invitePolicy), data: field(old.data, new.data), localData: field(old.localData, new.localData))
+            invitePolicy: field(old.invitePolicy, new.invitePolicy), pinPolicy: field(old.pinPolicy, new.pinPolicy),
+            pinnedMessages: field(old.pinnedMessages, new.pinnedMessages), data: field(old.data, new.data), localData: field(old.localData, new.localData))
     }
 }

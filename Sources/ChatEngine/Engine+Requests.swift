@@ -58,6 +58,8 @@ extension Engine {
             batch.emit(try reactions(request, user: user), to: session)
         case .chatMessageMentionsGet(let request):
             batch.emit(try mentions(request, user: user), to: session)
+        case .chatMessagePin(let request):
+            try pin(request, user: user, batch: batch)
         case .chatMessageDestroy(let request):
             try destroy(request, user: user, session: session, line: line, batch: batch)
         case .chatTyping(let request):

@@ -260,6 +260,10 @@ final class AttachmentWork {
 final class TimedWork {
     /// Who is typing where, and when that expires (seconds on the monotonic clock).
     var typing: [TypingEntry: Double] = [:]
+    /// Pins that end by themselves: when (seconds on the monotonic clock), and the `until`
+    /// they were given. An entry whose pin was removed or given another `until` since is
+    /// passed over when it is due.
+    var pinEnds: [PinKey: (due: Double, until: Int64)] = [:]
     var tickScheduled = false
     /// Users who came online, with their chats whose deliveries are still to be marked
     /// (`deliverDue`), oldest first.

@@ -310,8 +310,11 @@ final class ChatRecord {
     var subject: String
     let isOneToOne: Bool
     var invitePolicy: InvitePolicy
+    let pinPolicy: PinPolicy
     var isDefunct: Bool
     var data: JSONValue?
+    /// The pinned messages, the newest pin first (at most `Engine.maxPinsPerChat`).
+    var pins: [PinRecord] = []
     /// Everyone who was ever a member, by user number.
     var members: [Int64: MemberRecord] = [:]
     /// The newest message id (ids are consecutive from 1).
@@ -330,12 +333,13 @@ final class ChatRecord {
     /// (`StoreBatch.chatVersions`; 0: not stored yet).
     var version: Int64 = 0
 
-    init(number: Int64, subject: String, isOneToOne: Bool, invitePolicy: InvitePolicy, data: JSONValue?) {
+    init(number: Int64, subject: String, isOneToOne: Bool, invitePolicy: InvitePolicy, pinPolicy: PinPolicy, data: JSONValue?) {
         self.number = number
         self.chatId = String(number)
         self.subject = subject
         self.isOneToOne = isOneToOne
         self.invitePolicy = invitePolicy
+        self.pinPolicy = pinPolicy
         self.isDefunct = false
         self.data = data
     }
@@ -346,6 +350,8 @@ final class ChatRecord {
         subject = row.subject
         isOneToOne = row.isOneToOne
         invitePolicy = InvitePolicy(rawValue: row.invitePolicy) ?? .participantsOnly
+        pinPolicy = PinPolicy(rawValue: row.pinPolicy) ?? .adminsOnly
+        pins = PinRecord.read(row.pins)
         isDefunct = row.isDefunct
         data = row.data.map { JSONValue(compactJSON: $0) }
         lastMessage = row.lastMessage
@@ -354,9 +360,12 @@ final class ChatRecord {
     }
 
     var row: ChatRow {
-        ChatRow(
+        var row = ChatRow(
             number: number, subject: subject, isOneToOne: isOneToOne, invitePolicy: invitePolicy.rawValue, isDefunct: isDefunct,
             data: data?.json, lastMessage: lastMessage, lastActivity: lastActivity)
+        row.pinPolicy = pinPolicy.rawValue
+        row.pins = PinRecord.stored(pins)
+        return row
     }
 
     /// The members who currently take part.

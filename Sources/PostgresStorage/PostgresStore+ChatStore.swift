@@ -82,9 +82,12 @@ extension PostgresStore: ChatStore {
 
     /// A chat from the next cells of a row (`Columns.chat`), which may go on with more.
     static func chat(_ cells: inout Cells) throws -> ChatRow {
-        ChatRow(
+        var chat = ChatRow(
             number: try cells.next(), subject: try cells.next(), isOneToOne: try cells.next(), invitePolicy: try cells.next(),
             isDefunct: try cells.next(), data: try cells.next(), lastMessage: try cells.next(), lastActivity: try cells.next())
+        chat.pinPolicy = try cells.next()
+        chat.pins = try cells.next()
+        return chat
     }
 
     /// A row's cells, decoded one after the other.
@@ -107,7 +110,7 @@ extension PostgresStore: ChatStore {
     enum Columns {
         static let user = #""number", "userId", "regId""#
         static let endpoint = #"id, "user", description, nickname, "isLegacyDelegate", ordinal"#
-        static let chat = #""number", subject, "isOneToOne", "invitePolicy", "isDefunct", data, "lastMessage", "lastActivity""#
+        static let chat = #""number", subject, "isOneToOne", "invitePolicy", "isDefunct", data, "lastMessage", "lastActivity", "pinPolicy", pins"#
         static let refCount = "chat, target, tag, count, newest"
         static let member =
             #"chat, "user", "isActive", "isAdmin", "joinedAt", "leftAt", "isHidden", "localData", "privateData", "deliveredUpTo", "readUpTo", "numUnread", "numUnreadMentions""#

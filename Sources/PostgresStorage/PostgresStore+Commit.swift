@@ -237,7 +237,7 @@ extension PostgresStore {
             rows: batch.directory.newChats.map {
                 [
                     .int($0.number), .text($0.subject), .bool($0.isOneToOne), .text($0.invitePolicy), .bool($0.isDefunct), .text($0.data), .int($0.lastMessage),
-                    .int($0.lastActivity)
+                    .int($0.lastActivity), .text($0.pinPolicy), .text($0.pins)
                 ]
             })
         update(
@@ -253,6 +253,7 @@ extension PostgresStore {
                         case .data: (column.rawValue, .text(row.data))
                         case .lastMessage: (column.rawValue, .int(row.lastMessage))
                         case .lastActivity: (column.rawValue, .int(row.lastActivity))
+                        case .pins: (column.rawValue, .text(row.pins))
                         }
                     })
             })

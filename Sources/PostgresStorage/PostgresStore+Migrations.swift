@@ -409,6 +409,16 @@ extension PostgresStore {
                 )
                 """
             ]
+        ),
+        (
+            "v15-pins",
+            [
+                // Who may pin (set when a chat starts: admins in a group, both in a one-to-one
+                // chat), and the chat's pinned messages.
+                #"ALTER TABLE chat ADD COLUMN "pinPolicy" text NOT NULL DEFAULT 'AdminsOnly'"#,
+                #"UPDATE chat SET "pinPolicy" = 'ParticipantsOnly' WHERE "isOneToOne""#,
+                #"ALTER TABLE chat ADD COLUMN pins text"#
+            ]
         )
     ]
 

@@ -56,13 +56,15 @@ extension EndpointRow: SelectedInOrder, PersistableRecord {
 
 extension ChatRow: SelectedInOrder, PersistableRecord {
     public static let databaseTableName = "chat"
-    enum Field: Int, CaseIterable { case number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage, lastActivity }
+    enum Field: Int, CaseIterable { case number, subject, isOneToOne, invitePolicy, isDefunct, data, lastMessage, lastActivity, pinPolicy, pins }
 
     public init(row: Row) throws {
         self.init(
             number: row[Field.number.rawValue], subject: row[Field.subject.rawValue], isOneToOne: row[Field.isOneToOne.rawValue],
             invitePolicy: row[Field.invitePolicy.rawValue], isDefunct: row[Field.isDefunct.rawValue], data: row[Field.data.rawValue],
             lastMessage: row[Field.lastMessage.rawValue], lastActivity: row[Field.lastActivity.rawValue])
+        pinPolicy = row[Field.pinPolicy.rawValue]
+        pins = row[Field.pins.rawValue]
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -74,6 +76,8 @@ extension ChatRow: SelectedInOrder, PersistableRecord {
         container["data"] = data
         container["lastMessage"] = lastMessage
         container["lastActivity"] = lastActivity
+        container["pinPolicy"] = pinPolicy
+        container["pins"] = pins
     }
 }
 

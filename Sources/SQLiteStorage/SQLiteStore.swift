@@ -409,6 +409,16 @@ public final class SQLiteStore: Sendable {
                     ) WITHOUT ROWID;
                     """)
         }
+        migrator.registerMigration("v11-pins") { db in
+            // Who may pin (set when a chat starts: admins in a group, both in a one-to-one
+            // chat), and the chat's pinned messages.
+            try db.execute(
+                sql: """
+                    ALTER TABLE chat ADD COLUMN pinPolicy TEXT NOT NULL DEFAULT 'AdminsOnly';
+                    UPDATE chat SET pinPolicy = 'ParticipantsOnly' WHERE isOneToOne = 1;
+                    ALTER TABLE chat ADD COLUMN pins TEXT;
+                    """)
+        }
         return migrator
     }
 

@@ -75,6 +75,11 @@ public struct ChatRow: Sendable, Equatable {
     public var lastMessage: Int64
     /// The timestamp of the newest message without flag N (0 before the first).
     public var lastActivity: Int64
+    /// Who may pin messages (`PinPolicy`'s raw value).
+    public var pinPolicy = "AdminsOnly"
+    /// The pinned messages, the newest pin first, one per line: the message id, who pinned
+    /// it and when the pin ends (0: never), separated by spaces (nil: none).
+    public var pins: String?
 
     public init(
         number: Int64, subject: String, isOneToOne: Bool, invitePolicy: String, isDefunct: Bool, data: String?, lastMessage: Int64,
@@ -93,7 +98,7 @@ public struct ChatRow: Sendable, Equatable {
 
 /// The columns of a chat a change may write.
 public enum ChatColumn: String, Sendable, CaseIterable {
-    case subject, isDefunct, data, lastMessage, lastActivity
+    case subject, isDefunct, data, lastMessage, lastActivity, pins
 }
 
 /// One user's place in one chat, also after they left (their read and delivery marks
@@ -430,6 +435,7 @@ extension ChatRow {
         if differs(data, old.data) { columns.insert(.data) }
         if lastMessage != old.lastMessage { columns.insert(.lastMessage) }
         if lastActivity != old.lastActivity { columns.insert(.lastActivity) }
+        if pins != old.pins { columns.insert(.pins) }
         return columns
     }
 }

@@ -381,6 +381,9 @@ final class FailingStore: ChatStore, NodeCoordination, @unchecked Sendable {
     func message(chat: Int64, sender: Int64, externalId: String) throws -> Int64? {
         try inner.message(chat: chat, sender: sender, externalId: externalId)
     }
+    func mentions(of user: Int64, after position: MentionPosition?, limit: Int) throws -> [MentionPosition] {
+        try inner.mentions(of: user, after: position, limit: limit)
+    }
     func references(chat: Int64, to target: Int64, tag: String, excluding excluded: Set<Int64>) throws -> (count: Int64, newest: Int64?) {
         try inner.references(chat: chat, to: target, tag: tag, excluding: excluded)
     }

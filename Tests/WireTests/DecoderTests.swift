@@ -152,8 +152,8 @@ private func decode(_ line: String) -> DecodedLine<Request> {
     #expect(composed == decomposed, "Swift's own == is canonical equivalence")
     func chat(_ subject: String) -> Chat {
         Chat(
-            chatId: "1", subject: subject, state: .ready, flags: "", lastMessage: 1, numMessages: 1, numUnread: 0, lastActivity: 0,
-            invitePolicy: .participantsOnly)
+            chatId: "1", subject: subject, state: .ready, flags: "", lastMessage: 1, numMessages: 1, numUnread: 0, numUnreadMentions: 0,
+            lastActivity: 0, invitePolicy: .participantsOnly, pinPolicy: .adminsOnly)
     }
     #expect(chat(composed) != chat(decomposed))
     #expect(chat(composed) == chat(composed))

@@ -325,6 +325,23 @@ test("an app written for bbmcore sets up, starts a chat by cookie, and sees mess
     assert.deepEqual(aliceChats.errors, []);
     assert.deepEqual(bobChats.errors, []);
 
+    // What other chat SDKs add (reactions, mentions, pins), done by another client: the
+    // app's adapters take the new fields in their stride and what it shows stays right.
+    const mentionAll = alice.cookie();
+    alice.send("chatMessageSend", { chatId, tag: "Text", content: "@all lunch", mentionsAll: true, cookie: mentionAll });
+    await alice.waitFor((e) => e.listAdd?.type === "chatMessage" && e.listAdd.cookie === mentionAll, "the mention's listAdd");
+    bob.send("chatMessageReact", { chatId, messageId: "2", reaction: "👍" });
+    alice.send("chatMessagePin", { chatId, messageId: "2" });
+    await bob.until(() => bobWindow.messages.get("2")?.pinned !== undefined && bobWindow.messages.get("2")?.reactions?.length === 1,
+      "bob's window has message 2 reacted to and pinned");
+    await bob.until(() => bobWindow.list().length === 5, "bob's window holds the mention");
+    assert.equal(bobWindow.messages.get("2").content, "Hello bob");
+    assert.equal(bobWindow.messages.get("2").state, "Read");
+    assert.equal(bobWindow.messages.get("5").mentioned, true);
+    assert.equal(bob.observe("chat", { chatId }).value.numUnread, 1);
+    assert.deepEqual(bobChats.errors, []);
+    assert.deepEqual(aliceChats.errors, []);
+
     // Typing comes and goes in the typing list.
     const bobTyping = bob.lists.get("typing");
     alice.send("chatTyping", { chatId });
@@ -340,7 +357,7 @@ test("an app written for bbmcore sets up, starts a chat by cookie, and sees mess
     const alice2 = new App("alice2");
     await alice2.connect(service.socket);
     const alice2Chats = await alice2.setUp("alice");
-    await alice2.until(() => alice2Chats.items.some((chat) => chat.chatId === chatId && chat.lastMessage === 6), "alice2 has the chat");
+    await alice2.until(() => alice2Chats.items.some((chat) => chat.chatId === chatId && chat.lastMessage === 7), "alice2 has the chat");
     alice2.sock.destroy();
   } finally {
     alice.sock?.destroy();

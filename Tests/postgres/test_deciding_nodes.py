@@ -34,6 +34,7 @@ def test_users_on_two_deciding_nodes_see_what_they_would_see_on_one(cluster, scr
     assert len(on_one["bob"]) > 20, "the conversation reached bob"
     assert any('"reactions":[{"count":2,"mine":true' in line for line in on_one["bob"]), "reactions reached bob"
     assert any('"numUnreadMentions":1' in line for line in on_one["bob"]), "the mention reached bob"
+    assert any('"pinnedMessages":["2"]' in line for line in on_one["bob"]), "the pin reached bob"
     # Neither node relayed: each decided for its own session.
     assert "relaying" not in a.logged() + b.logged()
     assert b.stop() == 0

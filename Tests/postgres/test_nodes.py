@@ -181,6 +181,8 @@ def conversation(alice_socket, bob_socket):
                    for element in body(event)["elements"])
     act(alice, {"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "@bob?", "mentions": [bob_uri], "cookie": "m3"}})
     act(bob, {"chatMessageMentionsGet": {"cookie": "mentions"}})
+    act(alice, {"chatMessagePin": {"chatId": "1", "messageId": "2"}})
+    act(alice, {"chatMessagePin": {"chatId": "1", "messageId": "2", "until": 4102444800}})
     act(bob, {"chatLeave": {"chatIds": ["1"]}})
     events = {}
     for name, client in (("alice", alice), ("bob", bob)):
@@ -282,6 +284,7 @@ def test_users_on_two_nodes_see_what_they_would_see_on_one(cluster, scratch):
     assert len(on_one["bob"]) > 20, "the conversation reached bob"
     assert any('"reactions":[{"count":2,"mine":true' in line for line in on_one["bob"]), "reactions reached bob"
     assert any('"numUnreadMentions":1' in line for line in on_one["bob"]), "the mention reached bob"
+    assert any('"pinnedMessages":["2"]' in line for line in on_one["bob"]), "the pin reached bob"
 
 
 def test_a_standard_input_output_session_relayed_to_the_writer_sees_what_it_would_see_there(cluster, scratch):
@@ -313,6 +316,7 @@ def test_a_standard_input_output_session_relayed_to_the_writer_sees_what_it_woul
     assert len(on_one["bob"]) > 20, "the conversation reached bob"
     assert any('"reactions":[{"count":2,"mine":true' in line for line in on_one["bob"]), "reactions reached bob"
     assert any('"numUnreadMentions":1' in line for line in on_one["bob"]), "the mention reached bob"
+    assert any('"pinnedMessages":["2"]' in line for line in on_one["bob"]), "the pin reached bob"
 
 
 def test_nodes_of_standard_input_output_only_serve_one_domain(cluster, scratch):

@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -85,6 +86,7 @@ class Model:
         self.joined = {}  # user -> first id they see
         self.read = {}  # user -> the id they read up to
         self.reactions = {}  # id -> {user: {reaction: when given}}
+        self.pins = []  # (id, who pinned it), the newest pin first
         self.clock = 0
 
     def post(self, message_id, sender, mentions=(), everyone=False, system=False):
@@ -117,6 +119,21 @@ class Model:
     def recall(self, message_id):
         self.messages[message_id]["recalled"] = True
         self.reactions.pop(message_id, None)
+        self.unpin(message_id)
+
+    def pin(self, message_id, by):
+        self.unpin(message_id)
+        self.pins.insert(0, (message_id, by))
+
+    def unpin(self, message_id):
+        self.pins = [pin for pin in self.pins if pin[0] != message_id]
+
+    def pinned_messages(self, user):
+        shown = [str(i) for i, _ in self.pins if i >= self.joined[user]]
+        return shown or None
+
+    def pinned_by(self, message_id):
+        return next((by for i, by in self.pins if i == message_id), None)
 
     def expected_reactions(self, user, message_id):
         """Per reaction given now: how many gave it, whether `user` did; ordered by the
@@ -129,6 +146,11 @@ class Model:
         mine = self.reactions.get(message_id, {}).get(user, {})
         tallies = [{"reaction": r, "count": count[r], "mine": r in mine} for r in sorted(first, key=first.get)]
         return tallies or None
+
+
+NUMBERS = {"alice": 1, "bob": 2, "carol": 3, "dave": 4}
+# How each user names each user: themselves as bbmpim://user/id/0.
+uris = {viewer: {user: f"bbmpim://user/id/{0 if user == viewer else number}" for user, number in NUMBERS.items()} for viewer in NUMBERS}
 
 
 def check(sessions, model, step):
@@ -149,11 +171,16 @@ def check(sessions, model, step):
                 shown = not message["recalled"]
                 assert len(element.get("mentions", [])) == (len(message["mentions"]) if shown else 0), seen
                 assert element.get("mentionsAll", False) == (message["all"] and shown), seen
+                by = model.pinned_by(message_id)
+                expected_pin = {"byUri": uris[user][by]} if by else None
+                assert element.get("pinned") == expected_pin, f"{seen}; pinned expected {expected_pin}"
         if user in model.joined:
             chat = session.request({"requestListElements": {"type": "chat", "elements": [{"chatId": "1"}]}})[-1]["listChunk"]["elements"][0]
             for where, element in (("its events", session.chats.get("1", {})), ("asking", chat)):
                 assert element.get("numUnreadMentions") == model.unread_mentions(user), (
                     f"step {step}: {user}'s numUnreadMentions by {where} is {element.get('numUnreadMentions')}, expected {model.unread_mentions(user)}")
+                assert element.get("pinnedMessages") == model.pinned_messages(user), (
+                    f"step {step}: {user}'s pinnedMessages by {where} is {element.get('pinnedMessages')}, expected {model.pinned_messages(user)}")
             listed = session.request({"chatMessageMentionsGet": {"limit": 100}})[0]["chatMessageMentions"]["messages"]
             assert [int(m["messageId"]) for m in listed] == model.listed_mentions(user), f"step {step}: {user}'s mentions"
         # What they cannot see never reached them.
@@ -180,11 +207,11 @@ def server():
     state["process"].wait()
 
 
-def test_reactions_and_mentions_as_each_member_sees_them(server):
+def test_reactions_mentions_and_pins_as_each_member_sees_them(server):
     path, restart = server
     rng = random.Random(41)
     model = Model()
-    numbers = {"alice": 1, "bob": 2, "carol": 3, "dave": 4}
+    numbers = NUMBERS
 
     def connect():
         sessions = {name: Session(path, name.rstrip("2")) for name in ("alice", "bob", "bob2", "carol", "dave")}
@@ -220,12 +247,14 @@ def test_reactions_and_mentions_as_each_member_sees_them(server):
         assert "listAdd" in answer[0], answer
         last += 1
         model.post(last, session.user, mentions, everyone)
+        done["mention"] += bool(mentions or everyone)
 
+    done = {"react": 0, "mention": 0, "read": 0, "recall": 0, "pin": 0}
     for name in ("alice", "bob", "carol", "bob2"):
         send(name)
     check(sessions.values(), model, "start")
-    for step in range(120):
-        if step == 40:
+    for step in range(200):
+        if step == 60:
             # dave joins: the messages before his Join are not his to see, react to, or be mentioned in.
             alice.request({"chatInvite": {"chatId": "1", "invitees": [{"userId": "dave"}]}})
             last += 1
@@ -235,7 +264,7 @@ def test_reactions_and_mentions_as_each_member_sees_them(server):
             assert refused[0]["requestFailed"]["error"] == "NotFound"
             sessions["dave"].chats = {"1": sessions["dave"].request(
                 {"requestListElements": {"type": "chat", "elements": [{"chatId": "1"}]}})[-1]["listChunk"]["elements"][0]}
-        if step == 80:
+        if step == 130:
             restart(kill=True)
             sessions = connect()
             alice = sessions["alice"]
@@ -249,12 +278,34 @@ def test_reactions_and_mentions_as_each_member_sees_them(server):
             target = rng.choice([i for i in model.messages if model.visible(session.user, i)])
             assert session.request({"chatMessageRead": {"chatId": "1", "messageId": str(target)}}) == []
             model.read[session.user] = max(model.read.get(session.user, 0), target)
-        elif roll < 0.35:
+            done["read"] += 1
+        elif roll < 0.45:
+            if rng.random() < 0.7:
+                session = sessions["alice"]  # the admin: pinPolicy is AdminsOnly
+            unpin = rng.random() < 0.3
+            visible = [i for i in model.messages if model.visible(session.user, i)]
+            pinnable = [i for i in visible if not model.messages[i]["recalled"] and not model.messages[i]["system"]]
+            target = rng.choice(pinnable if pinnable and rng.random() < 0.8 else visible)
+            answer = session.request({"chatMessagePin": {"chatId": "1", "messageId": str(target), "unpin": unpin}})
+            message = model.messages[target]
+            if session.user != "alice":
+                assert answer[0]["requestFailed"]["error"] == "NotPermitted", answer  # pinPolicy AdminsOnly
+            elif unpin:
+                assert answer == [], answer
+                model.unpin(target)
+            elif message["recalled"] or message["system"]:
+                assert answer[0]["requestFailed"]["error"] == "NotPermitted", answer
+            else:
+                assert answer == [], answer
+                model.pin(target, session.user)
+                done["pin"] += 1
+        elif roll < 0.5:
             own = [i for i, m in model.messages.items() if m["sender"] == session.user and not m["recalled"] and not m["system"]]
             if own:
                 target = rng.choice(own)
                 assert session.request({"chatMessageDestroy": {"chatId": "1", "messageId": str(target)}}) == []
                 model.recall(target)
+                done["recall"] += 1
         else:
             target = rng.choice([i for i in model.messages if model.visible(session.user, i)])
             reaction, remove = rng.choice(REACTIONS), rng.random() < 0.35
@@ -264,7 +315,10 @@ def test_reactions_and_mentions_as_each_member_sees_them(server):
             else:
                 assert answer == [], answer
                 model.react(session.user, target, reaction, remove)
+                done["react"] += 1
         check(sessions.values(), model, step)
+    # The walk did each thing often enough to mean something.
+    assert min(done.values()) >= 5, done
     restart(kill=False)
     check(connect().values(), model, "after a restart")
 
@@ -319,3 +373,28 @@ def test_a_message_takes_at_most_32_different_reactions(server):
     everyone = [r["reaction"] for p in pages for r in p]
     # Oldest first: bob's r1 came after everyone else's.
     assert everyone == [f"r{n}" for n in range(1, 32)] + ["r1", "one more"]
+
+
+def test_a_pin_that_ends_while_the_service_is_down_is_gone_once_it_is_back(server):
+    path, restart = server
+    alice, bob = Session(path, "alice"), Session(path, "bob")
+    alice.request({"chatStart": {"invitees": [{"userId": "bob"}], "subject": "pins"}})
+    for text in ("for an hour", "for good"):
+        alice.request({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": text}})
+    assert alice.request({"chatMessagePin": {"chatId": "1", "messageId": "3"}}) == []
+    assert alice.request({"chatMessagePin": {"chatId": "1", "messageId": "2", "until": int(time.time()) + 2}}) == []
+    bob.sync()
+    assert bob.chats["1"]["pinnedMessages"] == ["2", "3"]
+    restart(kill=True)
+    time.sleep(2.5)
+    restart(kill=False)
+    bob = Session(path, "bob")
+    deadline = time.time() + 10
+    while True:
+        chat = bob.request({"requestListElements": {"type": "chat", "elements": [{"chatId": "1"}]}})[-1]["listChunk"]["elements"][0]
+        if chat.get("pinnedMessages") == ["3"]:
+            break
+        assert time.time() < deadline, f"the pin that ended is still there: {chat}"
+        time.sleep(0.1)
+    assert "pinned" not in bob.elements([("1", 2)])[("1", 2)]
+    assert bob.elements([("1", 3)])[("1", 3)]["pinned"] == {"byUri": "bbmpim://user/id/1"}

@@ -51,6 +51,10 @@ export interface Chat {
   lastActivity: number;
   /** Who may invite new participants. */
   invitePolicy: "AdminsOnly" | "ParticipantsOnly";
+  /** Who may pin and unpin messages. */
+  pinPolicy: "AdminsOnly" | "ParticipantsOnly";
+  /** The messages pinned in the chat, the newest pin first (absent when none). */
+  pinnedMessages?: string[];
   /** Application data shared by every participant. */
   data?: Record<string, unknown>;
   /** Application data of the local user only. */
@@ -72,6 +76,8 @@ export interface ChatChange {
   numUnreadMentions?: number | null;
   lastActivity?: number | null;
   invitePolicy?: "AdminsOnly" | "ParticipantsOnly" | null;
+  pinPolicy?: "AdminsOnly" | "ParticipantsOnly" | null;
+  pinnedMessages?: string[] | null;
   data?: Record<string, unknown> | null;
   localData?: Record<string, unknown> | null;
 }
@@ -184,6 +190,8 @@ export interface ChatMessage {
   mentionsAll?: boolean;
   /** True when it mentions the viewer, by name or with mentionsAll (absent otherwise; never on the viewer's own message; gone when recalled). */
   mentioned?: boolean;
+  /** Present while the message is pinned in its chat. */
+  pinned?: Pin;
   /** Seconds since 1970 (UTC). */
   timestamp: number;
   /** The identifier its sender gave it (chatMessageSend's externalId; seed 001's externalId): present only when one was given. It never changes. */
@@ -215,6 +223,7 @@ export interface ChatMessageChange {
   mentions?: string[] | null;
   mentionsAll?: boolean | null;
   mentioned?: boolean | null;
+  pinned?: Pin | null;
   timestamp?: number | null;
   externalId?: string | null;
 }
@@ -301,6 +310,20 @@ export interface ChatMessageMentionsGet {
   after?: string;
   /** At most this many messages in the page (fewer when some were recalled or deleted since). */
   limit?: number;
+  /** Chosen by the client; echoed on every direct response to the request. */
+  cookie?: string;
+}
+
+/** Pins a message in its chat (again: with a new until, as the newest pin), or unpins it. The message and the chat change for every member (listChange: the message's pinned, the chat's pinnedMessages); a pin with until ends by itself then, for everyone. */
+export interface ChatMessagePin {
+  /** A chat, as the service named it. */
+  chatId: string;
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
+  messageId: string | number;
+  /** When the pin ends by itself (absent: it stays until unpinned). */
+  until?: number;
+  /** Unpin it instead (unpinning a message not pinned changes nothing). */
+  unpin?: boolean;
   /** Chosen by the client; echoed on every direct response to the request. */
   cookie?: string;
 }
@@ -487,6 +510,8 @@ export interface ChatStart {
   isOneToOne?: boolean;
   /** Who may invite new participants. */
   invitePolicy?: "AdminsOnly" | "ParticipantsOnly";
+  /** Who may pin messages (default: AdminsOnly for a group, ParticipantsOnly for a one-to-one chat). */
+  pinPolicy?: "AdminsOnly" | "ParticipantsOnly";
   /** Application data shared by every participant. At most 71680 bytes of compact JSON (a chat's values are kept in memory for every chat). */
   data?: Record<string, unknown>;
   /** Application data of the local user only. At most 71680 bytes of compact JSON (a chat's values are kept in memory for every chat). */
@@ -1056,6 +1081,16 @@ export interface ParticipantRemove {
 
 export type ParticipantState = "Joined";
 
+/** Who pinned a message, and until when. */
+export interface Pin {
+  /** A user as the protocol names them: bbmpim://user/id/<n>. */
+  byUri: string;
+  /** When the pin ends by itself (absent: when someone unpins it). */
+  until?: number;
+}
+
+export type PinPolicy = "AdminsOnly" | "ParticipantsOnly";
+
 /** One reaction to a message: how many users reacted with it, and whether the viewer did. */
 export interface ReactionCount {
   /** A reaction to a message: an emoji or a short text, compared byte for byte. */
@@ -1544,6 +1579,9 @@ export function chatMessageReactionsGet(fields: CookieOptional<ChatMessageReacti
 /** Asks for the messages that mention the user, across their chats, newest first, a page at a time. */
 export function chatMessageMentionsGet(fields?: CookieOptional<ChatMessageMentionsGet>): { chatMessageMentionsGet: ChatMessageMentionsGet } & Answered<ChatMessageMentionsEvent>;
 
+/** Pins a message in its chat (again: with a new until, as the newest pin), or unpins it. The message and the chat change for every member (listChange: the message's pinned, the chat's pinnedMessages); a pin with until ends by itself then, for everyone. */
+export function chatMessagePin(fields: CookieOptional<ChatMessagePin>): { chatMessagePin: ChatMessagePin } & Answered<undefined>;
+
 /** Every request, by its name. */
 export interface Requests {
   authToken: AuthToken;
@@ -1579,6 +1617,7 @@ export interface Requests {
   chatMessageReact: ChatMessageReact;
   chatMessageReactionsGet: ChatMessageReactionsGet;
   chatMessageMentionsGet: ChatMessageMentionsGet;
+  chatMessagePin: ChatMessagePin;
 }
 
 /** Every event, by its name. */

@@ -217,6 +217,11 @@ export function chatMessageMentionsGet(fields = {}) {
   return message("chatMessageMentionsGet", { ...fields });
 }
 
+/** Pins a message in its chat (again: with a new until, as the newest pin), or unpins it. The message and the chat change for every member (listChange: the message's pinned, the chat's pinnedMessages); a pin with until ends by itself then, for everyone. */
+export function chatMessagePin(fields) {
+  return message("chatMessagePin", { ...fields });
+}
+
 /** What answers each request: the events that carry its cookie; none when only a failure is answered. */
 export const ANSWERS = Object.freeze({
   authToken: ["listChange", "setupError"],
@@ -252,6 +257,7 @@ export const ANSWERS = Object.freeze({
   chatMessageReact: [],
   chatMessageReactionsGet: ["chatMessageReactions"],
   chatMessageMentionsGet: ["chatMessageMentions"],
+  chatMessagePin: [],
 });
 
 /** Requests that take a cookie. */
@@ -289,6 +295,7 @@ export const TAKES_COOKIE = new Set([
   "chatMessageReact",
   "chatMessageReactionsGet",
   "chatMessageMentionsGet",
+  "chatMessagePin",
 ]);
 
 /** Every event's name. */

@@ -89,6 +89,12 @@ public enum InvitePolicy: String, Sendable, Hashable, CaseIterable {
     case participantsOnly = "ParticipantsOnly"
 }
 
+/// Who may pin and unpin messages.
+public enum PinPolicy: String, Sendable, Hashable, CaseIterable {
+    case adminsOnly = "AdminsOnly"
+    case participantsOnly = "ParticipantsOnly"
+}
+
 /// What happens to the source file once the service has its own copy.
 public enum AttachmentPolicy: String, Sendable, Hashable, CaseIterable {
     case copy = "Copy"
@@ -186,6 +192,41 @@ public struct ReactionCount: Sendable, Equatable, WireDecodable, WireEncodable {
         sameBytes(lhs.reaction, rhs.reaction)
             && sameBytes(lhs.count, rhs.count)
             && sameBytes(lhs.mine, rhs.mine)
+    }
+}
+
+/// Who pinned a message, and until when.
+public struct Pin: Sendable, Equatable, WireDecodable, WireEncodable {
+    /// A user as the protocol names them: bbmpim://user/id/<n>.
+    public var byUri: String
+    /// When the pin ends by itself (absent: when someone unpins it).
+    public var until: Int64?
+
+    public init(byUri: String, until: Int64? = nil) {
+        self.byUri = byUri
+        self.until = until
+    }
+
+    public static let wireSchema = WireSchema([
+        WireField("byUri", .string(minBytes: 1, maxBytes: 256), required: true),
+        WireField("until", .integer(min: 0, max: Int64.max)),
+    ])
+
+    public init(wire fields: WireFields) throws {
+        self.byUri = try fields.required(0) { value in try value.string() }
+        self.until = try fields.optional(1) { value in try value.integer() }
+    }
+
+    public func encode(to writer: inout JSONWriter) {
+        writer.beginObject()
+        writer.rawKey("\"byUri\":"); writer.string(self.byUri)
+        if let value = self.until { writer.rawKey("\"until\":"); writer.integer(value) }
+        writer.endObject()
+    }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        sameBytes(lhs.byUri, rhs.byUri)
+            && sameBytes(lhs.until, rhs.until)
     }
 }
 

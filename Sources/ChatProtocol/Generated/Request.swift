@@ -38,6 +38,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
     case chatMessageReact(ChatMessageReact)
     case chatMessageReactionsGet(ChatMessageReactionsGet)
     case chatMessageMentionsGet(ChatMessageMentionsGet)
+    case chatMessagePin(ChatMessagePin)
 
     public static let wireMessages = WireSchema([
         WireField("authToken", .object(AuthToken.self)),
@@ -73,6 +74,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         WireField("chatMessageReact", .object(ChatMessageReact.self)),
         WireField("chatMessageReactionsGet", .object(ChatMessageReactionsGet.self)),
         WireField("chatMessageMentionsGet", .object(ChatMessageMentionsGet.self)),
+        WireField("chatMessagePin", .object(ChatMessagePin.self)),
     ])
 
     public init(messageIndex: Int, fields: WireFields) throws {
@@ -107,6 +109,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case 30: self = .chatMessageReact(try ChatMessageReact(wire: fields))
         case 31: self = .chatMessageReactionsGet(try ChatMessageReactionsGet(wire: fields))
         case 32: self = .chatMessageMentionsGet(try ChatMessageMentionsGet(wire: fields))
+        case 33: self = .chatMessagePin(try ChatMessagePin(wire: fields))
         default: throw WireFailure(.internal, "message \(messageIndex) is not built from members")
         }
     }
@@ -145,6 +148,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         "chatMessageReact": .object(ChatMessageReact.self),
         "chatMessageReactionsGet": .object(ChatMessageReactionsGet.self),
         "chatMessageMentionsGet": .object(ChatMessageMentionsGet.self),
+        "chatMessagePin": .object(ChatMessagePin.self),
     ]
 
     public static func wireType(named name: String) -> WireType? {
@@ -186,6 +190,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case "chatMessageReact": self = .chatMessageReact(try value.object(ChatMessageReact.self))
         case "chatMessageReactionsGet": self = .chatMessageReactionsGet(try value.object(ChatMessageReactionsGet.self))
         case "chatMessageMentionsGet": self = .chatMessageMentionsGet(try value.object(ChatMessageMentionsGet.self))
+        case "chatMessagePin": self = .chatMessagePin(try value.object(ChatMessagePin.self))
         default: throw WireFailure(.unknownRequest, "unknown message '\(name)'")
         }
     }
@@ -226,6 +231,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .chatMessageReact: return "chatMessageReact"
         case .chatMessageReactionsGet: return "chatMessageReactionsGet"
         case .chatMessageMentionsGet: return "chatMessageMentionsGet"
+        case .chatMessagePin: return "chatMessagePin"
         }
     }
 
@@ -265,6 +271,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .chatMessageReact(let value): return value.cookie
         case .chatMessageReactionsGet(let value): return value.cookie
         case .chatMessageMentionsGet(let value): return value.cookie
+        case .chatMessagePin(let value): return value.cookie
         }
     }
 
@@ -305,6 +312,7 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .chatMessageReact(let value): writer.rawKey("\"chatMessageReact\":"); value.encode(to: &writer)
         case .chatMessageReactionsGet(let value): writer.rawKey("\"chatMessageReactionsGet\":"); value.encode(to: &writer)
         case .chatMessageMentionsGet(let value): writer.rawKey("\"chatMessageMentionsGet\":"); value.encode(to: &writer)
+        case .chatMessagePin(let value): writer.rawKey("\"chatMessagePin\":"); value.encode(to: &writer)
         }
         writer.endObject()
         writer.endLine()

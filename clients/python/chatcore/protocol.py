@@ -45,6 +45,8 @@ Chat = TypedDict("Chat", {
     "numUnreadMentions": "int",
     "lastActivity": "int",
     "invitePolicy": "Literal[\"AdminsOnly\", \"ParticipantsOnly\"]",
+    "pinPolicy": "Literal[\"AdminsOnly\", \"ParticipantsOnly\"]",
+    "pinnedMessages": "NotRequired[list[str]]",
     "data": "NotRequired[dict[str, object]]",
     "localData": "NotRequired[dict[str, object]]",
     "privateData": "NotRequired[dict[str, object]]",
@@ -62,6 +64,8 @@ ChatChange = TypedDict("ChatChange", {
     "numUnreadMentions": "NotRequired[int | None]",
     "lastActivity": "NotRequired[int | None]",
     "invitePolicy": "NotRequired[Literal[\"AdminsOnly\", \"ParticipantsOnly\"] | None]",
+    "pinPolicy": "NotRequired[Literal[\"AdminsOnly\", \"ParticipantsOnly\"] | None]",
+    "pinnedMessages": "NotRequired[list[str] | None]",
     "data": "NotRequired[dict[str, object] | None]",
     "localData": "NotRequired[dict[str, object] | None]",
 })
@@ -135,6 +139,7 @@ ChatMessage = TypedDict("ChatMessage", {
     "mentions": "NotRequired[list[str]]",
     "mentionsAll": "NotRequired[bool]",
     "mentioned": "NotRequired[bool]",
+    "pinned": "NotRequired[Pin]",
     "timestamp": "int",
     "externalId": "NotRequired[str]",
 })
@@ -162,6 +167,7 @@ ChatMessageChange = TypedDict("ChatMessageChange", {
     "mentions": "NotRequired[list[str] | None]",
     "mentionsAll": "NotRequired[bool | None]",
     "mentioned": "NotRequired[bool | None]",
+    "pinned": "NotRequired[Pin | None]",
     "timestamp": "NotRequired[int | None]",
     "externalId": "NotRequired[str | None]",
 })
@@ -225,6 +231,15 @@ ChatMessageMentionsGet = TypedDict("ChatMessageMentionsGet", {
     "cookie": "NotRequired[str]",
 })
 """Asks for the messages that mention the user, across their chats, newest first, a page at a time."""
+
+ChatMessagePin = TypedDict("ChatMessagePin", {
+    "chatId": "str",
+    "messageId": "str | int",
+    "until": "NotRequired[int]",
+    "unpin": "NotRequired[bool]",
+    "cookie": "NotRequired[str]",
+})
+"""Pins a message in its chat (again: with a new until, as the newest pin), or unpins it. The message and the chat change for every member (listChange: the message's pinned, the chat's pinnedMessages); a pin with until ends by itself then, for everyone."""
 
 ChatMessageReact = TypedDict("ChatMessageReact", {
     "chatId": "str",
@@ -345,6 +360,7 @@ ChatStart = TypedDict("ChatStart", {
     "subject": "NotRequired[str]",
     "isOneToOne": "NotRequired[bool]",
     "invitePolicy": "NotRequired[Literal[\"AdminsOnly\", \"ParticipantsOnly\"]]",
+    "pinPolicy": "NotRequired[Literal[\"AdminsOnly\", \"ParticipantsOnly\"]]",
     "data": "NotRequired[Mapping[str, object]]",
     "localData": "NotRequired[Mapping[str, object]]",
     "privateData": "NotRequired[Mapping[str, object]]",
@@ -760,6 +776,14 @@ ParticipantRemove = TypedDict("ParticipantRemove", {
 
 ParticipantState = Literal["Joined"]
 
+Pin = TypedDict("Pin", {
+    "byUri": "str",
+    "until": "NotRequired[int]",
+})
+"""Who pinned a message, and until when."""
+
+PinPolicy = Literal["AdminsOnly", "ParticipantsOnly"]
+
 ReactionCount = TypedDict("ReactionCount", {
     "reaction": "str",
     "count": "int",
@@ -1119,9 +1143,9 @@ def request_list_changes(*, type: Literal["chatMessage"], chatId: str | None = N
     return _message("requestListChanges", {"type": type, "chatId": chatId, "since": since, "limit": limit, "cookie": cookie})
 
 
-def chat_start(*, invitees: list[Invitee], cookie: str | None = None, subject: str | None = None, isOneToOne: bool | None = None, invitePolicy: Literal["AdminsOnly", "ParticipantsOnly"] | None = None, data: Mapping[str, object] | None = None, localData: Mapping[str, object] | None = None, privateData: Mapping[str, object] | None = None) -> RequestLine[Chat]:
+def chat_start(*, invitees: list[Invitee], cookie: str | None = None, subject: str | None = None, isOneToOne: bool | None = None, invitePolicy: Literal["AdminsOnly", "ParticipantsOnly"] | None = None, pinPolicy: Literal["AdminsOnly", "ParticipantsOnly"] | None = None, data: Mapping[str, object] | None = None, localData: Mapping[str, object] | None = None, privateData: Mapping[str, object] | None = None) -> RequestLine[Chat]:
     """Starts a chat (§5)."""
-    return _message("chatStart", {"invitees": invitees, "cookie": cookie, "subject": subject, "isOneToOne": isOneToOne, "invitePolicy": invitePolicy, "data": data, "localData": localData, "privateData": privateData})
+    return _message("chatStart", {"invitees": invitees, "cookie": cookie, "subject": subject, "isOneToOne": isOneToOne, "invitePolicy": invitePolicy, "pinPolicy": pinPolicy, "data": data, "localData": localData, "privateData": privateData})
 
 
 def chat_invite(*, chatId: str, invitees: list[Invitee], cookie: str | None = None) -> RequestLine[None]:
@@ -1249,6 +1273,11 @@ def chat_message_mentions_get(*, after: str | None = None, limit: int | None = N
     return _message("chatMessageMentionsGet", {"after": after, "limit": limit, "cookie": cookie})
 
 
+def chat_message_pin(*, chatId: str, messageId: str | int, until: int | None = None, unpin: bool | None = None, cookie: str | None = None) -> RequestLine[None]:
+    """Pins a message in its chat (again: with a new until, as the newest pin), or unpins it. The message and the chat change for every member (listChange: the message's pinned, the chat's pinnedMessages); a pin with until ends by itself then, for everyone."""
+    return _message("chatMessagePin", {"chatId": chatId, "messageId": messageId, "until": until, "unpin": unpin, "cookie": cookie})
+
+
 # What answers each request (docs/protocol.md): the events that carry its cookie; none
 # when only a failure is answered.
 ANSWERS: dict[str, tuple[str, ...]] = {
@@ -1285,6 +1314,7 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "chatMessageReact": (),
     "chatMessageReactionsGet": ("chatMessageReactions",),
     "chatMessageMentionsGet": ("chatMessageMentions",),
+    "chatMessagePin": (),
 }
 
 # Requests that take a cookie.
@@ -1322,6 +1352,7 @@ TAKES_COOKIE: frozenset[str] = frozenset({
     "chatMessageReact",
     "chatMessageReactionsGet",
     "chatMessageMentionsGet",
+    "chatMessagePin",
 })
 
 # Event names and their types.

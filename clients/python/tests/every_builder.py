@@ -94,6 +94,7 @@ async def main() -> None:
             assert [r["reaction"] for r in reactions["reactions"]] == ["👍"]
             mentions = assert_type(await bob.request(protocol.chat_message_mentions_get(limit=10)), protocol.ChatMessageMentionsEvent)
             assert mentions["messages"] == []
+            assert_type(await alice.request(protocol.chat_message_pin(chatId=chat_id, messageId=message_id)), None)
             assert_type(await alice.request(protocol.chat_message_delete(chatId=chat_id, id=message_id)), None)
             again = await alice.request(protocol.chat_message_send(chatId=chat_id, tag="Text", content="again"))
             assert_type(await alice.request(protocol.chat_message_destroy(chatId=chat_id, messageId=again["messageId"])), None)

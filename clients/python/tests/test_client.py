@@ -201,6 +201,15 @@ def test_a_tcp_listener_on_ipv6_loopback_is_reached_by_its_bracketed_address(tmp
     async def scenario():
         listen = ("--listen", f"[::1]:{port}", "--insecure-no-auth", "--log-level", "warning")
         async with Server.start(args=listen, data_dir=tmp_path / "data"):
+            # Server.start returns once its Unix socket serves; the TCP listener may open
+            # a moment later.
+            for _ in range(250):
+                try:
+                    _, probe = await asyncio.open_connection("::1", port)
+                    probe.close()
+                    break
+                except OSError:
+                    await asyncio.sleep(0.02)
             async with Client.connect(f"[::1]:{port}") as client:
                 await client.authenticate("alice")
                 assert client.globals["localUri"]

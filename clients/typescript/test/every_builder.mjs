@@ -11,7 +11,7 @@ import {
   requestListMatchingChatMessage, requestListMatchingChatParticipant, requestListMatchingChat, requestListMatchingUser,
   requestListChangeChat, requestListChangeChatMessage, requestListChanges, chatInvite, participantPromote, participantDemote,
   participantRemove, chatMessageRead, chatMessageStateGet, chatTyping, chatEventSend, search, chatMessageFileDownload,
-  chatMessageDetach, chatMessageDelete, chatMessageDestroy, chatMessageReact, chatMessageReactionsGet, chatMessageMentionsGet, syncStart, setupRetry, retryServerRequests, chatHide, chatLeave,
+  chatMessageDetach, chatMessageDelete, chatMessageDestroy, chatMessageReact, chatMessageReactionsGet, chatMessageMentionsGet, chatMessagePin, syncStart, setupRetry, retryServerRequests, chatHide, chatLeave,
   endpointUpdate, endpointsGet, endpointDeregister,
 } from "chatcore-client";
 
@@ -143,6 +143,7 @@ try {
   /** @type {import("chatcore-client").ChatMessageMentionsEvent} */
   const mentions = await bob.request(chatMessageMentionsGet({ limit: 10 }));
   check(mentions.messages.length === 0, mentions);
+  await alice.request(chatMessagePin({ chatId, messageId }));
   await alice.request(chatMessageDelete({ chatId, id: messageId }));
   const again = await alice.request(chatMessageSend({ chatId, tag: "Text", content: "again" }));
   await alice.request(chatMessageDestroy({ chatId, messageId: again.messageId }));

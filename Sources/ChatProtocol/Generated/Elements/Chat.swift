@@ -59,6 +59,10 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
     public var lastActivity: Int64
     /// Who may invite new participants.
     public var invitePolicy: InvitePolicy
+    /// Who may pin and unpin messages.
+    public var pinPolicy: PinPolicy
+    /// The messages pinned in the chat, the newest pin first (absent when none).
+    public var pinnedMessages: [Int64]?
     /// Application data shared by every participant.
     public var data: JSONValue?
     /// Application data of the local user only.
@@ -66,7 +70,7 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The starter's privateData from chatStart; only the starter sees it.
     public var privateData: JSONValue?
 
-    public init(chatId: String, subject: String, state: ChatState, flags: String, lastMessage: Int64, numMessages: Int64, numUnread: Int64, numUnreadMentions: Int64, lastActivity: Int64, invitePolicy: InvitePolicy, data: JSONValue? = nil, localData: JSONValue? = nil, privateData: JSONValue? = nil) {
+    public init(chatId: String, subject: String, state: ChatState, flags: String, lastMessage: Int64, numMessages: Int64, numUnread: Int64, numUnreadMentions: Int64, lastActivity: Int64, invitePolicy: InvitePolicy, pinPolicy: PinPolicy, pinnedMessages: [Int64]? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, privateData: JSONValue? = nil) {
         self.chatId = chatId
         self.subject = subject
         self.state = state
@@ -77,6 +81,8 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         self.numUnreadMentions = numUnreadMentions
         self.lastActivity = lastActivity
         self.invitePolicy = invitePolicy
+        self.pinPolicy = pinPolicy
+        self.pinnedMessages = pinnedMessages
         self.data = data
         self.localData = localData
         self.privateData = privateData
@@ -93,6 +99,8 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("numUnreadMentions", .integer(min: 0, max: Int64.max), required: true),
         WireField("lastActivity", .integer(min: 0, max: Int64.max), required: true),
         WireField("invitePolicy", .enumeration(["AdminsOnly", "ParticipantsOnly"]), required: true),
+        WireField("pinPolicy", .enumeration(["AdminsOnly", "ParticipantsOnly"]), required: true),
+        WireField("pinnedMessages", .array(.id64, minItems: 0, maxItems: Int.max)),
         WireField("data", .json(objectOnly: true)),
         WireField("localData", .json(objectOnly: true)),
         WireField("privateData", .json(objectOnly: true)),
@@ -109,9 +117,11 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         self.numUnreadMentions = try fields.required(7) { value in try value.integer() }
         self.lastActivity = try fields.required(8) { value in try value.integer() }
         self.invitePolicy = try fields.required(9) { value in try value.enumeration(InvitePolicy.self) }
-        self.data = try fields.optional(10) { value in try value.json() }
-        self.localData = try fields.optional(11) { value in try value.json() }
-        self.privateData = try fields.optional(12) { value in try value.json() }
+        self.pinPolicy = try fields.required(10) { value in try value.enumeration(PinPolicy.self) }
+        self.pinnedMessages = try fields.optional(11) { value in try value.array().map { element in try element.integer() } }
+        self.data = try fields.optional(12) { value in try value.json() }
+        self.localData = try fields.optional(13) { value in try value.json() }
+        self.privateData = try fields.optional(14) { value in try value.json() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -126,6 +136,8 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"numUnreadMentions\":"); writer.integer(self.numUnreadMentions)
         writer.rawKey("\"lastActivity\":"); writer.integer(self.lastActivity)
         writer.rawKey("\"invitePolicy\":"); writer.string(self.invitePolicy.rawValue)
+        writer.rawKey("\"pinPolicy\":"); writer.string(self.pinPolicy.rawValue)
+        if let value = self.pinnedMessages { writer.rawKey("\"pinnedMessages\":"); writer.beginArray(); for element in value { writer.id64(element) }; writer.endArray() }
         if let value = self.data { writer.rawKey("\"data\":"); writer.json(value) }
         if let value = self.localData { writer.rawKey("\"localData\":"); writer.json(value) }
         if let value = self.privateData { writer.rawKey("\"privateData\":"); writer.json(value) }
@@ -143,6 +155,8 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.numUnreadMentions, rhs.numUnreadMentions)
             && sameBytes(lhs.lastActivity, rhs.lastActivity)
             && sameBytes(lhs.invitePolicy, rhs.invitePolicy)
+            && sameBytes(lhs.pinPolicy, rhs.pinPolicy)
+            && sameBytes(lhs.pinnedMessages, rhs.pinnedMessages)
             && sameBytes(lhs.data, rhs.data)
             && sameBytes(lhs.localData, rhs.localData)
             && sameBytes(lhs.privateData, rhs.privateData)
@@ -162,10 +176,12 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
     public var numUnreadMentions: Nullable<Int64>?
     public var lastActivity: Nullable<Int64>?
     public var invitePolicy: Nullable<InvitePolicy>?
+    public var pinPolicy: Nullable<PinPolicy>?
+    public var pinnedMessages: Nullable<[Int64]>?
     public var data: Nullable<JSONValue>?
     public var localData: Nullable<JSONValue>?
 
-    public init(chatId: String, subject: Nullable<String>? = nil, state: Nullable<ChatState>? = nil, flags: Nullable<String>? = nil, lastMessage: Nullable<Int64>? = nil, numMessages: Nullable<Int64>? = nil, numUnread: Nullable<Int64>? = nil, numUnreadMentions: Nullable<Int64>? = nil, lastActivity: Nullable<Int64>? = nil, invitePolicy: Nullable<InvitePolicy>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil) {
+    public init(chatId: String, subject: Nullable<String>? = nil, state: Nullable<ChatState>? = nil, flags: Nullable<String>? = nil, lastMessage: Nullable<Int64>? = nil, numMessages: Nullable<Int64>? = nil, numUnread: Nullable<Int64>? = nil, numUnreadMentions: Nullable<Int64>? = nil, lastActivity: Nullable<Int64>? = nil, invitePolicy: Nullable<InvitePolicy>? = nil, pinPolicy: Nullable<PinPolicy>? = nil, pinnedMessages: Nullable<[Int64]>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil) {
         self.chatId = chatId
         self.subject = subject
         self.state = state
@@ -176,6 +192,8 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         self.numUnreadMentions = numUnreadMentions
         self.lastActivity = lastActivity
         self.invitePolicy = invitePolicy
+        self.pinPolicy = pinPolicy
+        self.pinnedMessages = pinnedMessages
         self.data = data
         self.localData = localData
     }
@@ -191,6 +209,8 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("numUnreadMentions", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("lastActivity", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("invitePolicy", .nullable(.enumeration(["AdminsOnly", "ParticipantsOnly"]))),
+        WireField("pinPolicy", .nullable(.enumeration(["AdminsOnly", "ParticipantsOnly"]))),
+        WireField("pinnedMessages", .nullable(.array(.id64, minItems: 0, maxItems: Int.max))),
         WireField("data", .nullable(.json(objectOnly: true))),
         WireField("localData", .nullable(.json(objectOnly: true))),
     ])
@@ -206,8 +226,10 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         self.numUnreadMentions = try fields.optional(7) { value in try value.nullable { inner in try inner.integer() } }
         self.lastActivity = try fields.optional(8) { value in try value.nullable { inner in try inner.integer() } }
         self.invitePolicy = try fields.optional(9) { value in try value.nullable { inner in try inner.enumeration(InvitePolicy.self) } }
-        self.data = try fields.optional(10) { value in try value.nullable { inner in try inner.json() } }
-        self.localData = try fields.optional(11) { value in try value.nullable { inner in try inner.json() } }
+        self.pinPolicy = try fields.optional(10) { value in try value.nullable { inner in try inner.enumeration(PinPolicy.self) } }
+        self.pinnedMessages = try fields.optional(11) { value in try value.nullable { inner in try inner.array().map { element in try element.integer() } } }
+        self.data = try fields.optional(12) { value in try value.nullable { inner in try inner.json() } }
+        self.localData = try fields.optional(13) { value in try value.nullable { inner in try inner.json() } }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -222,6 +244,8 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.numUnreadMentions { writer.rawKey("\"numUnreadMentions\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.lastActivity { writer.rawKey("\"lastActivity\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.invitePolicy { writer.rawKey("\"invitePolicy\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
+        if let value = self.pinPolicy { writer.rawKey("\"pinPolicy\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
+        if let value = self.pinnedMessages { writer.rawKey("\"pinnedMessages\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { writer.id64(element) }; writer.endArray() } }
         if let value = self.data { writer.rawKey("\"data\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
         if let value = self.localData { writer.rawKey("\"localData\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
         writer.endObject()
@@ -238,6 +262,8 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.numUnreadMentions, rhs.numUnreadMentions)
             && sameBytes(lhs.lastActivity, rhs.lastActivity)
             && sameBytes(lhs.invitePolicy, rhs.invitePolicy)
+            && sameBytes(lhs.pinPolicy, rhs.pinPolicy)
+            && sameBytes(lhs.pinnedMessages, rhs.pinnedMessages)
             && sameBytes(lhs.data, rhs.data)
             && sameBytes(lhs.localData, rhs.localData)
     }

@@ -96,12 +96,14 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
     public var mentionsAll: Bool?
     /// True when it mentions the viewer, by name or with mentionsAll (absent otherwise; never on the viewer's own message; gone when recalled).
     public var mentioned: Bool?
+    /// Present while the message is pinned in its chat.
+    public var pinned: Pin?
     /// Seconds since 1970 (UTC).
     public var timestamp: Int64
     /// The identifier its sender gave it (chatMessageSend's externalId; seed 001's externalId): present only when one was given. It never changes.
     public var externalId: String?
 
-    public init(chatId: String, messageId: Int64, senderUri: String, tag: String, content: String? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, thumb: String? = nil, file: String? = nil, fileSize: Int64? = nil, fileState: FileState? = nil, flags: String, state: MessageState, stateIsPartial: Bool, recall: RecallState? = nil, ref: [MessageRef]? = nil, refBy: [RefBy]? = nil, reactions: [ReactionCount]? = nil, mentions: [String]? = nil, mentionsAll: Bool? = nil, mentioned: Bool? = nil, timestamp: Int64, externalId: String? = nil) {
+    public init(chatId: String, messageId: Int64, senderUri: String, tag: String, content: String? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, thumb: String? = nil, file: String? = nil, fileSize: Int64? = nil, fileState: FileState? = nil, flags: String, state: MessageState, stateIsPartial: Bool, recall: RecallState? = nil, ref: [MessageRef]? = nil, refBy: [RefBy]? = nil, reactions: [ReactionCount]? = nil, mentions: [String]? = nil, mentionsAll: Bool? = nil, mentioned: Bool? = nil, pinned: Pin? = nil, timestamp: Int64, externalId: String? = nil) {
         self.chatId = chatId
         self.messageId = messageId
         self.senderUri = senderUri
@@ -123,6 +125,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         self.mentions = mentions
         self.mentionsAll = mentionsAll
         self.mentioned = mentioned
+        self.pinned = pinned
         self.timestamp = timestamp
         self.externalId = externalId
     }
@@ -149,6 +152,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("mentions", .array(.string(minBytes: 1, maxBytes: 256), minItems: 0, maxItems: Int.max)),
         WireField("mentionsAll", .boolean),
         WireField("mentioned", .boolean),
+        WireField("pinned", .object(Pin.self)),
         WireField("timestamp", .integer(min: 0, max: Int64.max), required: true),
         WireField("externalId", .string(minBytes: 0, maxBytes: Int.max)),
     ])
@@ -175,8 +179,9 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         self.mentions = try fields.optional(18) { value in try value.array().map { element in try element.string() } }
         self.mentionsAll = try fields.optional(19) { value in try value.bool() }
         self.mentioned = try fields.optional(20) { value in try value.bool() }
-        self.timestamp = try fields.required(21) { value in try value.integer() }
-        self.externalId = try fields.optional(22) { value in try value.string() }
+        self.pinned = try fields.optional(21) { value in try value.object(Pin.self) }
+        self.timestamp = try fields.required(22) { value in try value.integer() }
+        self.externalId = try fields.optional(23) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -202,6 +207,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.mentions { writer.rawKey("\"mentions\":"); writer.beginArray(); for element in value { writer.string(element) }; writer.endArray() }
         if let value = self.mentionsAll { writer.rawKey("\"mentionsAll\":"); writer.bool(value) }
         if let value = self.mentioned { writer.rawKey("\"mentioned\":"); writer.bool(value) }
+        if let value = self.pinned { writer.rawKey("\"pinned\":"); value.encode(to: &writer) }
         writer.rawKey("\"timestamp\":"); writer.integer(self.timestamp)
         if let value = self.externalId { writer.rawKey("\"externalId\":"); writer.string(value) }
         writer.endObject()
@@ -229,6 +235,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.mentions, rhs.mentions)
             && sameBytes(lhs.mentionsAll, rhs.mentionsAll)
             && sameBytes(lhs.mentioned, rhs.mentioned)
+            && sameBytes(lhs.pinned, rhs.pinned)
             && sameBytes(lhs.timestamp, rhs.timestamp)
             && sameBytes(lhs.externalId, rhs.externalId)
     }
@@ -259,10 +266,11 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
     public var mentions: Nullable<[String]>?
     public var mentionsAll: Nullable<Bool>?
     public var mentioned: Nullable<Bool>?
+    public var pinned: Nullable<Pin>?
     public var timestamp: Nullable<Int64>?
     public var externalId: Nullable<String>?
 
-    public init(chatId: String, messageId: Int64, senderUri: Nullable<String>? = nil, tag: Nullable<String>? = nil, content: Nullable<String>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil, thumb: Nullable<String>? = nil, file: Nullable<String>? = nil, fileSize: Nullable<Int64>? = nil, fileState: Nullable<FileState>? = nil, flags: Nullable<String>? = nil, state: Nullable<MessageState>? = nil, stateIsPartial: Nullable<Bool>? = nil, recall: Nullable<RecallState>? = nil, ref: Nullable<[MessageRef]>? = nil, refBy: Nullable<[RefBy]>? = nil, reactions: Nullable<[ReactionCount]>? = nil, mentions: Nullable<[String]>? = nil, mentionsAll: Nullable<Bool>? = nil, mentioned: Nullable<Bool>? = nil, timestamp: Nullable<Int64>? = nil, externalId: Nullable<String>? = nil) {
+    public init(chatId: String, messageId: Int64, senderUri: Nullable<String>? = nil, tag: Nullable<String>? = nil, content: Nullable<String>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil, thumb: Nullable<String>? = nil, file: Nullable<String>? = nil, fileSize: Nullable<Int64>? = nil, fileState: Nullable<FileState>? = nil, flags: Nullable<String>? = nil, state: Nullable<MessageState>? = nil, stateIsPartial: Nullable<Bool>? = nil, recall: Nullable<RecallState>? = nil, ref: Nullable<[MessageRef]>? = nil, refBy: Nullable<[RefBy]>? = nil, reactions: Nullable<[ReactionCount]>? = nil, mentions: Nullable<[String]>? = nil, mentionsAll: Nullable<Bool>? = nil, mentioned: Nullable<Bool>? = nil, pinned: Nullable<Pin>? = nil, timestamp: Nullable<Int64>? = nil, externalId: Nullable<String>? = nil) {
         self.chatId = chatId
         self.messageId = messageId
         self.senderUri = senderUri
@@ -284,6 +292,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         self.mentions = mentions
         self.mentionsAll = mentionsAll
         self.mentioned = mentioned
+        self.pinned = pinned
         self.timestamp = timestamp
         self.externalId = externalId
     }
@@ -310,6 +319,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         WireField("mentions", .nullable(.array(.string(minBytes: 1, maxBytes: 256), minItems: 0, maxItems: Int.max))),
         WireField("mentionsAll", .nullable(.boolean)),
         WireField("mentioned", .nullable(.boolean)),
+        WireField("pinned", .nullable(.object(Pin.self))),
         WireField("timestamp", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("externalId", .nullable(.string(minBytes: 0, maxBytes: Int.max))),
     ])
@@ -336,8 +346,9 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         self.mentions = try fields.optional(18) { value in try value.nullable { inner in try inner.array().map { element in try element.string() } } }
         self.mentionsAll = try fields.optional(19) { value in try value.nullable { inner in try inner.bool() } }
         self.mentioned = try fields.optional(20) { value in try value.nullable { inner in try inner.bool() } }
-        self.timestamp = try fields.optional(21) { value in try value.nullable { inner in try inner.integer() } }
-        self.externalId = try fields.optional(22) { value in try value.nullable { inner in try inner.string() } }
+        self.pinned = try fields.optional(21) { value in try value.nullable { inner in try inner.object(Pin.self) } }
+        self.timestamp = try fields.optional(22) { value in try value.nullable { inner in try inner.integer() } }
+        self.externalId = try fields.optional(23) { value in try value.nullable { inner in try inner.string() } }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -363,6 +374,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         if let value = self.mentions { writer.rawKey("\"mentions\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { writer.string(element) }; writer.endArray() } }
         if let value = self.mentionsAll { writer.rawKey("\"mentionsAll\":"); switch value { case .null: writer.null(); case .value(let inner): writer.bool(inner) } }
         if let value = self.mentioned { writer.rawKey("\"mentioned\":"); switch value { case .null: writer.null(); case .value(let inner): writer.bool(inner) } }
+        if let value = self.pinned { writer.rawKey("\"pinned\":"); switch value { case .null: writer.null(); case .value(let inner): inner.encode(to: &writer) } }
         if let value = self.timestamp { writer.rawKey("\"timestamp\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.externalId { writer.rawKey("\"externalId\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
         writer.endObject()
@@ -390,6 +402,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
             && sameBytes(lhs.mentions, rhs.mentions)
             && sameBytes(lhs.mentionsAll, rhs.mentionsAll)
             && sameBytes(lhs.mentioned, rhs.mentioned)
+            && sameBytes(lhs.pinned, rhs.pinned)
             && sameBytes(lhs.timestamp, rhs.timestamp)
             && sameBytes(lhs.externalId, rhs.externalId)
     }

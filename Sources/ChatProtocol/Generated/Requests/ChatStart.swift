@@ -18,6 +18,8 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
     public var isOneToOne: Bool?
     /// Who may invite new participants.
     public var invitePolicy: InvitePolicy?
+    /// Who may pin messages (default: AdminsOnly for a group, ParticipantsOnly for a one-to-one chat).
+    public var pinPolicy: PinPolicy?
     /// Application data shared by every participant. At most 71680 bytes of compact JSON (a chat's values are kept in memory for every chat).
     public var data: JSONValue?
     /// Application data of the local user only. At most 71680 bytes of compact JSON (a chat's values are kept in memory for every chat).
@@ -25,12 +27,13 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
     /// Kept with the chat and shown to the starter only (the chat element's privateData). At most 71680 bytes of compact JSON (a chat's values are kept in memory for every chat).
     public var privateData: JSONValue?
 
-    public init(cookie: String, invitees: [Invitee], subject: String? = nil, isOneToOne: Bool? = nil, invitePolicy: InvitePolicy? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, privateData: JSONValue? = nil) {
+    public init(cookie: String, invitees: [Invitee], subject: String? = nil, isOneToOne: Bool? = nil, invitePolicy: InvitePolicy? = nil, pinPolicy: PinPolicy? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, privateData: JSONValue? = nil) {
         self.cookie = cookie
         self.invitees = invitees
         self.subject = subject
         self.isOneToOne = isOneToOne
         self.invitePolicy = invitePolicy
+        self.pinPolicy = pinPolicy
         self.data = data
         self.localData = localData
         self.privateData = privateData
@@ -42,6 +45,7 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("subject", .string(minBytes: 0, maxBytes: 1024)),
         WireField("isOneToOne", .boolean),
         WireField("invitePolicy", .enumeration(["AdminsOnly", "ParticipantsOnly"])),
+        WireField("pinPolicy", .enumeration(["AdminsOnly", "ParticipantsOnly"])),
         WireField("data", .json(objectOnly: true)),
         WireField("localData", .json(objectOnly: true)),
         WireField("privateData", .json(objectOnly: true)),
@@ -53,9 +57,10 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
         self.subject = try fields.optional(2) { value in try value.string() }
         self.isOneToOne = try fields.optional(3) { value in try value.bool() }
         self.invitePolicy = try fields.optional(4) { value in try value.enumeration(InvitePolicy.self) }
-        self.data = try fields.optional(5) { value in try value.json() }
-        self.localData = try fields.optional(6) { value in try value.json() }
-        self.privateData = try fields.optional(7) { value in try value.json() }
+        self.pinPolicy = try fields.optional(5) { value in try value.enumeration(PinPolicy.self) }
+        self.data = try fields.optional(6) { value in try value.json() }
+        self.localData = try fields.optional(7) { value in try value.json() }
+        self.privateData = try fields.optional(8) { value in try value.json() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -65,6 +70,7 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.subject { writer.rawKey("\"subject\":"); writer.string(value) }
         if let value = self.isOneToOne { writer.rawKey("\"isOneToOne\":"); writer.bool(value) }
         if let value = self.invitePolicy { writer.rawKey("\"invitePolicy\":"); writer.string(value.rawValue) }
+        if let value = self.pinPolicy { writer.rawKey("\"pinPolicy\":"); writer.string(value.rawValue) }
         if let value = self.data { writer.rawKey("\"data\":"); writer.json(value) }
         if let value = self.localData { writer.rawKey("\"localData\":"); writer.json(value) }
         if let value = self.privateData { writer.rawKey("\"privateData\":"); writer.json(value) }
@@ -77,6 +83,7 @@ public struct ChatStart: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.subject, rhs.subject)
             && sameBytes(lhs.isOneToOne, rhs.isOneToOne)
             && sameBytes(lhs.invitePolicy, rhs.invitePolicy)
+            && sameBytes(lhs.pinPolicy, rhs.pinPolicy)
             && sameBytes(lhs.data, rhs.data)
             && sameBytes(lhs.localData, rhs.localData)
             && sameBytes(lhs.privateData, rhs.privateData)

@@ -31,6 +31,9 @@ public struct ChatSettable: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("numUnread", .rejected),
         WireField("lastActivity", .rejected),
         WireField("invitePolicy", .rejected),
+        WireField("numUnreadMentions", .rejected),
+        WireField("pinPolicy", .rejected),
+        WireField("pinnedMessages", .rejected),
     ])
 
     public init(wire fields: WireFields) throws {
@@ -128,6 +131,12 @@ public struct ChatMessageSettable: Sendable, Equatable, WireDecodable, WireEncod
         WireField("ref", .rejected),
         WireField("refBy", .rejected),
         WireField("timestamp", .rejected),
+        WireField("reactions", .rejected),
+        WireField("mentions", .rejected),
+        WireField("mentionsAll", .rejected),
+        WireField("mentioned", .rejected),
+        WireField("pinned", .rejected),
+        WireField("externalId", .rejected),
     ])
 
     public init(wire fields: WireFields) throws {
