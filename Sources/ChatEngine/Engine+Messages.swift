@@ -282,6 +282,15 @@ extension Engine {
         publish(changes, batch: batch)
     }
 
+    /// Refuses a message that is not there for everyone to act on (react to, pin): one
+    /// recalled, or one never sent (its attachments being stored, or failed).
+    func requireStanding(_ message: MessageRecord) throws {
+        if message.isRecalled { throw ProtocolError.notPermitted("message \(message.id) was recalled") }
+        if message.isPending || message.isGapForOthers {
+            throw ProtocolError.notPermitted("message \(message.id) was not sent: its attachments are not stored")
+        }
+    }
+
     /// The members a send mentions by name, ascending: each a current member of the chat
     /// (mentioning is not a way to reach anyone else). Mentioning everyone is for admins.
     private func mentioned(by request: ChatMessageSend, in chat: ChatRecord, member: MemberRecord) throws -> [Int64] {

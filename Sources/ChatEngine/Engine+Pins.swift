@@ -49,11 +49,8 @@ extension Engine {
             publish(changes, batch: batch)
             return
         }
-        if message.isRecalled { throw ProtocolError.notPermitted("message \(message.id) was recalled") }
+        try requireStanding(message)
         if message.isSystem { throw ProtocolError.notPermitted("message \(message.id) is a system message (\(message.tag))") }
-        if message.attached.attachment == .sending || message.attached.attachment == .failed {
-            throw ProtocolError.notPermitted("message \(message.id) was not sent: its attachments are not stored")
-        }
         if let until = request.until, until <= now() {
             throw ProtocolError.invalid("'until' \(until) is not in the future")
         }

@@ -64,10 +64,7 @@ extension Engine {
         }
         let (chat, member) = try chat(request.chatId, of: user)
         let message = try message(request.messageId, in: chat, seenBy: member)
-        if message.isRecalled { throw ProtocolError.notPermitted("message \(message.id) was recalled") }
-        if message.attached.attachment == .sending || message.attached.attachment == .failed {
-            throw ProtocolError.notPermitted("message \(message.id) was not sent: its attachments are not stored")
-        }
+        try requireStanding(message)
         if message.privateStates[user]?.isDeleted == true {
             throw ProtocolError.notPermitted("message \(message.id) was deleted by you")
         }

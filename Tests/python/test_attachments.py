@@ -488,6 +488,13 @@ def test_others_see_a_message_only_once_its_attachments_are_stored(server):
     assert bob.expect(lambda e: "searchResult" in e, "the search")["searchResult"]["messages"] == []
     during = unread(bob, "chat-during")
     assert during["numUnread"] == 0 and during["lastMessage"] == 3
+    # Not sent yet: not to be reacted to or pinned, even by its sender.
+    for cookie, request in (("react", {"chatMessageReact": {"chatId": "1", "messageId": "2", "reaction": "👍"}}),
+                            ("pin", {"chatMessagePin": {"chatId": "1", "messageId": "2"}})):
+        alice.send({next(iter(request)): dict(next(iter(request.values())), cookie=cookie)})
+        assert alice.failure()["error"] == "NotPermitted", cookie
+    bob.send({"chatMessageReact": {"chatId": "1", "messageId": "2", "reaction": "👍", "cookie": "bob-react"}})
+    assert bob.failure()["error"] == "NotFound"
     assert alice.message_change(2, "state", timeout=120)["state"] in ("Sent", "Delivered")
 
     # Then it reaches bob as a new message, counted unread, and the ids are consecutive.
@@ -519,6 +526,12 @@ def test_a_message_whose_attachments_fail_is_its_senders_alone_and_a_gap_for_the
     assert unread(bob, "chat")["numUnread"] == 0
     bob.send({"search": {"cookie": "s", "text": "secret"}})
     assert bob.expect(lambda e: "searchResult" in e, "the search")["searchResult"]["messages"] == []
+    # Never sent: neither its sender nor anyone else reacts to it or pins it (a Gap is not a message).
+    for who in (alice, bob):
+        who.send({"chatMessageReact": {"chatId": "1", "messageId": "2", "reaction": "👍", "cookie": "react"}})
+        assert who.failure()["error"] == "NotPermitted"
+        who.send({"chatMessagePin": {"chatId": "1", "messageId": "2", "cookie": "pin"}})
+        assert who.failure()["error"] == "NotPermitted"
     # Destroying a Failed message is ignored, not refused; the next message follows on.
     alice.send({"chatMessageDestroy": {"chatId": "1", "messageId": "2"}})
     os.remove(temporary)
