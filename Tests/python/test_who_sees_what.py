@@ -102,6 +102,12 @@ class Model:
         return sum(1 for i, m in self.messages.items()
                    if self.visible(user, i) and i > self.read.get(user, 0) and not m["system"] and self.mentioned(user, i))
 
+    def unread(self, user):
+        """Incoming messages after the user's read mark, system messages (flag N) aside; a
+        recalled one still counts until read."""
+        return sum(1 for i, m in self.messages.items()
+                   if self.visible(user, i) and i > self.read.get(user, 0) and not m["system"] and m["sender"] != user)
+
     def listed_mentions(self, user):
         return sorted((i for i in self.messages if self.visible(user, i) and self.mentioned(user, i)), reverse=True)
 
@@ -179,6 +185,8 @@ def check(sessions, model, step):
             for where, element in (("its events", session.chats.get("1", {})), ("asking", chat)):
                 assert element.get("numUnreadMentions") == model.unread_mentions(user), (
                     f"step {step}: {user}'s numUnreadMentions by {where} is {element.get('numUnreadMentions')}, expected {model.unread_mentions(user)}")
+                assert element.get("numUnread") == model.unread(user), (
+                    f"step {step}: {user}'s numUnread by {where} is {element.get('numUnread')}, expected {model.unread(user)}")
                 assert element.get("pinnedMessages") == model.pinned_messages(user), (
                     f"step {step}: {user}'s pinnedMessages by {where} is {element.get('pinnedMessages')}, expected {model.pinned_messages(user)}")
             listed = session.request({"chatMessageMentionsGet": {"limit": 100}})[0]["chatMessageMentions"]["messages"]
