@@ -406,3 +406,25 @@ def test_a_pin_that_ends_while_the_service_is_down_is_gone_once_it_is_back(serve
         time.sleep(0.1)
     assert "pinned" not in bob.elements([("1", 2)])[("1", 2)]
     assert bob.elements([("1", 3)])[("1", 3)]["pinned"] == {"byUri": "bbmpim://user/id/1"}
+
+
+def test_a_private_delete_hides_reactions_pins_and_mentions_from_that_user_alone(server):
+    path, _ = server
+    alice, bob = Session(path, "alice"), Session(path, "bob")
+    alice.request({"chatStart": {"invitees": [{"userId": "bob"}], "subject": "delete"}})
+    alice.request({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "@bob", "mentions": ["bbmpim://user/id/2"]}})
+    assert bob.request({"chatMessageReact": {"chatId": "1", "messageId": "2", "reaction": "👍"}}) == []
+    assert alice.request({"chatMessagePin": {"chatId": "1", "messageId": "2"}}) == []
+    assert [m["messageId"] for m in bob.request({"chatMessageMentionsGet": {}})[0]["chatMessageMentions"]["messages"]] == ["2"]
+    assert bob.request({"chatMessageDelete": {"chatId": "1", "id": "2"}}) == []
+    mine = bob.elements([("1", 2)])[("1", 2)]
+    assert "D" in mine["flags"] and not {"content", "reactions", "pinned", "mentions", "mentioned"} & set(mine), mine
+    assert bob.request({"chatMessageMentionsGet": {}})[0]["chatMessageMentions"]["messages"] == []
+    refused = bob.request({"chatMessageReact": {"chatId": "1", "messageId": "2", "reaction": "🎉"}})[0]["requestFailed"]
+    assert refused["error"] == "NotPermitted" and "deleted" in refused["reason"]
+    # For alice nothing changed: bob's reaction still counts, the pin and the mention stay.
+    theirs = alice.elements([("1", 2)])[("1", 2)]
+    assert theirs["reactions"] == [{"reaction": "👍", "count": 1, "mine": False}]
+    assert theirs["pinned"] == {"byUri": "bbmpim://user/id/0"} and theirs["mentions"] == ["bbmpim://user/id/2"]
+    assert bob.request({"requestListElements": {"type": "chat", "elements": [{"chatId": "1"}]}})[-1]["listChunk"]["elements"][0][
+        "pinnedMessages"] == ["2"], "the chat's pins are everyone's"
