@@ -298,9 +298,12 @@ extension Engine {
             throw ProtocolError.notPermitted("'mentionsAll' is for the admins of chat '\(chat.chatId)'")
         }
         var users = Set<Int64>()
-        for (index, uri) in (request.mentions ?? []).enumerated() {
-            guard let number = user(fromURI: uri, viewer: member.user), chat.activeMember(number) != nil else {
-                throw ProtocolError.invalid("'mentions[\(index)]' \(uri) is not a participant of chat '\(chat.chatId)'")
+        for (index, name) in (request.mentions ?? []).enumerated() {
+            // A userUri, or a regId (a decimal string, as the service writes them).
+            let regId = name.utf8.first == UInt8(ascii: "0") ? nil : Int64(name)
+            let number = regId.map { directory.users.find(regId: $0)?.number } ?? user(fromURI: name, viewer: member.user)
+            guard let number, chat.activeMember(number) != nil else {
+                throw ProtocolError.invalid("'mentions[\(index)]' \(name) is not a participant of chat '\(chat.chatId)'")
             }
             users.insert(number)
         }

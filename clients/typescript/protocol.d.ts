@@ -408,7 +408,7 @@ export interface ChatMessageSend {
   neverCountUnread?: boolean;
   /** The sender's own identifier of the message (the application's, e.g. a UUID made when the user pressed send), shown on the message as its externalId. A send naming one the sender already used in this chat posts nothing: it is answered with that message (a client resending after a lost connection does not post twice). */
   externalId?: string;
-  /** The members the message mentions (their userUris, as chatParticipant names them): each sees the message flagged mentioned, counted in their chat's numUnreadMentions while unread. Only current members of the chat can be mentioned. */
+  /** The members the message mentions, each by userUri (as chatParticipant names them) or by regId: each sees the message flagged mentioned, counted in their chat's numUnreadMentions while unread. Only current members of the chat can be mentioned; the message shows them as userUris. */
   mentions?: string[];
   /** Mentions every member (like @all): for a chat's admins only. */
   mentionsAll?: boolean;
