@@ -192,6 +192,7 @@ test("an aborted signal stops waiting for an outcome, and the session goes on", 
     await assert.rejects(alice.request(identitiesGet({ appUserIds: ["alice"] }), { signal: before.signal }), /not wanted any more/);
     // Aborted while waiting: the service stopped (SIGSTOP) answers nothing until the abort.
     server.child.kill("SIGSTOP");
+    await stopped(server.child.pid);
     const during = new AbortController();
     const waiting = alice.request(identitiesGet({ appUserIds: ["alice"] }), { signal: during.signal, timeout: 60000 });
     setTimeout(() => during.abort(), 50);
