@@ -499,6 +499,7 @@ extension Engine {
             // Its reactions go with it.
             for (user, state) in message.privateStates where !state.reactions.isEmpty {
                 message.privateStates[user]?.reactions = []
+                message.reactionsChanged()
                 batch.changedPrivately(message, for: user)
             }
             if wasPending {

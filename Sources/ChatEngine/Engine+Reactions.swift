@@ -33,9 +33,21 @@ struct ReactionTally {
 }
 
 extension MessageRecord {
-    /// Its reactions, per reaction, in order of first appearance (from every user's
-    /// private state).
-    func tallyReactions() -> [ReactionTally] {
+    /// Its reactions, per reaction, in order of first appearance: counted once from every
+    /// user's private state and kept until a reaction changes (`reactionsChanged`), so that
+    /// rendering it for each of a big chat's viewers does not count them again.
+    var reactionTallies: [ReactionTally] {
+        if let tallies = countedReactions { return tallies }
+        let tallies = tallyReactions()
+        countedReactions = tallies
+        return tallies
+    }
+
+    func reactionsChanged() {
+        countedReactions = nil
+    }
+
+    private func tallyReactions() -> [ReactionTally] {
         var tallies: [ExactText: ReactionTally] = [:]
         for state in privateStates.values {
             for given in state.reactions {
@@ -74,7 +86,7 @@ extension Engine {
             guard given != nil else { return }
         } else {
             guard given == nil else { return }
-            let tallies = message.tallyReactions()
+            let tallies = message.reactionTallies
             if tallies.count >= Engine.maxReactionsPerMessage && !tallies.contains(where: { sameBytes($0.text, request.reaction) }) {
                 throw ProtocolError(
                     .tooLarge, "message \(message.id) has \(tallies.count) different reactions, the limit (\(Engine.maxReactionsPerMessage))")
@@ -92,6 +104,7 @@ extension Engine {
             state.reactions.append(GivenReaction(text: request.reaction, stamp: max(Int64(now.tv_sec) * 1_000_000 + Int64(now.tv_nsec) / 1000, latest + 1)))
         }
         message.privateStates[user] = state
+        message.reactionsChanged()
         batch.changedPrivately(message, for: user)
         publish(changes, batch: batch)
     }

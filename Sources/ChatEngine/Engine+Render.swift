@@ -145,9 +145,9 @@ extension Engine {
             }
         }
         var reactions: [ReactionCount]?
-        if !hidesBody && message.privateStates.values.contains(where: { !$0.reactions.isEmpty }) {
+        if !hidesBody && !message.reactionTallies.isEmpty {
             let mine = privateState?.reactions ?? []
-            reactions = message.tallyReactions().map { tally in
+            reactions = message.reactionTallies.map { tally in
                 ReactionCount(reaction: tally.text, count: tally.count, mine: mine.contains { sameBytes($0.text, tally.text) })
             }
         }

@@ -147,6 +147,8 @@ final class MessageRecord {
     /// By tag byte for byte, as the store keeps them (`ExactText`).
     var refBy: [ExactText: (count: Int64, newest: Int64)] = [:]
     var privateStates: [Int64: PrivateState] = [:]
+    /// `reactionTallies` as last counted (nil: to be counted).
+    var countedReactions: [ReactionTally]?
     /// What the store has in the columns a change may write (nil: not stored yet).
     var stored: MessageColumns?
 
@@ -284,6 +286,9 @@ final class MessageRecord {
                     for given in state.reactions { bytes += Heap.bytes(of: given.text) }
                 }
             }
+        }
+        if let tallies = countedReactions, !tallies.isEmpty {
+            bytes += Heap.bytes(ofArray: tallies.count, stride: MemoryLayout<ReactionTally>.stride)
         }
         if let thumb = attached.thumb { bytes += Heap.bytes(of: thumb.name) + Heap.bytes(of: thumb.blob) }
         if let file = attached.file { bytes += Heap.bytes(of: file.name) + Heap.bytes(of: file.blob) }
