@@ -69,10 +69,8 @@ extension Engine {
         let message = MessageRecord(
             chat: chat.number, id: chat.lastMessage + 1, sender: sender, tag: tag, content: content, data: data,
             refs: refs, timestamp: timestamp, isControl: isControl, neverCountsUnread: neverCountsUnread,
-            changeSeq: directory.changeSeq)
+            changeSeq: directory.changeSeq, mentioned: mentions, mentionsAll: mentionsAll)
         message.externalId = externalId
-        message.mentioned = mentions
-        message.mentionsAll = mentionsAll
         if mentionsAll || !mentions.isEmpty {
             message.mentionedUsers = chat.members.values.filter { $0.isActive && message.mentions($0.user) }.map(\.user).sorted()
         }

@@ -38,7 +38,9 @@ extension Engine {
         // The newest message this member sees: one whose attachments are being stored is
         // its sender's alone until they are.
         var last = chat.lastMessage
-        while let sender = chat.pendingSends[last], sender != member.user { last -= 1 }
+        if !chat.pendingSends.isEmpty {
+            while let sender = chat.pendingSends[last], sender != member.user { last -= 1 }
+        }
         // Pins of messages from before they joined are not theirs to see.
         let pinned = chat.pins.isEmpty ? [] : chat.pins.map(\.message).filter { $0 >= member.joinedAt }
         return Chat(
@@ -144,24 +146,40 @@ extension Engine {
                 }
             }
         }
+        // Reactions, mentions and pins: most messages have none, and each viewer of each
+        // message is rendered here, so each is looked at only when there is something.
         var reactions: [ReactionCount]?
-        if !hidesBody && !message.reactionTallies.isEmpty {
-            let mine = privateState?.reactions ?? []
-            reactions = message.reactionTallies.map { tally in
-                ReactionCount(reaction: tally.text, count: tally.count, mine: mine.contains { sameBytes($0.text, tally.text) })
+        var mentions: [String]?
+        var mentionsAll: Bool?
+        var mentioned: Bool?
+        var pinned: Pin?
+        if !hidesBody {
+            if privateState != nil || !message.privateStates.isEmpty {
+                let tallies = message.reactionTallies
+                if !tallies.isEmpty {
+                    let mine = privateState?.reactions ?? []
+                    reactions = tallies.map { tally in
+                        ReactionCount(reaction: tally.text, count: tally.count, mine: mine.contains { sameBytes($0.text, tally.text) })
+                    }
+                }
+            }
+            if message.mentionsAll || !message.mentioned.isEmpty {
+                mentions = message.mentioned.isEmpty ? nil : message.mentioned.map(uri)
+                mentionsAll = message.mentionsAll ? true : nil
+                mentioned = message.mentions(viewer) ? true : nil
+            }
+            let pins = chat.pins
+            if !pins.isEmpty, let pin = pins.first(where: { $0.message == message.id }) {
+                pinned = Pin(byUri: uri(pin.by), until: pin.until)
             }
         }
-        let showsMentions = !hidesBody && !message.isRecalled
-        let pin = hidesBody ? nil : chat.pins.first { $0.message == message.id }
         return ChatMessage(
             chatId: chat.chatId, messageId: message.id, senderUri: uri(message.sender), tag: message.tag,
             content: hidesBody ? nil : message.content, data: hidesBody ? nil : message.data,
             localData: deleted ? nil : privateState?.localData, thumb: thumb, file: file, fileSize: fileSize,
             fileState: fileState, flags: flags, state: state, stateIsPartial: partial,
             recall: message.isRecalled ? .recalled : nil, ref: message.refs.isEmpty ? nil : message.refs,
-            refBy: refBy, reactions: reactions, mentions: showsMentions && !message.mentioned.isEmpty ? message.mentioned.map(uri) : nil,
-            mentionsAll: showsMentions && message.mentionsAll ? true : nil, mentioned: showsMentions && message.mentions(viewer) ? true : nil,
-            pinned: pin.map { Pin(byUri: uri($0.by), until: $0.until) },
+            refBy: refBy, reactions: reactions, mentions: mentions, mentionsAll: mentionsAll, mentioned: mentioned, pinned: pinned,
             timestamp: message.timestamp, externalId: message.externalId)
     }
 

@@ -131,9 +131,10 @@ final class MessageRecord {
     let neverCountsUnread: Bool
     /// Its sender's own identifier of it (`chatMessageSend`'s `externalId`).
     var externalId: String?
-    /// The members it mentions by name, ascending, and whether it mentions every member.
-    var mentioned: [Int64] = []
-    var mentionsAll = false
+    /// The members it mentions by name, ascending, and whether it mentions every member
+    /// (constants: read for every viewer it is rendered for).
+    let mentioned: [Int64]
+    let mentionsAll: Bool
     /// Every member it mentions, for the store's list of each user's mentions: made when
     /// it is posted, written with it, not kept once stored.
     var mentionedUsers: [Int64] = []
@@ -154,8 +155,10 @@ final class MessageRecord {
 
     init(
         chat: Int64, id: Int64, sender: Int64, tag: String, content: String?, data: JSONValue?, refs: [MessageRef], timestamp: Int64,
-        isControl: Bool, neverCountsUnread: Bool, changeSeq: Int64
+        isControl: Bool, neverCountsUnread: Bool, changeSeq: Int64, mentioned: [Int64] = [], mentionsAll: Bool = false
     ) {
+        self.mentioned = mentioned
+        self.mentionsAll = mentionsAll
         self.chat = chat
         self.id = id
         self.sender = sender
