@@ -129,10 +129,20 @@ extension Engine {
         // What the last session without a cookie was sent, in one event: members who see
         // the messages alike (in a group, all but their sender) get its bytes again.
         var lastAlike: [ChatMessage]?
+        // Members for whom the new messages render alike (in a group, most recipients) share
+        // one rendering: what tells them apart is known without rendering (`ViewerKind`).
+        var lastRendered: (kinds: [ViewerKind], elements: [ChatMessage])?
         for member in chat.members.values where member.isActive && member.user != except && isOnline(member.user) {
             let visible = messages.filter { $0.id >= member.joinedAt && $0.isSeen(by: member.user) }
             guard !visible.isEmpty else { continue }
-            let elements = visible.map { renderMessage($0, in: chat, for: member.user) }
+            let kinds = visible.map { ViewerKind($0, member) }
+            let elements: [ChatMessage]
+            if let last = lastRendered, kinds.allSatisfy(\.isShared), last.kinds == kinds {
+                elements = last.elements
+            } else {
+                elements = visible.map { renderMessage($0, in: chat, for: member.user) }
+                lastRendered = (kinds, elements)
+            }
             for (message, element) in zip(visible, elements) { renderedNow[message.id, default: [:]][member.user] = element }
             for session in sessions(of: member.user) {
                 let cookie = session === answering?.session ? answering?.cookie : nil
@@ -148,6 +158,31 @@ extension Engine {
             }
         }
         try markDelivered(chat, batch: batch, changes: changes, renderedNow: renderedNow)
+    }
+
+    /// What a viewer's rendering of a message depends on besides the message itself
+    /// (`renderMessage`): their own message, a rendering of theirs alone (a Gap is posted by
+    /// each viewer; what they did to it for themselves), or a recipient's, told apart by
+    /// whether they read it and whether it mentions them.
+    enum ViewerKind: Equatable {
+        case own
+        case alone
+        case recipient(read: Bool, mentioned: Bool)
+
+        init(_ message: MessageRecord, _ member: MemberRecord) {
+            if message.sender == member.user {
+                self = .own
+            } else if message.isGapForOthers || (!message.privateStates.isEmpty && message.privateStates[member.user] != nil) {
+                self = .alone
+            } else {
+                self = .recipient(read: member.readUpTo >= message.id, mentioned: message.mentions(member.user))
+            }
+        }
+
+        /// Other members of the same kind see the message exactly alike.
+        var isShared: Bool {
+            if case .recipient = self { true } else { false }
+        }
     }
 
     /// Every connected member has now received everything up to the chat's last message:

@@ -507,41 +507,45 @@ def test_others_see_a_message_only_once_its_attachments_are_stored(server):
 
 
 def test_a_message_whose_attachments_fail_is_its_senders_alone_and_a_gap_for_the_others(server):
-    alice, bob = server.connect("alice"), server.connect("bob")
+    alice, bob, carol = server.connect("alice"), server.connect("bob"), server.connect("carol")
     start_chat(alice)
     bob.added_message(1)
+    alice.send({"chatInvite": {"chatId": "1", "invitees": [{"userId": "carol"}]}})
+    carol.added_message(2)
     # A real fault: where copies are made is not a directory any more.
     temporary = os.path.join(server.data, "attachments", "tmp")
     os.rmdir(temporary)
     open(temporary, "w").close()
     source = server.write(server.allowed, "report.pdf", b"%PDF secret plans")
     alice.send({"chatMessageSend": {"chatId": "1", "tag": "File", "content": "secret plans", "file": source}})
-    assert alice.added_message(2)["state"] == "Sending"
-    assert alice.message_change(2, "state")["state"] == "Failed"
-    gap = bob.added_message(2)
+    assert alice.added_message(3)["state"] == "Sending"
+    assert alice.message_change(3, "state")["state"] == "Failed"
+    gap = bob.added_message(3)
     assert gap["tag"] == "Gap" and gap["state"] == "Sent" and gap["flags"] == "N"
     assert not {"content", "file", "fileState", "fileSize", "thumb", "data"} & set(gap)
+    # Each viewer's Gap is their own: posted by them (carol's is not bob's).
+    assert carol.added_message(3)["senderUri"] == gap["senderUri"] == "bbmpim://user/id/0"
     bob.send({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "mine"}})
-    assert gap["senderUri"] == bob.added_message(3)["senderUri"], "a Gap is posted by the viewer"
+    assert gap["senderUri"] == bob.added_message(4)["senderUri"], "a Gap is posted by the viewer"
     assert unread(bob, "chat")["numUnread"] == 0
     bob.send({"search": {"cookie": "s", "text": "secret"}})
     assert bob.expect(lambda e: "searchResult" in e, "the search")["searchResult"]["messages"] == []
     # Never sent: neither its sender nor anyone else reacts to it or pins it (a Gap is not a message).
     for who in (alice, bob):
-        who.send({"chatMessageReact": {"chatId": "1", "messageId": "2", "reaction": "👍", "cookie": "react"}})
+        who.send({"chatMessageReact": {"chatId": "1", "messageId": "3", "reaction": "👍", "cookie": "react"}})
         assert who.failure()["error"] == "NotPermitted"
-        who.send({"chatMessagePin": {"chatId": "1", "messageId": "2", "cookie": "pin"}})
+        who.send({"chatMessagePin": {"chatId": "1", "messageId": "3", "cookie": "pin"}})
         assert who.failure()["error"] == "NotPermitted"
     # Destroying a Failed message is ignored, not refused; the next message follows on.
-    alice.send({"chatMessageDestroy": {"chatId": "1", "messageId": "2"}})
+    alice.send({"chatMessageDestroy": {"chatId": "1", "messageId": "3"}})
     os.remove(temporary)
     os.mkdir(temporary)
     alice.send({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "after"}})
     added = alice.expect(lambda e: "requestFailed" in e or (e.get("listAdd", {}).get("type") == "chatMessage"
-                                                             and e["listAdd"]["elements"][0]["messageId"] == "4"), "message 4")
+                                                             and e["listAdd"]["elements"][0]["messageId"] == "5"), "message 5")
     assert "requestFailed" not in added, added
-    assert chat_window(bob, "bob") == [1, 2, 3, 4] == chat_window(alice, "alice")
-    own = seen(alice, "two")
+    assert chat_window(bob, "bob") == [1, 2, 3, 4, 5] == chat_window(alice, "alice")
+    own = seen(alice, "two", "3")
     assert own["state"] == "Failed" and own["content"] == "secret plans" and own["tag"] == "File"
 
 
