@@ -131,7 +131,7 @@ extension Engine {
             detach(session)
         case .tick:
             batch.begin(.internal, session: nil)
-            timed.tickScheduled = false
+            timed.tickAt = nil
             expireTyping(batch: batch)
             endPins(batch: batch)
         case .continueList(let list):

@@ -585,8 +585,9 @@ extension Engine {
     func typingStarted(_ user: Int64, in chat: ChatRecord, batch: Batch) {
         let entry = TypingEntry(user: user, chat: chat.number)
         let isNew = timed.typing[entry] == nil
-        timed.typing[entry] = monotonicSeconds() + Engine.typingSeconds
-        scheduleTick()
+        let ends = monotonicSeconds() + Engine.typingSeconds
+        timed.typing[entry] = ends
+        scheduleTick(due: ends)
         guard isNew else { return }
         let element = Typing(userUri: uri(user), chatId: chat.chatId)
         for member in chat.members.values where member.isActive && member.user != user {
@@ -620,10 +621,12 @@ extension Engine {
         Double(DispatchTime.now().uptimeNanoseconds) / 1e9
     }
 
-    func scheduleTick() {
-        let earliest = [timed.typing.values.min(), timed.pinEnds.values.map(\.due).min()].compactMap { $0 }.min()
-        guard !timed.tickScheduled, let earliest else { return }
-        timed.tickScheduled = true
+    /// Makes sure a tick comes when the earliest timed work is due: `due`, when the caller
+    /// has just added work due then (nothing else is looked at), or else the earliest of all.
+    func scheduleTick(due: Double? = nil) {
+        let earliest = due ?? [timed.typing.values.min(), timed.pinEnds.values.map(\.due).min()].compactMap { $0 }.min()
+        guard let earliest, earliest < timed.tickAt ?? .infinity else { return }
+        timed.tickAt = earliest
         let delay = max(0.01, earliest - monotonicSeconds())
         DispatchQueue.global().asyncAfter(deadline: .now() + delay) { [self] in tick() }
     }

@@ -75,11 +75,14 @@ extension Engine {
 
     /// Pins of `chat` that end by themselves are ended on time (`endPins`).
     func schedulePinEnds(of chat: ChatRecord) {
+        var earliest: Double?
         for pin in chat.pins {
             guard let until = pin.until else { continue }
-            timed.pinEnds[PinKey(chat: chat.number, message: pin.message)] = (monotonicSeconds() + Double(until - now()), until)
+            let due = monotonicSeconds() + Double(until - now())
+            timed.pinEnds[PinKey(chat: chat.number, message: pin.message)] = (due, until)
+            earliest = min(earliest ?? due, due)
         }
-        if !timed.pinEnds.isEmpty { scheduleTick() }
+        if let earliest { scheduleTick(due: earliest) }
     }
 
     /// Ends the pins whose time is up, for everyone.

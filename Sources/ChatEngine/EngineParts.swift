@@ -264,7 +264,9 @@ final class TimedWork {
     /// they were given. An entry whose pin was removed or given another `until` since is
     /// passed over when it is due.
     var pinEnds: [PinKey: (due: Double, until: Int64)] = [:]
-    var tickScheduled = false
+    /// When the next tick is due (seconds on the monotonic clock; nil: none is scheduled).
+    /// Work due sooner schedules one of its own: a tick due later must not hold it up.
+    var tickAt: Double?
     /// Users who came online, with their chats whose deliveries are still to be marked
     /// (`deliverDue`), oldest first.
     var deliveriesDue: [(user: Int64, chats: [Int64])] = []

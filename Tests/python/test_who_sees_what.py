@@ -428,3 +428,23 @@ def test_a_private_delete_hides_reactions_pins_and_mentions_from_that_user_alone
     assert theirs["pinned"] == {"byUri": "bbmpim://user/id/0"} and theirs["mentions"] == ["bbmpim://user/id/2"]
     assert bob.request({"requestListElements": {"type": "chat", "elements": [{"chatId": "1"}]}})[-1]["listChunk"]["elements"][0][
         "pinnedMessages"] == ["2"], "the chat's pins are everyone's"
+
+
+def test_a_pin_ends_on_time_when_a_later_one_was_timed_first(server):
+    path, _ = server
+    alice, bob = Session(path, "alice"), Session(path, "bob")
+    alice.request({"chatStart": {"invitees": [{"userId": "bob"}], "subject": "timers"}})
+    for text in ("for a day", "for a moment"):
+        alice.request({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": text}})
+    # The engine's timer is set for the pin that ends in a day; the one that ends in two
+    # seconds must not wait for it.
+    assert alice.request({"chatMessagePin": {"chatId": "1", "messageId": "2", "until": int(time.time()) + 86400}}) == []
+    assert alice.request({"chatMessagePin": {"chatId": "1", "messageId": "3", "until": int(time.time()) + 2}}) == []
+    deadline = time.time() + 10
+    while True:
+        bob.sync()
+        if bob.chats["1"].get("pinnedMessages") == ["2"]:
+            break
+        assert time.time() < deadline, f"the pin of message 3 did not end: {bob.chats['1']}"
+        time.sleep(0.2)
+    assert "pinned" not in bob.messages[("1", 3)] and bob.messages[("1", 2)]["pinned"]["until"] > time.time()
