@@ -178,9 +178,8 @@ extension Engine {
             index(message, in: chat, batch: batch)
             if !message.neverCountsUnread { chat.lastActivity = max(chat.lastActivity, message.timestamp) }
             // A member who read past it while it was being stored got it read.
-            for member in chat.members.values where member.isActive && member.received(id) && member.readUpTo < id && message.countsUnread(for: member.user) {
-                member.numUnread += 1
-                if message.mentions(member.user) { member.numUnreadMentions += 1 }
+            for member in chat.members.values where member.isActive && member.hasUnread(message) {
+                member.countUnread(message)
                 batch.changed(member, of: chat)
             }
         }

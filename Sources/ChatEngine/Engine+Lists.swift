@@ -537,6 +537,30 @@ extension Engine {
     static let nobody: Int64 = 0
 }
 
+/// Where a page of a list answered in pages ended (a `next`, given back as `after`): a
+/// fixed number of non-negative numbers, written "a.b…". Opaque to clients.
+struct PageCursor: CustomStringConvertible {
+    let fields: [Int64]
+
+    init(_ fields: Int64...) {
+        self.fields = fields
+    }
+
+    /// The cursor `text` spells, when it has `count` fields of decimal digits.
+    init?(_ text: String, count: Int) {
+        let parts = text.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == count else { return nil }
+        var fields: [Int64] = []
+        for part in parts {
+            guard !part.isEmpty, part.allSatisfy({ $0.isASCII && $0.isNumber }), let field = Int64(part) else { return nil }
+            fields.append(field)
+        }
+        self.fields = fields
+    }
+
+    var description: String { fields.map(String.init).joined(separator: ".") }
+}
+
 /// A change feed token (`since`): the position read up to in each slot (`FeedSlots`),
 /// counted from the slot's base, written "p0.p1…" without the slots after the last that
 /// has one: with one slot, the plain number the feed always gave.

@@ -8,11 +8,10 @@ extension Engine {
     func mentions(_ request: ChatMessageMentionsGet, user: Int64) throws -> Event {
         var after: MentionPosition?
         if let text = request.after {
-            let parts = text.split(separator: ".", omittingEmptySubsequences: false).map { Int64($0) }
-            guard parts.count == 3, let timestamp = parts[0], let chat = parts[1], let id = parts[2] else {
+            guard let cursor = PageCursor(text, count: 3) else {
                 throw ProtocolError.invalid("'after' is not the 'next' of a page of your mentions")
             }
-            after = MentionPosition(timestamp: timestamp, chat: chat, id: id)
+            after = MentionPosition(timestamp: cursor.fields[0], chat: cursor.fields[1], id: cursor.fields[2])
         }
         let limit = Int(request.limit ?? 50)
         let positions: [MentionPosition]
@@ -29,7 +28,7 @@ extension Engine {
             else { continue }
             messages.append(renderMessage(message, in: chat, for: user))
         }
-        let next = positions.count == limit ? positions.last.map { "\($0.timestamp).\($0.chat).\($0.id)" } : nil
+        let next = positions.count == limit ? positions.last.map { PageCursor($0.timestamp, $0.chat, $0.id).description } : nil
         return .chatMessageMentions(ChatMessageMentionsEvent(cookie: request.cookie, messages: messages, next: next))
     }
 }

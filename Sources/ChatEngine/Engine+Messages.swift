@@ -97,9 +97,8 @@ extension Engine {
                 member.isHidden = false
                 batch.changed(member, of: chat)
             }
-            if member.received(message.id) && message.countsUnread(for: member.user) {
-                member.numUnread += 1
-                if message.mentions(member.user) { member.numUnreadMentions += 1 }
+            if member.hasUnread(message) {
+                member.countUnread(message)
                 batch.changed(member, of: chat)
             }
         }
@@ -517,10 +516,7 @@ extension Engine {
             releaseAttachments(of: message, in: chat, batch: batch)
             unpin(message, in: chat, changes)
             // An unread mention of it is no longer one.
-            for member in chat.members.values
-            where member.isActive && member.received(message.id) && member.readUpTo < message.id && message.countsUnread(for: member.user)
-                && message.mentions(member.user)
-            {
+            for member in chat.members.values where member.isActive && member.hasUnread(message) && message.mentions(member.user) {
                 willChange(chat, changes)
                 member.numUnreadMentions = max(0, member.numUnreadMentions - 1)
                 batch.changed(member, of: chat)

@@ -125,14 +125,13 @@ extension Engine {
         all.sort { ($0.stamp, $0.user) < ($1.stamp, $1.user) }
         var start = all.startIndex
         if let after = request.after {
-            let parts = after.split(separator: ".")
-            guard parts.count == 2, let stamp = Int64(parts[0]), let reactor = Int64(parts[1]) else {
+            guard let cursor = PageCursor(after, count: 2) else {
                 throw ProtocolError.invalid("'after' is not the 'next' of a page of this message's reactions")
             }
-            start = all.firstIndex { ($0.stamp, $0.user) > (stamp, reactor) } ?? all.endIndex
+            start = all.firstIndex { ($0.stamp, $0.user) > (cursor.fields[0], cursor.fields[1]) } ?? all.endIndex
         }
         let page = all[start...].prefix(Int(request.limit ?? 100))
-        let next = page.count < all.count - start ? page.last.map { "\($0.stamp).\($0.user)" } : nil
+        let next = page.count < all.count - start ? page.last.map { PageCursor($0.stamp, $0.user).description } : nil
         return .chatMessageReactions(
             ChatMessageReactionsEvent(
                 cookie: request.cookie, chatId: chat.chatId, messageId: message.id,

@@ -154,7 +154,7 @@ extension Engine {
         var mentioned: Bool?
         var pinned: Pin?
         if !hidesBody {
-            if privateState != nil || !message.privateStates.isEmpty {
+            if !message.privateStates.isEmpty {
                 let tallies = message.reactionTallies
                 if !tallies.isEmpty {
                     let mine = privateState?.reactions ?? []

@@ -73,6 +73,19 @@ final class MemberRecord {
         id >= joinedAt && (leftAt.map { id < $0 } ?? true)
     }
 
+    /// `message` counts in their unread counts: they received it, have not read it, and it
+    /// counts as unread for them.
+    func hasUnread(_ message: MessageRecord) -> Bool {
+        received(message.id) && readUpTo < message.id && message.countsUnread(for: user)
+    }
+
+    /// `message` is one more they have not read (`hasUnread`): counted, and in their unread
+    /// mentions when it mentions them.
+    func countUnread(_ message: MessageRecord) {
+        numUnread += 1
+        if message.mentions(user) { numUnreadMentions += 1 }
+    }
+
     /// The ids this member received that are not read yet: `(readUpTo, last]` within their time in the chat.
     func unreadRange(last: Int64) -> ClosedRange<Int64>? {
         let start = max(readUpTo + 1, joinedAt, 1)

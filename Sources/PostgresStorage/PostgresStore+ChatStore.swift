@@ -234,9 +234,13 @@ extension PostgresStore: ChatStore {
     }
 
     public func mentions(of user: Int64, after position: MentionPosition?, limit: Int) throws -> [MentionPosition] {
-        var sql: SQL = #"SELECT timestamp, chat, id FROM message_mention WHERE "user" = \#(user) "#
-        if let position { sql = sql + "AND (timestamp, chat, id) < (\(position.timestamp), \(position.chat), \(position.id)) " }
-        sql = sql + "ORDER BY timestamp DESC, chat DESC, id DESC LIMIT \(Int64(limit))"
+        // No position: from before the highest there can be.
+        let before = position ?? MentionPosition(timestamp: .max, chat: .max, id: .max)
+        let sql: SQL = #"""
+            SELECT timestamp, chat, id FROM message_mention WHERE "user" = \#(user)
+            AND (timestamp, chat, id) < (\#(before.timestamp), \#(before.chat), \#(before.id))
+            ORDER BY timestamp DESC, chat DESC, id DESC LIMIT \#(Int64(limit))
+            """#
         return try withConnection { connection in
             try run(connection, sql).map { row in
                 let (timestamp, chat, id) = try row.decode((Int64, Int64, Int64).self)

@@ -195,22 +195,16 @@ extension SQLiteStore: ChatStore {
     }
 
     public func mentions(of user: Int64, after position: MentionPosition?, limit: Int) throws -> [MentionPosition] {
-        try pool.read { db in
-            let rows: [Row]
-            if let position {
-                rows = try Row.fetchAll(
-                    db.cachedStatement(
-                        sql: """
-                            SELECT timestamp, chat, id FROM message_mention WHERE user = ? AND (timestamp, chat, id) < (?, ?, ?)
-                            ORDER BY timestamp DESC, chat DESC, id DESC LIMIT ?
-                            """), arguments: [user, position.timestamp, position.chat, position.id, limit])
-            } else {
-                rows = try Row.fetchAll(
-                    db.cachedStatement(
-                        sql: "SELECT timestamp, chat, id FROM message_mention WHERE user = ? ORDER BY timestamp DESC, chat DESC, id DESC LIMIT ?"),
-                    arguments: [user, limit])
-            }
-            return rows.map { MentionPosition(timestamp: $0[0], chat: $0[1], id: $0[2]) }
+        // No position: from before the highest there can be.
+        let before = position ?? MentionPosition(timestamp: .max, chat: .max, id: .max)
+        return try pool.read { db in
+            try Row.fetchAll(
+                db.cachedStatement(
+                    sql: """
+                        SELECT timestamp, chat, id FROM message_mention WHERE user = ? AND (timestamp, chat, id) < (?, ?, ?)
+                        ORDER BY timestamp DESC, chat DESC, id DESC LIMIT ?
+                        """), arguments: [user, before.timestamp, before.chat, before.id, limit]
+            ).map { MentionPosition(timestamp: $0[0], chat: $0[1], id: $0[2]) }
         }
     }
 
