@@ -210,7 +210,7 @@ extension Engine {
             guard start <= last else { continue }
             // Only the senders see a delivery: read the messages if one of them is here.
             let someoneSees = chat.members.values.contains { $0.isActive && $0.user != member.user && isOnline($0.user) }
-            try willChange(start...last, of: chat, notSentBy: member.user, someoneSees: someoneSees, changes, renderedNow: renderedNow)
+            try willChange(start...last, of: chat, by: member.user, .delivery, someoneSees: someoneSees, changes, renderedNow: renderedNow)
         }
         for member in receiving {
             member.deliveredUpTo = deliverable(to: member)
@@ -359,7 +359,7 @@ extension Engine {
             unread += 1
             if message.mentions(user) { mentions += 1 }
         }
-        try willChange(range, of: chat, notSentBy: user, someoneSees: true, changes)
+        try willChange(range, of: chat, by: user, .read, someoneSees: true, changes)
         member.numUnread = max(0, member.numUnread - unread)
         member.numUnreadMentions = max(0, member.numUnreadMentions - mentions)
         member.readUpTo = target.id

@@ -198,17 +198,45 @@ extension Engine {
 /// before. `Engine.publish` renders them again afterwards and sends the differences.
 final class PendingChanges {
     fileprivate enum Entry {
-        /// One message: it takes the next position of the change feed.
-        case message(ChatRecord, MessageRecord, before: [Int64: ChatMessage])
+        /// One message: it takes the next position of the change feed. `only`: the viewers
+        /// it may change for, when not all of them (a mark moving: its sender, and a
+        /// reader); `before` holds the renderings of those who are online.
+        case message(ChatRecord, MessageRecord, before: [Int64: ChatMessage], only: [Int64]?)
         /// Many messages at once (a mark moving over them): one range of positions, one
         /// row in the store; the messages were read only if someone online sees them.
         case range(ChatRecord, ClosedRange<Int64>, [(message: MessageRecord, before: [Int64: ChatMessage])])
     }
 
     fileprivate var entries: [Entry] = []
-    fileprivate var messageIndex: Set<Batch.RowKey> = []
+    /// Where each message changed one by one is in `entries`.
+    fileprivate var messageIndex: [Batch.RowKey: Int] = [:]
     fileprivate var chats: [(chat: ChatRecord, before: [Int64: Chat])] = []
     fileprivate var chatIndex: Set<Int64> = []
+
+    /// The message is recorded one by one, with `viewer`'s rendering if they are online
+    /// (nil: with every viewer's).
+    fileprivate func records(_ key: Batch.RowKey, for viewer: Int64?) -> Bool {
+        guard let index = messageIndex[key] else { return false }
+        guard case .message(_, _, _, let only?) = entries[index] else { return true }
+        return viewer.map(only.contains) ?? false
+    }
+}
+
+/// How a mark moving over messages (`Engine.willChange(_:of:by:someoneSees:_:renderedNow:)`)
+/// may change them: who sees what changes.
+enum MarkMove {
+    /// A recipient got them: only their senders see it (their state).
+    case delivery
+    /// A recipient read them: their senders and the reader see it.
+    case read
+
+    /// The viewers for whom `message` may change when `user`'s mark moves over it.
+    func viewers(of message: MessageRecord, movedBy user: Int64) -> [Int64] {
+        switch self {
+        case .delivery: [message.sender]
+        case .read: [message.sender, user]
+        }
+    }
 }
 
 extension Engine {
@@ -218,42 +246,76 @@ extension Engine {
 
     /// Call before changing anything `message` shows to anyone. `renderedNow`: the message
     /// as each online viewer sees it now, when the caller has just rendered it for all of
-    /// them (it is not rendered again).
-    func willChange(_ message: MessageRecord, in chat: ChatRecord, _ changes: PendingChanges, renderedNow: [Int64: ChatMessage]? = nil) {
-        guard changes.messageIndex.insert(Batch.RowKey(chat: chat.number, item: message.id)).inserted else { return }
-        changes.entries.append(.message(chat, message, before: renderedNow ?? renderForOnlineViewers(message, in: chat)))
+    /// them (it is not rendered again). `only`: the change shows to these viewers alone
+    /// (the others' renderings are neither taken now nor compared after).
+    func willChange(
+        _ message: MessageRecord, in chat: ChatRecord, _ changes: PendingChanges, renderedNow: [Int64: ChatMessage]? = nil,
+        only: [Int64]? = nil
+    ) {
+        let key = Batch.RowKey(chat: chat.number, item: message.id)
+        guard let index = changes.messageIndex[key] else {
+            changes.messageIndex[key] = changes.entries.count
+            changes.entries.append(.message(chat, message, before: before(message, in: chat, renderedNow: renderedNow, only: only), only: only))
+            return
+        }
+        // Recorded already, perhaps for some of its viewers only: the others are still as
+        // they were (what changed since changed for those only), so they are taken now.
+        guard case .message(_, _, var before, let recorded?) = changes.entries[index] else { return }
+        let missing = only?.filter { !recorded.contains($0) }
+        if let missing, missing.isEmpty { return }
+        for (viewer, element) in self.before(message, in: chat, renderedNow: renderedNow, only: missing) where before[viewer] == nil {
+            before[viewer] = element
+        }
+        changes.entries[index] = .message(chat, message, before: before, only: missing.map { recorded + $0 })
     }
 
-    private func renderForOnlineViewers(_ message: MessageRecord, in chat: ChatRecord) -> [Int64: ChatMessage] {
+    /// `message` as each online viewer (of `only`, when given) sees it now.
+    private func before(_ message: MessageRecord, in chat: ChatRecord, renderedNow: [Int64: ChatMessage]?, only: [Int64]?) -> [Int64: ChatMessage] {
         var before: [Int64: ChatMessage] = [:]
-        for member in viewers(of: message, in: chat) where isOnline(member.user) {
-            before[member.user] = renderMessage(message, in: chat, for: member.user)
+        guard let only else {
+            if let renderedNow { return renderedNow }
+            for member in viewers(of: message, in: chat) where isOnline(member.user) {
+                before[member.user] = renderMessage(message, in: chat, for: member.user)
+            }
+            return before
+        }
+        for user in only where before[user] == nil {
+            if let rendered = renderedNow?[user] {
+                before[user] = rendered
+            } else if renderedNow == nil, isOnline(user), let member = chat.members[user], member.isActive, member.joinedAt <= message.id,
+                message.isSeen(by: user)
+            {
+                before[user] = renderMessage(message, in: chat, for: user)
+            }
         }
         return before
     }
 
-    /// Call before a mark moves over the messages `range` of `chat` (a read, a delivery):
-    /// each message not sent by `user` may change for someone. A few are changed one by
-    /// one; many as one range, read from the store only when `someoneSees` (a viewer
-    /// other than `user`, or `user` for a read, is online). `renderedNow`: messages the
-    /// caller has just rendered for every online viewer, by id (`announceNew`'s).
+    /// Call before a mark of `user` moves over the messages `range` of `chat` (`move`: a
+    /// delivery, a read): each message not sent by `user` may change for the viewers
+    /// `move` names. A few are changed one by one; many as one range, read from the store
+    /// only when `someoneSees` (a viewer other than `user`, or `user` for a read, is
+    /// online). `renderedNow`: messages the caller has just rendered for every online
+    /// viewer, by id (`announceNew`'s).
     func willChange(
-        _ range: ClosedRange<Int64>, of chat: ChatRecord, notSentBy user: Int64, someoneSees: Bool,
+        _ range: ClosedRange<Int64>, of chat: ChatRecord, by user: Int64, _ move: MarkMove, someoneSees: Bool,
         _ changes: PendingChanges, renderedNow: [Int64: [Int64: ChatMessage]] = [:]
     ) throws {
         if range.count <= Engine.largeRange {
-            // Nothing to read when this request recorded them all already: a new message
-            // delivered to each member of a group is recorded for the first of them.
-            if range.allSatisfy({ changes.messageIndex.contains(Batch.RowKey(chat: chat.number, item: $0)) }) { return }
+            // Nothing to read when this request recorded them all already for whom this
+            // shows to (every record has the message's sender): a new message delivered
+            // to each member of a group is recorded for the first of them.
+            let viewer = move == .read ? user : nil
+            if range.allSatisfy({ changes.records(Batch.RowKey(chat: chat.number, item: $0), for: viewer) }) { return }
             for message in try loadMessages(in: chat, range) where message.sender != user {
-                willChange(message, in: chat, changes, renderedNow: renderedNow[message.id])
+                willChange(message, in: chat, changes, renderedNow: renderedNow[message.id], only: move.viewers(of: message, movedBy: user))
             }
             return
         }
         var loaded: [(MessageRecord, [Int64: ChatMessage])] = []
         if someoneSees {
             for message in try loadMessages(in: chat, range) where message.sender != user {
-                loaded.append((message, renderedNow[message.id] ?? renderForOnlineViewers(message, in: chat)))
+                loaded.append((message, before(message, in: chat, renderedNow: renderedNow[message.id], only: move.viewers(of: message, movedBy: user))))
             }
         }
         changes.entries.append(.range(chat, range, loaded))
@@ -285,7 +347,7 @@ extension Engine {
         }
         for entry in changes.entries {
             switch entry {
-            case .message(let chat, let message, let before):
+            case .message(let chat, let message, let before, _):
                 directory.changeSeq += 1
                 message.changeSeq = directory.changeSeq
                 batch.changed(message)
@@ -295,7 +357,7 @@ extension Engine {
                 // the others take one block of positions per stretch between them.
                 var start = range.lowerBound
                 for id in range.lowerBound...(range.upperBound + 1) {
-                    let single = id <= range.upperBound && changes.messageIndex.contains(Batch.RowKey(chat: chat.number, item: id))
+                    let single = id <= range.upperBound && changes.messageIndex[Batch.RowKey(chat: chat.number, item: id)] != nil
                     guard single || id > range.upperBound else { continue }
                     if start < id {
                         batch.changed(RangeChangeRow(chat: chat.number, firstSeq: directory.changeSeq + 1, firstId: start, lastId: id - 1))
@@ -303,7 +365,7 @@ extension Engine {
                     }
                     start = id + 1
                 }
-                for (message, before) in loaded where !changes.messageIndex.contains(Batch.RowKey(chat: chat.number, item: message.id)) {
+                for (message, before) in loaded where changes.messageIndex[Batch.RowKey(chat: chat.number, item: message.id)] == nil {
                     compare(message, in: chat, before)
                 }
             }
