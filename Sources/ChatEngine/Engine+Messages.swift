@@ -123,8 +123,9 @@ extension Engine {
         except: Int64? = nil, batch: Batch, changes: PendingChanges
     ) throws {
         guard !messages.isEmpty else { return }
-        // As every online viewer sees them now: the delivery below changes them from this.
-        var renderedNow: [Int64: [Int64: ChatMessage]] = [:]
+        // Each as its sender sees it now, if online: the delivery below changes it from this
+        // for them alone.
+        var sendersSeeNow: [Int64: ChatMessage] = [:]
         // What the last session without a cookie was sent, in one event: members who see
         // the messages alike (in a group, all but their sender) get its bytes again.
         var lastAlike: [ChatMessage]?
@@ -142,7 +143,7 @@ extension Engine {
                 elements = visible.map { renderMessage($0, in: chat, for: member.user) }
                 lastRendered = (kinds, elements)
             }
-            for (message, element) in zip(visible, elements) { renderedNow[message.id, default: [:]][member.user] = element }
+            for (message, element) in zip(visible, elements) where message.sender == member.user { sendersSeeNow[message.id] = element }
             for session in sessions(of: member.user) {
                 let cookie = session === answering?.session ? answering?.cookie : nil
                 if cookie == nil && elements.count <= Engine.chunkSize {
@@ -156,7 +157,7 @@ extension Engine {
                 }
             }
         }
-        try markDelivered(chat, batch: batch, changes: changes, renderedNow: renderedNow)
+        try markDelivered(chat, batch: batch, changes: changes, sendersSeeNow: sendersSeeNow)
     }
 
     /// What a viewer's rendering of a message depends on besides the message itself
@@ -185,11 +186,11 @@ extension Engine {
     }
 
     /// Every connected member has now received everything up to the chat's last message:
-    /// the senders' states move (§6). `renderedNow`: messages just rendered for every
-    /// online viewer, by id, not rendered again.
+    /// the senders' states move (§6). `sendersSeeNow`: messages just rendered for their
+    /// senders, by id, not rendered again.
     func markDelivered(
         _ chat: ChatRecord, only user: Int64? = nil, batch: Batch, changes: PendingChanges,
-        renderedNow: [Int64: [Int64: ChatMessage]] = [:]
+        sendersSeeNow: [Int64: ChatMessage] = [:]
     ) throws {
         // A recipient's mark stops before a message they cannot see yet (its attachments
         // are being stored): it moves on once they can, and until then the marks say what
@@ -210,7 +211,7 @@ extension Engine {
             guard start <= last else { continue }
             // Only the senders see a delivery: read the messages if one of them is here.
             let someoneSees = chat.members.values.contains { $0.isActive && $0.user != member.user && isOnline($0.user) }
-            try willChange(start...last, of: chat, by: member.user, .delivery, someoneSees: someoneSees, changes, renderedNow: renderedNow)
+            try willChange(start...last, of: chat, by: member.user, .delivery, someoneSees: someoneSees, changes, sendersSeeNow: sendersSeeNow)
         }
         for member in receiving {
             member.deliveredUpTo = deliverable(to: member)

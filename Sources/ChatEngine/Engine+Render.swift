@@ -20,7 +20,11 @@ extension Engine {
     }
 
     func uri(_ user: Int64) -> String {
-        UserRecord.uriPrefix + String(user)
+        if let known = directory.uris[user] { return known }
+        if directory.uris.count >= Directory.urisKept { directory.uris.removeAll(keepingCapacity: true) }
+        let made = UserRecord.uriPrefix + String(user)
+        directory.uris[user] = made
+        return made
     }
 
     /// The user a uri in `viewer`'s request names: `bbmpim://user/id/0` is the viewer.
@@ -222,7 +226,7 @@ final class PendingChanges {
     }
 }
 
-/// How a mark moving over messages (`Engine.willChange(_:of:by:someoneSees:_:renderedNow:)`)
+/// How a mark moving over messages (`Engine.willChange(_:of:by:_:someoneSees:_:sendersSeeNow:)`)
 /// may change them: who sees what changes.
 enum MarkMove {
     /// A recipient got them: only their senders see it (their state).
@@ -244,10 +248,10 @@ extension Engine {
     /// the store), not one by one.
     static let largeRange = 64
 
-    /// Call before changing anything `message` shows to anyone. `renderedNow`: the message
-    /// as each online viewer sees it now, when the caller has just rendered it for all of
-    /// them (it is not rendered again). `only`: the change shows to these viewers alone
-    /// (the others' renderings are neither taken now nor compared after).
+    /// Call before changing anything `message` shows to anyone. `only`: the change shows
+    /// to these viewers alone (the others' renderings are neither taken now nor compared
+    /// after). `renderedNow`: the message as each online viewer (of `only`) sees it now,
+    /// when the caller has just rendered it for all of them (it is not rendered again).
     func willChange(
         _ message: MessageRecord, in chat: ChatRecord, _ changes: PendingChanges, renderedNow: [Int64: ChatMessage]? = nil,
         only: [Int64]? = nil
@@ -269,7 +273,8 @@ extension Engine {
         changes.entries[index] = .message(chat, message, before: before, only: missing.map { recorded + $0 })
     }
 
-    /// `message` as each online viewer (of `only`, when given) sees it now.
+    /// `message` as each online viewer (of `only`, when given) sees it now: `renderedNow`
+    /// when the caller has it.
     private func before(_ message: MessageRecord, in chat: ChatRecord, renderedNow: [Int64: ChatMessage]?, only: [Int64]?) -> [Int64: ChatMessage] {
         var before: [Int64: ChatMessage] = [:]
         guard let only else {
@@ -279,12 +284,9 @@ extension Engine {
             }
             return before
         }
+        if let renderedNow { return renderedNow }
         for user in only where before[user] == nil {
-            if let rendered = renderedNow?[user] {
-                before[user] = rendered
-            } else if renderedNow == nil, isOnline(user), let member = chat.members[user], member.isActive, member.joinedAt <= message.id,
-                message.isSeen(by: user)
-            {
+            if isOnline(user), let member = chat.members[user], member.isActive, member.joinedAt <= message.id, message.isSeen(by: user) {
                 before[user] = renderMessage(message, in: chat, for: user)
             }
         }
@@ -295,12 +297,15 @@ extension Engine {
     /// delivery, a read): each message not sent by `user` may change for the viewers
     /// `move` names. A few are changed one by one; many as one range, read from the store
     /// only when `someoneSees` (a viewer other than `user`, or `user` for a read, is
-    /// online). `renderedNow`: messages the caller has just rendered for every online
-    /// viewer, by id (`announceNew`'s).
+    /// online). `sendersSeeNow`: messages the caller has just rendered for their senders,
+    /// by id (`announceNew`'s).
     func willChange(
         _ range: ClosedRange<Int64>, of chat: ChatRecord, by user: Int64, _ move: MarkMove, someoneSees: Bool,
-        _ changes: PendingChanges, renderedNow: [Int64: [Int64: ChatMessage]] = [:]
+        _ changes: PendingChanges, sendersSeeNow: [Int64: ChatMessage] = [:]
     ) throws {
+        func seenBySender(_ message: MessageRecord) -> [Int64: ChatMessage]? {
+            sendersSeeNow[message.id].map { [message.sender: $0] }
+        }
         if range.count <= Engine.largeRange {
             // Nothing to read when this request recorded them all already for whom this
             // shows to (every record has the message's sender): a new message delivered
@@ -308,14 +313,14 @@ extension Engine {
             let viewer = move == .read ? user : nil
             if range.allSatisfy({ changes.records(Batch.RowKey(chat: chat.number, item: $0), for: viewer) }) { return }
             for message in try loadMessages(in: chat, range) where message.sender != user {
-                willChange(message, in: chat, changes, renderedNow: renderedNow[message.id], only: move.viewers(of: message, movedBy: user))
+                willChange(message, in: chat, changes, renderedNow: seenBySender(message), only: move.viewers(of: message, movedBy: user))
             }
             return
         }
         var loaded: [(MessageRecord, [Int64: ChatMessage])] = []
         if someoneSees {
             for message in try loadMessages(in: chat, range) where message.sender != user {
-                loaded.append((message, before(message, in: chat, renderedNow: renderedNow[message.id], only: move.viewers(of: message, movedBy: user))))
+                loaded.append((message, before(message, in: chat, renderedNow: seenBySender(message), only: move.viewers(of: message, movedBy: user))))
             }
         }
         changes.entries.append(.range(chat, range, loaded))
@@ -400,9 +405,10 @@ extension Engine {
         return .value(new)
     }
 
+    /// What changed from `old` to `new` (nil: nothing). Each field is compared once: most
+    /// elements compared have changed.
     func difference(_ old: ChatMessage, _ new: ChatMessage) -> ChatMessageChange? {
-        guard old != new else { return nil }
-        return ChatMessageChange(
+        let change = ChatMessageChange(
             chatId: new.chatId, messageId: new.messageId, senderUri: field(old.senderUri, new.senderUri), tag: field(old.tag, new.tag),
             content: field(old.content, new.content), data: field(old.data, new.data), localData: field(old.localData, new.localData),
             thumb: field(old.thumb, new.thumb), file: field(old.file, new.file), fileSize: field(old.fileSize, new.fileSize),
@@ -410,7 +416,9 @@ extension Engine {
             stateIsPartial: field(old.stateIsPartial, new.stateIsPartial), recall: field(old.recall, new.recall),
             ref: field(old.ref, new.ref), refBy: field(old.refBy, new.refBy), reactions: field(old.reactions, new.reactions),
             mentions: field(old.mentions, new.mentions), mentionsAll: field(old.mentionsAll, new.mentionsAll),
-            mentioned: field(old.mentioned, new.mentioned), pinned: field(old.pinned, new.pinned), timestamp: field(old.timestamp, new.timestamp))
+            mentioned: field(old.mentioned, new.mentioned), pinned: field(old.pinned, new.pinned), timestamp: field(old.timestamp, new.timestamp),
+            externalId: field(old.externalId, new.externalId))
+        return change == ChatMessageChange(chatId: new.chatId, messageId: new.messageId) ? nil : change
     }
 
     /// Every field of `new` as a change, for a viewer whose old rendering is unknown
@@ -438,14 +446,15 @@ extension Engine {
             localData: given(new.localData))
     }
 
+    /// What changed from `old` to `new` (nil: nothing).
     func difference(_ old: Chat, _ new: Chat) -> ChatChange? {
-        guard old != new else { return nil }
-        return ChatChange(
+        let change = ChatChange(
             chatId: new.chatId, subject: field(old.subject, new.subject), state: field(old.state, new.state), flags: field(old.flags, new.flags),
             lastMessage: field(old.lastMessage, new.lastMessage), numMessages: field(old.numMessages, new.numMessages),
             numUnread: field(old.numUnread, new.numUnread), numUnreadMentions: field(old.numUnreadMentions, new.numUnreadMentions),
             lastActivity: field(old.lastActivity, new.lastActivity),
             invitePolicy: field(old.invitePolicy, new.invitePolicy), pinPolicy: field(old.pinPolicy, new.pinPolicy),
             pinnedMessages: field(old.pinnedMessages, new.pinnedMessages), data: field(old.data, new.data), localData: field(old.localData, new.localData))
+        return change == ChatChange(chatId: new.chatId) ? nil : change
     }
 }

@@ -29,6 +29,10 @@ final class Directory {
     var numbersTaken: [NumberedKind: [ClosedRange<Int64>]] = [:]
     /// The counters as the store has them.
     var storedCounters = StoreCounters()
+    /// Users' uris as elements show them, made once (most renderings name a sender); at
+    /// most `urisKept`, forgotten all at once when full.
+    var uris: [Int64: String] = [:]
+    static let urisKept = 16384
 }
 
 extension Directory {
