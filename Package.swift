@@ -17,6 +17,7 @@ import PackageDescription
 //   ChatEngine    – the chat semantics: one place that decides (Engine)
 //   ChatSession   – authentication, per-session output and backpressure (Session)
 //   ChatServer    – transports: stdio, TCP and Unix sockets (SwiftNIO); the metrics endpoint
+//   Notifier      – notifications of offline recipients to the application's server (outbox → HTTP)
 //   chatcore      – the command line
 let package = Package(
     name: "chatcore",
@@ -39,7 +40,8 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-configuration", from: "1.4.0", traits: ["YAML"]),
         .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
-        .package(url: "https://github.com/apple/swift-system", from: "1.8.1")
+        .package(url: "https://github.com/apple/swift-system", from: "1.8.1"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0")
     ],
     targets: [
         .systemLibrary(
@@ -104,10 +106,20 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log")
             ]
         ),
+        .target(
+            name: "Notifier",
+            dependencies: [
+                "ChatEngine", "ChatProtocol", "ChatWire", "ChatMetrics", "Storage",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log")
+            ]
+        ),
         .executableTarget(
             name: "chatcore",
             dependencies: [
-                "ChatServer", "ChatSession", "ChatEngine", "Storage", "SQLiteStorage", "PostgresStorage", "Attachments", "ChatMetrics", "Threads",
+                "ChatServer", "Notifier", "ChatSession", "ChatEngine", "Storage", "SQLiteStorage", "PostgresStorage", "Attachments", "ChatMetrics", "Threads",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "Yams", package: "Yams"),

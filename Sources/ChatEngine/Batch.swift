@@ -18,6 +18,8 @@ final class Batch {
     /// Text for the search index, handed over once committed.
     var searchAdds: [SearchEntry] = []
     var searchRemovals: [Int64] = []
+    /// Notifications for recipients of new messages (`--notify-url`), written with them.
+    var notifications: [NotificationRow] = []
     /// The messages changed records are kept in until they are committed.
     let cache: MessageCache
     /// This batch's place in the engine's sequence of batches (its pins in the cache).
@@ -274,6 +276,8 @@ final class Batch {
         store.directory.removedEndpoints = Array(changes.removedEndpoints)
         store.directory.endpointUsers = changes.removedEndpointUsers.sorted()
         store.counters = counters
+        store.notifications = notifications
+        notifications = []
     }
 
     /// The rows collected last are handed to the committer: the records take them as
@@ -463,6 +467,7 @@ final class Batch {
         changes.written = []
         searchAdds = []
         searchRemovals = []
+        notifications = []
         effects.closing.removeAll { $0.item >= durable }
         return effects.setupChanges.filter { $0.item >= durable }.reversed().map { ($0.session, $0.before) }
     }

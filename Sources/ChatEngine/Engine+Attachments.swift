@@ -179,8 +179,7 @@ extension Engine {
             if !message.neverCountsUnread { chat.lastActivity = max(chat.lastActivity, message.timestamp) }
             // A member who read past it while it was being stored got it read.
             for member in chat.members.values where member.isActive && member.hasUnread(message) {
-                member.countUnread(message)
-                batch.changed(member, of: chat)
+                countNewUnread(message, for: member, in: chat, batch: batch)
             }
         }
         batch.changed(message)

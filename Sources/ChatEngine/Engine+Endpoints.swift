@@ -9,6 +9,8 @@ final class EndpointRecord {
     var nickname: String
     var isLegacyDelegate: Bool
     let ordinal: Int64
+    /// `endpointUpdate`'s `pushToken` (nil: none).
+    var pushToken: String?
 
     init(id: Int64, user: Int64, description: String, nickname: String, isLegacyDelegate: Bool, ordinal: Int64) {
         self.id = id
@@ -23,10 +25,13 @@ final class EndpointRecord {
         self.init(
             id: row.id, user: row.user, description: row.description, nickname: row.nickname, isLegacyDelegate: row.isLegacyDelegate,
             ordinal: row.ordinal)
+        pushToken = row.pushToken
     }
 
     var row: EndpointRow {
-        EndpointRow(id: id, user: user, description: description, nickname: nickname, isLegacyDelegate: isLegacyDelegate, ordinal: ordinal)
+        var row = EndpointRow(id: id, user: user, description: description, nickname: nickname, isLegacyDelegate: isLegacyDelegate, ordinal: ordinal)
+        row.pushToken = pushToken
+        return row
     }
 }
 
@@ -87,6 +92,7 @@ extension Engine {
         let record = EndpointRecord(
             id: id, user: user, description: update.description, nickname: update.nickname ?? "",
             isLegacyDelegate: update.isLegacyDelegate ?? false, ordinal: directory.lastEndpointOrdinal)
+        record.pushToken = update.pushToken.flatMap { $0.isEmpty ? nil : $0 }
         directory.endpoints[id] = record
         directory.endpointsOfUser[user, default: []].append(id)
         batch.changed(record)
@@ -96,6 +102,7 @@ extension Engine {
         endpoint.description = update.description
         if let nickname = update.nickname { endpoint.nickname = nickname }
         if let isLegacyDelegate = update.isLegacyDelegate { endpoint.isLegacyDelegate = isLegacyDelegate }
+        if let pushToken = update.pushToken { endpoint.pushToken = pushToken.isEmpty ? nil : pushToken }
         batch.changed(endpoint)
     }
 

@@ -156,6 +156,8 @@ extension Engine {
         case .deliverFollowed(let numbers):
             batch.begin(.internal, session: nil)
             deliverFollowed(numbers, batch: batch)
+        case .composeNotifications(let rows, let previewLength, let reply):
+            reply(composeNow(rows, previewLength: previewLength))
         case .barrier, .stop, .committed, .othersActed:
             break
         }

@@ -97,12 +97,31 @@ extension Engine {
                 member.isHidden = false
                 batch.changed(member, of: chat)
             }
-            if member.hasUnread(message) {
-                member.countUnread(message)
-                batch.changed(member, of: chat)
-            }
+            if member.hasUnread(message) { countNewUnread(message, for: member, in: chat, batch: batch) }
         }
         return message
+    }
+
+    /// `member` has one more message they have not read (`MemberRecord.hasUnread`): it is
+    /// counted, and when the application is notified (`NotificationPolicy`) a
+    /// notification for them is written with it: due at once when they are connected
+    /// nowhere, after the policy's delay when they are (sent only if they have not read it
+    /// by then), none for a message the service posts.
+    func countNewUnread(_ message: MessageRecord, for member: MemberRecord, in chat: ChatRecord, batch: Batch) {
+        member.countUnread(message)
+        batch.changed(member, of: chat)
+        guard let policy = notificationPolicy, !message.isSystem else { return }
+        let now = Engine.milliseconds()
+        let due: Int64
+        if !isConnectedAnywhere(member.user) {
+            due = now
+        } else if let delay = policy.unreadDelay {
+            due = now + delay.milliseconds
+        } else {
+            return
+        }
+        if batch.notifications.isEmpty, let written = policy.written { batch.whenCommitted(written) }
+        batch.notifications.append(NotificationRow(key: NotificationKey(chat: chat.number, id: message.id, user: member.user), created: now, due: due))
     }
 
     /// Makes a message's text searchable.

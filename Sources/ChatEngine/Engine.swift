@@ -39,6 +39,8 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
         case attachmentsStored(chat: Int64, id: Int64, thumb: String?, file: String?, error: String?)
         /// A search's hits, looked up off the engine thread (`Engine+Search.swift`).
         case searchFound(Search, line: Int, chatIds: [String], user: Int64, hits: Result<SearchFound, ProtocolError>, session: EngineSession)
+        /// Notifications the notifier took, to be turned into what it sends (`compose`).
+        case composeNotifications([NotificationRow], previewLength: Int, reply: @Sendable ([NotificationOutcome]) -> Void)
         /// Finish what came before, then end the engine thread.
         case stop
         /// The committer finished the batch handed to it.
@@ -82,6 +84,8 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
     let cache: MessageCache
     /// What each user may cost the others (rates, searches at once).
     var quotas: Quotas
+    /// Whether and when recipients who are not connected are notified (nil: never).
+    let notificationPolicy: NotificationPolicy?
 
     // The parts, each owning one concern's state (EngineParts.swift). They are the
     // engine thread's: each is reached through an accessor that checks so in debug
@@ -154,11 +158,12 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
         store: ChatStore, coordination: NodeCoordination = SoloNode(), logger: Logger, searchIndex: MessageSearchIndex? = nil,
         attachments: AttachmentStore? = nil,
         attachmentsDirectory: String? = nil, cacheBytes: Int = Engine.defaultCacheBytes, feedSlot: Int? = nil,
-        quotas: QuotaLimits = QuotaLimits(),
+        quotas: QuotaLimits = QuotaLimits(), notifications: NotificationPolicy? = nil,
         clock: @escaping @Sendable () -> Int64 = Engine.wallClock,
         onFatalStoreError: (@Sendable (String) -> Void)? = nil
     ) throws {
         self.quotas = Quotas(limits: quotas)
+        self.notificationPolicy = notifications
         let feedSlot = feedSlot ?? coordination.feedSlot
         precondition((0..<FeedSlots.count).contains(feedSlot), "a feed slot is below \(FeedSlots.count)")
         self.cache = MessageCache(budget: cacheBytes)
@@ -180,6 +185,9 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
 
     /// Seconds since 1970 now: message timestamps, unless a test fixes them.
     public static let wallClock: @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970) }
+
+    /// The wall clock in milliseconds since 1970 (notifications' times).
+    public static func milliseconds() -> Int64 { Int64((Date().timeIntervalSince1970 * 1000).rounded(.down)) }
 
     /// What the messages in memory may take by default (`--cache-mb`).
     public static let defaultCacheBytes = 64 << 20

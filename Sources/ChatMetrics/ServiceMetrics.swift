@@ -37,6 +37,15 @@ public enum ServiceMetrics {
     /// and accepted since start.
     public static let relayedConnections = Meter(label: "chatcore_relayed_connections_open")
     public static let relayedConnectionsAccepted = Counter(label: "chatcore_relayed_connections_total")
+    /// Notifications of offline recipients (`--notify-url`): answered 2xx by the
+    /// application's server, tried again (each notification in a request that failed),
+    /// dropped (the outbox was full: the oldest went; or the server refused them with a
+    /// 4xx), and from being written to being answered 2xx.
+    public static let notificationsSent = Counter(label: "chatcore_notifications_sent_total")
+    public static let notificationsRetried = Counter(label: "chatcore_notifications_retried_total")
+    public static let notificationsDroppedFull = Counter(label: "chatcore_notifications_dropped_total", dimensions: [("reason", "outbox_full")])
+    public static let notificationsDroppedRefused = Counter(label: "chatcore_notifications_dropped_total", dimensions: [("reason", "refused")])
+    public static let notificationLatency = Timer(label: "chatcore_notification_latency_seconds")
 
     /// What each family measures (`# HELP`), by label: every metric the service makes is
     /// here, and the exporter refuses one that is not (`help(of:)`).
@@ -52,6 +61,10 @@ public enum ServiceMetrics {
         "chatcore_deciding": "1 while this node decides (it holds the store), 0 while it relays to the node that does.",
         "chatcore_relayed_connections_open": "Connections this node relays to the deciding node, open now.",
         "chatcore_relayed_connections_total": "Connections this node relayed to the deciding node since it started.",
+        "chatcore_notifications_sent_total": "Notifications of offline recipients the application's server answered 2xx.",
+        "chatcore_notifications_retried_total": "Notifications to be sent again: their request failed (no answer, 5xx, 408 or 429).",
+        "chatcore_notifications_dropped_total": "Notifications given up, by reason: outbox_full (the oldest went) or refused (a 4xx answer).",
+        "chatcore_notification_latency_seconds": "From a notification written (with its message) to the application's server answering 2xx.",
         requestLabel: "Lines read, by request name (unknown: a name the protocol does not have, or not a request).",
         failureLabel: "Requests answered requestFailed, by request name and error.",
         durationLabel: "From a request's line decoded to its answers handed to the session's output, by request name.",
@@ -81,6 +94,10 @@ public enum ServiceMetrics {
             .microseconds(100), .microseconds(250), .microseconds(500), .milliseconds(1), .milliseconds(2), .milliseconds(5),
             .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100), .milliseconds(250), .seconds(1),
             .seconds(5)
+        ],
+        "chatcore_notification_latency_seconds": [
+            .milliseconds(10), .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500), .seconds(1), .seconds(5),
+            .seconds(30), .seconds(60), .seconds(300), .seconds(3600)
         ]
     ]
 

@@ -22,10 +22,7 @@ extension PostgresStore: ChatStore {
                 let (number, userId, regId) = try $0.decode((Int64, String, Int64).self)
                 return UserRecord(number: number, userId: userId, regId: regId)
             }
-            directory.endpoints = try run(connection, "SELECT \(unescaped: Columns.endpoint) FROM endpoint ORDER BY ordinal").map {
-                let (id, user, description, nickname, isLegacyDelegate, ordinal) = try $0.decode((Int64, Int64, String, String, Bool, Int64).self)
-                return EndpointRow(id: id, user: user, description: description, nickname: nickname, isLegacyDelegate: isLegacyDelegate, ordinal: ordinal)
-            }
+            directory.endpoints = try run(connection, "SELECT \(unescaped: Columns.endpoint) FROM endpoint ORDER BY ordinal").map(PostgresStore.endpoint)
             directory.chats = try run(connection, "SELECT \(unescaped: Columns.chat) FROM chat ORDER BY \"number\"").map(PostgresStore.chat)
             directory.members = try run(connection, "SELECT \(unescaped: Columns.member) FROM member ORDER BY chat, \"user\"").map(PostgresStore.member)
             return directory
@@ -109,13 +106,20 @@ extension PostgresStore: ChatStore {
     /// Column lists, in the order the readers below decode them.
     enum Columns {
         static let user = #""number", "userId", "regId""#
-        static let endpoint = #"id, "user", description, nickname, "isLegacyDelegate", ordinal"#
+        static let endpoint = #"id, "user", description, nickname, "isLegacyDelegate", ordinal, "pushToken""#
         static let chat = #""number", subject, "isOneToOne", "invitePolicy", "isDefunct", data, "lastMessage", "lastActivity", "pinPolicy", pins"#
         static let refCount = "chat, target, tag, count, newest"
         static let member =
             #"chat, "user", "isActive", "isAdmin", "joinedAt", "leftAt", "isHidden", "localData", "privateData", "deliveredUpTo", "readUpTo", "numUnread", "numUnreadMentions""#
         static let message = MessageColumn.allCases.map { "\"\($0.rawValue)\"" }.joined(separator: ", ")
         static let messageUser = #"chat, id, "user", "localData", "isDeleted", "thumbDetached", "fileDownloaded", reactions"#
+    }
+
+    static func endpoint(_ row: PostgresRow) throws -> EndpointRow {
+        let (id, user, description, nickname, isLegacyDelegate, ordinal, pushToken) = try row.decode((Int64, Int64, String, String, Bool, Int64, String?).self)
+        var endpoint = EndpointRow(id: id, user: user, description: description, nickname: nickname, isLegacyDelegate: isLegacyDelegate, ordinal: ordinal)
+        endpoint.pushToken = pushToken
+        return endpoint
     }
 
     static func member(_ row: PostgresRow) throws -> MemberRow {

@@ -226,7 +226,7 @@ extension PostgresStore {
         insert(
             statement, into: "endpoint", columns: S.endpointColumns,
             rows: batch.directory.endpoints.map {
-                [.int($0.id), .int($0.user), .text($0.description), .text($0.nickname), .bool($0.isLegacyDelegate), .int($0.ordinal)]
+                [.int($0.id), .int($0.user), .text($0.description), .text($0.nickname), .bool($0.isLegacyDelegate), .int($0.ordinal), .text($0.pushToken)]
             }, conflict: S.replacing(key: ["id"], columns: S.endpointColumns))
         // Written and removed endpoints are never the same ones (`StoreBatch`).
         if !batch.directory.removedEndpoints.isEmpty {
@@ -365,6 +365,10 @@ extension PostgresStore {
                 ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value
                 """)
         }
+        insert(
+            statement, into: "notification_outbox", columns: ["chat", "id", #""user""#, "created", "due"],
+            rows: batch.notifications.map { [.int($0.key.chat), .int($0.key.id), .int($0.key.user), .int($0.created), .int($0.due)] },
+            conflict: "DO NOTHING")
     }
 
     static func values(_ member: MemberRow) -> [Value] {

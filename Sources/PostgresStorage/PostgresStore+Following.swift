@@ -257,10 +257,7 @@ extension PostgresStore {
                 }
                 activity.endpoints = try run(
                     connection, "SELECT \(unescaped: Columns.endpoint) FROM endpoint WHERE \"user\" = ANY(\(users)::bigint[]) ORDER BY ordinal"
-                ).map {
-                    let (id, user, description, nickname, isLegacyDelegate, ordinal) = try $0.decode((Int64, Int64, String, String, Bool, Int64).self)
-                    return EndpointRow(id: id, user: user, description: description, nickname: nickname, isLegacyDelegate: isLegacyDelegate, ordinal: ordinal)
-                }
+                ).map(PostgresStore.endpoint)
             }
             activity.cursor = next
             return activity

@@ -419,6 +419,28 @@ extension PostgresStore {
                 #"UPDATE chat SET "pinPolicy" = 'ParticipantsOnly' WHERE "isOneToOne""#,
                 #"ALTER TABLE chat ADD COLUMN pins text"#
             ]
+        ),
+        (
+            "v16-notifications",
+            [
+                // Notifications waiting to be sent to the application's server, written with
+                // the messages they are about (`NotificationOutbox`), and what each endpoint
+                // is woken with.
+                #"ALTER TABLE endpoint ADD COLUMN "pushToken" text"#,
+                """
+                CREATE TABLE notification_outbox (
+                    chat bigint NOT NULL,
+                    id bigint NOT NULL,
+                    "user" bigint NOT NULL,
+                    created bigint NOT NULL,
+                    due bigint NOT NULL,
+                    attempts bigint NOT NULL DEFAULT 0,
+                    PRIMARY KEY (chat, id, "user")
+                )
+                """,
+                "CREATE INDEX notification_by_due ON notification_outbox(due)",
+                "CREATE INDEX notification_by_created ON notification_outbox(created)"
+            ]
         )
     ]
 

@@ -36,12 +36,13 @@ extension UserRecord: SelectedInOrder, PersistableRecord {
 
 extension EndpointRow: SelectedInOrder, PersistableRecord {
     public static let databaseTableName = "endpoint"
-    enum Field: Int, CaseIterable { case id, user, description, nickname, isLegacyDelegate, ordinal }
+    enum Field: Int, CaseIterable { case id, user, description, nickname, isLegacyDelegate, ordinal, pushToken }
 
     public init(row: Row) throws {
         self.init(
             id: row[Field.id.rawValue], user: row[Field.user.rawValue], description: row[Field.description.rawValue], nickname: row[Field.nickname.rawValue],
             isLegacyDelegate: row[Field.isLegacyDelegate.rawValue], ordinal: row[Field.ordinal.rawValue])
+        pushToken = row[Field.pushToken.rawValue]
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -51,6 +52,7 @@ extension EndpointRow: SelectedInOrder, PersistableRecord {
         container["nickname"] = nickname
         container["isLegacyDelegate"] = isLegacyDelegate
         container["ordinal"] = ordinal
+        container["pushToken"] = pushToken
     }
 }
 

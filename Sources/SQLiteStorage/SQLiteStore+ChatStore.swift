@@ -382,5 +382,12 @@ extension SQLiteStore: ChatStore {
             let set = try db.cachedStatement(sql: "INSERT INTO counter (name, value) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value")
             for counter in counters.named { try set.execute(arguments: [counter.name, counter.value]) }
         }
+        if !batch.notifications.isEmpty {
+            let insert = try db.cachedStatement(
+                sql: "INSERT OR IGNORE INTO notification_outbox (chat, id, user, created, due, attempts) VALUES (?, ?, ?, ?, ?, 0)")
+            for row in batch.notifications {
+                try insert.execute(arguments: [row.key.chat, row.key.id, row.key.user, row.created, row.due])
+            }
+        }
     }
 }

@@ -419,6 +419,26 @@ public final class SQLiteStore: Sendable {
                     ALTER TABLE chat ADD COLUMN pins TEXT;
                     """)
         }
+        migrator.registerMigration("v12-notifications") { db in
+            // Notifications waiting to be sent to the application's server, written with
+            // the messages they are about (`NotificationOutbox`), and what each endpoint
+            // is woken with.
+            try db.execute(
+                sql: """
+                    ALTER TABLE endpoint ADD COLUMN pushToken TEXT;
+                    CREATE TABLE notification_outbox (
+                        chat INTEGER NOT NULL,
+                        id INTEGER NOT NULL,
+                        user INTEGER NOT NULL,
+                        created INTEGER NOT NULL,
+                        due INTEGER NOT NULL,
+                        attempts INTEGER NOT NULL DEFAULT 0,
+                        PRIMARY KEY (chat, id, user)
+                    ) WITHOUT ROWID;
+                    CREATE INDEX notification_by_due ON notification_outbox(due);
+                    CREATE INDEX notification_by_created ON notification_outbox(created);
+                    """)
+        }
         return migrator
     }
 

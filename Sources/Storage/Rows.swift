@@ -51,6 +51,9 @@ public struct EndpointRow: Sendable, Equatable {
     public var isLegacyDelegate: Bool
     /// Registration order (endpointsGet lists the oldest first).
     public var ordinal: Int64
+    /// What the application's server wakes the device with (`endpointUpdate`'s
+    /// `pushToken`; nil: none).
+    public var pushToken: String?
 
     public init(id: Int64, user: Int64, description: String, nickname: String, isLegacyDelegate: Bool, ordinal: Int64) {
         self.id = id
@@ -366,6 +369,9 @@ public struct StoreBatch: Sendable {
     public var blobUses: [String: Int64] = [:]
     /// The counters as they now are (nil: unchanged).
     public var counters: StoreCounters?
+    /// Notifications for recipients of the new messages (`NotificationOutbox`); one that is
+    /// there already for its message and recipient is left as it is.
+    public var notifications: [NotificationRow] = []
     /// Every chat the batch changes (its row, members, messages or their states), with the
     /// version the decision was made on (0: a chat the store does not have yet). A store
     /// that several deciding processes share applies the batch only if each chat is still
@@ -386,6 +392,7 @@ public struct StoreBatch: Sendable {
     public var isEmpty: Bool {
         directory.isEmpty && newMessages.isEmpty && messageUpdates.isEmpty && droppedReferences.isEmpty && touches.isEmpty
             && rangeChanges.isEmpty && refCounts.isEmpty && privateStates.isEmpty && blobUses.isEmpty && counters == nil
+            && notifications.isEmpty
     }
 }
 

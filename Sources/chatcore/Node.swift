@@ -8,6 +8,7 @@ import Foundation
 import Logging
 import NIOCore
 import NIOPosix
+import Notifier
 import PostgresStorage
 import SQLiteStorage
 import ServiceLifecycle
@@ -19,6 +20,8 @@ import Threads
 /// of services that stop in order.
 struct NodeService: Service {
     let serve: Serve
+    /// Where notifications of offline recipients go (nil: nowhere).
+    let notifier: NotifierSettings?
     let authenticator: Authenticator
     let nodeKey: NodeKey?
     let directory: URL
@@ -27,7 +30,8 @@ struct NodeService: Service {
     let logger: Logger
 
     func run() async throws {
-        try await serve.runNode(authenticator: authenticator, nodeKey: nodeKey, directory: directory, loops: loops, stop: stop, logger: logger)
+        try await serve.runNode(
+            authenticator: authenticator, nodeKey: nodeKey, notifierSettings: notifier, directory: directory, loops: loops, stop: stop, logger: logger)
     }
 }
 
@@ -50,7 +54,10 @@ final class EventLoops: Sendable {
 }
 
 extension Serve {
-    func runNode(authenticator: Authenticator, nodeKey: NodeKey?, directory: URL, loops: EventLoops, stop: StopState, logger: Logger) async throws {
+    func runNode(
+        authenticator: Authenticator, nodeKey: NodeKey?, notifierSettings: NotifierSettings?, directory: URL, loops: EventLoops, stop: StopState,
+        logger: Logger
+    ) async throws {
         let store: OpenedStore
         let opening = ContinuousClock.now
         do {
@@ -148,9 +155,18 @@ extension Serve {
             stop.fail(1)
             stopper.stop()
         }
+        // Notifications are written by the engine's commits and sent by the notifier.
+        var notifier: Notifier?
+        var notificationPolicy: NotificationPolicy?
+        if let notifierSettings, let outbox = store.chatStore as? NotificationOutbox {
+            let made = Notifier(settings: notifierSettings, outbox: outbox, logger: logger)
+            notifier = made
+            notificationPolicy = NotificationPolicy(
+                unreadDelay: notify.notifyUnreadDelay > 0 ? .milliseconds(Int64(notify.notifyUnreadDelay * 1000)) : nil, written: { made.wake() })
+        }
         let engine = try Engine(
             store: store.chatStore, coordination: store.coordination, logger: logger, searchIndex: searchIndex, attachments: attachments,
-            attachmentsDirectory: allowedDirectory, cacheBytes: cacheMb << 20, quotas: quotaLimits, clock: clock,
+            attachmentsDirectory: allowedDirectory, cacheBytes: cacheMb << 20, quotas: quotaLimits, notifications: notificationPolicy, clock: clock,
             onFatalStoreError: stopForStore)
         // Read before the engine thread starts: its state is then that thread's.
         let (chats, users) = (engine.chatCount, engine.userCount)
@@ -247,6 +263,10 @@ extension Serve {
             .init(service: StoreService(store: store, stop: stop)),
             .init(service: EngineService(engine: engine, followEvery: followEvery, stop: stop))
         ]
+        if let notifier {
+            logger.info("notifying the application's server of offline recipients", metadata: ["url": "\(notifierSettings?.url ?? "")"])
+            services.append(.init(service: NotifierService(notifier: notifier, engine: engine)))
+        }
         if let server { services.append(.init(service: SocketsService(server: server, engine: engine, stop: stop))) }
         if let stdio {
             // Sessions relayed here go to the node that takes over.

@@ -10,6 +10,7 @@ import Logging
 import Metrics
 import NIOCore
 import NIOPosix
+import Notifier
 import PostgresStorage
 import Prometheus
 import SQLiteStorage
@@ -44,6 +45,7 @@ struct Serve: AsyncParsableCommand {
     @OptionGroup(title: "Limits of sessions") var limits: LimitOptions
     @OptionGroup(title: "Quotas per user") var quotas: QuotaOptions
     @OptionGroup(title: "Observability") var observability: ObservabilityOptions
+    @OptionGroup(title: "Notifications") var notify: NotifyOptions
 
     // The options by the names the service reads them by.
     var user: String? { listening.user }
@@ -108,6 +110,22 @@ struct Serve: AsyncParsableCommand {
             throw ValidationError(
                 "--listen \(first) with --store needs --advertise HOST:PORT, the address other nodes reach this one at (a wildcard listener would be advertised as loopback, where a node on another machine reaches only itself)"
             )
+        }
+        if let url = notify.notifyUrl {
+            guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme?.lowercased() ?? ""), parsed.host != nil else {
+                throw ValidationError("--notify-url \(url): expected an http:// or https:// URL")
+            }
+            guard notify.notifySecretFile != nil else {
+                throw ValidationError(
+                    "--notify-url needs --notify-secret-file: the application's server must be able to tell chatcore's requests from anyone's")
+            }
+        }
+        guard notify.notifyPreview >= 0 else { throw ValidationError("--notify-preview must not be negative") }
+        guard notify.notifyUnreadDelay >= 0, notify.notifyUnreadDelay.isFinite else { throw ValidationError("--notify-unread-delay must not be negative") }
+        guard notify.notifyMaxQueued > 0, notify.notifyBatch > 0 else { throw ValidationError("--notify-max-queued and --notify-batch must be positive") }
+        guard notify.notifyTimeout > 0, notify.notifyTimeout <= 600 else { throw ValidationError("--notify-timeout must be above 0 and at most 600 seconds") }
+        guard notify.notifyLongestRetry >= 1, notify.notifyLongestRetry <= 86_400 else {
+            throw ValidationError("--notify-longest-retry must be 1 to 86400 seconds")
         }
         if !listen.isEmpty && auth.authSecretFile == nil && auth.authJwks == nil && !auth.insecureNoAuth {
             throw ValidationError("sockets need --auth-secret-file or --auth-jwks (or --insecure-no-auth on loopback): no one could authenticate")
@@ -190,6 +208,26 @@ struct Serve: AsyncParsableCommand {
             }
         }
 
+        var notifier: NotifierSettings?
+        if let url = notify.notifyUrl, let secretFile = notify.notifySecretFile {
+            let secret: Data
+            do {
+                secret = try Data(contentsOf: URL(fileURLWithPath: secretFile))
+            } catch {
+                throw ValidationError("--notify-secret-file \(secretFile): \(error.localizedDescription)")
+            }
+            guard secret.count >= 32 else { throw ValidationError("--notify-secret-file \(secretFile): at least 32 bytes, it has \(secret.count)") }
+            Serve.warnIfOthersMayRead(
+                secretFile, what: "--notify-secret-file: whoever reads it can send the application's server notifications as chatcore", logger: logger)
+            var settings = NotifierSettings(url: url, secret: [UInt8](secret))
+            settings.previewLength = notify.notifyPreview
+            settings.maxQueued = notify.notifyMaxQueued
+            settings.batchSize = notify.notifyBatch
+            settings.timeout = .milliseconds(Int64(notify.notifyTimeout * 1000))
+            settings.longestRetry = .milliseconds(Int64(notify.notifyLongestRetry * 1000))
+            notifier = settings
+        }
+
         let directory = URL(fileURLWithPath: try dataDir ?? Serve.defaultDataDirectory(), isDirectory: true)
         // Metrics are served from the start, while this node waits for the store or
         // relays to the node that decides too (`chatcore_deciding`).
@@ -222,7 +260,7 @@ struct Serve: AsyncParsableCommand {
         services.append(.init(service: KeyReloadService(authenticator: authenticator, logger: logger)))
         let stop = StopState()
         let node = NodeService(
-            serve: self, authenticator: authenticator, nodeKey: nodeKey, directory: directory, loops: loops, stop: stop, logger: logger)
+            serve: self, notifier: notifier, authenticator: authenticator, nodeKey: nodeKey, directory: directory, loops: loops, stop: stop, logger: logger)
         services.append(.init(service: node, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup))
         let group = ServiceGroup(configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()

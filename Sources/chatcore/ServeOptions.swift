@@ -53,6 +53,48 @@ struct StoreOptions: ParsableArguments {
     var nodeKeyFile: String?
 }
 
+/// Notifications of recipients who are not connected, to the application's server.
+struct NotifyOptions: ParsableArguments {
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "POST a signed JSON notification here for every new message whose recipient is connected nowhere (http:// or https://), for the application to wake their devices. Needs --notify-secret-file.",
+            valueName: "url"))
+    var notifyUrl: String?
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "A file whose bytes (at least 32) are the HMAC-SHA256 key of each notification's Chatcore-Signature header.", valueName: "file"))
+    var notifySecretFile: String?
+
+    @Option(name: .long, help: ArgumentHelp("Characters of a message's content each notification carries (0: none).", valueName: "n"))
+    var notifyPreview: Int = 0
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Notify a recipient who is connected too, when they have not read the message this many seconds after it was sent (0: never).",
+            valueName: "seconds"))
+    var notifyUnreadDelay: Double = 0
+
+    @Option(name: .long, help: ArgumentHelp("Notifications that may wait for the application's server; beyond it the oldest are dropped.", valueName: "n"))
+    var notifyMaxQueued: Int = 100_000
+
+    @Option(name: .long, help: ArgumentHelp("Notifications in one request at most.", valueName: "n"))
+    var notifyBatch: Int = 100
+
+    @Option(name: .long, help: ArgumentHelp("Seconds a request to the application's server may take before it is tried again later.", valueName: "seconds"))
+    var notifyTimeout: Double = 10
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "The longest wait before a notification whose request failed is sent again, in seconds (the waits double from 1 up to this, with jitter).",
+            valueName: "seconds"))
+    var notifyLongestRetry: Double = 300
+}
+
 /// Who may sign in.
 struct AuthOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("A file whose bytes, as they are (at least 32), are the HMAC key for authToken JWTs (HS256).", valueName: "file"))

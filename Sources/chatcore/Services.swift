@@ -4,6 +4,7 @@ import ChatSession
 import Foundation
 import Logging
 import NIOCore
+import Notifier
 import ServiceLifecycle
 import Threads
 import UnixSignals
@@ -120,6 +121,18 @@ struct EngineService: Service {
         }
         guard engine.storeFailure == nil, stop.exitCode == 0 else { return }
         stop.engineStopped = await blocking { engine.stop(waitingAtMost: StopState.flushSeconds) }
+    }
+}
+
+/// Sends notifications of offline recipients (`Notifier`) until the group shuts down:
+/// stopped before the engine, so a batch it took is finished or left to its lease.
+struct NotifierService: Service {
+    let notifier: Notifier
+    let engine: Engine
+
+    func run() async throws {
+        let (notifier, engine) = (notifier, engine)
+        await cancelWhenGracefulShutdown { await notifier.run(engine: engine) }
     }
 }
 
@@ -246,6 +259,7 @@ extension MetricsService: CustomStringConvertible { var description: String { "m
 extension KeyReloadService: CustomStringConvertible { var description: String { "key reload" } }
 extension StoreService: CustomStringConvertible { var description: String { "store" } }
 extension EngineService: CustomStringConvertible { var description: String { "engine" } }
+extension NotifierService: CustomStringConvertible { var description: String { "notifier" } }
 extension SocketsService: CustomStringConvertible { var description: String { "sockets" } }
 extension StdioService: CustomStringConvertible { var description: String { "standard input/output" } }
 extension NodeService: CustomStringConvertible { var description: String { "node" } }

@@ -14,7 +14,7 @@ from conftest import chatcore_binary
 # A value of each kind the options take (by their value names in --help), valid alone.
 SAMPLES = {"bytes": "3 MiB", "n": "7", "seconds": "11", "MiB": "5", "level": "debug", "format": "json", "address": "127.0.0.1:7777",
            "url": "postgres://chatcore@localhost/example"}
-SAMPLE_OVERRIDES = {"max-output-total": "5 MiB", "metrics": "127.0.0.1:9777", "writer-timeout": "13"}
+SAMPLE_OVERRIDES = {"max-output-total": "5 MiB", "metrics": "127.0.0.1:9777", "writer-timeout": "13", "notify-url": "http://127.0.0.1:9/hook"}
 
 
 def serve_options():
@@ -71,7 +71,7 @@ def yaml_scalar(value):
 
 
 # A flag that needs others to be valid is given with them on the command line.
-COMPANIONS = {"listen": ["--insecure-no-auth"], "auth-audience": [], "advertise": []}
+COMPANIONS = {"listen": ["--insecure-no-auth"], "auth-audience": [], "advertise": [], "notify-url": ["--notify-secret-file", "/somewhere/secret"]}
 
 
 @pytest.mark.parametrize("source", ["environment", "file"])

@@ -582,6 +582,8 @@ export interface EndpointUpdate {
   isLegacyDelegate?: boolean;
   /** An endpoint of the user (as the endpointId global or endpointsGet showed it). */
   endpointId?: string | number;
+  /** What the application's server needs to wake this device (an APNs or FCM token, or anything it chooses): passed on in each notification for the user (--notify-url), never shown to anyone. An empty string removes it; absent, it is left as it was. */
+  pushToken?: string;
 }
 
 /** The answer to endpointUpdate. */
@@ -1039,6 +1041,36 @@ export interface MessageKey {
   messageId: string;
 }
 
+/** One new message for one recipient. */
+export interface MessageNotification {
+  /** This notification's idempotency key: the same for every request that carries it (chat, message and recipient), different for every other. */
+  id: string;
+  /** A chat, as the service named it. */
+  chatId: string;
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
+  messageId: string;
+  /** A user as the protocol names them: bbmpim://user/id/<n>. */
+  senderUri: string;
+  /** The application's id of a user. */
+  senderUserId: string;
+  /** What a message is (Text, Quote, Edit, Thread, or any application tag). */
+  tag: string;
+  /** The start of the message's content, at most --notify-preview characters (absent: no content, or previews are off). */
+  preview?: string;
+  /** Seconds since 1970 (UTC). */
+  timestamp: number;
+  /** A user as the protocol names them: bbmpim://user/id/<n>. */
+  recipientUri: string;
+  /** The application's id of a user. */
+  recipientUserId: string;
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
+  recipientRegId: string;
+  /** The recipient's unread messages in the chat when this was sent. */
+  numUnread: number;
+  /** The recipient's registered endpoints (endpointUpdate), oldest first. */
+  endpoints: NotifiedEndpoint[];
+}
+
 /** A reference from one message to another of the same chat. */
 export interface MessageRef {
   /** What a message is (Text, Quote, Edit, Thread, or any application tag). */
@@ -1048,6 +1080,20 @@ export interface MessageRef {
 }
 
 export type MessageState = "Sending" | "Sent" | "Delivered" | "Read" | "Failed";
+
+/** The body of a POST to the application's server (--notify-url): new messages for recipients who are not connected, for the application to pass on to APNs, FCM or whatever wakes their devices. Signed: the Chatcore-Signature header is t=SECONDS,v1=HEX, HEX being the HMAC-SHA256, keyed with the secret file's contents, of SECONDS, a dot and the body's bytes. A request the server answers 2xx is done; 4xx other than 408 and 429 is given up; anything else (5xx, 408, 429, no answer) is tried again later. A request may be sent again after a restart: tell them apart by each notification's id. */
+export interface NotificationBatch {
+  notifications: MessageNotification[];
+}
+
+export interface NotifiedEndpoint {
+  /** A 64-bit id (messageId, regId, newestRef, endpointId, change tokens). Written as a decimal string without leading zeros; accepted in requests as such a string or a JSON integer ("02" is refused: answers could not name it as it was sent). */
+  endpointId: string;
+  description: string;
+  nickname: string;
+  /** As the endpoint gave it in endpointUpdate (absent: none). */
+  pushToken?: string;
+}
 
 /** Takes admin from a participant (admins only). */
 export interface ParticipantDemote {

@@ -411,6 +411,7 @@ EndpointUpdate = TypedDict("EndpointUpdate", {
     "nickname": "NotRequired[str]",
     "isLegacyDelegate": "NotRequired[bool]",
     "endpointId": "NotRequired[str | int]",
+    "pushToken": "NotRequired[str]",
 })
 """Names an endpoint (a session, or a registered device of the user) and registers it: kept across reconnects, listed by endpointsGet, counted against --max-endpoints. Before authentication (setupState NotRequested) it describes the endpoint the session is about to register, and with endpointId it asks to be that registered endpoint again (a reconnect). After setup, without endpointId it registers and names the session's own endpoint; with the endpointId of one of the user's endpoints it renames that one (a session not yet registered becomes that endpoint instead). Answered by endpointUpdateResult."""
 
@@ -745,6 +746,23 @@ MessageKey = TypedDict("MessageKey", {
 })
 """Names one message."""
 
+MessageNotification = TypedDict("MessageNotification", {
+    "id": "str",
+    "chatId": "str",
+    "messageId": "str",
+    "senderUri": "str",
+    "senderUserId": "str",
+    "tag": "str",
+    "preview": "NotRequired[str]",
+    "timestamp": "int",
+    "recipientUri": "str",
+    "recipientUserId": "str",
+    "recipientRegId": "str",
+    "numUnread": "int",
+    "endpoints": "list[NotifiedEndpoint]",
+})
+"""One new message for one recipient."""
+
 MessageRef = TypedDict("MessageRef", {
     "tag": "str",
     "messageId": "str | int",
@@ -752,6 +770,18 @@ MessageRef = TypedDict("MessageRef", {
 """A reference from one message to another of the same chat."""
 
 MessageState = Literal["Sending", "Sent", "Delivered", "Read", "Failed"]
+
+NotificationBatch = TypedDict("NotificationBatch", {
+    "notifications": "list[MessageNotification]",
+})
+"""The body of a POST to the application's server (--notify-url): new messages for recipients who are not connected, for the application to pass on to APNs, FCM or whatever wakes their devices. Signed: the Chatcore-Signature header is t=SECONDS,v1=HEX, HEX being the HMAC-SHA256, keyed with the secret file's contents, of SECONDS, a dot and the body's bytes. A request the server answers 2xx is done; 4xx other than 408 and 429 is given up; anything else (5xx, 408, 429, no answer) is tried again later. A request may be sent again after a restart: tell them apart by each notification's id."""
+
+NotifiedEndpoint = TypedDict("NotifiedEndpoint", {
+    "endpointId": "str",
+    "description": "str",
+    "nickname": "str",
+    "pushToken": "NotRequired[str]",
+})
 
 ParticipantDemote = TypedDict("ParticipantDemote", {
     "chatId": "str",
@@ -1243,9 +1273,9 @@ def retry_server_requests(*, cookie: str | None = None) -> RequestLine[None]:
     return _message("retryServerRequests", {"cookie": cookie})
 
 
-def endpoint_update(*, description: str, cookie: str | None = None, nickname: str | None = None, isLegacyDelegate: bool | None = None, endpointId: str | int | None = None) -> RequestLine[EndpointUpdateResult]:
+def endpoint_update(*, description: str, cookie: str | None = None, nickname: str | None = None, isLegacyDelegate: bool | None = None, endpointId: str | int | None = None, pushToken: str | None = None) -> RequestLine[EndpointUpdateResult]:
     """Names an endpoint (a session, or a registered device of the user) and registers it: kept across reconnects, listed by endpointsGet, counted against --max-endpoints. Before authentication (setupState NotRequested) it describes the endpoint the session is about to register, and with endpointId it asks to be that registered endpoint again (a reconnect). After setup, without endpointId it registers and names the session's own endpoint; with the endpointId of one of the user's endpoints it renames that one (a session not yet registered becomes that endpoint instead). Answered by endpointUpdateResult."""
-    return _message("endpointUpdate", {"description": description, "cookie": cookie, "nickname": nickname, "isLegacyDelegate": isLegacyDelegate, "endpointId": endpointId})
+    return _message("endpointUpdate", {"description": description, "cookie": cookie, "nickname": nickname, "isLegacyDelegate": isLegacyDelegate, "endpointId": endpointId, "pushToken": pushToken})
 
 
 def endpoints_get(*, cookie: str | None = None) -> RequestLine[Endpoints]:

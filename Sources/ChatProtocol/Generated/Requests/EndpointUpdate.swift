@@ -18,13 +18,16 @@ public struct EndpointUpdate: Sendable, Equatable, WireDecodable, WireEncodable 
     public var isLegacyDelegate: Bool?
     /// An endpoint of the user (as the endpointId global or endpointsGet showed it).
     public var endpointId: Int64?
+    /// What the application's server needs to wake this device (an APNs or FCM token, or anything it chooses): passed on in each notification for the user (--notify-url), never shown to anyone. An empty string removes it; absent, it is left as it was.
+    public var pushToken: String?
 
-    public init(cookie: String, description: String, nickname: String? = nil, isLegacyDelegate: Bool? = nil, endpointId: Int64? = nil) {
+    public init(cookie: String, description: String, nickname: String? = nil, isLegacyDelegate: Bool? = nil, endpointId: Int64? = nil, pushToken: String? = nil) {
         self.cookie = cookie
         self.description = description
         self.nickname = nickname
         self.isLegacyDelegate = isLegacyDelegate
         self.endpointId = endpointId
+        self.pushToken = pushToken
     }
 
     public static let wireSchema = WireSchema([
@@ -33,6 +36,7 @@ public struct EndpointUpdate: Sendable, Equatable, WireDecodable, WireEncodable 
         WireField("nickname", .string(minBytes: 0, maxBytes: 1024)),
         WireField("isLegacyDelegate", .boolean),
         WireField("endpointId", .id64),
+        WireField("pushToken", .string(minBytes: 0, maxBytes: 4096)),
     ])
 
     public init(wire fields: WireFields) throws {
@@ -41,6 +45,7 @@ public struct EndpointUpdate: Sendable, Equatable, WireDecodable, WireEncodable 
         self.nickname = try fields.optional(2) { value in try value.string() }
         self.isLegacyDelegate = try fields.optional(3) { value in try value.bool() }
         self.endpointId = try fields.optional(4) { value in try value.integer() }
+        self.pushToken = try fields.optional(5) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -50,6 +55,7 @@ public struct EndpointUpdate: Sendable, Equatable, WireDecodable, WireEncodable 
         if let value = self.nickname { writer.rawKey("\"nickname\":"); writer.string(value) }
         if let value = self.isLegacyDelegate { writer.rawKey("\"isLegacyDelegate\":"); writer.bool(value) }
         if let value = self.endpointId { writer.rawKey("\"endpointId\":"); writer.id64(value) }
+        if let value = self.pushToken { writer.rawKey("\"pushToken\":"); writer.string(value) }
         writer.endObject()
     }
 
@@ -59,5 +65,6 @@ public struct EndpointUpdate: Sendable, Equatable, WireDecodable, WireEncodable 
             && sameBytes(lhs.nickname, rhs.nickname)
             && sameBytes(lhs.isLegacyDelegate, rhs.isLegacyDelegate)
             && sameBytes(lhs.endpointId, rhs.endpointId)
+            && sameBytes(lhs.pushToken, rhs.pushToken)
     }
 }

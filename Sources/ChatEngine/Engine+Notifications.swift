@@ -1,0 +1,57 @@
+import ChatProtocol
+import Storage
+
+/// What the notifier sends for a notification it took from the store (`Engine.compose`).
+public enum NotificationOutcome: Sendable {
+    /// To be sent, as this.
+    case send(MessageNotification)
+    /// Not to be sent: why (the recipient read the message, it was recalled, they left the
+    /// chat).
+    case drop(String)
+}
+
+extension Engine {
+    /// Turns notifications taken from the store into what the application's server is
+    /// sent, from what the engine knows now: a recipient who read the message since, left
+    /// the chat, or a message recalled since, is not notified. `previewLength`: at most
+    /// this many characters of the content (0: none).
+    public func compose(_ rows: [NotificationRow], previewLength: Int) async -> [NotificationOutcome] {
+        await withCheckedContinuation { continuation in
+            life.inbox.put(.composeNotifications(rows, previewLength: previewLength, reply: { continuation.resume(returning: $0) }))
+        }
+    }
+
+    func composeNow(_ rows: [NotificationRow], previewLength: Int) -> [NotificationOutcome] {
+        rows.map { row in
+            do {
+                return try outcome(of: row.key, previewLength: previewLength)
+            } catch {
+                logger.warning("a notification's message could not be read", metadata: ["error": "\(error)"])
+                return .drop("its message could not be read: \(error)")
+            }
+        }
+    }
+
+    private func outcome(of key: NotificationKey, previewLength: Int) throws -> NotificationOutcome {
+        guard let chat = directory.chats[key.chat], let member = chat.activeMember(key.user) else {
+            return .drop("the recipient is not in the chat")
+        }
+        guard member.readUpTo < key.id else { return .drop("the recipient read the message") }
+        guard key.id >= member.joinedAt, let message = try loadMessage(key.id, in: chat), message.isSeen(by: key.user) else {
+            return .drop("the message is not there for the recipient")
+        }
+        guard !message.isRecalled else { return .drop("the message was recalled") }
+        guard let recipient = directory.users[key.user], let sender = directory.users[message.sender] else {
+            return .drop("the user is not known")
+        }
+        let endpoints = (directory.endpointsOfUser[key.user] ?? []).compactMap { directory.endpoints[$0] }.map { endpoint in
+            NotifiedEndpoint(endpointId: endpoint.id, description: endpoint.description, nickname: endpoint.nickname, pushToken: endpoint.pushToken)
+        }
+        let preview = previewLength > 0 ? message.content.map { String($0.prefix(previewLength)) } : nil
+        return .send(
+            MessageNotification(
+                id: "\(chat.chatId):\(message.id):\(recipient.regId)", chatId: chat.chatId, messageId: message.id, senderUri: uri(message.sender),
+                senderUserId: sender.userId, tag: message.tag, preview: preview, timestamp: message.timestamp, recipientUri: uri(key.user),
+                recipientUserId: recipient.userId, recipientRegId: recipient.regId, numUnread: member.numUnread, endpoints: endpoints))
+    }
+}
