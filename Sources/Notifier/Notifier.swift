@@ -223,18 +223,26 @@ public final class Notifier: Sendable {
 }
 
 /// Wakes the notifier when something was written (rung before anyone waits: the next wait
-/// returns at once).
+/// returns at once). One waiter at a time: the notifier's loop.
 final class Bell: Sendable {
-    private let state = Mutex<(rung: Bool, waiter: CheckedContinuation<Void, Never>?)>((false, nil))
+    private struct State {
+        var rung = false
+        var waiter: CheckedContinuation<Void, Never>?
+        /// The wait now under way was cancelled (whichever of its cancellation and its
+        /// continuation comes first, the other sees it).
+        var cancelled = false
+    }
+
+    private let state = Mutex(State())
 
     func ring() {
         let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
-            if let waiter = state.waiter {
-                state.waiter = nil
-                return waiter
+            guard let waiter = state.waiter else {
+                state.rung = true
+                return nil
             }
-            state.rung = true
-            return nil
+            state.waiter = nil
+            return waiter
         }
         waiter?.resume()
     }
@@ -250,9 +258,11 @@ final class Bell: Sendable {
     }
 
     private func waitForRing() async {
+        state.withLock { $0.cancelled = false }
         await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                 let now = state.withLock { state -> Bool in
+                    if state.cancelled { return true }
                     if state.rung {
                         state.rung = false
                         return true
@@ -264,6 +274,7 @@ final class Bell: Sendable {
             }
         } onCancel: {
             let waiter = state.withLock { state -> CheckedContinuation<Void, Never>? in
+                state.cancelled = true
                 defer { state.waiter = nil }
                 return state.waiter
             }

@@ -217,6 +217,9 @@ def test_a_connected_recipient_is_notified_only_when_they_have_not_read_it_in_ti
             assert receiver.wait_for(lambda r: r.accepted(), 30)
             time.sleep(1.5)
             assert set(receiver.accepted()) == {f"{chat}:{unread}:{bob_regid}"}
+            # The notifier, waiting for something to send, stops with the service.
+            process.terminate()
+            assert process.wait(timeout=30) == 0
         finally:
             process.kill()
             process.wait()
