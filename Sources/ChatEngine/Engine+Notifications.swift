@@ -8,6 +8,9 @@ public enum NotificationOutcome: Sendable {
     /// Not to be sent: why (the recipient read the message, it was recalled, they left the
     /// chat).
     case drop(String)
+    /// Not known here yet: another node committed it and this one has not followed that
+    /// commit (its chat, or the recipient's membership). To be tried again a little later.
+    case later(String)
 }
 
 extension Engine {
@@ -33,12 +36,14 @@ extension Engine {
     }
 
     private func outcome(of key: NotificationKey, previewLength: Int) throws -> NotificationOutcome {
-        guard let chat = directory.chats[key.chat], let member = chat.activeMember(key.user) else {
-            return .drop("the recipient is not in the chat")
+        guard let chat = directory.chats[key.chat], let member = chat.members[key.user] else {
+            return .later("the chat or the recipient's membership is not known here yet")
         }
+        guard member.isActive else { return .drop("the recipient left the chat") }
         guard member.readUpTo < key.id else { return .drop("the recipient read the message") }
-        guard key.id >= member.joinedAt, let message = try loadMessage(key.id, in: chat), message.isSeen(by: key.user) else {
-            return .drop("the message is not there for the recipient")
+        guard key.id >= member.joinedAt else { return .drop("the recipient joined after the message") }
+        guard key.id <= chat.lastMessage, let message = try loadMessage(key.id, in: chat), message.isSeen(by: key.user) else {
+            return .later("the message is not known here yet")
         }
         guard !message.isRecalled else { return .drop("the message was recalled") }
         guard let recipient = directory.users[key.user], let sender = directory.users[message.sender] else {

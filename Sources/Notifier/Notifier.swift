@@ -117,13 +117,23 @@ public final class Notifier: Sendable {
         let outcomes = await engine.compose(rows, previewLength: settings.previewLength)
         var done: [NotificationKey] = []
         var sending: [(row: NotificationRow, notification: MessageNotification)] = []
+        var retry: [(key: NotificationKey, due: Int64)] = []
         for (row, outcome) in zip(rows, outcomes) {
             switch outcome {
-            case .send(let notification): sending.append((row, notification))
-            case .drop: done.append(row.key)
+            case .send(let notification):
+                sending.append((row, notification))
+            case .drop:
+                done.append(row.key)
+            case .later(let why):
+                // Another node's commit this one has not followed yet: it will have soon.
+                if row.attempts < Notifier.attemptsWhileUnknown {
+                    retry.append((row.key, now + delay(after: row.attempts, atLeast: nil)))
+                } else {
+                    done.append(row.key)
+                    logger.warning("a notification is dropped: \(why)", metadata: ["chat": "\(row.key.chat)", "message": "\(row.key.id)"])
+                }
             }
         }
-        var retry: [(key: NotificationKey, due: Int64)] = []
         if !sending.isEmpty {
             switch await post(sending.map(\.notification)) {
             case .delivered:
@@ -163,6 +173,10 @@ public final class Notifier: Sendable {
         let jittered = full - Int64.random(in: 0...(full / 2))
         return max(jittered, asked?.wholeMilliseconds ?? 0)
     }
+
+    /// Tries of a notification whose message or membership this node does not know yet
+    /// (`NotificationOutcome.later`) before it is given up.
+    static let attemptsWhileUnknown: Int64 = 10
 
     enum Answer {
         case delivered
