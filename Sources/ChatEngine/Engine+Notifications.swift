@@ -49,8 +49,11 @@ extension Engine {
         guard let recipient = directory.users[key.user], let sender = directory.users[message.sender] else {
             return .drop("the user is not known")
         }
-        let endpoints = (directory.endpointsOfUser[key.user] ?? []).compactMap { directory.endpoints[$0] }.map { endpoint in
-            NotifiedEndpoint(endpointId: endpoint.id, description: endpoint.description, nickname: endpoint.nickname, pushToken: endpoint.pushToken)
+        // The devices that can be woken: those that gave a push token.
+        let endpoints = (directory.endpointsOfUser[key.user] ?? []).compactMap { directory.endpoints[$0] }.compactMap { endpoint in
+            endpoint.pushToken.map {
+                NotifiedEndpoint(endpointId: endpoint.id, description: endpoint.description, nickname: endpoint.nickname, pushToken: $0)
+            }
         }
         let preview = previewLength > 0 ? message.content.map { String($0.prefix(previewLength)) } : nil
         return .send(

@@ -134,23 +134,35 @@ public final class Notifier: Sendable {
                 }
             }
         }
-        if !sending.isEmpty {
-            switch await post(sending.map(\.notification)) {
+        // Requests of at most `maxBody` bytes (one notification alone may be more).
+        var requests: [[(row: NotificationRow, notification: MessageNotification)]] = []
+        var size = 0
+        for item in sending {
+            let bytes = Notifier.encodedSize(of: item.notification)
+            if requests.isEmpty || size + bytes > Notifier.maxBody {
+                requests.append([])
+                size = 0
+            }
+            requests[requests.count - 1].append(item)
+            size += bytes
+        }
+        for request in requests {
+            switch await post(request.map(\.notification)) {
             case .delivered:
-                done += sending.map(\.row.key)
-                ServiceMetrics.notificationsSent.increment(by: Int64(sending.count))
+                done += request.map(\.row.key)
+                ServiceMetrics.notificationsSent.increment(by: Int64(request.count))
                 let answered = Engine.milliseconds()
-                for (row, _) in sending { ServiceMetrics.notificationLatency.recordMilliseconds(max(0, answered - row.created)) }
+                for (row, _) in request { ServiceMetrics.notificationLatency.recordMilliseconds(max(0, answered - row.created)) }
             case .refused(let status):
-                done += sending.map(\.row.key)
-                ServiceMetrics.notificationsDroppedRefused.increment(by: Int64(sending.count))
+                done += request.map(\.row.key)
+                ServiceMetrics.notificationsDroppedRefused.increment(by: Int64(request.count))
                 logger.error(
-                    "the application's server refused notifications: they are dropped", metadata: ["status": "\(status)", "count": "\(sending.count)"])
+                    "the application's server refused notifications: they are dropped", metadata: ["status": "\(status)", "count": "\(request.count)"])
             case .failed(let why, let retryAfter):
-                ServiceMetrics.notificationsRetried.increment(by: Int64(sending.count))
+                ServiceMetrics.notificationsRetried.increment(by: Int64(request.count))
                 let now = Engine.milliseconds()
-                for (row, _) in sending { retry.append((row.key, now + delay(after: row.attempts, atLeast: retryAfter))) }
-                logger.notice("notifications will be sent again", metadata: ["why": "\(why)", "count": "\(sending.count)"])
+                for (row, _) in request { retry.append((row.key, now + delay(after: row.attempts, atLeast: retryAfter))) }
+                logger.notice("notifications will be sent again", metadata: ["why": "\(why)", "count": "\(request.count)"])
             }
         }
         do {
@@ -177,6 +189,15 @@ public final class Notifier: Sendable {
     /// Tries of a notification whose message or membership this node does not know yet
     /// (`NotificationOutcome.later`) before it is given up.
     static let attemptsWhileUnknown: Int64 = 10
+
+    /// A request's body is at most this many bytes, unless one notification alone is more.
+    static let maxBody = 1 << 20
+
+    static func encodedSize(of notification: MessageNotification) -> Int {
+        var writer = JSONWriter(capacity: 1024)
+        notification.encode(to: &writer)
+        return writer.count + 1
+    }
 
     enum Answer {
         case delivered

@@ -209,6 +209,10 @@ def test_a_connected_recipient_is_notified_only_when_they_have_not_read_it_in_ti
         try:
             alice = connect(path, "alice")
             bob = connect(path, "bob")
+            # A token given, then taken back (an empty one): the notification names no device.
+            for token in ("bob-token", ""):
+                bob.send({"endpointUpdate": {"cookie": "e", "description": "bob's phone", "pushToken": token}})
+                assert bob.answer("e")[-1] == {"endpointUpdateResult": {"cookie": "e", "result": "Success"}}
             chat = start_chat(alice, "bob")
             bob_regid = regid(alice, "bob")
             read = send(alice, chat, "read at once")
@@ -217,6 +221,7 @@ def test_a_connected_recipient_is_notified_only_when_they_have_not_read_it_in_ti
             assert receiver.wait_for(lambda r: r.accepted(), 30)
             time.sleep(1.5)
             assert set(receiver.accepted()) == {f"{chat}:{unread}:{bob_regid}"}
+            assert receiver.accepted()[f"{chat}:{unread}:{bob_regid}"]["endpoints"] == []
             # The notifier, waiting for something to send, stops with the service.
             process.terminate()
             assert process.wait(timeout=30) == 0
@@ -285,3 +290,27 @@ def wait_until(predicate, timeout):
             return True
         time.sleep(0.2)
     return False
+
+
+def test_a_request_carries_at_most_a_mebibyte_of_notifications():
+    with tempfile.TemporaryDirectory(prefix="chatcore-notify-") as work:
+        secret_path, secret = secret_file(work)
+        receiver = Receiver(secret)
+        receiver.start()
+        process, path, _ = serve(work, receiver, secret_path)
+        try:
+            # Twenty devices with the longest tokens: each notification for bob is ~80 KiB.
+            for n in range(20):
+                register(path, "bob", f"{n:02d}" + "t" * 4094)
+            alice = connect(path, "alice")
+            chat = start_chat(alice, "bob")
+            for n in range(30):
+                send(alice, chat, f"m{n}")
+            assert receiver.wait_for(lambda r: len(r.accepted()) == 30, 60)
+            sizes = [len(json.dumps(body, separators=(",", ":"))) for _, _, body in receiver.requests]
+            assert len(sizes) >= 3 and max(sizes) <= 1 << 20, sizes
+            assert all(len(n["endpoints"]) == 20 for n in receiver.accepted().values())
+        finally:
+            process.kill()
+            process.wait()
+            receiver.stop()

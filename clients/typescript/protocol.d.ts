@@ -1067,7 +1067,7 @@ export interface MessageNotification {
   recipientRegId: string;
   /** The recipient's unread messages in the chat when this was sent. */
   numUnread: number;
-  /** The recipient's registered endpoints (endpointUpdate), oldest first. */
+  /** The recipient's registered endpoints (endpointUpdate) that gave a pushToken, oldest first (empty: none did). */
   endpoints: NotifiedEndpoint[];
 }
 
@@ -1081,7 +1081,7 @@ export interface MessageRef {
 
 export type MessageState = "Sending" | "Sent" | "Delivered" | "Read" | "Failed";
 
-/** The body of a POST to the application's server (--notify-url): new messages for recipients who are not connected, for the application to pass on to APNs, FCM or whatever wakes their devices. Signed: the Chatcore-Signature header is t=SECONDS,v1=HEX, HEX being the HMAC-SHA256, keyed with the secret file's contents, of SECONDS, a dot and the body's bytes. A request the server answers 2xx is done; 4xx other than 408 and 429 is given up; anything else (5xx, 408, 429, no answer) is tried again later. A request may be sent again after a restart: tell them apart by each notification's id. */
+/** The body of a POST to the application's server (--notify-url): new messages for recipients who are not connected, for the application to pass on to APNs, FCM or whatever wakes their devices. Signed: the Chatcore-Signature header is t=SECONDS,v1=HEX, HEX being the HMAC-SHA256, keyed with the secret file's contents, of SECONDS, a dot and the body's bytes. A request the server answers 2xx is done; 4xx other than 408 and 429 is given up; anything else (5xx, 408, 429, no answer) is tried again later. A request may be sent again after a restart: tell them apart by each notification's id. A request's body is at most 1 MiB, unless one notification alone is more. */
 export interface NotificationBatch {
   notifications: MessageNotification[];
 }
@@ -1091,8 +1091,8 @@ export interface NotifiedEndpoint {
   endpointId: string;
   description: string;
   nickname: string;
-  /** As the endpoint gave it in endpointUpdate (absent: none). */
-  pushToken?: string;
+  /** As the endpoint gave it in endpointUpdate. */
+  pushToken: string;
 }
 
 /** Takes admin from a participant (admins only). */

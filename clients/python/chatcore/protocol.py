@@ -774,13 +774,13 @@ MessageState = Literal["Sending", "Sent", "Delivered", "Read", "Failed"]
 NotificationBatch = TypedDict("NotificationBatch", {
     "notifications": "list[MessageNotification]",
 })
-"""The body of a POST to the application's server (--notify-url): new messages for recipients who are not connected, for the application to pass on to APNs, FCM or whatever wakes their devices. Signed: the Chatcore-Signature header is t=SECONDS,v1=HEX, HEX being the HMAC-SHA256, keyed with the secret file's contents, of SECONDS, a dot and the body's bytes. A request the server answers 2xx is done; 4xx other than 408 and 429 is given up; anything else (5xx, 408, 429, no answer) is tried again later. A request may be sent again after a restart: tell them apart by each notification's id."""
+"""The body of a POST to the application's server (--notify-url): new messages for recipients who are not connected, for the application to pass on to APNs, FCM or whatever wakes their devices. Signed: the Chatcore-Signature header is t=SECONDS,v1=HEX, HEX being the HMAC-SHA256, keyed with the secret file's contents, of SECONDS, a dot and the body's bytes. A request the server answers 2xx is done; 4xx other than 408 and 429 is given up; anything else (5xx, 408, 429, no answer) is tried again later. A request may be sent again after a restart: tell them apart by each notification's id. A request's body is at most 1 MiB, unless one notification alone is more."""
 
 NotifiedEndpoint = TypedDict("NotifiedEndpoint", {
     "endpointId": "str",
     "description": "str",
     "nickname": "str",
-    "pushToken": "NotRequired[str]",
+    "pushToken": "str",
 })
 
 ParticipantDemote = TypedDict("ParticipantDemote", {

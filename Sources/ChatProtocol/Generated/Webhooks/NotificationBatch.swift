@@ -8,10 +8,10 @@ public struct NotifiedEndpoint: Sendable, Equatable, WireDecodable, WireEncodabl
     public var endpointId: Int64
     public var description: String
     public var nickname: String
-    /// As the endpoint gave it in endpointUpdate (absent: none).
-    public var pushToken: String?
+    /// As the endpoint gave it in endpointUpdate.
+    public var pushToken: String
 
-    public init(endpointId: Int64, description: String, nickname: String, pushToken: String? = nil) {
+    public init(endpointId: Int64, description: String, nickname: String, pushToken: String) {
         self.endpointId = endpointId
         self.description = description
         self.nickname = nickname
@@ -22,14 +22,14 @@ public struct NotifiedEndpoint: Sendable, Equatable, WireDecodable, WireEncodabl
         WireField("endpointId", .id64, required: true),
         WireField("description", .string(minBytes: 0, maxBytes: Int.max), required: true),
         WireField("nickname", .string(minBytes: 0, maxBytes: Int.max), required: true),
-        WireField("pushToken", .string(minBytes: 0, maxBytes: Int.max)),
+        WireField("pushToken", .string(minBytes: 0, maxBytes: Int.max), required: true),
     ])
 
     public init(wire fields: WireFields) throws {
         self.endpointId = try fields.required(0) { value in try value.integer() }
         self.description = try fields.required(1) { value in try value.string() }
         self.nickname = try fields.required(2) { value in try value.string() }
-        self.pushToken = try fields.optional(3) { value in try value.string() }
+        self.pushToken = try fields.required(3) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -37,7 +37,7 @@ public struct NotifiedEndpoint: Sendable, Equatable, WireDecodable, WireEncodabl
         writer.rawKey("\"endpointId\":"); writer.id64(self.endpointId)
         writer.rawKey("\"description\":"); writer.string(self.description)
         writer.rawKey("\"nickname\":"); writer.string(self.nickname)
-        if let value = self.pushToken { writer.rawKey("\"pushToken\":"); writer.string(value) }
+        writer.rawKey("\"pushToken\":"); writer.string(self.pushToken)
         writer.endObject()
     }
 
@@ -75,7 +75,7 @@ public struct MessageNotification: Sendable, Equatable, WireDecodable, WireEncod
     public var recipientRegId: Int64
     /// The recipient's unread messages in the chat when this was sent.
     public var numUnread: Int64
-    /// The recipient's registered endpoints (endpointUpdate), oldest first.
+    /// The recipient's registered endpoints (endpointUpdate) that gave a pushToken, oldest first (empty: none did).
     public var endpoints: [NotifiedEndpoint]
 
     public init(id: String, chatId: String, messageId: Int64, senderUri: String, senderUserId: String, tag: String, preview: String? = nil, timestamp: Int64, recipientUri: String, recipientUserId: String, recipientRegId: Int64, numUnread: Int64, endpoints: [NotifiedEndpoint]) {
@@ -161,7 +161,7 @@ public struct MessageNotification: Sendable, Equatable, WireDecodable, WireEncod
     }
 }
 
-/// The body of a POST to the application's server (--notify-url): new messages for recipients who are not connected, for the application to pass on to APNs, FCM or whatever wakes their devices. Signed: the Chatcore-Signature header is t=SECONDS,v1=HEX, HEX being the HMAC-SHA256, keyed with the secret file's contents, of SECONDS, a dot and the body's bytes. A request the server answers 2xx is done; 4xx other than 408 and 429 is given up; anything else (5xx, 408, 429, no answer) is tried again later. A request may be sent again after a restart: tell them apart by each notification's id.
+/// The body of a POST to the application's server (--notify-url): new messages for recipients who are not connected, for the application to pass on to APNs, FCM or whatever wakes their devices. Signed: the Chatcore-Signature header is t=SECONDS,v1=HEX, HEX being the HMAC-SHA256, keyed with the secret file's contents, of SECONDS, a dot and the body's bytes. A request the server answers 2xx is done; 4xx other than 408 and 429 is given up; anything else (5xx, 408, 429, no answer) is tried again later. A request may be sent again after a restart: tell them apart by each notification's id. A request's body is at most 1 MiB, unless one notification alone is more.
 public struct NotificationBatch: Sendable, Equatable, WireDecodable, WireEncodable {
     public var notifications: [MessageNotification]
 
