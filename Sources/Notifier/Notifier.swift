@@ -76,15 +76,33 @@ public final class Notifier: Sendable {
     /// `engine` says what each becomes (`Engine.compose`).
     public func run(engine: Engine) async {
         var lastTrim = ContinuousClock.now - .seconds(3600)
+        // Requests in a row that failed: while the server fails, nothing is taken until a
+        // wait that doubles with each (the notifications wait in the store meanwhile,
+        // costing the senders nothing but their rows).
+        var failures: Int64 = 0
         while !Task.isCancelled {
             if ContinuousClock.now - lastTrim > .seconds(1) {
                 lastTrim = .now
                 await trim()
             }
-            let sent = await sendDue(engine: engine)
-            if sent == 0 { await bell.wait(upTo: settings.look) }
+            switch await sendDue(engine: engine) {
+            case .nothingDue:
+                await bell.wait(upTo: settings.look)
+            case .sent:
+                failures = 0
+            case .serverFailed(let asked):
+                failures += 1
+                try? await Task.sleep(for: .milliseconds(delay(after: failures, atLeast: asked)))
+            }
         }
         try? await client.shutdown()
+    }
+
+    enum Round {
+        case nothingDue
+        case sent
+        /// A request failed (no answer, 5xx, 408, 429): the server asked for this wait, if any.
+        case serverFailed(Duration?)
     }
 
     /// Drops the oldest notifications beyond `maxQueued`.
@@ -101,8 +119,8 @@ public final class Notifier: Sendable {
         }
     }
 
-    /// Takes one batch of due notifications and sends it; returns how many were taken.
-    private func sendDue(engine: Engine) async -> Int {
+    /// Takes one batch of due notifications and sends it.
+    private func sendDue(engine: Engine) async -> Round {
         let now = Engine.milliseconds()
         let rows: [NotificationRow]
         do {
@@ -111,25 +129,25 @@ public final class Notifier: Sendable {
             rows = try await blocking { try self.outbox.takeDueNotifications(now: now, leaseUntil: lease, limit: limit) }
         } catch {
             logger.warning("due notifications could not be read", metadata: ["error": "\(error)"])
-            return 0
+            return .nothingDue
         }
-        guard !rows.isEmpty else { return 0 }
+        guard !rows.isEmpty else { return .nothingDue }
         let outcomes = await engine.compose(rows, previewLength: settings.previewLength)
-        var done: [NotificationKey] = []
+        var done: [Int64] = []
         var sending: [(row: NotificationRow, notification: MessageNotification)] = []
-        var retry: [(key: NotificationKey, due: Int64)] = []
+        var retry: [(seq: Int64, due: Int64)] = []
         for (row, outcome) in zip(rows, outcomes) {
             switch outcome {
             case .send(let notification):
                 sending.append((row, notification))
             case .drop:
-                done.append(row.key)
+                done.append(row.seq)
             case .later(let why):
                 // Another node's commit this one has not followed yet: it will have soon.
                 if row.attempts < Notifier.attemptsWhileUnknown {
-                    retry.append((row.key, now + delay(after: row.attempts, atLeast: nil)))
+                    retry.append((row.seq, now + delay(after: row.attempts, atLeast: nil)))
                 } else {
-                    done.append(row.key)
+                    done.append(row.seq)
                     logger.warning("a notification is dropped: \(why)", metadata: ["chat": "\(row.key.chat)", "message": "\(row.key.id)"])
                 }
             }
@@ -146,23 +164,31 @@ public final class Notifier: Sendable {
             requests[requests.count - 1].append(item)
             size += bytes
         }
+        var round = Round.sent
         for request in requests {
+            if case .serverFailed = round {
+                // The server just failed: the rest wait for their next try.
+                for (row, _) in request { retry.append((row.seq, now + delay(after: row.attempts, atLeast: nil))) }
+                ServiceMetrics.notificationsRetried.increment(by: Int64(request.count))
+                continue
+            }
             switch await post(request.map(\.notification)) {
             case .delivered:
-                done += request.map(\.row.key)
+                done += request.map(\.row.seq)
                 ServiceMetrics.notificationsSent.increment(by: Int64(request.count))
                 let answered = Engine.milliseconds()
                 for (row, _) in request { ServiceMetrics.notificationLatency.recordMilliseconds(max(0, answered - row.created)) }
             case .refused(let status):
-                done += request.map(\.row.key)
+                done += request.map(\.row.seq)
                 ServiceMetrics.notificationsDroppedRefused.increment(by: Int64(request.count))
                 logger.error(
                     "the application's server refused notifications: they are dropped", metadata: ["status": "\(status)", "count": "\(request.count)"])
             case .failed(let why, let retryAfter):
                 ServiceMetrics.notificationsRetried.increment(by: Int64(request.count))
                 let now = Engine.milliseconds()
-                for (row, _) in request { retry.append((row.key, now + delay(after: row.attempts, atLeast: retryAfter))) }
+                for (row, _) in request { retry.append((row.seq, now + delay(after: row.attempts, atLeast: retryAfter))) }
                 logger.notice("notifications will be sent again", metadata: ["why": "\(why)", "count": "\(request.count)"])
+                round = .serverFailed(retryAfter)
             }
         }
         do {
@@ -171,7 +197,7 @@ public final class Notifier: Sendable {
             // They are sent again once their lease ends: the server tells them apart by id.
             logger.warning("sent notifications could not be marked", metadata: ["error": "\(error)"])
         }
-        return rows.count
+        return round
     }
 
     /// How long to wait before the next try of a notification tried `attempts` times

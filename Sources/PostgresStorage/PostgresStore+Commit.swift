@@ -367,8 +367,7 @@ extension PostgresStore {
         }
         insert(
             statement, into: "notification_outbox", columns: ["chat", "id", #""user""#, "created", "due"],
-            rows: batch.notifications.map { [.int($0.key.chat), .int($0.key.id), .int($0.key.user), .int($0.created), .int($0.due)] },
-            conflict: "DO NOTHING")
+            rows: batch.notifications.map { [.int($0.key.chat), .int($0.key.id), .int($0.key.user), .int($0.created), .int($0.due)] })
     }
 
     static func values(_ member: MemberRow) -> [Value] {

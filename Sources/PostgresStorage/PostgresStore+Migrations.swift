@@ -429,17 +429,16 @@ extension PostgresStore {
                 #"ALTER TABLE endpoint ADD COLUMN "pushToken" text"#,
                 """
                 CREATE TABLE notification_outbox (
+                    seq bigserial PRIMARY KEY,
                     chat bigint NOT NULL,
                     id bigint NOT NULL,
                     "user" bigint NOT NULL,
                     created bigint NOT NULL,
                     due bigint NOT NULL,
-                    attempts bigint NOT NULL DEFAULT 0,
-                    PRIMARY KEY (chat, id, "user")
+                    attempts bigint NOT NULL DEFAULT 0
                 )
                 """,
-                "CREATE INDEX notification_by_due ON notification_outbox(due)",
-                "CREATE INDEX notification_by_created ON notification_outbox(created)"
+                "CREATE INDEX notification_by_due ON notification_outbox(due)"
             ]
         )
     ]

@@ -384,7 +384,7 @@ extension SQLiteStore: ChatStore {
         }
         if !batch.notifications.isEmpty {
             let insert = try db.cachedStatement(
-                sql: "INSERT OR IGNORE INTO notification_outbox (chat, id, user, created, due, attempts) VALUES (?, ?, ?, ?, ?, 0)")
+                sql: "INSERT INTO notification_outbox (chat, id, user, created, due) VALUES (?, ?, ?, ?, ?)")
             for row in batch.notifications {
                 try insert.execute(arguments: [row.key.chat, row.key.id, row.key.user, row.created, row.due])
             }

@@ -3,39 +3,46 @@ import Storage
 
 extension SQLiteStore: NotificationOutbox {
     public func takeDueNotifications(now: Int64, leaseUntil: Int64, limit: Int) throws -> [NotificationRow] {
-        try pool.write { db in
+        // Most looks find nothing due: they are answered without taking the write lock.
+        let earliest = try pool.read { db in try Int64.fetchOne(db, sql: "SELECT min(due) FROM notification_outbox") }
+        guard let earliest, earliest <= now else { return [] }
+        return try pool.write { db in
             let rows = try Row.fetchAll(
-                db, sql: "SELECT chat, id, user, created, due, attempts FROM notification_outbox WHERE due <= ? ORDER BY due LIMIT ?",
+                db, sql: "SELECT seq, chat, id, user, created, attempts FROM notification_outbox WHERE due <= ? ORDER BY due LIMIT ?",
                 arguments: [now, limit])
-            let lease = try db.cachedStatement(sql: "UPDATE notification_outbox SET due = ?, attempts = attempts + 1 WHERE chat = ? AND id = ? AND user = ?")
+            let lease = try db.cachedStatement(sql: "UPDATE notification_outbox SET due = ?, attempts = attempts + 1 WHERE seq = ?")
             return try rows.map { row in
-                let key = NotificationKey(chat: row[0], id: row[1], user: row[2])
-                try lease.execute(arguments: [leaseUntil, key.chat, key.id, key.user])
-                return NotificationRow(key: key, created: row[3], due: leaseUntil, attempts: row[5] + 1)
+                let seq: Int64 = row[0]
+                try lease.execute(arguments: [leaseUntil, seq])
+                return NotificationRow(
+                    seq: seq, key: NotificationKey(chat: row[1], id: row[2], user: row[3]), created: row[4], due: leaseUntil, attempts: row[5] + 1)
             }
         }
     }
 
-    public func finishNotifications(done: [NotificationKey], retry: [(key: NotificationKey, due: Int64)]) throws {
+    public func finishNotifications(done: [Int64], retry: [(seq: Int64, due: Int64)]) throws {
         guard !done.isEmpty || !retry.isEmpty else { return }
         try pool.write { db in
-            let delete = try db.cachedStatement(sql: "DELETE FROM notification_outbox WHERE chat = ? AND id = ? AND user = ?")
-            for key in done { try delete.execute(arguments: [key.chat, key.id, key.user]) }
-            let reschedule = try db.cachedStatement(sql: "UPDATE notification_outbox SET due = ? WHERE chat = ? AND id = ? AND user = ?")
-            for (key, due) in retry { try reschedule.execute(arguments: [due, key.chat, key.id, key.user]) }
+            let delete = try db.cachedStatement(sql: "DELETE FROM notification_outbox WHERE seq = ?")
+            for seq in done { try delete.execute(arguments: [seq]) }
+            let reschedule = try db.cachedStatement(sql: "UPDATE notification_outbox SET due = ? WHERE seq = ?")
+            for (seq, due) in retry { try reschedule.execute(arguments: [due, seq]) }
         }
     }
 
     public func trimNotifications(keep: Int) throws -> Int {
-        try pool.write { db in
+        // The rows between the lowest and highest numbers are at most their difference: most
+        // looks need no count.
+        let (low, high) = try pool.read { db -> (Int64, Int64) in
+            let row = try Row.fetchOne(db, sql: "SELECT min(seq), max(seq) FROM notification_outbox")
+            return (row?[0] ?? 0, row?[1] ?? 0)
+        }
+        guard high - low + 1 > keep else { return 0 }
+        return try pool.write { db in
             let count = try Int.fetchOne(db, sql: "SELECT count(*) FROM notification_outbox") ?? 0
             guard count > keep else { return 0 }
             try db.execute(
-                sql: """
-                    DELETE FROM notification_outbox WHERE (chat, id, user) IN
-                        (SELECT chat, id, user FROM notification_outbox ORDER BY created, chat, id, user LIMIT ?)
-                    """,
-                arguments: [count - keep])
+                sql: "DELETE FROM notification_outbox WHERE seq IN (SELECT seq FROM notification_outbox ORDER BY seq LIMIT ?)", arguments: [count - keep])
             return db.changesCount
         }
     }

@@ -427,16 +427,15 @@ public final class SQLiteStore: Sendable {
                 sql: """
                     ALTER TABLE endpoint ADD COLUMN pushToken TEXT;
                     CREATE TABLE notification_outbox (
+                        seq INTEGER PRIMARY KEY,
                         chat INTEGER NOT NULL,
                         id INTEGER NOT NULL,
                         user INTEGER NOT NULL,
                         created INTEGER NOT NULL,
                         due INTEGER NOT NULL,
-                        attempts INTEGER NOT NULL DEFAULT 0,
-                        PRIMARY KEY (chat, id, user)
-                    ) WITHOUT ROWID;
+                        attempts INTEGER NOT NULL DEFAULT 0
+                    );
                     CREATE INDEX notification_by_due ON notification_outbox(due);
-                    CREATE INDEX notification_by_created ON notification_outbox(created);
                     """)
         }
         return migrator

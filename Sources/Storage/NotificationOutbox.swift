@@ -3,9 +3,11 @@
 /// so that a crash loses none, and taken from the store by the notifier, which sends them
 /// to the application's server and removes them once it answered.
 ///
-/// One notification per message and recipient (`NotificationKey`): the key is also what
-/// the application's server tells a repeated request by (a notifier that stopped between
-/// sending and removing sends it again).
+/// One notification per message and recipient (`NotificationKey`, written once by the
+/// engine): the key is also what the application's server tells a repeated request by (a
+/// notifier that stopped between sending and removing sends it again). The store numbers
+/// them in the order they were written (`NotificationRow.seq`): appending one is cheap,
+/// and the oldest are the lowest.
 public protocol NotificationOutbox: AnyObject, Sendable {
     /// Takes up to `limit` notifications due at `now`, the earliest due first, and makes
     /// each due again at `leaseUntil` with one more attempt counted: nobody else (another
@@ -13,11 +15,12 @@ public protocol NotificationOutbox: AnyObject, Sendable {
     /// Times are milliseconds since 1970.
     func takeDueNotifications(now: Int64, leaseUntil: Int64, limit: Int) throws -> [NotificationRow]
 
-    /// `done`: sent, or given up (removed). `retry`: to be taken again from `due` on.
-    func finishNotifications(done: [NotificationKey], retry: [(key: NotificationKey, due: Int64)]) throws
+    /// `done`: sent, or given up (removed). `retry`: to be taken again from `due` on. Both
+    /// by `NotificationRow.seq`.
+    func finishNotifications(done: [Int64], retry: [(seq: Int64, due: Int64)]) throws
 
-    /// Removes the oldest notifications (by when they were written) beyond `keep`; returns
-    /// how many went.
+    /// Removes the oldest notifications (the first written) beyond `keep`; returns how
+    /// many went.
     func trimNotifications(keep: Int) throws -> Int
 
     /// When the earliest waiting notification is due (nil: none waits).
@@ -39,6 +42,8 @@ public struct NotificationKey: Sendable, Hashable {
 
 /// A notification waiting to be sent.
 public struct NotificationRow: Sendable, Equatable {
+    /// Its number in the outbox, in the order they were written (0 until it is written).
+    public var seq: Int64 = 0
     public var key: NotificationKey
     /// When it was written (milliseconds since 1970).
     public var created: Int64
@@ -49,7 +54,8 @@ public struct NotificationRow: Sendable, Equatable {
     /// How many times it was taken to be sent.
     public var attempts: Int64
 
-    public init(key: NotificationKey, created: Int64, due: Int64, attempts: Int64 = 0) {
+    public init(seq: Int64 = 0, key: NotificationKey, created: Int64, due: Int64, attempts: Int64 = 0) {
+        self.seq = seq
         self.key = key
         self.created = created
         self.due = due

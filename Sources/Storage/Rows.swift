@@ -369,8 +369,7 @@ public struct StoreBatch: Sendable {
     public var blobUses: [String: Int64] = [:]
     /// The counters as they now are (nil: unchanged).
     public var counters: StoreCounters?
-    /// Notifications for recipients of the new messages (`NotificationOutbox`); one that is
-    /// there already for its message and recipient is left as it is.
+    /// Notifications for recipients of the new messages (`NotificationOutbox`), appended.
     public var notifications: [NotificationRow] = []
     /// Every chat the batch changes (its row, members, messages or their states), with the
     /// version the decision was made on (0: a chat the store does not have yet). A store
