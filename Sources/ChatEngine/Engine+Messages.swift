@@ -116,7 +116,7 @@ extension Engine {
         if !isConnectedAnywhere(member.user) {
             due = now
         } else if let delay = policy.unreadDelay {
-            due = now + delay.milliseconds
+            due = now + delay.wholeMilliseconds
         } else {
             return
         }

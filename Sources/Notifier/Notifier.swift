@@ -243,7 +243,7 @@ public final class Notifier: Sendable {
         request.headers.add(name: "Chatcore-Signature", value: signature(of: body, at: Int64(Date().timeIntervalSince1970)))
         request.body = .bytes(ByteBuffer(bytes: body))
         do {
-            let response = try await client.execute(request, timeout: .nanoseconds(Int64(settings.timeout.wholeMilliseconds) * 1_000_000))
+            let response = try await client.execute(request, timeout: .milliseconds(settings.timeout.wholeMilliseconds))
             _ = try? await response.body.collect(upTo: 64 * 1024)
             let code = response.status.code
             switch code {
@@ -341,12 +341,5 @@ final class Bell: Sendable {
             }
             waiter?.resume()
         }
-    }
-}
-
-extension Duration {
-    var wholeMilliseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return seconds * 1000 + attoseconds / 1_000_000_000_000_000
     }
 }

@@ -12,13 +12,12 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import tempfile
 import threading
 import time
 
 from chatcore_harness import Client, auth, scrape
-from conftest import chatcore_binary
+from test_quotas import serve as serve_with_metrics
 
 
 class Receiver:
@@ -103,20 +102,9 @@ def secret_file(work):
 
 
 def serve(work, receiver, secret_path, *arguments):
-    path = os.path.join(work, "s")
-    process = subprocess.Popen(
-        [chatcore_binary(), "serve", "--data-dir", os.path.join(work, "d"), "--listen", "unix:" + path, "--insecure-no-auth",
-         "--metrics", "127.0.0.1:0", "--notify-url", receiver.url, "--notify-secret-file", secret_path, "--notify-timeout", "1",
-         "--notify-longest-retry", "2", *arguments],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    port = None
-    for line in process.stderr:
-        if "serving metrics" in line:
-            port = int(re.search(r"port=(\d+)", line).group(1))
-        if "listening" in line:
-            break
-    threading.Thread(target=process.stderr.read, daemon=True).start()
-    return process, path, port
+    """chatcore on a Unix socket with metrics, notifying `receiver` (test_quotas' start)."""
+    return serve_with_metrics(work, "--notify-url", receiver.url, "--notify-secret-file", secret_path, "--notify-timeout", "1",
+                              "--notify-longest-retry", "2", *arguments)
 
 
 def connect(path, user):
