@@ -22,6 +22,8 @@ extension PostgresStore: ChatStore {
                 let (number, userId, regId) = try $0.decode((Int64, String, Int64).self)
                 return UserRecord(number: number, userId: userId, regId: regId)
             }
+            directory.userSettings = try run(connection, "SELECT \(unescaped: Columns.userSettings) FROM user_settings ORDER BY \"user\"").map(
+                PostgresStore.userSettings)
             directory.endpoints = try run(connection, "SELECT \(unescaped: Columns.endpoint) FROM endpoint ORDER BY ordinal").map(PostgresStore.endpoint)
             directory.chats = try run(connection, "SELECT \(unescaped: Columns.chat) FROM chat ORDER BY \"number\"").map(PostgresStore.chat)
             directory.members = try run(connection, "SELECT \(unescaped: Columns.member) FROM member ORDER BY chat, \"user\"").map(PostgresStore.member)
@@ -110,7 +112,8 @@ extension PostgresStore: ChatStore {
         static let chat = #""number", subject, "isOneToOne", "invitePolicy", "isDefunct", data, "lastMessage", "lastActivity", "pinPolicy", pins"#
         static let refCount = "chat, target, tag, count, newest"
         static let member =
-            #"chat, "user", "isActive", "isAdmin", "joinedAt", "leftAt", "isHidden", "localData", "privateData", "deliveredUpTo", "readUpTo", "numUnread", "numUnreadMentions""#
+            #"chat, "user", "isActive", "isAdmin", "joinedAt", "leftAt", "isHidden", "localData", "privateData", "deliveredUpTo", "readUpTo", "numUnread", "numUnreadMentions", "mutedUntil", "isBanned""#
+        static let userSettings = #""user", "presenceHidden", "lastActive", blocked"#
         static let message = MessageColumn.allCases.map { "\"\($0.rawValue)\"" }.joined(separator: ", ")
         static let messageUser = #"chat, id, "user", "localData", "isDeleted", "thumbDetached", "fileDownloaded", reactions"#
     }
@@ -123,13 +126,23 @@ extension PostgresStore: ChatStore {
     }
 
     static func member(_ row: PostgresRow) throws -> MemberRow {
-        let (chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread, numUnreadMentions) =
-            try row.decode((Int64, Int64, Bool, Bool, Int64, Int64?, Bool, String?, String?, Int64, Int64, Int64, Int64).self)
+        let (
+            chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread, numUnreadMentions,
+            mutedUntil, isBanned
+        ) =
+            try row.decode((Int64, Int64, Bool, Bool, Int64, Int64?, Bool, String?, String?, Int64, Int64, Int64, Int64, Int64?, Bool).self)
         var member = MemberRow(
             chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
             localData: localData, privateData: privateData, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo, numUnread: numUnread)
         member.numUnreadMentions = numUnreadMentions
+        member.mutedUntil = mutedUntil
+        member.isBanned = isBanned
         return member
+    }
+
+    static func userSettings(_ row: PostgresRow) throws -> UserSettingsRow {
+        let (user, presenceHidden, lastActive, blocked) = try row.decode((Int64, Bool, Int64?, String).self)
+        return UserSettingsRow(user: user, presenceHidden: presenceHidden, lastActive: lastActive, blocked: UserSettingsRow.blocked(stored: blocked))
     }
 
     static func message(_ row: PostgresRow) throws -> MessageRow {

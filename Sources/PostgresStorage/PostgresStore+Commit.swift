@@ -210,6 +210,7 @@ extension PostgresStore {
     static let endpointColumns = Columns.endpoint.components(separatedBy: ", ")
     static let chatColumns = Columns.chat.components(separatedBy: ", ")
     static let memberColumns = Columns.member.components(separatedBy: ", ")
+    static let userSettingsColumns = Columns.userSettings.components(separatedBy: ", ")
     static let messageColumns = Columns.message.components(separatedBy: ", ")
     static let messageUserColumns = Columns.messageUser.components(separatedBy: ", ")
     static let refCountColumns = Columns.refCount.components(separatedBy: ", ")
@@ -223,6 +224,10 @@ extension PostgresStore {
     func write(_ batch: StoreBatch, _ statement: OneStatement) {
         typealias S = PostgresStore
         insert(statement, into: #""user""#, columns: S.userColumns, rows: batch.directory.newUsers.map { [.int($0.number), .text($0.userId), .int($0.regId)] })
+        insert(
+            statement, into: "user_settings", columns: S.userSettingsColumns,
+            rows: batch.directory.userSettings.map { [.int($0.user), .bool($0.presenceHidden), .int($0.lastActive), .text($0.storedBlocked)] },
+            conflict: S.replacing(key: [#""user""#], columns: S.userSettingsColumns))
         insert(
             statement, into: "endpoint", columns: S.endpointColumns,
             rows: batch.directory.endpoints.map {
@@ -279,6 +284,8 @@ extension PostgresStore {
                         case .readUpTo: (column.rawValue, .int(row.readUpTo))
                         case .numUnread: (column.rawValue, .int(row.numUnread))
                         case .numUnreadMentions: (column.rawValue, .int(row.numUnreadMentions))
+                        case .mutedUntil: (column.rawValue, .int(row.mutedUntil))
+                        case .isBanned: (column.rawValue, .bool(row.isBanned))
                         }
                     })
             })
@@ -375,7 +382,7 @@ extension PostgresStore {
             .int(member.chat), .int(member.user), .bool(member.isActive), .bool(member.isAdmin), .int(member.joinedAt), .int(member.leftAt),
             .bool(member.isHidden),
             .text(member.localData), .text(member.privateData), .int(member.deliveredUpTo), .int(member.readUpTo), .int(member.numUnread),
-            .int(member.numUnreadMentions)
+            .int(member.numUnreadMentions), .int(member.mutedUntil), .bool(member.isBanned)
         ]
     }
 

@@ -258,6 +258,9 @@ extension PostgresStore {
                 activity.endpoints = try run(
                     connection, "SELECT \(unescaped: Columns.endpoint) FROM endpoint WHERE \"user\" = ANY(\(users)::bigint[]) ORDER BY ordinal"
                 ).map(PostgresStore.endpoint)
+                activity.userSettings = try run(
+                    connection, "SELECT \(unescaped: Columns.userSettings) FROM user_settings WHERE \"user\" = ANY(\(users)::bigint[])"
+                ).map(PostgresStore.userSettings)
             }
             activity.cursor = next
             return activity

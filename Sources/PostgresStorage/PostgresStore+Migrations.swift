@@ -440,6 +440,23 @@ extension PostgresStore {
                 """,
                 "CREATE INDEX notification_by_due ON notification_outbox(due)"
             ]
+        ),
+        (
+            "v17-moderation",
+            [
+                // Members muted or banned by a chat's admins, and what users chose for
+                // themselves (presence hidden, whom they block) and when they were last seen.
+                #"ALTER TABLE member ADD COLUMN "mutedUntil" bigint"#,
+                #"ALTER TABLE member ADD COLUMN "isBanned" boolean NOT NULL DEFAULT false"#,
+                """
+                CREATE TABLE user_settings (
+                    "user" bigint PRIMARY KEY,
+                    "presenceHidden" boolean NOT NULL DEFAULT false,
+                    "lastActive" bigint,
+                    blocked text NOT NULL DEFAULT ''
+                )
+                """
+            ]
         )
     ]
 

@@ -86,7 +86,8 @@ extension ChatRow: SelectedInOrder, PersistableRecord {
 extension MemberRow: SelectedInOrder, PersistableRecord {
     public static let databaseTableName = "member"
     enum Field: Int, CaseIterable {
-        case chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread, numUnreadMentions
+        case chat, user, isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread, numUnreadMentions,
+            mutedUntil, isBanned
     }
 
     public init(row: Row) throws {
@@ -97,6 +98,8 @@ extension MemberRow: SelectedInOrder, PersistableRecord {
             privateData: row[Field.privateData.rawValue], deliveredUpTo: row[Field.deliveredUpTo.rawValue], readUpTo: row[Field.readUpTo.rawValue],
             numUnread: row[Field.numUnread.rawValue])
         numUnreadMentions = row[Field.numUnreadMentions.rawValue]
+        mutedUntil = row[Field.mutedUntil.rawValue]
+        isBanned = row[Field.isBanned.rawValue]
     }
 
     public func encode(to container: inout PersistenceContainer) throws {
@@ -113,6 +116,25 @@ extension MemberRow: SelectedInOrder, PersistableRecord {
         container["readUpTo"] = readUpTo
         container["numUnread"] = numUnread
         container["numUnreadMentions"] = numUnreadMentions
+        container["mutedUntil"] = mutedUntil
+        container["isBanned"] = isBanned
+    }
+}
+
+extension UserSettingsRow: FetchableRecord, PersistableRecord {
+    public static let databaseTableName = "user_settings"
+
+    public init(row: Row) throws {
+        self.init(
+            user: row["user"], presenceHidden: row["presenceHidden"], lastActive: row["lastActive"],
+            blocked: UserSettingsRow.blocked(stored: row["blocked"] ?? ""))
+    }
+
+    public func encode(to container: inout PersistenceContainer) throws {
+        container["user"] = user
+        container["presenceHidden"] = presenceHidden
+        container["lastActive"] = lastActive
+        container["blocked"] = storedBlocked
     }
 }
 

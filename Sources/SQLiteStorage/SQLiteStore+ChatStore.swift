@@ -10,6 +10,7 @@ extension SQLiteStore: ChatStore {
         try pool.read { db in
             var directory = StoreDirectory()
             directory.users = try UserRecord.order(Column("number")).fetchAll(db)
+            directory.userSettings = try UserSettingsRow.order(Column("user")).fetchAll(db)
             directory.endpoints = try EndpointRow.order(Column("ordinal")).fetchAll(db)
             directory.chats = try ChatRow.order(Column("number")).fetchAll(db)
             directory.members = try MemberRow.order(Column("chat"), Column("user")).fetchAll(db)
@@ -336,6 +337,7 @@ extension SQLiteStore: ChatStore {
 
     private func write(_ batch: StoreBatch, db: Database) throws {
         for user in batch.directory.newUsers { try user.insert(db) }
+        for settings in batch.directory.userSettings { try settings.insert(db, onConflict: .replace) }
         for endpoint in batch.directory.endpoints { try endpoint.insert(db, onConflict: .replace) }
         for id in batch.directory.removedEndpoints { _ = try EndpointRow.deleteOne(db, key: id) }
         for chat in batch.directory.newChats { try chat.insert(db) }

@@ -438,6 +438,21 @@ public final class SQLiteStore: Sendable {
                     CREATE INDEX notification_by_due ON notification_outbox(due);
                     """)
         }
+        migrator.registerMigration("v13-moderation") { db in
+            // Members muted or banned by a chat's admins, and what users chose for
+            // themselves (presence hidden, whom they block) and when they were last seen.
+            try db.execute(
+                sql: """
+                    ALTER TABLE member ADD COLUMN mutedUntil INTEGER;
+                    ALTER TABLE member ADD COLUMN isBanned INTEGER NOT NULL DEFAULT 0;
+                    CREATE TABLE user_settings (
+                        user INTEGER PRIMARY KEY,
+                        presenceHidden INTEGER NOT NULL DEFAULT 0,
+                        lastActive INTEGER,
+                        blocked TEXT NOT NULL DEFAULT ''
+                    );
+                    """)
+        }
         return migrator
     }
 

@@ -131,7 +131,7 @@ public struct MessageFilter: Sendable, Equatable {
     }
 
     /// The tags only the service posts (§6).
-    public static let reservedTags: Set<String> = ["Join", "Leave", "Subject", "Gap", "Shred", "Clear", "Admin", "Remove"]
+    public static let reservedTags: Set<String> = ["Join", "Leave", "Subject", "Gap", "Shred", "Clear", "Admin", "Remove", "Mute", "Ban"]
 }
 
 /// Why a commit failed, in the words the engine decides by.

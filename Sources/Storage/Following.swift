@@ -16,7 +16,7 @@ public struct FollowedCommit: Sendable, Equatable {
     /// The chats it changed (their rows, members, messages or the messages' states),
     /// ascending.
     public var chats: [Int64]
-    /// The users it made or whose endpoints it changed, ascending.
+    /// The users it made or whose endpoints or settings it changed, ascending.
     public var users: [Int64]
     /// Messages it wrote other than by moving a mark over them (their columns, a user's
     /// private state, their references' counts), by chat: a follower that does not hold
@@ -49,6 +49,7 @@ public struct FollowedCommit: Sendable, Equatable {
         var users = Set(batch.directory.newUsers.map(\.number))
         users.formUnion(batch.directory.endpoints.map(\.user))
         users.formUnion(batch.directory.endpointUsers)
+        users.formUnion(batch.directory.userSettings.map(\.user))
         var rewritten: [Int64: Set<Int64>] = [:]
         for update in batch.messageUpdates { rewritten[update.row.chat, default: []].insert(update.row.id) }
         for state in batch.privateStates { rewritten[state.chat, default: []].insert(state.id) }
@@ -57,7 +58,7 @@ public struct FollowedCommit: Sendable, Equatable {
         for message in batch.newMessages { inserted[message.chat, default: []].append(message.id) }
         var members: [Int64: Set<Int64>] = [:]
         for member in batch.directory.members { members[member.chat, default: []].insert(member.user) }
-        for update in batch.directory.memberUpdates where !update.columns.isDisjoint(with: [.isActive, .isAdmin, .joinedAt]) {
+        for update in batch.directory.memberUpdates where !update.columns.isDisjoint(with: [.isActive, .isAdmin, .joinedAt, .mutedUntil, .isBanned]) {
             members[update.row.chat, default: []].insert(update.row.user)
         }
         self.init(
@@ -93,10 +94,12 @@ public struct FollowCursor: Sendable, Equatable {
 public struct OthersActivity: Sendable {
     /// Their commits, each slot's in the order they were applied.
     public var commits: [FollowedCommit] = []
-    /// The users those commits made or whose endpoints they changed, as stored now, with
+    /// The users those commits made or whose endpoints or settings they changed, as stored now, with
     /// every endpoint each of them has now.
     public var users: [UserRecord] = []
     public var endpoints: [EndpointRow] = []
+    /// The settings those users have now (of those who have any).
+    public var userSettings: [UserSettingsRow] = []
     /// The chats those commits changed, with their memberships and versions, as the store
     /// has them with exactly those commits (read with them, in one snapshot).
     public var chats = StoreDirectory()

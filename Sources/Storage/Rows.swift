@@ -126,6 +126,11 @@ public struct MemberRow: Sendable, Equatable {
     public var numUnread: Int64
     /// Of those, the messages that mention them (`MessageRow.mentionedUsers`).
     public var numUnreadMentions: Int64 = 0
+    /// Muted by an admin (`participantMute`) until this time (seconds since 1970; 0: for
+    /// ever), or not muted (nil).
+    public var mutedUntil: Int64?
+    /// Banned by an admin (`participantBan`): nobody can invite them back.
+    public var isBanned = false
 
     public init(
         chat: Int64, user: Int64, isActive: Bool, isAdmin: Bool, joinedAt: Int64, leftAt: Int64?, isHidden: Bool,
@@ -148,7 +153,8 @@ public struct MemberRow: Sendable, Equatable {
 
 /// The columns of a membership a change may write.
 public enum MemberColumn: String, Sendable, CaseIterable {
-    case isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread, numUnreadMentions
+    case isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread, numUnreadMentions, mutedUntil,
+        isBanned
 }
 
 /// A message's outgoing reference.
@@ -314,6 +320,8 @@ public struct StoreCounters: Sendable, Equatable {
 /// What is per user and per chat: all the engine reads at start-up.
 public struct StoreDirectory: Sendable {
     public var users: [UserRecord] = []
+    /// The settings of the users who changed any (`UserSettingsRow`).
+    public var userSettings: [UserSettingsRow] = []
     public var endpoints: [EndpointRow] = []
     public var chats: [ChatRow] = []
     public var members: [MemberRow] = []
@@ -326,6 +334,33 @@ public struct StoreDirectory: Sendable {
     public var chatVersions: [Int64: Int64] = [:]
 
     public init() {}
+}
+
+/// What a user chose for themselves, and when they were last seen: kept for the users
+/// who changed any of it (a user without a row has the defaults).
+public struct UserSettingsRow: Sendable, Equatable {
+    public var user: Int64
+    /// Nobody sees their presence, and they see nobody's (`presenceSet.hidden`).
+    public var presenceHidden: Bool
+    /// When they last came online or went offline (seconds since 1970), as far as the
+    /// service saw.
+    public var lastActive: Int64?
+    /// The users they block (`userBlock`), ascending.
+    public var blocked: [Int64]
+
+    public init(user: Int64, presenceHidden: Bool = false, lastActive: Int64? = nil, blocked: [Int64] = []) {
+        self.user = user
+        self.presenceHidden = presenceHidden
+        self.lastActive = lastActive
+        self.blocked = blocked
+    }
+
+    /// `blocked` as the stores keep it: the numbers, separated by spaces.
+    public var storedBlocked: String { blocked.map(String.init).joined(separator: " ") }
+
+    public static func blocked(stored text: String) -> [Int64] {
+        text.split(separator: " ").compactMap { Int64($0) }
+    }
 }
 
 /// A chat and the version a decision about it was made on (`StoreBatch.chatVersions`).
@@ -398,6 +433,8 @@ public struct StoreBatch: Sendable {
 /// The writes of a group commit to users, endpoints, chats and memberships.
 public struct DirectoryWrites: Sendable {
     public var newUsers: [UserRecord] = []
+    /// Users' settings, written whole.
+    public var userSettings: [UserSettingsRow] = []
     /// Endpoints registered or renamed (written whole), and endpoints deregistered (none
     /// of them written).
     public var endpoints: [EndpointRow] = []
@@ -415,7 +452,7 @@ public struct DirectoryWrites: Sendable {
 
     public var isEmpty: Bool {
         newUsers.isEmpty && endpoints.isEmpty && removedEndpoints.isEmpty && newChats.isEmpty && chatUpdates.isEmpty && members.isEmpty
-            && memberUpdates.isEmpty
+            && memberUpdates.isEmpty && userSettings.isEmpty
     }
 }
 
@@ -461,6 +498,8 @@ extension MemberRow {
         if readUpTo != old.readUpTo { columns.insert(.readUpTo) }
         if numUnread != old.numUnread { columns.insert(.numUnread) }
         if numUnreadMentions != old.numUnreadMentions { columns.insert(.numUnreadMentions) }
+        if mutedUntil != old.mutedUntil { columns.insert(.mutedUntil) }
+        if isBanned != old.isBanned { columns.insert(.isBanned) }
         return columns
     }
 }

@@ -273,7 +273,8 @@ def test_a_store_of_the_previous_release_is_migrated_and_each_writer_takes_the_n
     assert sorted(applied, key=lambda name: int(name[1:].split("-")[0])) == [
         "v1-chatcore", "v2-writer-address", "v3-writer-epoch", "v4-node-credential", "v5-search-in-the-database", "v6-chat-versions",
         "v7-numbers", "v8-claims-in-chat-order", "v9-all-nodes-decide", "v10-notify-followers",
-        "v11-no-credential-in-the-database", "v12-external-ids", "v13-reactions", "v14-mentions", "v15-pins", "v16-notifications"]
+        "v11-no-credential-in-the-database", "v12-external-ids", "v13-reactions", "v14-mentions", "v15-pins", "v16-notifications",
+        "v17-moderation"]
     contents = cluster.psql(f"SELECT content FROM message WHERE chat = {int(chat)} AND tag = 'Text' ORDER BY id", database="epoch").split("\n")
     assert [c for c in contents if c] == ["one", "again", "again"]
 
