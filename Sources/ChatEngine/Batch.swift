@@ -156,6 +156,10 @@ final class Batch {
         changes.uncommittedChats.insert(chat.number)
     }
 
+    func changed(settings: UserSettingsRow) {
+        changes.dirtySettings[settings.user] = settings
+    }
+
     func changed(_ message: MessageRecord) {
         changes.dirtyMessages[RowKey(chat: message.chat, item: message.id)] = message
         changes.uncommittedChats.insert(message.chat)
@@ -210,6 +214,7 @@ final class Batch {
     /// Whether the batch made users or changed endpoints since it was last committed.
     var changedUsersOrEndpoints: Bool {
         !store.directory.newUsers.isEmpty || !changes.dirtyEndpoints.isEmpty || !changes.removedEndpoints.isEmpty
+            || !changes.dirtySettings.isEmpty
     }
 
     /// Whether the store lacks something this batch changed in `chat`.
@@ -231,6 +236,7 @@ final class Batch {
             }
             changes.written.append { chat.stored = row }
         }
+        store.directory.userSettings = changes.dirtySettings.values.sorted { $0.user < $1.user }
         for (chat, member) in changes.dirtyMembers.values {
             let row = member.row(chat: chat)
             if let old = member.stored {
@@ -299,6 +305,7 @@ final class Batch {
         store = StoreBatch()
         changes.dirtyChats = [:]
         changes.dirtyMembers = [:]
+        changes.dirtySettings = [:]
         changes.dirtyMessages = [:]
         changes.dirtyPrivate = [:]
         changes.dirtyRefCounts = [:]
@@ -494,6 +501,7 @@ extension Batch {
         /// Records changed by the batch: written at commit by the columns that changed.
         var dirtyChats: [Int64: ChatRecord] = [:]
         var dirtyMembers: [RowKey: (chat: Int64, member: MemberRecord)] = [:]
+        var dirtySettings: [Int64: UserSettingsRow] = [:]
         var dirtyMessages: [RowKey: MessageRecord] = [:]
         var dirtyPrivate: [PrivateKey: (message: MessageRecord, user: Int64)] = [:]
         var dirtyRefCounts: [RefKey: MessageRecord] = [:]

@@ -101,6 +101,13 @@ extension Engine {
             guard targets.count == 1 else {
                 return failed(.invalidParameter, "a one-to-one chat needs exactly one invitee, not \(targets.count)")
             }
+            if case .existing(let other) = targets[0], oneToOne(between: user, and: other) == nil, blocks(user, other) || blocks(other, user) {
+                return failed(
+                    .blocked,
+                    blocks(user, other)
+                        ? "you block that user: unblock them (userBlock with unblock) to start a one-to-one chat"
+                        : "that user does not accept one-to-one chats from you")
+            }
             if case .existing(let other) = targets[0], let existing = oneToOne(between: user, and: other) {
                 // Starting it again shows a hidden one-to-one chat (as bbmcore does).
                 if let member = existing.activeMember(user), member.isHidden {
@@ -209,6 +216,12 @@ extension Engine {
             case .invalidInvitee(let reason), .invalidParameter(let reason): throw ProtocolError.invalid(reason)
             }
         }
+        for (index, target) in targets.enumerated() {
+            if case .existing(let number) = target, chat.members[number]?.isBanned == true {
+                throw ProtocolError.notPermitted(
+                    "'invitees[\(index)]' is banned from chat '\(chat.chatId)': an admin must unban them (participantBan with unban) first")
+            }
+        }
         let fresh = targets.filter { target in
             if case .existing(let number) = target { return chat.activeMember(number) == nil }
             return true
@@ -293,7 +306,7 @@ extension Engine {
 
     /// Takes `user` out of the chat at `message` (their Leave or Remove): their endpoints
     /// lose the chat, everyone else's lose the participant.
-    private func depart(_ user: Int64, from chat: ChatRecord, at message: MessageRecord, batch: Batch) {
+    func depart(_ user: Int64, from chat: ChatRecord, at message: MessageRecord, batch: Batch) {
         guard let member = chat.members[user] else { return }
         member.isActive = false
         member.leftAt = message.id
@@ -308,13 +321,15 @@ extension Engine {
         }
     }
 
-    /// The admin-only participant requests check the same things.
-    private func administered(_ chatId: String, target userUri: String, user: Int64) throws -> (ChatRecord, MemberRecord) {
+    /// The admin-only participant requests check the same things. `formerToo`: the target
+    /// may be someone who left or was removed (a ban).
+    func administered(_ chatId: String, target userUri: String, user: Int64, formerToo: Bool = false) throws -> (ChatRecord, MemberRecord) {
         let (chat, member) = try chat(chatId, of: user)
         if chat.isOneToOne { throw ProtocolError.notPermitted("chat '\(chat.chatId)' is one-to-one: it has no admins to act") }
         guard member.isAdmin else { throw ProtocolError.notPermitted("only admins of chat '\(chat.chatId)' may do this") }
-        guard let number = self.user(fromURI: userUri, viewer: user), let target = chat.activeMember(number) else {
-            throw ProtocolError.notFound("'userUri' \(userUri) is not a participant of chat '\(chat.chatId)'")
+        guard let number = self.user(fromURI: userUri, viewer: user), let target = chat.members[number], formerToo || target.isActive else {
+            throw ProtocolError.notFound(
+                "'userUri' \(userUri) is not \(formerToo ? "a participant or former participant" : "a participant") of chat '\(chat.chatId)'")
         }
         return (chat, target)
     }
@@ -340,11 +355,15 @@ extension Engine {
         let message = append(
             to: chat, sender: user, tag: "Admin", data: systemData("Admin", userUri: uri(target.user), admin: admin),
             neverCountsUnread: true, batch: batch, changes: changes)
+        let was = renderParticipant(chat, target)
         target.isAdmin = admin
+        // Admins are never muted.
+        if admin { target.mutedUntil = nil }
         batch.changed(target, of: chat)
-        let change = ChatParticipantChange(chatId: chat.chatId, userUri: uri(target.user), flags: .value(admin ? "A" : ""))
-        for other in chat.activeMembers where other.user != target.user {
-            emit(.listChange(.chatParticipant(ListChangeChatParticipant(elements: [change]))), toUser: other.user, batch: batch)
+        if let change = participantDifference(was, renderParticipant(chat, target)) {
+            for other in chat.activeMembers where other.user != target.user {
+                emit(.listChange(.chatParticipant(ListChangeChatParticipant(elements: [change]))), toUser: other.user, batch: batch)
+            }
         }
         try announceNew([message], in: chat, batch: batch, changes: changes)
         publish(changes, batch: batch)

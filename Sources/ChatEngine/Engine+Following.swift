@@ -29,7 +29,11 @@ extension Engine {
             readEverythingAgain()
             return
         }
-        following.onlineElsewhere = activity.online
+        if activity.online != following.onlineElsewhere {
+            let changed = activity.online.symmetricDifference(following.onlineElsewhere)
+            following.onlineElsewhere = activity.online
+            for user in changed { presenceMayHaveChanged(of: user) }
+        }
         guard !activity.isEmpty else {
             following.cursor = activity.cursor
             following.readAheadOfFollowing = []
@@ -48,6 +52,12 @@ extension Engine {
         // What is followed is durable already: its events are sent whatever happens next.
         batch.begin(.answered, session: nil)
         learn(activity.users, endpoints: activity.endpoints)
+        for row in activity.userSettings where row != directory.settings[row.user] {
+            let hidden = settings(of: row.user).presenceHidden
+            let peers = hidden != row.presenceHidden ? peers(of: row.user).filter(isOnline) : []
+            learn(settings: row)
+            if hidden != row.presenceHidden { hiddenChanged(row.user, peers: peers, batch: batch) }
+        }
         do {
             try render(activity.commits, chatsNow: activity.chats, coarse: coarse, batch: batch)
         } catch {
@@ -246,14 +256,16 @@ extension Engine {
         // Who takes part, as `depart`, `invite` and `setAdmin` announce it.
         let departed = old.activeMembers.filter { active(chat, $0.user) == nil }
         let joined = chat.activeMembers.filter { active(old, $0.user) == nil }
-        let promoted = chat.activeMembers.filter { member in active(old, member.user).map { $0.isAdmin != member.isAdmin } ?? false }
+        let changedParticipants = chat.activeMembers.compactMap { member -> ChatParticipantChange? in
+            guard let was = active(old, member.user) else { return nil }
+            return participantDifference(renderParticipant(old, was), renderParticipant(chat, member))
+        }
         for member in staying {
             for gone in departed {
                 let key = ChatParticipantKey(chatId: chat.chatId, userUri: uri(gone.user))
                 emit(.listRemove(.chatParticipant(ListRemoveChatParticipant(elements: [key]))), toUser: member.user, batch: batch)
             }
-            for target in promoted where target.user != member.user {
-                let change = ChatParticipantChange(chatId: chat.chatId, userUri: uri(target.user), flags: .value(target.isAdmin ? "A" : ""))
+            for change in changedParticipants where change.userUri != uri(member.user) {
                 emit(.listChange(.chatParticipant(ListChangeChatParticipant(elements: [change]))), toUser: member.user, batch: batch)
             }
             if !joined.isEmpty {
@@ -398,6 +410,7 @@ extension Engine {
     /// other node decides.
     func sessionsChanged(of user: Int64) {
         if followsOthers { following.presenceChanged.insert(user) }
+        presenceMayHaveChanged(of: user)
     }
 
     /// Tells the other deciding nodes who came and went here since they were last told.

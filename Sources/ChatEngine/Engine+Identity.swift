@@ -77,13 +77,16 @@ extension Engine {
         guard let number = session.user, let user = directory.users[number], let endpoint = session.endpoint else {
             return [tokenState, setupState("Full")]
         }
-        return [
+        var globals = [
             tokenState,
             setupState("Success"),
             Global(name: "localUri", value: .string(user.uri)),
             Global(name: "localRegId", value: .string(String(user.regId))),
             Global(name: "endpointId", value: .string(String(endpoint)))
         ]
+        // Only once hidden: BBMDS's globals are what they were for everyone else.
+        if settings(of: number).presenceHidden { globals.append(Global(name: "presenceHidden", value: .bool(true))) }
+        return globals
     }
 
     /// Lists the session asked for before it was set up were empty for it: now they get
@@ -92,7 +95,7 @@ extension Engine {
         let listed = session.listedEarly
         session.listedEarly = []
         if listed.contains(.user) {
-            let elements = visibleUsers(of: user).map(userElement)
+            let elements = visibleUsers(of: user).map { userElement($0, for: session, viewer: user) }
             if !elements.isEmpty { batch.emit(.listAdd(.user(ListAddUser(elements: elements))), to: session) }
         }
         if listed.contains(.chat) {
@@ -140,10 +143,6 @@ extension Engine {
         if other == viewer || session.hasLookedUp(other) { return true }
         for number in directory.chatsOfUser[viewer] ?? [] where directory.chats[number]?.members[other] != nil { return true }
         return false
-    }
-
-    func userElement(_ user: UserRecord) -> User {
-        User(uri: user.uri, regId: user.regId, userId: user.userId)
     }
 }
 

@@ -15,7 +15,9 @@ extension Engine {
         case .global:
             answer(header, globalElements(of: session), to: session, batch: batch) { .global(ListChunkGlobal(cookie: cookie, elements: $0, last: $1)) }
         case .user:
-            answer(header, visibleUsers(of: user).map(userElement), to: session, batch: batch) { .user(ListChunkUser(cookie: cookie, elements: $0, last: $1)) }
+            answer(header, visibleUsers(of: user).map { userElement($0, for: session, viewer: user) }, to: session, batch: batch) {
+                .user(ListChunkUser(cookie: cookie, elements: $0, last: $1))
+            }
         case .chat, .chatParticipant:
             // They grow with the user's chats: a page of chats per batch.
             batch.emit(header, to: session)
@@ -148,7 +150,7 @@ extension Engine {
                 let found =
                     key.uri.map { uri in self.user(fromURI: uri, viewer: user).flatMap { directory.users[$0] } }
                     ?? key.regId.flatMap { directory.users.find(regId: $0) }
-                return found.flatMap { knows($0.number, viewer: user, session: session) ? userElement($0) : nil }
+                return found.flatMap { knows($0.number, viewer: user, session: session) ? userElement($0, for: session, viewer: user) : nil }
             }
             answer(.listElements(.user(ListElementsUser(cookie: request.cookie, missing: missing))), found, to: session, batch: batch) {
                 .user(ListChunkUser(cookie: request.cookie, elements: $0, last: $1))

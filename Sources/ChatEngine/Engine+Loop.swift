@@ -134,6 +134,8 @@ extension Engine {
             timed.tickAt = nil
             expireTyping(batch: batch)
             endPins(batch: batch)
+            endMutes(batch: batch)
+            showPresence(batch: batch)
         case .continueList(let list):
             listContinues(list, batch: batch)
         case .continueRecall(let recall):

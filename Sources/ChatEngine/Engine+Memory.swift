@@ -16,6 +16,9 @@ extension Engine {
     func reload() throws {
         let loaded = try store.loadDirectory()
         directory.users = UserDirectory(loaded.users)
+        directory.settings = [:]
+        directory.blockers = [:]
+        for row in loaded.userSettings { learn(settings: row) }
         directory.endpoints = [:]
         directory.endpointsOfUser = [:]
         directory.lastEndpointOrdinal = 0
@@ -48,6 +51,7 @@ extension Engine {
             guard let chat = directory.chats[row.chat] else { continue }
             chat.members[row.user] = MemberRecord(row)
             if row.isActive { directory.chatsOfUser[row.user, default: []].insert(row.chat) }
+            if let until = row.mutedUntil, until != 0 { scheduleMuteEnd(MemberKey(chat: row.chat, user: row.user), until: until) }
         }
         guard takingCounters else { return }
         directory.changeSeq = loaded.feedPositions[following.feedSlot] ?? FeedSlots.base(of: following.feedSlot)

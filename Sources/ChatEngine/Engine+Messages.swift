@@ -110,7 +110,8 @@ extension Engine {
     func countNewUnread(_ message: MessageRecord, for member: MemberRecord, in chat: ChatRecord, batch: Batch) {
         member.countUnread(message)
         batch.changed(member, of: chat)
-        guard let policy = notificationPolicy, !message.isSystem else { return }
+        // A user is not woken by someone they block.
+        guard let policy = notificationPolicy, !message.isSystem, !blocks(member.user, message.sender) else { return }
         let now = Engine.milliseconds()
         let due: Int64
         if !isConnectedAnywhere(member.user) {
@@ -154,7 +155,7 @@ extension Engine {
         for member in chat.members.values where member.isActive && member.user != except && isOnline(member.user) {
             let visible = messages.filter { $0.id >= member.joinedAt && $0.isSeen(by: member.user) }
             guard !visible.isEmpty else { continue }
-            let kinds = visible.map { ViewerKind($0, member) }
+            let kinds = visible.map { ViewerKind($0, member, blocksSender: blocks(member.user, $0.sender)) }
             let elements: [ChatMessage]
             if let last = lastRendered, kinds.allSatisfy(\.isShared), last.kinds == kinds {
                 elements = last.elements
@@ -182,16 +183,17 @@ extension Engine {
     /// What a viewer's rendering of a message depends on besides the message itself
     /// (`renderMessage`): their own message, a rendering of theirs alone (a Gap is posted by
     /// each viewer; what they did to it for themselves), or a recipient's, told apart by
-    /// whether they read it and whether it mentions them.
+    /// whether they read it and whether it mentions them. A viewer who blocks its sender
+    /// sees it flagged (`senderBlocked`), alone.
     enum ViewerKind: Equatable {
         case own
         case alone
         case recipient(read: Bool, mentioned: Bool)
 
-        init(_ message: MessageRecord, _ member: MemberRecord) {
+        init(_ message: MessageRecord, _ member: MemberRecord, blocksSender: Bool) {
             if message.sender == member.user {
                 self = .own
-            } else if message.isGapForOthers || (!message.privateStates.isEmpty && message.privateStates[member.user] != nil) {
+            } else if blocksSender || message.isGapForOthers || (!message.privateStates.isEmpty && message.privateStates[member.user] != nil) {
                 self = .alone
             } else {
                 self = .recipient(read: member.readUpTo >= message.id, mentioned: message.mentions(member.user))
@@ -251,6 +253,7 @@ extension Engine {
 
     func send(_ request: ChatMessageSend, user: Int64, session: EngineSession, batch: Batch) throws {
         let (chat, member) = try chat(request.chatId, of: user)
+        try requireNotMuted(member, in: chat, doing: "send messages")
         if reservedTags.contains(request.tag) {
             throw ProtocolError(.reservedTag, "the tag '\(request.tag)' is reserved for messages the service posts")
         }
@@ -591,7 +594,8 @@ extension Engine {
     // MARK: typing and events
 
     func startTyping(_ request: ChatTyping, user: Int64, batch: Batch) throws {
-        let (chat, _) = try chat(request.chatId, of: user)
+        let (chat, member) = try chat(request.chatId, of: user)
+        try requireNotMuted(member, in: chat, doing: "type")
         typingStarted(user, in: chat, batch: batch)
         tellOthers(.typing(user: user, chat: chat.number))
     }
@@ -640,7 +644,10 @@ extension Engine {
     /// Makes sure a tick comes when the earliest timed work is due: `due`, when the caller
     /// has just added work due then (nothing else is looked at), or else the earliest of all.
     func scheduleTick(due: Double? = nil) {
-        let earliest = due ?? [timed.typing.values.min(), timed.pinEnds.values.map(\.due).min()].compactMap { $0 }.min()
+        let earliest =
+            due
+            ?? [timed.typing.values.min(), timed.pinEnds.values.map(\.due).min(), timed.muteEnds.values.map(\.due).min(), presence.dueAt]
+            .compactMap { $0 }.min()
         guard let earliest, earliest < timed.tickAt ?? .infinity else { return }
         timed.tickAt = earliest
         let delay = max(0.01, earliest - monotonicSeconds())
@@ -648,7 +655,8 @@ extension Engine {
     }
 
     func sendEvent(_ request: ChatEventSend, user: Int64, session: EngineSession, batch: Batch) throws {
-        let (chat, _) = try chat(request.chatId, of: user)
+        let (chat, member) = try chat(request.chatId, of: user)
+        try requireNotMuted(member, in: chat, doing: "send chat events")
         if let reason = dataTooLarge(request.data, field: "data") { throw ProtocolError(.tooLarge, reason) }
         let event = Event.chatEvent(ChatEvent(chatId: chat.chatId, senderUri: uri(user), tag: request.tag, data: request.data))
         for member in chat.members.values where member.isActive {

@@ -75,6 +75,7 @@ extension Engine {
             throw ProtocolError.invalid("'reaction' holds a control character")
         }
         let (chat, member) = try chat(request.chatId, of: user)
+        try requireNotMuted(member, in: chat, doing: "react")
         let message = try message(request.messageId, in: chat, seenBy: member)
         try requireStanding(message)
         if message.privateStates[user]?.isDeleted == true {

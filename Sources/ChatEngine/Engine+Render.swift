@@ -51,12 +51,17 @@ extension Engine {
             chatId: chat.chatId, subject: chat.subject, state: chat.isDefunct ? .defunct : .ready, flags: flags,
             lastMessage: last, numMessages: last >= member.joinedAt ? last - member.joinedAt + 1 : 0,
             numUnread: member.numUnread, numUnreadMentions: member.numUnreadMentions, lastActivity: chat.lastActivity, invitePolicy: chat.invitePolicy,
-            pinPolicy: chat.pinPolicy, pinnedMessages: pinned.isEmpty ? nil : pinned, data: chat.data, localData: member.localData,
+            pinPolicy: chat.pinPolicy, pinnedMessages: pinned.isEmpty ? nil : pinned, muted: member.mutedUntil == nil ? nil : true,
+            mutedUntil: member.mutedUntil.flatMap { $0 == 0 ? nil : $0 }, data: chat.data, localData: member.localData,
             privateData: member.privateData)
     }
 
+    /// A participant as the other members see them. A mute is shown until its end is
+    /// taken (`endMutes`), so that every rendering agrees with the events sent.
     func renderParticipant(_ chat: ChatRecord, _ member: MemberRecord) -> ChatParticipant {
-        ChatParticipant(chatId: chat.chatId, userUri: uri(member.user), state: .joined, flags: member.isAdmin ? "A" : "")
+        ChatParticipant(
+            chatId: chat.chatId, userUri: uri(member.user), state: .joined, flags: member.isAdmin ? "A" : "",
+            muted: member.mutedUntil == nil ? nil : true, mutedUntil: member.mutedUntil.flatMap { $0 == 0 ? nil : $0 })
     }
 
     /// The state of `message` as its sender sees it: the furthest any recipient got, and
@@ -184,7 +189,7 @@ extension Engine {
             fileState: fileState, flags: flags, state: state, stateIsPartial: partial,
             recall: message.isRecalled ? .recalled : nil, ref: message.refs.isEmpty ? nil : message.refs,
             refBy: refBy, reactions: reactions, mentions: mentions, mentionsAll: mentionsAll, mentioned: mentioned, pinned: pinned,
-            timestamp: message.timestamp, externalId: message.externalId)
+            senderBlocked: !own && blocks(viewer, message.sender) ? true : nil, timestamp: message.timestamp, externalId: message.externalId)
     }
 
     func key(_ chat: ChatRecord, _ message: MessageRecord) -> ChatMessageKey {
@@ -416,7 +421,8 @@ extension Engine {
             stateIsPartial: field(old.stateIsPartial, new.stateIsPartial), recall: field(old.recall, new.recall),
             ref: field(old.ref, new.ref), refBy: field(old.refBy, new.refBy), reactions: field(old.reactions, new.reactions),
             mentions: field(old.mentions, new.mentions), mentionsAll: field(old.mentionsAll, new.mentionsAll),
-            mentioned: field(old.mentioned, new.mentioned), pinned: field(old.pinned, new.pinned), timestamp: field(old.timestamp, new.timestamp),
+            mentioned: field(old.mentioned, new.mentioned), pinned: field(old.pinned, new.pinned),
+            senderBlocked: field(old.senderBlocked, new.senderBlocked), timestamp: field(old.timestamp, new.timestamp),
             externalId: field(old.externalId, new.externalId))
         return change == ChatMessageChange(chatId: new.chatId, messageId: new.messageId) ? nil : change
     }
@@ -431,7 +437,7 @@ extension Engine {
             fileState: given(new.fileState), flags: given(new.flags), state: given(new.state), stateIsPartial: given(new.stateIsPartial),
             recall: given(new.recall), ref: given(new.ref), refBy: given(new.refBy), reactions: given(new.reactions),
             mentions: given(new.mentions), mentionsAll: given(new.mentionsAll), mentioned: given(new.mentioned), pinned: given(new.pinned),
-            timestamp: given(new.timestamp),
+            senderBlocked: given(new.senderBlocked), timestamp: given(new.timestamp),
             externalId: given(new.externalId))
     }
 
@@ -442,7 +448,8 @@ extension Engine {
             chatId: new.chatId, subject: given(new.subject), state: given(new.state), flags: given(new.flags), lastMessage: given(new.lastMessage),
             numMessages: given(new.numMessages), numUnread: given(new.numUnread), numUnreadMentions: given(new.numUnreadMentions),
             lastActivity: given(new.lastActivity),
-            invitePolicy: given(new.invitePolicy), pinPolicy: given(new.pinPolicy), pinnedMessages: given(new.pinnedMessages), data: given(new.data),
+            invitePolicy: given(new.invitePolicy), pinPolicy: given(new.pinPolicy), pinnedMessages: given(new.pinnedMessages),
+            muted: given(new.muted), mutedUntil: given(new.mutedUntil), data: given(new.data),
             localData: given(new.localData))
     }
 
@@ -454,7 +461,8 @@ extension Engine {
             numUnread: field(old.numUnread, new.numUnread), numUnreadMentions: field(old.numUnreadMentions, new.numUnreadMentions),
             lastActivity: field(old.lastActivity, new.lastActivity),
             invitePolicy: field(old.invitePolicy, new.invitePolicy), pinPolicy: field(old.pinPolicy, new.pinPolicy),
-            pinnedMessages: field(old.pinnedMessages, new.pinnedMessages), data: field(old.data, new.data), localData: field(old.localData, new.localData))
+            pinnedMessages: field(old.pinnedMessages, new.pinnedMessages), muted: field(old.muted, new.muted),
+            mutedUntil: field(old.mutedUntil, new.mutedUntil), data: field(old.data, new.data), localData: field(old.localData, new.localData))
         return change == ChatChange(chatId: new.chatId) ? nil : change
     }
 }

@@ -42,6 +42,14 @@ extension Engine {
             try setAdmin(chatId: request.chatId, userUri: request.userUri, admin: true, user: user, batch: batch)
         case .participantDemote(let request):
             try setAdmin(chatId: request.chatId, userUri: request.userUri, admin: false, user: user, batch: batch)
+        case .participantMute(let request):
+            try mute(request, user: user, batch: batch)
+        case .participantBan(let request):
+            try ban(request, user: user, batch: batch)
+        case .userBlock(let request):
+            try block(request, user: user, session: session, batch: batch)
+        case .presenceSet(let request):
+            try setPresence(request, user: user, session: session, batch: batch)
         case .chatHide(let request):
             try hide(request, user: user, batch: batch)
         case .chatMessageSend(let request):

@@ -98,6 +98,7 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
     let _searches: Searches
     let _attachmentWork: AttachmentWork
     private let _timed = TimedWork()
+    private let _presence = Presence()
     /// Any thread's: the inbox, atomics and locked values only.
     let life: EngineLife
 
@@ -128,6 +129,10 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
     var timed: TimedWork {
         confined()
         return _timed
+    }
+    var presence: Presence {
+        confined()
+        return _presence
     }
 
     /// Checks (debug builds) that this is the engine thread, or that it has not started

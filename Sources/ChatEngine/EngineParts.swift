@@ -33,6 +33,10 @@ final class Directory {
     /// most `urisKept`, forgotten all at once when full.
     var uris: [Int64: String] = [:]
     static let urisKept = 16384
+    /// What users chose for themselves (those who chose anything: `settings(of:)`).
+    var settings: [Int64: UserSettingsRow] = [:]
+    /// Who blocks each user (the other side of `UserSettingsRow.blocked`).
+    var blockers: [Int64: Set<Int64>] = [:]
 }
 
 extension Directory {
@@ -268,12 +272,39 @@ final class TimedWork {
     /// they were given. An entry whose pin was removed or given another `until` since is
     /// passed over when it is due.
     var pinEnds: [PinKey: (due: Double, until: Int64)] = [:]
+    /// Mutes that end by themselves, likewise (`MemberRecord.mutedUntil`).
+    var muteEnds: [MemberKey: (due: Double, until: Int64)] = [:]
     /// When the next tick is due (seconds on the monotonic clock; nil: none is scheduled).
     /// Work due sooner schedules one of its own: a tick due later must not hold it up.
     var tickAt: Double?
     /// Users who came online, with their chats whose deliveries are still to be marked
     /// (`deliverDue`), oldest first.
     var deliveriesDue: [(user: Int64, chats: [Int64])] = []
+}
+
+/// Who is seen online (docs/protocol.md, presence): what was last shown of each user, and
+/// the users whose connections changed since, shown at most once a `Presence.interval`.
+final class Presence {
+    /// What the users who watch presence were last shown of each user who is online: since
+    /// when (seconds since 1970). A user left out was shown offline (since their stored
+    /// `lastActive`).
+    var shown: [Int64: (online: Bool, since: Int64)] = [:]
+    /// Users whose connections changed since they were last shown, with when they were
+    /// first seen with none (seconds on the monotonic clock, and since 1970).
+    var changed: [Int64: (monotonic: Double, wall: Int64)?] = [:]
+    /// When the changed users are looked at next (seconds on the monotonic clock).
+    var dueAt: Double?
+    /// Changes are shown at most this often (seconds), all at once.
+    static let interval = 1.0
+    /// A user whose last connection closed is shown offline only if none came back within
+    /// this (seconds): a phone that moves between networks is not seen to come and go.
+    static let grace = 3.0
+}
+
+/// One member of one chat.
+struct MemberKey: Hashable {
+    let chat: Int64
+    let user: Int64
 }
 
 /// The engine thread's life: its inbox (filled from any thread), the thread, and how it

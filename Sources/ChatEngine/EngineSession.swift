@@ -58,6 +58,8 @@ public final class EngineSession: @unchecked Sendable, Hashable {  // its mutabl
     /// is searched for it: docs/protocol.md §3, the local user is id/0 in its own view).
     private(set) var quotedOwnURI: [UInt8]?
     var isOpen = true
+    /// It asked for presence (`presenceSet.watch`).
+    var watchesPresence = false
     /// A token of this session was refused while it was not authenticated (its
     /// `authTokenState` shows `Rejected`).
     var tokenRejected = false

@@ -29,6 +29,11 @@ final class MemberRecord {
     var numUnread: Int64 = 0
     /// Of those, the messages that mention them (`MessageRecord.mentions(_:)`).
     var numUnreadMentions: Int64 = 0
+    /// Muted until this time (seconds since 1970; 0: for ever), or not (nil): read
+    /// through `mute(now:)`, which says whether the time is up.
+    var mutedUntil: Int64?
+    /// Banned: nobody can invite them back until they are unbanned.
+    var isBanned = false
     /// The row as the store has it (nil: not stored yet).
     var stored: MemberRow?
 
@@ -57,6 +62,8 @@ final class MemberRecord {
         readUpTo = row.readUpTo
         numUnread = row.numUnread
         numUnreadMentions = row.numUnreadMentions
+        mutedUntil = row.mutedUntil
+        isBanned = row.isBanned
         stored = row
     }
 
@@ -65,7 +72,17 @@ final class MemberRecord {
             chat: chat, user: user, isActive: isActive, isAdmin: isAdmin, joinedAt: joinedAt, leftAt: leftAt, isHidden: isHidden,
             localData: localData?.json, privateData: privateData?.json, deliveredUpTo: deliveredUpTo, readUpTo: readUpTo, numUnread: numUnread)
         row.numUnreadMentions = numUnreadMentions
+        row.mutedUntil = mutedUntil
+        row.isBanned = isBanned
         return row
+    }
+
+    /// Their mute at `now` (seconds since 1970): nil when not muted or when its time is
+    /// up, otherwise when it ends (nil inside: for ever).
+    func mute(now: Int64) -> Int64?? {
+        guard let until = mutedUntil else { return nil }
+        if until == 0 { return .some(nil) }
+        return until > now ? .some(until) : nil
     }
 
     /// Whether this member received message `id` (was in the chat when it was posted).

@@ -7,7 +7,7 @@ received after each step (with the clock fixed, as the test runner does).
 
 A draft is not a test: read every received line against docs/protocol.md before keeping it.
 Script steps: `!server ARGS` (first: extra arguments for `chatcore serve`), `!connect NAME`
-(then `NAME> {"authToken":...}` as usual), `NAME> JSON`, `!restart`, `!kill`, `!sleep MS`,
+(then `NAME> {"authToken":...}` as usual), `NAME> JSON`, `!close NAME`, `!restart`, `!kill`, `!sleep MS`,
 `#` comments (kept).
 """
 import json
@@ -88,6 +88,11 @@ def main():
             name = step.split()[1]
             sessions[name] = socket.create_connection(("127.0.0.1", port))
             buffers[name] = b""
+        elif step.startswith("!close "):
+            name = step.split()[1]
+            sessions.pop(name).close()
+            for line in collect():
+                print(line)
         elif step in ("!restart", "!kill"):
             process.send_signal(signal.SIGTERM if step == "!restart" else signal.SIGKILL)
             process.wait()

@@ -10,7 +10,7 @@ import pytest
 from conftest import started_chat
 from postgres_cluster import postgres_bin
 from chatcore_harness import Client, auth, body
-from test_nodes import (Node, _no_node_outlives_its_test, alice_and_bob_in_a_chat, assert_kept, conversation,  # noqa: F401 (the fixture
+from test_nodes import (Node, _no_node_outlives_its_test, alice_and_bob_in_a_chat, assert_kept, assert_moderated, conversation,  # noqa: F401 (the fixture
                         conversation_on_one_node, send_at_once, send_until_gone, wait_for)                    # kills what a failed test left)
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
@@ -35,6 +35,7 @@ def test_users_on_two_deciding_nodes_see_what_they_would_see_on_one(cluster, scr
     assert any('"reactions":[{"count":2,"mine":true' in line for line in on_one["bob"]), "reactions reached bob"
     assert any('"numUnreadMentions":1' in line for line in on_one["bob"]), "the mention reached bob"
     assert any('"pinnedMessages":["2"]' in line for line in on_one["bob"]), "the pin reached bob"
+    assert_moderated(on_one)
     # Neither node relayed: each decided for its own session.
     assert "relaying" not in a.logged() + b.logged()
     assert b.stop() == 0

@@ -183,12 +183,40 @@ def conversation(alice_socket, bob_socket):
     act(bob, {"chatMessageMentionsGet": {"cookie": "mentions"}})
     act(alice, {"chatMessagePin": {"chatId": "1", "messageId": "2"}})
     act(alice, {"chatMessagePin": {"chatId": "1", "messageId": "2", "until": 4102444800}})
+    # Moderation: a mute refuses bob's send and typing until it is lifted.
+    act(alice, {"participantMute": {"chatId": "1", "userUri": bob_uri, "until": 4102444800}})
+    act(bob, {"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "muted?"}})
+    act(bob, {"chatTyping": {"chatId": "1"}})
+    act(alice, {"participantMute": {"chatId": "1", "userUri": bob_uri, "unmute": True}})
+    # bob blocks alice: her messages are flagged for him, and no one-to-one chat either way.
+    alice_uri = next(element["userUri"] for event in bob.all if "listAdd" in event and body(event)["type"] == "chatParticipant"
+                     for element in body(event)["elements"])
+    act(bob, {"userBlock": {"userUri": alice_uri}})
+    act(alice, {"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "still there?", "cookie": "m4"}})
+    act(alice, {"chatStart": {"cookie": "one", "invitees": [{"userId": "bob"}], "isOneToOne": True}})
+    act(bob, {"userBlock": {"userUri": alice_uri, "unblock": True}})
+    # bob hides his presence: alice, watching, sees none of it.
+    act(bob, {"presenceSet": {"hidden": True}})
+    act(alice, {"presenceSet": {"watch": True}})
     act(bob, {"chatLeave": {"chatIds": ["1"]}})
+    # Banned after he left: nobody can invite him back.
+    act(alice, {"participantBan": {"chatId": "1", "userUri": bob_uri}})
+    act(alice, {"chatInvite": {"chatId": "1", "invitees": [{"userId": "bob"}]}})
     events = {}
     for name, client in (("alice", alice), ("bob", bob)):
         client.close()
         events[name] = [VARYING_GLOBALS.sub(r'"name":"\1","value":"*"', VARYING.sub(r'"\1":"*"', line)) for line in map(_line, client.all)]
     return events
+
+
+def assert_moderated(on_one):
+    """The conversation's moderation, blocking and presence reached who they should."""
+    assert any("you are muted in chat '1'" in line and "chatMessageSend" in line for line in on_one["bob"])
+    assert any('"senderBlocked":true' in line for line in on_one["bob"]) and not any("senderBlocked" in line for line in on_one["alice"])
+    assert any('"reason":"Blocked"' in line for line in on_one["alice"])
+    assert any('"online":null' in line for line in on_one["alice"]), "alice sees no presence of bob's"
+    assert any('"presenceHidden","value":true' in line for line in on_one["bob"])
+    assert any('"banned":true' in line for line in on_one["alice"]) and any("is banned from chat '1'" in line for line in on_one["alice"])
 
 
 def alice_and_bob_in_a_chat(writer, relay, subject):
@@ -285,6 +313,7 @@ def test_users_on_two_nodes_see_what_they_would_see_on_one(cluster, scratch):
     assert any('"reactions":[{"count":2,"mine":true' in line for line in on_one["bob"]), "reactions reached bob"
     assert any('"numUnreadMentions":1' in line for line in on_one["bob"]), "the mention reached bob"
     assert any('"pinnedMessages":["2"]' in line for line in on_one["bob"]), "the pin reached bob"
+    assert_moderated(on_one)
 
 
 def test_a_standard_input_output_session_relayed_to_the_writer_sees_what_it_would_see_there(cluster, scratch):
@@ -317,6 +346,7 @@ def test_a_standard_input_output_session_relayed_to_the_writer_sees_what_it_woul
     assert any('"reactions":[{"count":2,"mine":true' in line for line in on_one["bob"]), "reactions reached bob"
     assert any('"numUnreadMentions":1' in line for line in on_one["bob"]), "the mention reached bob"
     assert any('"pinnedMessages":["2"]' in line for line in on_one["bob"]), "the pin reached bob"
+    assert_moderated(on_one)
 
 
 def test_nodes_of_standard_input_output_only_serve_one_domain(cluster, scratch):

@@ -55,6 +55,10 @@ export interface Chat {
   pinPolicy: "AdminsOnly" | "ParticipantsOnly";
   /** The messages pinned in the chat, the newest pin first (absent when none). */
   pinnedMessages?: string[];
+  /** The local user is muted in the chat (participantMute): they read but cannot send, react, type or send chat events. Absent when not. */
+  muted?: boolean;
+  /** When the local user's mute ends by itself (absent: it lasts until they are unmuted). */
+  mutedUntil?: number;
   /** Application data shared by every participant. */
   data?: Record<string, unknown>;
   /** Application data of the local user only. */
@@ -78,6 +82,8 @@ export interface ChatChange {
   invitePolicy?: "AdminsOnly" | "ParticipantsOnly" | null;
   pinPolicy?: "AdminsOnly" | "ParticipantsOnly" | null;
   pinnedMessages?: string[] | null;
+  muted?: boolean | null;
+  mutedUntil?: number | null;
   data?: Record<string, unknown> | null;
   localData?: Record<string, unknown> | null;
 }
@@ -192,6 +198,8 @@ export interface ChatMessage {
   mentioned?: boolean;
   /** Present while the message is pinned in its chat. */
   pinned?: Pin;
+  /** True when the viewer blocks the message's sender (userBlock); absent otherwise. */
+  senderBlocked?: boolean;
   /** Seconds since 1970 (UTC). */
   timestamp: number;
   /** The identifier its sender gave it (chatMessageSend's externalId; seed 001's externalId): present only when one was given. It never changes. */
@@ -224,6 +232,7 @@ export interface ChatMessageChange {
   mentionsAll?: boolean | null;
   mentioned?: boolean | null;
   pinned?: Pin | null;
+  senderBlocked?: boolean | null;
   timestamp?: number | null;
   externalId?: string | null;
 }
@@ -458,6 +467,10 @@ export interface ChatParticipant {
   state: "Joined";
   /** A: admin. */
   flags: string;
+  /** The participant is muted (participantMute): they read but cannot send, react, type or send chat events. Absent when not. */
+  muted?: boolean;
+  /** When their mute ends by itself (absent: it lasts until they are unmuted). */
+  mutedUntil?: number;
 }
 
 /** A change to a chatParticipant element: its key and every field that changed; a field that went away is null. */
@@ -468,6 +481,8 @@ export interface ChatParticipantChange {
   userUri: string;
   state?: "Joined" | null;
   flags?: string | null;
+  muted?: boolean | null;
+  mutedUntil?: number | null;
 }
 
 /** Participants of a chat ({chatId}), or the chats a user is in ({userUri, state}). */
@@ -525,14 +540,14 @@ export interface ChatStartFailed {
   /** Chosen by the client; echoed on every direct response to the request. */
   cookie?: string;
   /** Why. */
-  reason: "InvalidInvitee" | "TooManyParticipants" | "InvalidParameter" | "AlreadyExists";
+  reason: "InvalidInvitee" | "TooManyParticipants" | "InvalidParameter" | "AlreadyExists" | "Blocked";
   /** With AlreadyExists: the existing one-to-one chat with that user, which the client opens instead. */
   chatId?: string;
   /** Why, in words: which field or which invitee (chatcore's addition; real clients read only 'reason'). */
   detail?: string;
 }
 
-export type ChatStartFailure = "InvalidInvitee" | "TooManyParticipants" | "InvalidParameter" | "AlreadyExists";
+export type ChatStartFailure = "InvalidInvitee" | "TooManyParticipants" | "InvalidParameter" | "AlreadyExists" | "Blocked";
 
 export type ChatState = "Ready" | "Defunct";
 
@@ -1095,12 +1110,38 @@ export interface NotifiedEndpoint {
   pushToken: string;
 }
 
+/** Bans a participant or former participant (admins only, not in one-to-one chats; never an admin): a participant is removed, and nobody can invite them again until they are unbanned. Or unbans them. Posts a Ban message. */
+export interface ParticipantBan {
+  /** A chat, as the service named it. */
+  chatId: string;
+  /** A user as the protocol names them: bbmpim://user/id/<n>. */
+  userUri: string;
+  /** Unban them instead (unbanning a user who is not banned changes nothing). */
+  unban?: boolean;
+  /** Chosen by the client; echoed on every direct response to the request. */
+  cookie?: string;
+}
+
 /** Takes admin from a participant (admins only). */
 export interface ParticipantDemote {
   /** A chat, as the service named it. */
   chatId: string;
   /** A user as the protocol names them: bbmpim://user/id/<n>. */
   userUri: string;
+  /** Chosen by the client; echoed on every direct response to the request. */
+  cookie?: string;
+}
+
+/** Mutes a participant (admins only, not in one-to-one chats; never an admin): until the time given or for ever, they read the chat but cannot send, react, type or send chat events. Or unmutes them. Posts a Mute message, and the participant changes for every member (muted, mutedUntil) and the chat for the muted member. */
+export interface ParticipantMute {
+  /** A chat, as the service named it. */
+  chatId: string;
+  /** A user as the protocol names them: bbmpim://user/id/<n>. */
+  userUri: string;
+  /** When the mute ends by itself (absent: it lasts until unmuted). */
+  until?: number;
+  /** Unmute them instead (unmuting a participant who is not muted changes nothing). */
+  unmute?: boolean;
   /** Chosen by the client; echoed on every direct response to the request. */
   cookie?: string;
 }
@@ -1136,6 +1177,16 @@ export interface Pin {
 }
 
 export type PinPolicy = "AdminsOnly" | "ParticipantsOnly";
+
+/** Presence. watch (this session): the user elements it is sent carry online and lastActive of the users the user shares a chat with, and it is sent their changes (listChange user), coalesced; watch is answered at once with a listChange user of everyone whose presence it may see. hidden (the user, every session, kept): nobody sees the user's presence, and the user sees nobody's; answered with the global presenceHidden, to each of the user's sessions. */
+export interface PresenceSet {
+  /** Whether this session is sent presence (absent: as it was; a session starts not watching). */
+  watch?: boolean;
+  /** Whether the user hides their presence (absent: as it was; a user starts not hidden). */
+  hidden?: boolean;
+  /** Chosen by the client; echoed on every direct response to the request. */
+  cookie?: string;
+}
 
 /** One reaction to a message: how many users reacted with it, and whether the viewer did. */
 export interface ReactionCount {
@@ -1449,6 +1500,22 @@ export interface User {
   regId: string;
   /** The application's id of a user. */
   userId: string;
+  /** Whether the user has a connected session (presence: only to a session that watches it, of a user who shares a chat with them, when neither hides their presence). */
+  online?: boolean;
+  /** When the user last came online (online) or went offline (not online), as far as this service saw; with online. */
+  lastActive?: number;
+  /** The local user blocks this user (userBlock); absent when not. */
+  blocked?: boolean;
+}
+
+/** Blocks another user, or unblocks them: neither can start a one-to-one chat with the other while the block lasts, and the blocked user's messages in the chats both are in are flagged senderBlocked for the blocker (for the blocker only, as a private delete is). The blocker's user element of them changes (blocked); the blocked user is told nothing. */
+export interface UserBlock {
+  /** A user as the protocol names them: bbmpim://user/id/<n>. */
+  userUri: string;
+  /** Unblock them instead (unblocking a user who is not blocked changes nothing). */
+  unblock?: boolean;
+  /** Chosen by the client; echoed on every direct response to the request. */
+  cookie?: string;
 }
 
 /** A change to a user element: its key and every field that changed; a field that went away is null. */
@@ -1457,6 +1524,9 @@ export interface UserChange {
   uri: string;
   regId?: string | null;
   userId?: string | null;
+  online?: boolean | null;
+  lastActive?: number | null;
+  blocked?: boolean | null;
 }
 
 /** keyState. */
@@ -1628,6 +1698,18 @@ export function chatMessageMentionsGet(fields?: CookieOptional<ChatMessageMentio
 /** Pins a message in its chat (again: with a new until, as the newest pin), or unpins it. The message and the chat change for every member (listChange: the message's pinned, the chat's pinnedMessages); a pin with until ends by itself then, for everyone. */
 export function chatMessagePin(fields: CookieOptional<ChatMessagePin>): { chatMessagePin: ChatMessagePin } & Answered<undefined>;
 
+/** Mutes a participant (admins only, not in one-to-one chats; never an admin): until the time given or for ever, they read the chat but cannot send, react, type or send chat events. Or unmutes them. Posts a Mute message, and the participant changes for every member (muted, mutedUntil) and the chat for the muted member. */
+export function participantMute(fields: CookieOptional<ParticipantMute>): { participantMute: ParticipantMute } & Answered<undefined>;
+
+/** Bans a participant or former participant (admins only, not in one-to-one chats; never an admin): a participant is removed, and nobody can invite them again until they are unbanned. Or unbans them. Posts a Ban message. */
+export function participantBan(fields: CookieOptional<ParticipantBan>): { participantBan: ParticipantBan } & Answered<undefined>;
+
+/** Blocks another user, or unblocks them: neither can start a one-to-one chat with the other while the block lasts, and the blocked user's messages in the chats both are in are flagged senderBlocked for the blocker (for the blocker only, as a private delete is). The blocker's user element of them changes (blocked); the blocked user is told nothing. */
+export function userBlock(fields: CookieOptional<UserBlock>): { userBlock: UserBlock } & Answered<undefined>;
+
+/** Presence. watch (this session): the user elements it is sent carry online and lastActive of the users the user shares a chat with, and it is sent their changes (listChange user), coalesced; watch is answered at once with a listChange user of everyone whose presence it may see. hidden (the user, every session, kept): nobody sees the user's presence, and the user sees nobody's; answered with the global presenceHidden, to each of the user's sessions. */
+export function presenceSet(fields?: CookieOptional<PresenceSet>): { presenceSet: PresenceSet } & Answered<undefined>;
+
 /** Every request, by its name. */
 export interface Requests {
   authToken: AuthToken;
@@ -1664,6 +1746,10 @@ export interface Requests {
   chatMessageReactionsGet: ChatMessageReactionsGet;
   chatMessageMentionsGet: ChatMessageMentionsGet;
   chatMessagePin: ChatMessagePin;
+  participantMute: ParticipantMute;
+  participantBan: ParticipantBan;
+  userBlock: UserBlock;
+  presenceSet: PresenceSet;
 }
 
 /** Every event, by its name. */

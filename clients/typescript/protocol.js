@@ -222,6 +222,26 @@ export function chatMessagePin(fields) {
   return message("chatMessagePin", { ...fields });
 }
 
+/** Mutes a participant (admins only, not in one-to-one chats; never an admin): until the time given or for ever, they read the chat but cannot send, react, type or send chat events. Or unmutes them. Posts a Mute message, and the participant changes for every member (muted, mutedUntil) and the chat for the muted member. */
+export function participantMute(fields) {
+  return message("participantMute", { ...fields });
+}
+
+/** Bans a participant or former participant (admins only, not in one-to-one chats; never an admin): a participant is removed, and nobody can invite them again until they are unbanned. Or unbans them. Posts a Ban message. */
+export function participantBan(fields) {
+  return message("participantBan", { ...fields });
+}
+
+/** Blocks another user, or unblocks them: neither can start a one-to-one chat with the other while the block lasts, and the blocked user's messages in the chats both are in are flagged senderBlocked for the blocker (for the blocker only, as a private delete is). The blocker's user element of them changes (blocked); the blocked user is told nothing. */
+export function userBlock(fields) {
+  return message("userBlock", { ...fields });
+}
+
+/** Presence. watch (this session): the user elements it is sent carry online and lastActive of the users the user shares a chat with, and it is sent their changes (listChange user), coalesced; watch is answered at once with a listChange user of everyone whose presence it may see. hidden (the user, every session, kept): nobody sees the user's presence, and the user sees nobody's; answered with the global presenceHidden, to each of the user's sessions. */
+export function presenceSet(fields = {}) {
+  return message("presenceSet", { ...fields });
+}
+
 /** What answers each request: the events that carry its cookie; none when only a failure is answered. */
 export const ANSWERS = Object.freeze({
   authToken: ["listChange", "setupError"],
@@ -258,6 +278,10 @@ export const ANSWERS = Object.freeze({
   chatMessageReactionsGet: ["chatMessageReactions"],
   chatMessageMentionsGet: ["chatMessageMentions"],
   chatMessagePin: [],
+  participantMute: [],
+  participantBan: [],
+  userBlock: [],
+  presenceSet: [],
 });
 
 /** Requests that take a cookie. */
@@ -296,6 +320,10 @@ export const TAKES_COOKIE = new Set([
   "chatMessageReactionsGet",
   "chatMessageMentionsGet",
   "chatMessagePin",
+  "participantMute",
+  "participantBan",
+  "userBlock",
+  "presenceSet",
 ]);
 
 /** Every event's name. */

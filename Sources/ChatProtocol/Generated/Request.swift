@@ -39,6 +39,10 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
     case chatMessageReactionsGet(ChatMessageReactionsGet)
     case chatMessageMentionsGet(ChatMessageMentionsGet)
     case chatMessagePin(ChatMessagePin)
+    case participantMute(ParticipantMute)
+    case participantBan(ParticipantBan)
+    case userBlock(UserBlock)
+    case presenceSet(PresenceSet)
 
     public static let wireMessages = WireSchema([
         WireField("authToken", .object(AuthToken.self)),
@@ -75,6 +79,10 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         WireField("chatMessageReactionsGet", .object(ChatMessageReactionsGet.self)),
         WireField("chatMessageMentionsGet", .object(ChatMessageMentionsGet.self)),
         WireField("chatMessagePin", .object(ChatMessagePin.self)),
+        WireField("participantMute", .object(ParticipantMute.self)),
+        WireField("participantBan", .object(ParticipantBan.self)),
+        WireField("userBlock", .object(UserBlock.self)),
+        WireField("presenceSet", .object(PresenceSet.self)),
     ])
 
     public init(messageIndex: Int, fields: WireFields) throws {
@@ -110,6 +118,10 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case 31: self = .chatMessageReactionsGet(try ChatMessageReactionsGet(wire: fields))
         case 32: self = .chatMessageMentionsGet(try ChatMessageMentionsGet(wire: fields))
         case 33: self = .chatMessagePin(try ChatMessagePin(wire: fields))
+        case 34: self = .participantMute(try ParticipantMute(wire: fields))
+        case 35: self = .participantBan(try ParticipantBan(wire: fields))
+        case 36: self = .userBlock(try UserBlock(wire: fields))
+        case 37: self = .presenceSet(try PresenceSet(wire: fields))
         default: throw WireFailure(.internal, "message \(messageIndex) is not built from members")
         }
     }
@@ -149,6 +161,10 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         "chatMessageReactionsGet": .object(ChatMessageReactionsGet.self),
         "chatMessageMentionsGet": .object(ChatMessageMentionsGet.self),
         "chatMessagePin": .object(ChatMessagePin.self),
+        "participantMute": .object(ParticipantMute.self),
+        "participantBan": .object(ParticipantBan.self),
+        "userBlock": .object(UserBlock.self),
+        "presenceSet": .object(PresenceSet.self),
     ]
 
     public static func wireType(named name: String) -> WireType? {
@@ -191,6 +207,10 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case "chatMessageReactionsGet": self = .chatMessageReactionsGet(try value.object(ChatMessageReactionsGet.self))
         case "chatMessageMentionsGet": self = .chatMessageMentionsGet(try value.object(ChatMessageMentionsGet.self))
         case "chatMessagePin": self = .chatMessagePin(try value.object(ChatMessagePin.self))
+        case "participantMute": self = .participantMute(try value.object(ParticipantMute.self))
+        case "participantBan": self = .participantBan(try value.object(ParticipantBan.self))
+        case "userBlock": self = .userBlock(try value.object(UserBlock.self))
+        case "presenceSet": self = .presenceSet(try value.object(PresenceSet.self))
         default: throw WireFailure(.unknownRequest, "unknown message '\(name)'")
         }
     }
@@ -232,6 +252,10 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .chatMessageReactionsGet: return "chatMessageReactionsGet"
         case .chatMessageMentionsGet: return "chatMessageMentionsGet"
         case .chatMessagePin: return "chatMessagePin"
+        case .participantMute: return "participantMute"
+        case .participantBan: return "participantBan"
+        case .userBlock: return "userBlock"
+        case .presenceSet: return "presenceSet"
         }
     }
 
@@ -272,6 +296,10 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .chatMessageReactionsGet(let value): return value.cookie
         case .chatMessageMentionsGet(let value): return value.cookie
         case .chatMessagePin(let value): return value.cookie
+        case .participantMute(let value): return value.cookie
+        case .participantBan(let value): return value.cookie
+        case .userBlock(let value): return value.cookie
+        case .presenceSet(let value): return value.cookie
         }
     }
 
@@ -313,6 +341,10 @@ public indirect enum Request: Sendable, Equatable, WireMessageSet, WireEncodable
         case .chatMessageReactionsGet(let value): writer.rawKey("\"chatMessageReactionsGet\":"); value.encode(to: &writer)
         case .chatMessageMentionsGet(let value): writer.rawKey("\"chatMessageMentionsGet\":"); value.encode(to: &writer)
         case .chatMessagePin(let value): writer.rawKey("\"chatMessagePin\":"); value.encode(to: &writer)
+        case .participantMute(let value): writer.rawKey("\"participantMute\":"); value.encode(to: &writer)
+        case .participantBan(let value): writer.rawKey("\"participantBan\":"); value.encode(to: &writer)
+        case .userBlock(let value): writer.rawKey("\"userBlock\":"); value.encode(to: &writer)
+        case .presenceSet(let value): writer.rawKey("\"presenceSet\":"); value.encode(to: &writer)
         }
         writer.endObject()
         writer.endLine()

@@ -47,6 +47,8 @@ Chat = TypedDict("Chat", {
     "invitePolicy": "Literal[\"AdminsOnly\", \"ParticipantsOnly\"]",
     "pinPolicy": "Literal[\"AdminsOnly\", \"ParticipantsOnly\"]",
     "pinnedMessages": "NotRequired[list[str]]",
+    "muted": "NotRequired[bool]",
+    "mutedUntil": "NotRequired[int]",
     "data": "NotRequired[dict[str, object]]",
     "localData": "NotRequired[dict[str, object]]",
     "privateData": "NotRequired[dict[str, object]]",
@@ -66,6 +68,8 @@ ChatChange = TypedDict("ChatChange", {
     "invitePolicy": "NotRequired[Literal[\"AdminsOnly\", \"ParticipantsOnly\"] | None]",
     "pinPolicy": "NotRequired[Literal[\"AdminsOnly\", \"ParticipantsOnly\"] | None]",
     "pinnedMessages": "NotRequired[list[str] | None]",
+    "muted": "NotRequired[bool | None]",
+    "mutedUntil": "NotRequired[int | None]",
     "data": "NotRequired[dict[str, object] | None]",
     "localData": "NotRequired[dict[str, object] | None]",
 })
@@ -140,6 +144,7 @@ ChatMessage = TypedDict("ChatMessage", {
     "mentionsAll": "NotRequired[bool]",
     "mentioned": "NotRequired[bool]",
     "pinned": "NotRequired[Pin]",
+    "senderBlocked": "NotRequired[bool]",
     "timestamp": "int",
     "externalId": "NotRequired[str]",
 })
@@ -168,6 +173,7 @@ ChatMessageChange = TypedDict("ChatMessageChange", {
     "mentionsAll": "NotRequired[bool | None]",
     "mentioned": "NotRequired[bool | None]",
     "pinned": "NotRequired[Pin | None]",
+    "senderBlocked": "NotRequired[bool | None]",
     "timestamp": "NotRequired[int | None]",
     "externalId": "NotRequired[str | None]",
 })
@@ -322,6 +328,8 @@ ChatParticipant = TypedDict("ChatParticipant", {
     "userUri": "str",
     "state": "Literal[\"Joined\"]",
     "flags": "str",
+    "muted": "NotRequired[bool]",
+    "mutedUntil": "NotRequired[int]",
 })
 """Another participant of a chat (never the local user)."""
 
@@ -330,6 +338,8 @@ ChatParticipantChange = TypedDict("ChatParticipantChange", {
     "userUri": "str",
     "state": "NotRequired[Literal[\"Joined\"] | None]",
     "flags": "NotRequired[str | None]",
+    "muted": "NotRequired[bool | None]",
+    "mutedUntil": "NotRequired[int | None]",
 })
 """A change to a chatParticipant element: its key and every field that changed; a field that went away is null."""
 
@@ -369,13 +379,13 @@ ChatStart = TypedDict("ChatStart", {
 
 ChatStartFailed = TypedDict("ChatStartFailed", {
     "cookie": "NotRequired[str]",
-    "reason": "Literal[\"InvalidInvitee\", \"TooManyParticipants\", \"InvalidParameter\", \"AlreadyExists\"]",
+    "reason": "Literal[\"InvalidInvitee\", \"TooManyParticipants\", \"InvalidParameter\", \"AlreadyExists\", \"Blocked\"]",
     "chatId": "NotRequired[str]",
     "detail": "NotRequired[str]",
 })
 """A chat could not be started. (A chat that was started is announced by its listAdd, which carries the request's cookie.)"""
 
-ChatStartFailure = Literal["InvalidInvitee", "TooManyParticipants", "InvalidParameter", "AlreadyExists"]
+ChatStartFailure = Literal["InvalidInvitee", "TooManyParticipants", "InvalidParameter", "AlreadyExists", "Blocked"]
 
 ChatState = Literal["Ready", "Defunct"]
 
@@ -783,12 +793,29 @@ NotifiedEndpoint = TypedDict("NotifiedEndpoint", {
     "pushToken": "str",
 })
 
+ParticipantBan = TypedDict("ParticipantBan", {
+    "chatId": "str",
+    "userUri": "str",
+    "unban": "NotRequired[bool]",
+    "cookie": "NotRequired[str]",
+})
+"""Bans a participant or former participant (admins only, not in one-to-one chats; never an admin): a participant is removed, and nobody can invite them again until they are unbanned. Or unbans them. Posts a Ban message."""
+
 ParticipantDemote = TypedDict("ParticipantDemote", {
     "chatId": "str",
     "userUri": "str",
     "cookie": "NotRequired[str]",
 })
 """Takes admin from a participant (admins only)."""
+
+ParticipantMute = TypedDict("ParticipantMute", {
+    "chatId": "str",
+    "userUri": "str",
+    "until": "NotRequired[int]",
+    "unmute": "NotRequired[bool]",
+    "cookie": "NotRequired[str]",
+})
+"""Mutes a participant (admins only, not in one-to-one chats; never an admin): until the time given or for ever, they read the chat but cannot send, react, type or send chat events. Or unmutes them. Posts a Mute message, and the participant changes for every member (muted, mutedUntil) and the chat for the muted member."""
 
 ParticipantPromote = TypedDict("ParticipantPromote", {
     "chatId": "str",
@@ -813,6 +840,13 @@ Pin = TypedDict("Pin", {
 """Who pinned a message, and until when."""
 
 PinPolicy = Literal["AdminsOnly", "ParticipantsOnly"]
+
+PresenceSet = TypedDict("PresenceSet", {
+    "watch": "NotRequired[bool]",
+    "hidden": "NotRequired[bool]",
+    "cookie": "NotRequired[str]",
+})
+"""Presence. watch (this session): the user elements it is sent carry online and lastActive of the users the user shares a chat with, and it is sent their changes (listChange user), coalesced; watch is answered at once with a listChange user of everyone whose presence it may see. hidden (the user, every session, kept): nobody sees the user's presence, and the user sees nobody's; answered with the global presenceHidden, to each of the user's sessions."""
 
 ReactionCount = TypedDict("ReactionCount", {
     "reaction": "str",
@@ -1034,13 +1068,26 @@ User = TypedDict("User", {
     "uri": "str",
     "regId": "str",
     "userId": "str",
+    "online": "NotRequired[bool]",
+    "lastActive": "NotRequired[int]",
+    "blocked": "NotRequired[bool]",
 })
 """A user known to the local user."""
+
+UserBlock = TypedDict("UserBlock", {
+    "userUri": "str",
+    "unblock": "NotRequired[bool]",
+    "cookie": "NotRequired[str]",
+})
+"""Blocks another user, or unblocks them: neither can start a one-to-one chat with the other while the block lasts, and the blocked user's messages in the chats both are in are flagged senderBlocked for the blocker (for the blocker only, as a private delete is). The blocker's user element of them changes (blocked); the blocked user is told nothing."""
 
 UserChange = TypedDict("UserChange", {
     "uri": "str",
     "regId": "NotRequired[str | None]",
     "userId": "NotRequired[str | None]",
+    "online": "NotRequired[bool | None]",
+    "lastActive": "NotRequired[int | None]",
+    "blocked": "NotRequired[bool | None]",
 })
 """A change to a user element: its key and every field that changed; a field that went away is null."""
 
@@ -1308,6 +1355,26 @@ def chat_message_pin(*, chatId: str, messageId: str | int, until: int | None = N
     return _message("chatMessagePin", {"chatId": chatId, "messageId": messageId, "until": until, "unpin": unpin, "cookie": cookie})
 
 
+def participant_mute(*, chatId: str, userUri: str, until: int | None = None, unmute: bool | None = None, cookie: str | None = None) -> RequestLine[None]:
+    """Mutes a participant (admins only, not in one-to-one chats; never an admin): until the time given or for ever, they read the chat but cannot send, react, type or send chat events. Or unmutes them. Posts a Mute message, and the participant changes for every member (muted, mutedUntil) and the chat for the muted member."""
+    return _message("participantMute", {"chatId": chatId, "userUri": userUri, "until": until, "unmute": unmute, "cookie": cookie})
+
+
+def participant_ban(*, chatId: str, userUri: str, unban: bool | None = None, cookie: str | None = None) -> RequestLine[None]:
+    """Bans a participant or former participant (admins only, not in one-to-one chats; never an admin): a participant is removed, and nobody can invite them again until they are unbanned. Or unbans them. Posts a Ban message."""
+    return _message("participantBan", {"chatId": chatId, "userUri": userUri, "unban": unban, "cookie": cookie})
+
+
+def user_block(*, userUri: str, unblock: bool | None = None, cookie: str | None = None) -> RequestLine[None]:
+    """Blocks another user, or unblocks them: neither can start a one-to-one chat with the other while the block lasts, and the blocked user's messages in the chats both are in are flagged senderBlocked for the blocker (for the blocker only, as a private delete is). The blocker's user element of them changes (blocked); the blocked user is told nothing."""
+    return _message("userBlock", {"userUri": userUri, "unblock": unblock, "cookie": cookie})
+
+
+def presence_set(*, watch: bool | None = None, hidden: bool | None = None, cookie: str | None = None) -> RequestLine[None]:
+    """Presence. watch (this session): the user elements it is sent carry online and lastActive of the users the user shares a chat with, and it is sent their changes (listChange user), coalesced; watch is answered at once with a listChange user of everyone whose presence it may see. hidden (the user, every session, kept): nobody sees the user's presence, and the user sees nobody's; answered with the global presenceHidden, to each of the user's sessions."""
+    return _message("presenceSet", {"watch": watch, "hidden": hidden, "cookie": cookie})
+
+
 # What answers each request (docs/protocol.md): the events that carry its cookie; none
 # when only a failure is answered.
 ANSWERS: dict[str, tuple[str, ...]] = {
@@ -1345,6 +1412,10 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "chatMessageReactionsGet": ("chatMessageReactions",),
     "chatMessageMentionsGet": ("chatMessageMentions",),
     "chatMessagePin": (),
+    "participantMute": (),
+    "participantBan": (),
+    "userBlock": (),
+    "presenceSet": (),
 }
 
 # Requests that take a cookie.
@@ -1383,6 +1454,10 @@ TAKES_COOKIE: frozenset[str] = frozenset({
     "chatMessageReactionsGet",
     "chatMessageMentionsGet",
     "chatMessagePin",
+    "participantMute",
+    "participantBan",
+    "userBlock",
+    "presenceSet",
 })
 
 # Event names and their types.

@@ -76,6 +76,12 @@ async def main() -> None:
             assert_type(await alice.request(protocol.participant_promote(chatId=chat_id, userUri=bob_uri)), None)
             assert_type(await alice.request(protocol.participant_demote(chatId=chat_id, userUri=bob_uri)), None)
             assert_type(await alice.request(protocol.participant_remove(chatId=chat_id, userUri=carol)), None)
+            assert_type(await alice.request(protocol.participant_mute(chatId=chat_id, userUri=bob_uri, until=4102444800)), None)
+            assert_type(await alice.request(protocol.participant_mute(chatId=chat_id, userUri=bob_uri, unmute=True)), None)
+            assert_type(await alice.request(protocol.participant_ban(chatId=chat_id, userUri=carol)), None)
+            assert_type(await alice.request(protocol.user_block(userUri=carol)), None)
+            assert_type(await alice.request(protocol.user_block(userUri=carol, unblock=True)), None)
+            assert_type(await alice.request(protocol.presence_set(watch=True, hidden=False)), None)
 
             assert_type(await bob.request(protocol.chat_message_read(chatId=chat_id, messageId=message_id)), None)
             state = assert_type(await alice.request(protocol.chat_message_state_get(chatId=chat_id, messageId=message_id)),

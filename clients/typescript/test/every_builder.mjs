@@ -11,7 +11,7 @@ import {
   requestListMatchingChatMessage, requestListMatchingChatParticipant, requestListMatchingChat, requestListMatchingUser,
   requestListChangeChat, requestListChangeChatMessage, requestListChanges, chatInvite, participantPromote, participantDemote,
   participantRemove, chatMessageRead, chatMessageStateGet, chatTyping, chatEventSend, search, chatMessageFileDownload,
-  chatMessageDetach, chatMessageDelete, chatMessageDestroy, chatMessageReact, chatMessageReactionsGet, chatMessageMentionsGet, chatMessagePin, syncStart, setupRetry, retryServerRequests, chatHide, chatLeave,
+  chatMessageDetach, chatMessageDelete, chatMessageDestroy, chatMessageReact, chatMessageReactionsGet, chatMessageMentionsGet, chatMessagePin, participantMute, participantBan, userBlock, presenceSet, syncStart, setupRetry, retryServerRequests, chatHide, chatLeave,
   endpointUpdate, endpointsGet, endpointDeregister,
 } from "chatcore-client";
 
@@ -123,6 +123,12 @@ try {
   await alice.request(participantPromote({ chatId, userUri: bobUri }));
   await alice.request(participantDemote({ chatId, userUri: bobUri }));
   await alice.request(participantRemove({ chatId, userUri: carol }));
+  await alice.request(participantMute({ chatId, userUri: bobUri, until: 4102444800 }));
+  await alice.request(participantMute({ chatId, userUri: bobUri, unmute: true }));
+  await alice.request(participantBan({ chatId, userUri: carol }));
+  await alice.request(userBlock({ userUri: carol }));
+  await alice.request(userBlock({ userUri: carol, unblock: true }));
+  await alice.request(presenceSet({ watch: true, hidden: false }));
 
   await bob.request(chatMessageRead({ chatId, messageId }));
   /** @type {import("chatcore-client").ChatMessageStateEvent} */

@@ -63,6 +63,10 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
     public var pinPolicy: PinPolicy
     /// The messages pinned in the chat, the newest pin first (absent when none).
     public var pinnedMessages: [Int64]?
+    /// The local user is muted in the chat (participantMute): they read but cannot send, react, type or send chat events. Absent when not.
+    public var muted: Bool?
+    /// When the local user's mute ends by itself (absent: it lasts until they are unmuted).
+    public var mutedUntil: Int64?
     /// Application data shared by every participant.
     public var data: JSONValue?
     /// Application data of the local user only.
@@ -70,7 +74,7 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
     /// The starter's privateData from chatStart; only the starter sees it.
     public var privateData: JSONValue?
 
-    public init(chatId: String, subject: String, state: ChatState, flags: String, lastMessage: Int64, numMessages: Int64, numUnread: Int64, numUnreadMentions: Int64, lastActivity: Int64, invitePolicy: InvitePolicy, pinPolicy: PinPolicy, pinnedMessages: [Int64]? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, privateData: JSONValue? = nil) {
+    public init(chatId: String, subject: String, state: ChatState, flags: String, lastMessage: Int64, numMessages: Int64, numUnread: Int64, numUnreadMentions: Int64, lastActivity: Int64, invitePolicy: InvitePolicy, pinPolicy: PinPolicy, pinnedMessages: [Int64]? = nil, muted: Bool? = nil, mutedUntil: Int64? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, privateData: JSONValue? = nil) {
         self.chatId = chatId
         self.subject = subject
         self.state = state
@@ -83,6 +87,8 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         self.invitePolicy = invitePolicy
         self.pinPolicy = pinPolicy
         self.pinnedMessages = pinnedMessages
+        self.muted = muted
+        self.mutedUntil = mutedUntil
         self.data = data
         self.localData = localData
         self.privateData = privateData
@@ -101,6 +107,8 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("invitePolicy", .enumeration(["AdminsOnly", "ParticipantsOnly"]), required: true),
         WireField("pinPolicy", .enumeration(["AdminsOnly", "ParticipantsOnly"]), required: true),
         WireField("pinnedMessages", .array(.id64, minItems: 0, maxItems: Int.max)),
+        WireField("muted", .boolean),
+        WireField("mutedUntil", .integer(min: 0, max: Int64.max)),
         WireField("data", .json(objectOnly: true)),
         WireField("localData", .json(objectOnly: true)),
         WireField("privateData", .json(objectOnly: true)),
@@ -119,9 +127,11 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         self.invitePolicy = try fields.required(9) { value in try value.enumeration(InvitePolicy.self) }
         self.pinPolicy = try fields.required(10) { value in try value.enumeration(PinPolicy.self) }
         self.pinnedMessages = try fields.optional(11) { value in try value.array().map { element in try element.integer() } }
-        self.data = try fields.optional(12) { value in try value.json() }
-        self.localData = try fields.optional(13) { value in try value.json() }
-        self.privateData = try fields.optional(14) { value in try value.json() }
+        self.muted = try fields.optional(12) { value in try value.bool() }
+        self.mutedUntil = try fields.optional(13) { value in try value.integer() }
+        self.data = try fields.optional(14) { value in try value.json() }
+        self.localData = try fields.optional(15) { value in try value.json() }
+        self.privateData = try fields.optional(16) { value in try value.json() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -138,6 +148,8 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"invitePolicy\":"); writer.string(self.invitePolicy.rawValue)
         writer.rawKey("\"pinPolicy\":"); writer.string(self.pinPolicy.rawValue)
         if let value = self.pinnedMessages { writer.rawKey("\"pinnedMessages\":"); writer.beginArray(); for element in value { writer.id64(element) }; writer.endArray() }
+        if let value = self.muted { writer.rawKey("\"muted\":"); writer.bool(value) }
+        if let value = self.mutedUntil { writer.rawKey("\"mutedUntil\":"); writer.integer(value) }
         if let value = self.data { writer.rawKey("\"data\":"); writer.json(value) }
         if let value = self.localData { writer.rawKey("\"localData\":"); writer.json(value) }
         if let value = self.privateData { writer.rawKey("\"privateData\":"); writer.json(value) }
@@ -157,6 +169,8 @@ public struct Chat: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.invitePolicy, rhs.invitePolicy)
             && sameBytes(lhs.pinPolicy, rhs.pinPolicy)
             && sameBytes(lhs.pinnedMessages, rhs.pinnedMessages)
+            && sameBytes(lhs.muted, rhs.muted)
+            && sameBytes(lhs.mutedUntil, rhs.mutedUntil)
             && sameBytes(lhs.data, rhs.data)
             && sameBytes(lhs.localData, rhs.localData)
             && sameBytes(lhs.privateData, rhs.privateData)
@@ -178,10 +192,12 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
     public var invitePolicy: Nullable<InvitePolicy>?
     public var pinPolicy: Nullable<PinPolicy>?
     public var pinnedMessages: Nullable<[Int64]>?
+    public var muted: Nullable<Bool>?
+    public var mutedUntil: Nullable<Int64>?
     public var data: Nullable<JSONValue>?
     public var localData: Nullable<JSONValue>?
 
-    public init(chatId: String, subject: Nullable<String>? = nil, state: Nullable<ChatState>? = nil, flags: Nullable<String>? = nil, lastMessage: Nullable<Int64>? = nil, numMessages: Nullable<Int64>? = nil, numUnread: Nullable<Int64>? = nil, numUnreadMentions: Nullable<Int64>? = nil, lastActivity: Nullable<Int64>? = nil, invitePolicy: Nullable<InvitePolicy>? = nil, pinPolicy: Nullable<PinPolicy>? = nil, pinnedMessages: Nullable<[Int64]>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil) {
+    public init(chatId: String, subject: Nullable<String>? = nil, state: Nullable<ChatState>? = nil, flags: Nullable<String>? = nil, lastMessage: Nullable<Int64>? = nil, numMessages: Nullable<Int64>? = nil, numUnread: Nullable<Int64>? = nil, numUnreadMentions: Nullable<Int64>? = nil, lastActivity: Nullable<Int64>? = nil, invitePolicy: Nullable<InvitePolicy>? = nil, pinPolicy: Nullable<PinPolicy>? = nil, pinnedMessages: Nullable<[Int64]>? = nil, muted: Nullable<Bool>? = nil, mutedUntil: Nullable<Int64>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil) {
         self.chatId = chatId
         self.subject = subject
         self.state = state
@@ -194,6 +210,8 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         self.invitePolicy = invitePolicy
         self.pinPolicy = pinPolicy
         self.pinnedMessages = pinnedMessages
+        self.muted = muted
+        self.mutedUntil = mutedUntil
         self.data = data
         self.localData = localData
     }
@@ -211,6 +229,8 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("invitePolicy", .nullable(.enumeration(["AdminsOnly", "ParticipantsOnly"]))),
         WireField("pinPolicy", .nullable(.enumeration(["AdminsOnly", "ParticipantsOnly"]))),
         WireField("pinnedMessages", .nullable(.array(.id64, minItems: 0, maxItems: Int.max))),
+        WireField("muted", .nullable(.boolean)),
+        WireField("mutedUntil", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("data", .nullable(.json(objectOnly: true))),
         WireField("localData", .nullable(.json(objectOnly: true))),
     ])
@@ -228,8 +248,10 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         self.invitePolicy = try fields.optional(9) { value in try value.nullable { inner in try inner.enumeration(InvitePolicy.self) } }
         self.pinPolicy = try fields.optional(10) { value in try value.nullable { inner in try inner.enumeration(PinPolicy.self) } }
         self.pinnedMessages = try fields.optional(11) { value in try value.nullable { inner in try inner.array().map { element in try element.integer() } } }
-        self.data = try fields.optional(12) { value in try value.nullable { inner in try inner.json() } }
-        self.localData = try fields.optional(13) { value in try value.nullable { inner in try inner.json() } }
+        self.muted = try fields.optional(12) { value in try value.nullable { inner in try inner.bool() } }
+        self.mutedUntil = try fields.optional(13) { value in try value.nullable { inner in try inner.integer() } }
+        self.data = try fields.optional(14) { value in try value.nullable { inner in try inner.json() } }
+        self.localData = try fields.optional(15) { value in try value.nullable { inner in try inner.json() } }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -246,6 +268,8 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.invitePolicy { writer.rawKey("\"invitePolicy\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
         if let value = self.pinPolicy { writer.rawKey("\"pinPolicy\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
         if let value = self.pinnedMessages { writer.rawKey("\"pinnedMessages\":"); switch value { case .null: writer.null(); case .value(let inner): writer.beginArray(); for element in inner { writer.id64(element) }; writer.endArray() } }
+        if let value = self.muted { writer.rawKey("\"muted\":"); switch value { case .null: writer.null(); case .value(let inner): writer.bool(inner) } }
+        if let value = self.mutedUntil { writer.rawKey("\"mutedUntil\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.data { writer.rawKey("\"data\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
         if let value = self.localData { writer.rawKey("\"localData\":"); switch value { case .null: writer.null(); case .value(let inner): writer.json(inner) } }
         writer.endObject()
@@ -264,6 +288,8 @@ public struct ChatChange: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.invitePolicy, rhs.invitePolicy)
             && sameBytes(lhs.pinPolicy, rhs.pinPolicy)
             && sameBytes(lhs.pinnedMessages, rhs.pinnedMessages)
+            && sameBytes(lhs.muted, rhs.muted)
+            && sameBytes(lhs.mutedUntil, rhs.mutedUntil)
             && sameBytes(lhs.data, rhs.data)
             && sameBytes(lhs.localData, rhs.localData)
     }

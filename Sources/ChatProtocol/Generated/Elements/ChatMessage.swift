@@ -98,12 +98,14 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
     public var mentioned: Bool?
     /// Present while the message is pinned in its chat.
     public var pinned: Pin?
+    /// True when the viewer blocks the message's sender (userBlock); absent otherwise.
+    public var senderBlocked: Bool?
     /// Seconds since 1970 (UTC).
     public var timestamp: Int64
     /// The identifier its sender gave it (chatMessageSend's externalId; seed 001's externalId): present only when one was given. It never changes.
     public var externalId: String?
 
-    public init(chatId: String, messageId: Int64, senderUri: String, tag: String, content: String? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, thumb: String? = nil, file: String? = nil, fileSize: Int64? = nil, fileState: FileState? = nil, flags: String, state: MessageState, stateIsPartial: Bool, recall: RecallState? = nil, ref: [MessageRef]? = nil, refBy: [RefBy]? = nil, reactions: [ReactionCount]? = nil, mentions: [String]? = nil, mentionsAll: Bool? = nil, mentioned: Bool? = nil, pinned: Pin? = nil, timestamp: Int64, externalId: String? = nil) {
+    public init(chatId: String, messageId: Int64, senderUri: String, tag: String, content: String? = nil, data: JSONValue? = nil, localData: JSONValue? = nil, thumb: String? = nil, file: String? = nil, fileSize: Int64? = nil, fileState: FileState? = nil, flags: String, state: MessageState, stateIsPartial: Bool, recall: RecallState? = nil, ref: [MessageRef]? = nil, refBy: [RefBy]? = nil, reactions: [ReactionCount]? = nil, mentions: [String]? = nil, mentionsAll: Bool? = nil, mentioned: Bool? = nil, pinned: Pin? = nil, senderBlocked: Bool? = nil, timestamp: Int64, externalId: String? = nil) {
         self.chatId = chatId
         self.messageId = messageId
         self.senderUri = senderUri
@@ -126,6 +128,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         self.mentionsAll = mentionsAll
         self.mentioned = mentioned
         self.pinned = pinned
+        self.senderBlocked = senderBlocked
         self.timestamp = timestamp
         self.externalId = externalId
     }
@@ -153,6 +156,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         WireField("mentionsAll", .boolean),
         WireField("mentioned", .boolean),
         WireField("pinned", .object(Pin.self)),
+        WireField("senderBlocked", .boolean),
         WireField("timestamp", .integer(min: 0, max: Int64.max), required: true),
         WireField("externalId", .string(minBytes: 0, maxBytes: Int.max)),
     ])
@@ -180,8 +184,9 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         self.mentionsAll = try fields.optional(19) { value in try value.bool() }
         self.mentioned = try fields.optional(20) { value in try value.bool() }
         self.pinned = try fields.optional(21) { value in try value.object(Pin.self) }
-        self.timestamp = try fields.required(22) { value in try value.integer() }
-        self.externalId = try fields.optional(23) { value in try value.string() }
+        self.senderBlocked = try fields.optional(22) { value in try value.bool() }
+        self.timestamp = try fields.required(23) { value in try value.integer() }
+        self.externalId = try fields.optional(24) { value in try value.string() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -208,6 +213,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
         if let value = self.mentionsAll { writer.rawKey("\"mentionsAll\":"); writer.bool(value) }
         if let value = self.mentioned { writer.rawKey("\"mentioned\":"); writer.bool(value) }
         if let value = self.pinned { writer.rawKey("\"pinned\":"); value.encode(to: &writer) }
+        if let value = self.senderBlocked { writer.rawKey("\"senderBlocked\":"); writer.bool(value) }
         writer.rawKey("\"timestamp\":"); writer.integer(self.timestamp)
         if let value = self.externalId { writer.rawKey("\"externalId\":"); writer.string(value) }
         writer.endObject()
@@ -236,6 +242,7 @@ public struct ChatMessage: Sendable, Equatable, WireDecodable, WireEncodable {
             && sameBytes(lhs.mentionsAll, rhs.mentionsAll)
             && sameBytes(lhs.mentioned, rhs.mentioned)
             && sameBytes(lhs.pinned, rhs.pinned)
+            && sameBytes(lhs.senderBlocked, rhs.senderBlocked)
             && sameBytes(lhs.timestamp, rhs.timestamp)
             && sameBytes(lhs.externalId, rhs.externalId)
     }
@@ -267,10 +274,11 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
     public var mentionsAll: Nullable<Bool>?
     public var mentioned: Nullable<Bool>?
     public var pinned: Nullable<Pin>?
+    public var senderBlocked: Nullable<Bool>?
     public var timestamp: Nullable<Int64>?
     public var externalId: Nullable<String>?
 
-    public init(chatId: String, messageId: Int64, senderUri: Nullable<String>? = nil, tag: Nullable<String>? = nil, content: Nullable<String>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil, thumb: Nullable<String>? = nil, file: Nullable<String>? = nil, fileSize: Nullable<Int64>? = nil, fileState: Nullable<FileState>? = nil, flags: Nullable<String>? = nil, state: Nullable<MessageState>? = nil, stateIsPartial: Nullable<Bool>? = nil, recall: Nullable<RecallState>? = nil, ref: Nullable<[MessageRef]>? = nil, refBy: Nullable<[RefBy]>? = nil, reactions: Nullable<[ReactionCount]>? = nil, mentions: Nullable<[String]>? = nil, mentionsAll: Nullable<Bool>? = nil, mentioned: Nullable<Bool>? = nil, pinned: Nullable<Pin>? = nil, timestamp: Nullable<Int64>? = nil, externalId: Nullable<String>? = nil) {
+    public init(chatId: String, messageId: Int64, senderUri: Nullable<String>? = nil, tag: Nullable<String>? = nil, content: Nullable<String>? = nil, data: Nullable<JSONValue>? = nil, localData: Nullable<JSONValue>? = nil, thumb: Nullable<String>? = nil, file: Nullable<String>? = nil, fileSize: Nullable<Int64>? = nil, fileState: Nullable<FileState>? = nil, flags: Nullable<String>? = nil, state: Nullable<MessageState>? = nil, stateIsPartial: Nullable<Bool>? = nil, recall: Nullable<RecallState>? = nil, ref: Nullable<[MessageRef]>? = nil, refBy: Nullable<[RefBy]>? = nil, reactions: Nullable<[ReactionCount]>? = nil, mentions: Nullable<[String]>? = nil, mentionsAll: Nullable<Bool>? = nil, mentioned: Nullable<Bool>? = nil, pinned: Nullable<Pin>? = nil, senderBlocked: Nullable<Bool>? = nil, timestamp: Nullable<Int64>? = nil, externalId: Nullable<String>? = nil) {
         self.chatId = chatId
         self.messageId = messageId
         self.senderUri = senderUri
@@ -293,6 +301,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         self.mentionsAll = mentionsAll
         self.mentioned = mentioned
         self.pinned = pinned
+        self.senderBlocked = senderBlocked
         self.timestamp = timestamp
         self.externalId = externalId
     }
@@ -320,6 +329,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         WireField("mentionsAll", .nullable(.boolean)),
         WireField("mentioned", .nullable(.boolean)),
         WireField("pinned", .nullable(.object(Pin.self))),
+        WireField("senderBlocked", .nullable(.boolean)),
         WireField("timestamp", .nullable(.integer(min: 0, max: Int64.max))),
         WireField("externalId", .nullable(.string(minBytes: 0, maxBytes: Int.max))),
     ])
@@ -347,8 +357,9 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         self.mentionsAll = try fields.optional(19) { value in try value.nullable { inner in try inner.bool() } }
         self.mentioned = try fields.optional(20) { value in try value.nullable { inner in try inner.bool() } }
         self.pinned = try fields.optional(21) { value in try value.nullable { inner in try inner.object(Pin.self) } }
-        self.timestamp = try fields.optional(22) { value in try value.nullable { inner in try inner.integer() } }
-        self.externalId = try fields.optional(23) { value in try value.nullable { inner in try inner.string() } }
+        self.senderBlocked = try fields.optional(22) { value in try value.nullable { inner in try inner.bool() } }
+        self.timestamp = try fields.optional(23) { value in try value.nullable { inner in try inner.integer() } }
+        self.externalId = try fields.optional(24) { value in try value.nullable { inner in try inner.string() } }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -375,6 +386,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
         if let value = self.mentionsAll { writer.rawKey("\"mentionsAll\":"); switch value { case .null: writer.null(); case .value(let inner): writer.bool(inner) } }
         if let value = self.mentioned { writer.rawKey("\"mentioned\":"); switch value { case .null: writer.null(); case .value(let inner): writer.bool(inner) } }
         if let value = self.pinned { writer.rawKey("\"pinned\":"); switch value { case .null: writer.null(); case .value(let inner): inner.encode(to: &writer) } }
+        if let value = self.senderBlocked { writer.rawKey("\"senderBlocked\":"); switch value { case .null: writer.null(); case .value(let inner): writer.bool(inner) } }
         if let value = self.timestamp { writer.rawKey("\"timestamp\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         if let value = self.externalId { writer.rawKey("\"externalId\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
         writer.endObject()
@@ -403,6 +415,7 @@ public struct ChatMessageChange: Sendable, Equatable, WireDecodable, WireEncodab
             && sameBytes(lhs.mentionsAll, rhs.mentionsAll)
             && sameBytes(lhs.mentioned, rhs.mentioned)
             && sameBytes(lhs.pinned, rhs.pinned)
+            && sameBytes(lhs.senderBlocked, rhs.senderBlocked)
             && sameBytes(lhs.timestamp, rhs.timestamp)
             && sameBytes(lhs.externalId, rhs.externalId)
     }

@@ -53,12 +53,18 @@ public struct ChatParticipant: Sendable, Equatable, WireDecodable, WireEncodable
     public var state: ParticipantState
     /// A: admin.
     public var flags: String
+    /// The participant is muted (participantMute): they read but cannot send, react, type or send chat events. Absent when not.
+    public var muted: Bool?
+    /// When their mute ends by itself (absent: it lasts until they are unmuted).
+    public var mutedUntil: Int64?
 
-    public init(chatId: String, userUri: String, state: ParticipantState, flags: String) {
+    public init(chatId: String, userUri: String, state: ParticipantState, flags: String, muted: Bool? = nil, mutedUntil: Int64? = nil) {
         self.chatId = chatId
         self.userUri = userUri
         self.state = state
         self.flags = flags
+        self.muted = muted
+        self.mutedUntil = mutedUntil
     }
 
     public static let wireSchema = WireSchema([
@@ -66,6 +72,8 @@ public struct ChatParticipant: Sendable, Equatable, WireDecodable, WireEncodable
         WireField("userUri", .string(minBytes: 1, maxBytes: 256), required: true),
         WireField("state", .enumeration(["Joined"]), required: true),
         WireField("flags", .string(minBytes: 0, maxBytes: Int.max), required: true),
+        WireField("muted", .boolean),
+        WireField("mutedUntil", .integer(min: 0, max: Int64.max)),
     ])
 
     public init(wire fields: WireFields) throws {
@@ -73,6 +81,8 @@ public struct ChatParticipant: Sendable, Equatable, WireDecodable, WireEncodable
         self.userUri = try fields.required(1) { value in try value.string() }
         self.state = try fields.required(2) { value in try value.enumeration(ParticipantState.self) }
         self.flags = try fields.required(3) { value in try value.string() }
+        self.muted = try fields.optional(4) { value in try value.bool() }
+        self.mutedUntil = try fields.optional(5) { value in try value.integer() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -81,6 +91,8 @@ public struct ChatParticipant: Sendable, Equatable, WireDecodable, WireEncodable
         writer.rawKey("\"userUri\":"); writer.string(self.userUri)
         writer.rawKey("\"state\":"); writer.string(self.state.rawValue)
         writer.rawKey("\"flags\":"); writer.string(self.flags)
+        if let value = self.muted { writer.rawKey("\"muted\":"); writer.bool(value) }
+        if let value = self.mutedUntil { writer.rawKey("\"mutedUntil\":"); writer.integer(value) }
         writer.endObject()
     }
 
@@ -89,6 +101,8 @@ public struct ChatParticipant: Sendable, Equatable, WireDecodable, WireEncodable
             && sameBytes(lhs.userUri, rhs.userUri)
             && sameBytes(lhs.state, rhs.state)
             && sameBytes(lhs.flags, rhs.flags)
+            && sameBytes(lhs.muted, rhs.muted)
+            && sameBytes(lhs.mutedUntil, rhs.mutedUntil)
     }
 }
 
@@ -100,12 +114,16 @@ public struct ChatParticipantChange: Sendable, Equatable, WireDecodable, WireEnc
     public var userUri: String
     public var state: Nullable<ParticipantState>?
     public var flags: Nullable<String>?
+    public var muted: Nullable<Bool>?
+    public var mutedUntil: Nullable<Int64>?
 
-    public init(chatId: String, userUri: String, state: Nullable<ParticipantState>? = nil, flags: Nullable<String>? = nil) {
+    public init(chatId: String, userUri: String, state: Nullable<ParticipantState>? = nil, flags: Nullable<String>? = nil, muted: Nullable<Bool>? = nil, mutedUntil: Nullable<Int64>? = nil) {
         self.chatId = chatId
         self.userUri = userUri
         self.state = state
         self.flags = flags
+        self.muted = muted
+        self.mutedUntil = mutedUntil
     }
 
     public static let wireSchema = WireSchema([
@@ -113,6 +131,8 @@ public struct ChatParticipantChange: Sendable, Equatable, WireDecodable, WireEnc
         WireField("userUri", .string(minBytes: 1, maxBytes: 256), required: true),
         WireField("state", .nullable(.enumeration(["Joined"]))),
         WireField("flags", .nullable(.string(minBytes: 0, maxBytes: Int.max))),
+        WireField("muted", .nullable(.boolean)),
+        WireField("mutedUntil", .nullable(.integer(min: 0, max: Int64.max))),
     ])
 
     public init(wire fields: WireFields) throws {
@@ -120,6 +140,8 @@ public struct ChatParticipantChange: Sendable, Equatable, WireDecodable, WireEnc
         self.userUri = try fields.required(1) { value in try value.string() }
         self.state = try fields.optional(2) { value in try value.nullable { inner in try inner.enumeration(ParticipantState.self) } }
         self.flags = try fields.optional(3) { value in try value.nullable { inner in try inner.string() } }
+        self.muted = try fields.optional(4) { value in try value.nullable { inner in try inner.bool() } }
+        self.mutedUntil = try fields.optional(5) { value in try value.nullable { inner in try inner.integer() } }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -128,6 +150,8 @@ public struct ChatParticipantChange: Sendable, Equatable, WireDecodable, WireEnc
         writer.rawKey("\"userUri\":"); writer.string(self.userUri)
         if let value = self.state { writer.rawKey("\"state\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner.rawValue) } }
         if let value = self.flags { writer.rawKey("\"flags\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
+        if let value = self.muted { writer.rawKey("\"muted\":"); switch value { case .null: writer.null(); case .value(let inner): writer.bool(inner) } }
+        if let value = self.mutedUntil { writer.rawKey("\"mutedUntil\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
         writer.endObject()
     }
 
@@ -136,5 +160,7 @@ public struct ChatParticipantChange: Sendable, Equatable, WireDecodable, WireEnc
             && sameBytes(lhs.userUri, rhs.userUri)
             && sameBytes(lhs.state, rhs.state)
             && sameBytes(lhs.flags, rhs.flags)
+            && sameBytes(lhs.muted, rhs.muted)
+            && sameBytes(lhs.mutedUntil, rhs.mutedUntil)
     }
 }

@@ -46,23 +46,38 @@ public struct User: Sendable, Equatable, WireDecodable, WireEncodable {
     public var regId: Int64
     /// The application's id of a user.
     public var userId: String
+    /// Whether the user has a connected session (presence: only to a session that watches it, of a user who shares a chat with them, when neither hides their presence).
+    public var online: Bool?
+    /// When the user last came online (online) or went offline (not online), as far as this service saw; with online.
+    public var lastActive: Int64?
+    /// The local user blocks this user (userBlock); absent when not.
+    public var blocked: Bool?
 
-    public init(uri: String, regId: Int64, userId: String) {
+    public init(uri: String, regId: Int64, userId: String, online: Bool? = nil, lastActive: Int64? = nil, blocked: Bool? = nil) {
         self.uri = uri
         self.regId = regId
         self.userId = userId
+        self.online = online
+        self.lastActive = lastActive
+        self.blocked = blocked
     }
 
     public static let wireSchema = WireSchema([
         WireField("uri", .string(minBytes: 1, maxBytes: 256), required: true),
         WireField("regId", .id64, required: true),
         WireField("userId", .string(minBytes: 1, maxBytes: 128), required: true),
+        WireField("online", .boolean),
+        WireField("lastActive", .integer(min: 0, max: Int64.max)),
+        WireField("blocked", .boolean),
     ])
 
     public init(wire fields: WireFields) throws {
         self.uri = try fields.required(0) { value in try value.string() }
         self.regId = try fields.required(1) { value in try value.integer() }
         self.userId = try fields.required(2) { value in try value.string() }
+        self.online = try fields.optional(3) { value in try value.bool() }
+        self.lastActive = try fields.optional(4) { value in try value.integer() }
+        self.blocked = try fields.optional(5) { value in try value.bool() }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -70,6 +85,9 @@ public struct User: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"uri\":"); writer.string(self.uri)
         writer.rawKey("\"regId\":"); writer.id64(self.regId)
         writer.rawKey("\"userId\":"); writer.string(self.userId)
+        if let value = self.online { writer.rawKey("\"online\":"); writer.bool(value) }
+        if let value = self.lastActive { writer.rawKey("\"lastActive\":"); writer.integer(value) }
+        if let value = self.blocked { writer.rawKey("\"blocked\":"); writer.bool(value) }
         writer.endObject()
     }
 
@@ -77,6 +95,9 @@ public struct User: Sendable, Equatable, WireDecodable, WireEncodable {
         sameBytes(lhs.uri, rhs.uri)
             && sameBytes(lhs.regId, rhs.regId)
             && sameBytes(lhs.userId, rhs.userId)
+            && sameBytes(lhs.online, rhs.online)
+            && sameBytes(lhs.lastActive, rhs.lastActive)
+            && sameBytes(lhs.blocked, rhs.blocked)
     }
 }
 
@@ -86,23 +107,35 @@ public struct UserChange: Sendable, Equatable, WireDecodable, WireEncodable {
     public var uri: String
     public var regId: Nullable<Int64>?
     public var userId: Nullable<String>?
+    public var online: Nullable<Bool>?
+    public var lastActive: Nullable<Int64>?
+    public var blocked: Nullable<Bool>?
 
-    public init(uri: String, regId: Nullable<Int64>? = nil, userId: Nullable<String>? = nil) {
+    public init(uri: String, regId: Nullable<Int64>? = nil, userId: Nullable<String>? = nil, online: Nullable<Bool>? = nil, lastActive: Nullable<Int64>? = nil, blocked: Nullable<Bool>? = nil) {
         self.uri = uri
         self.regId = regId
         self.userId = userId
+        self.online = online
+        self.lastActive = lastActive
+        self.blocked = blocked
     }
 
     public static let wireSchema = WireSchema([
         WireField("uri", .string(minBytes: 1, maxBytes: 256), required: true),
         WireField("regId", .nullable(.id64)),
         WireField("userId", .nullable(.string(minBytes: 1, maxBytes: 128))),
+        WireField("online", .nullable(.boolean)),
+        WireField("lastActive", .nullable(.integer(min: 0, max: Int64.max))),
+        WireField("blocked", .nullable(.boolean)),
     ])
 
     public init(wire fields: WireFields) throws {
         self.uri = try fields.required(0) { value in try value.string() }
         self.regId = try fields.optional(1) { value in try value.nullable { inner in try inner.integer() } }
         self.userId = try fields.optional(2) { value in try value.nullable { inner in try inner.string() } }
+        self.online = try fields.optional(3) { value in try value.nullable { inner in try inner.bool() } }
+        self.lastActive = try fields.optional(4) { value in try value.nullable { inner in try inner.integer() } }
+        self.blocked = try fields.optional(5) { value in try value.nullable { inner in try inner.bool() } }
     }
 
     public func encode(to writer: inout JSONWriter) {
@@ -110,6 +143,9 @@ public struct UserChange: Sendable, Equatable, WireDecodable, WireEncodable {
         writer.rawKey("\"uri\":"); writer.string(self.uri)
         if let value = self.regId { writer.rawKey("\"regId\":"); switch value { case .null: writer.null(); case .value(let inner): writer.id64(inner) } }
         if let value = self.userId { writer.rawKey("\"userId\":"); switch value { case .null: writer.null(); case .value(let inner): writer.string(inner) } }
+        if let value = self.online { writer.rawKey("\"online\":"); switch value { case .null: writer.null(); case .value(let inner): writer.bool(inner) } }
+        if let value = self.lastActive { writer.rawKey("\"lastActive\":"); switch value { case .null: writer.null(); case .value(let inner): writer.integer(inner) } }
+        if let value = self.blocked { writer.rawKey("\"blocked\":"); switch value { case .null: writer.null(); case .value(let inner): writer.bool(inner) } }
         writer.endObject()
     }
 
@@ -117,5 +153,8 @@ public struct UserChange: Sendable, Equatable, WireDecodable, WireEncodable {
         sameBytes(lhs.uri, rhs.uri)
             && sameBytes(lhs.regId, rhs.regId)
             && sameBytes(lhs.userId, rhs.userId)
+            && sameBytes(lhs.online, rhs.online)
+            && sameBytes(lhs.lastActive, rhs.lastActive)
+            && sameBytes(lhs.blocked, rhs.blocked)
     }
 }

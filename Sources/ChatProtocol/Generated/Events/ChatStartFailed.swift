@@ -9,6 +9,7 @@ public enum ChatStartFailure: String, Sendable, Hashable, CaseIterable {
     case tooManyParticipants = "TooManyParticipants"
     case invalidParameter = "InvalidParameter"
     case alreadyExists = "AlreadyExists"
+    case blocked = "Blocked"
 }
 
 /// A chat could not be started. (A chat that was started is announced by its listAdd, which carries the request's cookie.)
@@ -34,7 +35,7 @@ public struct ChatStartFailed: Sendable, Equatable, WireDecodable, WireEncodable
 
     public static let wireSchema = WireSchema([
         WireField("cookie", .string(minBytes: 0, maxBytes: 256)),
-        WireField("reason", .enumeration(["InvalidInvitee", "TooManyParticipants", "InvalidParameter", "AlreadyExists"]), required: true),
+        WireField("reason", .enumeration(["InvalidInvitee", "TooManyParticipants", "InvalidParameter", "AlreadyExists", "Blocked"]), required: true),
         WireField("chatId", .string(minBytes: 1, maxBytes: 64)),
         WireField("detail", .string(minBytes: 0, maxBytes: Int.max)),
     ])
