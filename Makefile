@@ -16,9 +16,10 @@ setup: ## install the system packages and Python test tools (Debian; run as root
 	command -v npm >/dev/null || missing="$$missing npm"; \
 	command -v tsc >/dev/null || missing="$$missing node-typescript"; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && apt-get install -y -qq $$missing; fi
-	@$(PYTHON) -c "import jsonschema, referencing, pytest, cryptography, prometheus_client, mypy" 2>/dev/null || \
-	  $(PYTHON) -m pip install --quiet pytest "jsonschema>=4.18" cryptography prometheus_client mypy 2>/dev/null || \
-	  (apt-get update -qq && apt-get install -y -qq python3-pytest python3-jsonschema python3-cryptography python3-prometheus-client mypy)
+	@$(PYTHON) -c "import jsonschema, referencing, pytest, cryptography, prometheus_client, mypy, websockets" 2>/dev/null || \
+	  $(PYTHON) -m pip install --quiet pytest "jsonschema>=4.18" cryptography prometheus_client mypy websockets 2>/dev/null || \
+	  (apt-get update -qq && apt-get install -y -qq python3-pytest python3-jsonschema python3-cryptography python3-prometheus-client mypy \
+	    python3-websockets)
 	@command -v $(SWIFT) >/dev/null || { echo "Swift 6.1 or later is needed: https://www.swift.org/install/linux/"; exit 1; }
 
 build: setup ## build the release binary

@@ -23,6 +23,7 @@ public enum Transport: String, Sendable {
     case stdio
     case tcp
     case unix
+    case webSocket = "websocket"
 }
 
 /// The engine's handle on one session (an endpoint). Its mutable state is touched only

@@ -36,7 +36,7 @@ final class SessionHandler: ChannelDuplexHandler {
     private var number = 0
     private var openedAt = ContinuousClock.now
     /// Why the service closes the connection (nil: the client did, or it broke).
-    var closeReason: String?
+    var closeReason: CloseReason?
 
     init(
         engine: Engine, authenticator: Authenticator, transport: Transport, limits: SocketServer.Limits, unreadByAll: UnreadOutput,
@@ -69,7 +69,7 @@ final class SessionHandler: ChannelDuplexHandler {
             let channel = context.channel
             authDeadline = context.eventLoop.scheduleTask(in: timeout) {
                 guard let session = handler.value.session, !session.isAuthenticated else { return }
-                handler.value.closeReason = "it did not sign in within --auth-timeout"
+                handler.value.closeReason = .didNotSignIn
                 channel.close(promise: nil)
             }
         }
@@ -115,7 +115,7 @@ final class SessionHandler: ChannelDuplexHandler {
             logger.info(
                 "session closed",
                 metadata: [
-                    "session": "\(number)", "reason": "\(closeReason ?? "the client closed the connection, or it broke")",
+                    "session": "\(number)", "reason": "\(closeReason?.text ?? "the client closed the connection, or it broke")",
                     "signedIn": "\(session?.isAuthenticated ?? false)", "seconds": "\(seconds)"
                 ])
         }
@@ -136,7 +136,7 @@ final class SessionHandler: ChannelDuplexHandler {
             // The client is done sending (shutdown of its write side): answer everything
             // it sent, then close.
             finishLine()
-            closeReason = "the client finished sending, and every answer was written"
+            closeReason = .finished
             let channel = context.channel
             session?.finishInput {
                 channel.eventLoop.execute { _ = SessionHandler.flushThenClose(channel) }
@@ -144,7 +144,7 @@ final class SessionHandler: ChannelDuplexHandler {
             return
         }
         if event is IdleStateHandler.IdleStateEvent {
-            closeReason = "it sent nothing for --idle-timeout"
+            closeReason = .idle
             context.close(promise: nil)
             return
         }
@@ -161,7 +161,7 @@ final class SessionHandler: ChannelDuplexHandler {
     }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {
-        closeReason = "connection error: \(error)"
+        if closeReason == nil { closeReason = .error(error) }
         context.close(promise: nil)
     }
 

@@ -5,7 +5,9 @@ import Dispatch
 import Foundation
 import Logging
 import NIOCore
+import NIOHTTP1
 import NIOPosix
+import NIOWebSocket
 import Synchronization
 import Threads
 
@@ -35,11 +37,14 @@ public final class SocketServer: Sendable {
         /// Bytes of lines not yet ended that all connections together may hold: past it,
         /// the line that would go over is refused as too large.
         public var maxBufferedInput: Int
+        /// The `Origin`s whose pages may open a WebSocket (nil: any; a client that sends
+        /// no `Origin`, not a browser, always may).
+        public var allowedOrigins: Set<String>?
 
         public init(
             session: Session.Limits = .init(), outputHighWater: Int = 1 << 20, maxOutputBytes: Int = 64 << 20,
             maxOutputTotal: Int = 256 << 20, maxSessions: Int = 10_000, idleTimeout: TimeAmount? = nil, authTimeout: TimeAmount? = nil,
-            maxBufferedInput: Int = 256 << 20
+            maxBufferedInput: Int = 256 << 20, allowedOrigins: Set<String>? = nil
         ) {
             self.session = session
             self.outputHighWater = outputHighWater
@@ -49,6 +54,7 @@ public final class SocketServer: Sendable {
             self.idleTimeout = idleTimeout
             self.authTimeout = authTimeout
             self.maxBufferedInput = maxBufferedInput
+            self.allowedOrigins = allowedOrigins
         }
     }
 
@@ -79,7 +85,8 @@ public final class SocketServer: Sendable {
     }
 
     /// Starts listening; returns the bound channel (its local address has the real port).
-    public func bind(_ address: ListenAddress) async throws -> Channel {
+    public func bind(_ listener: Listener) async throws -> Channel {
+        let address = listener.address
         let engine = self.engine
         let authenticator = self.authenticator
         let limits = self.limits
@@ -101,7 +108,8 @@ public final class SocketServer: Sendable {
             .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelOption(.writeBufferWaterMark, value: .init(low: limits.outputHighWater / 2, high: limits.outputHighWater))
             .childChannelInitializer { [self] channel in
-                let transport: Transport = channel.localAddress?.protocol == .unix ? .unix : .tcp
+                let transport: Transport =
+                    listener.framing != .lines ? .webSocket : channel.localAddress?.protocol == .unix ? .unix : .tcp
                 guard self.sessions.admit(channel) else {
                     logger.warning("refusing a connection: --max-sessions reached", metadata: ["maxSessions": "\(limits.maxSessions)"])
                     return channel.close()
@@ -111,19 +119,61 @@ public final class SocketServer: Sendable {
                 channel.closeFuture.whenComplete { _ in
                     self.connections.withLock { _ = $0.removeValue(forKey: key) }
                 }
+                let session: @Sendable () -> SessionHandler = {
+                    SessionHandler(
+                        engine: engine, authenticator: authenticator, transport: transport, limits: limits,
+                        unreadByAll: self.unread, bufferedByAll: self.buffered, logger: logger)
+                }
                 return channel.eventLoop.makeCompletedFuture {
                     if let idle = limits.idleTimeout {
                         try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle))
                     }
-                    let handler = SessionHandler(
-                        engine: engine, authenticator: authenticator, transport: transport, limits: limits,
-                        unreadByAll: self.unread, bufferedByAll: self.buffered, logger: logger)
-                    try channel.pipeline.syncOperations.addHandler(handler)
+                    switch listener.framing {
+                    case .lines:
+                        try channel.pipeline.syncOperations.addHandler(session())
+                    case .webSocket(let path):
+                        try Self.upgradeToWebSocket(channel, path: path, limits: limits, logger: logger, session: session)
+                    }
                 }
             }
         let channel = try await bootstrap.bind(listening: address)
         listeners.withLock { $0.append(channel) }
         return channel
+    }
+
+    /// Sets up `channel` to be upgraded from HTTP/1.1 to a WebSocket at `path` (refused with
+    /// a status that says why otherwise: `WebSocketRefusal`), then to carry a session whose
+    /// lines are text frames (`WebSocketLines`). A connection not upgraded within the
+    /// sign-in time (10 s at most) is closed: before it is, it costs a socket and an HTTP
+    /// parser, and nothing else.
+    private static func upgradeToWebSocket(
+        _ channel: Channel, path: String, limits: Limits, logger: Logger, session: @escaping @Sendable () -> SessionHandler
+    ) throws {
+        let origins = limits.allowedOrigins
+        let maxMessage = limits.session.maxLineBytes
+        let upgraded = NIOLoopBoundBox(false, eventLoop: channel.eventLoop)
+        let upgrader = NIOWebSocketServerUpgrader(
+            maxFrameSize: maxMessage, automaticErrorHandling: true,
+            shouldUpgrade: { channel, head in
+                channel.eventLoop.makeSucceededFuture(WebSocketRefusal.refusal(of: head, path: path, origins: origins) == nil ? HTTPHeaders() : nil)
+            },
+            upgradePipelineHandler: { channel, _ in
+                channel.pipeline.removeHandler(name: "websocket-refusal").flatMapThrowing {
+                    upgraded.value = true
+                    let handler = session()
+                    let lines = WebSocketLines(reason: { [unowned handler] in handler.closeReason }, refused: { [unowned handler] in handler.closeReason = $0 })
+                    try channel.pipeline.syncOperations.addHandler(
+                        NIOWebSocketFrameAggregator(minNonFinalFragmentSize: 1, maxAccumulatedFrameCount: 1 << 16, maxAccumulatedFrameSize: maxMessage))
+                    try channel.pipeline.syncOperations.addHandler(lines)
+                    try channel.pipeline.syncOperations.addHandler(handler)
+                }
+            })
+        try channel.pipeline.syncOperations.configureHTTPServerPipeline(withServerUpgrade: (upgraders: [upgrader], completionHandler: { _ in }))
+        try channel.pipeline.syncOperations.addHandler(WebSocketRefusal(path: path, origins: origins, logger: logger), name: "websocket-refusal")
+        let patience = min(limits.authTimeout ?? .seconds(10), .seconds(10))
+        channel.eventLoop.scheduleTask(in: patience) {
+            if !upgraded.value { channel.close(promise: nil) }
+        }
     }
 
     /// Stops accepting connections (reading stops through `Engine.beginShutdown`).
@@ -296,11 +346,8 @@ final class SocketOutput: SessionOutput, Sendable {
             let total = queued.add(count, ordering: .relaxed).newValue
             let overMine = total > maxOutputBytes
             if overMine || !unreadByAll.add(count, unread: total) {
-                let reason =
-                    overMine
-                    ? "its client does not read its output (--max-output-bytes)"
-                    : "its client is behind while the unread output of all clients is over --max-output-total"
-                logger.warning("closing a connection: \(reason)", metadata: ["queuedBytes": "\(total)"])
+                let reason: CloseReason = overMine ? .notReading : .behind
+                logger.warning("closing a connection: \(reason.text)", metadata: ["queuedBytes": "\(total)"])
                 let resume = self.resume
                 let closing = self.channel
                 closing.eventLoop.execute {
@@ -337,7 +384,7 @@ final class SocketOutput: SessionOutput, Sendable {
         let channel = self.channel
         let resume = self.resume
         channel.eventLoop.execute {
-            resume.value.closeReason = "the service ended the session (its endpoint was deregistered, or the service is stopping)"
+            resume.value.closeReason = .ended
             _ = SessionHandler.flushThenClose(channel)
         }
     }

@@ -201,6 +201,10 @@ extension Serve {
         // ends, as a node of standard input/output does, at the end of its input.
         var listening = listen
         if store.isShared, listen.isEmpty { listening = ["127.0.0.1:0"] }
+        // The listener other nodes relay to speaks lines: the first that does, or one on
+        // loopback for them.
+        if store.isShared, !listening.contains(where: { Listener($0)?.framing == .lines }) { listening.append("127.0.0.1:0") }
+        let advertisedListener = listening.first { Listener($0)?.framing == .lines }
         let relayedOnly = listen.isEmpty && !listening.isEmpty
         if !listening.isEmpty {
             let sockets = SocketServer(
@@ -210,18 +214,20 @@ extension Serve {
                     maxOutputTotal: limits.outputTotalLimit,
                     maxSessions: Serve.sessionsThatFit(limits.maxSessions, relaying: store.isShared, logger: logger),
                     idleTimeout: limits.idleTimeout > 0 ? .seconds(Int64(limits.idleTimeout)) : nil,
-                    authTimeout: auth.authTimeout > 0 ? .seconds(Int64(auth.authTimeout)) : nil, maxBufferedInput: limits.maxInputTotal),
+                    authTimeout: auth.authTimeout > 0 ? .seconds(Int64(auth.authTimeout)) : nil, maxBufferedInput: limits.maxInputTotal,
+                    allowedOrigins: self.listening.wsAllowedOrigins.map { Set($0.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }) }),
                 logger: logger)
             server = sockets
             for text in listening {
-                let address = ListenAddress(text)!
+                let listener = Listener(text)!
+                let address = listener.address
                 do {
-                    let channel = try await sockets.bind(address)
+                    let channel = try await sockets.bind(listener)
                     let bound = channel.localAddress.map { "\($0)" } ?? text
                     logger.info(
                         relayedOnly ? "listening for sessions relayed by other nodes" : "listening",
-                        metadata: ["address": "\(address)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
-                    if case .postgres(let database) = store, database.isWriter, text == listening[0] {
+                        metadata: ["address": "\(listener)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
+                    if case .postgres(let database) = store, database.isWriter, text == advertisedListener {
                         let advertised = (relayedOnly ? nil : storage.advertise) ?? Serve.reachable(address, port: channel.localAddress?.port)
                         // Nodes given the node key vouch for the users of the sessions
                         // they relay; without it, none can.

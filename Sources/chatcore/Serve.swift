@@ -92,8 +92,8 @@ struct Serve: AsyncParsableCommand {
         guard auth.authLeeway >= 0, auth.authLeeway <= 600 else { throw ValidationError("--auth-leeway must be 0 to 600 seconds") }
         guard auth.authMaxLifetime > 0 else { throw ValidationError("--auth-max-lifetime must be positive") }
         for text in listen {
-            guard let address = ListenAddress(text) else {
-                throw ValidationError("--listen \(text): expected HOST:PORT or unix:PATH")
+            guard let address = Listener(text)?.address else {
+                throw ValidationError("--listen \(text): expected HOST:PORT, unix:PATH or ws://HOST:PORT[/PATH]")
             }
             if auth.insecureNoAuth && !address.isLoopbackOnly() {
                 throw ValidationError("--insecure-no-auth refuses to listen on \(text): only loopback addresses and Unix sockets")
@@ -102,7 +102,8 @@ struct Serve: AsyncParsableCommand {
         if let metrics {
             guard case .tcp? = ListenAddress(metrics) else { throw ValidationError("--metrics \(metrics): expected HOST:PORT") }
         }
-        if storage.store != nil, storage.advertise == nil, let first = listen.first, case .tcp(let host, _)? = ListenAddress(first),
+        if storage.store != nil, storage.advertise == nil, let first = listen.first(where: { Listener($0)?.framing == .lines }),
+            case .tcp(let host, _)? = ListenAddress(first),
             host == "0.0.0.0" || host == "::"
         {
             // It would be advertised as loopback: a node on another machine configured the
@@ -126,6 +127,18 @@ struct Serve: AsyncParsableCommand {
         guard notify.notifyTimeout > 0, notify.notifyTimeout <= 600 else { throw ValidationError("--notify-timeout must be above 0 and at most 600 seconds") }
         guard notify.notifyLongestRetry >= 1, notify.notifyLongestRetry <= 86_400 else {
             throw ValidationError("--notify-longest-retry must be 1 to 86400 seconds")
+        }
+        if storage.store != nil, !storage.allNodesDecide, let webSocket = listen.first(where: { Listener($0)?.framing != .lines }) {
+            // A node that is not the writer relays its connections' bytes to the writer's
+            // first listener, which speaks lines.
+            throw ValidationError(
+                "--listen \(webSocket) with --store needs --all-nodes-decide: a node that relays to the writer relays bytes, and the writer's sessions are lines"
+            )
+        }
+        if let origins = listening.wsAllowedOrigins {
+            for origin in origins.split(separator: ",") where URL(string: String(origin.trimmingCharacters(in: .whitespaces)))?.host == nil {
+                throw ValidationError("--ws-allowed-origins: \(origin) is not an origin (scheme://host[:port])")
+            }
         }
         if !listen.isEmpty && auth.authSecretFile == nil && auth.authJwks == nil && !auth.insecureNoAuth {
             throw ValidationError("sockets need --auth-secret-file or --auth-jwks (or --insecure-no-auth on loopback): no one could authenticate")
@@ -152,7 +165,7 @@ struct Serve: AsyncParsableCommand {
         // Before the store is opened: an address that cannot be listened on stops the start
         // with one line, and leaves the store untouched.
         for text in listen + (metrics.map { [$0] } ?? []) {
-            if let problem = ListenAddress(text)?.problem() {
+            if let problem = (Listener(text)?.address ?? ListenAddress(text))?.problem() {
                 FileHandle.standardError.write(Data("chatcore: \(problem)\n".utf8))
                 throw ExitCode(1)
             }

@@ -229,8 +229,19 @@ struct ListenOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("Serve standard input/output as this user, already authenticated.", valueName: "id"))
     var user: String?
 
-    @Option(name: .long, help: ArgumentHelp("Accept connections at HOST:PORT (TCP; [::1]:PORT for IPv6) or unix:PATH. Repeatable.", valueName: "address"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Accept connections at HOST:PORT (TCP; [::1]:PORT for IPv6), unix:PATH, or ws://HOST:PORT[/PATH] (WebSocket, one message per text frame, for browsers). Repeatable.",
+            valueName: "address"))
     var listen: [String] = []
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "The origins (scheme://host[:port], separated by commas) whose pages may open a WebSocket; others are refused (403) before the upgrade. Default: any. A client that sends no Origin (not a browser) always may.",
+            valueName: "origins"))
+    var wsAllowedOrigins: String?
 
     @Option(
         name: .long,

@@ -14,7 +14,8 @@ from conftest import chatcore_binary
 # A value of each kind the options take (by their value names in --help), valid alone.
 SAMPLES = {"bytes": "3 MiB", "n": "7", "seconds": "11", "MiB": "5", "level": "debug", "format": "json", "address": "127.0.0.1:7777",
            "url": "postgres://chatcore@localhost/example"}
-SAMPLE_OVERRIDES = {"max-output-total": "5 MiB", "metrics": "127.0.0.1:9777", "writer-timeout": "13", "notify-url": "http://127.0.0.1:9/hook"}
+SAMPLE_OVERRIDES = {"max-output-total": "5 MiB", "metrics": "127.0.0.1:9777", "writer-timeout": "13", "notify-url": "http://127.0.0.1:9/hook",
+                    "ws-allowed-origins": "https://chat.example"}
 
 
 def serve_options():

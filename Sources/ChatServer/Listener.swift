@@ -1,0 +1,45 @@
+/// What one `--listen` names: where to listen (`ListenAddress`) and how sessions speak
+/// there — newline-delimited JSON on the socket, or one protocol message per WebSocket
+/// text frame (for browsers, which cannot open a TCP socket).
+///
+/// Spelled `HOST:PORT`, `unix:PATH`, or `ws://HOST:PORT[/PATH]` (the path the upgrade
+/// must ask for; `/` when none is given).
+public struct Listener: Sendable, Equatable, CustomStringConvertible {
+    public enum Framing: Sendable, Equatable {
+        /// Newline-delimited JSON, as on standard input/output.
+        case lines
+        /// A WebSocket (RFC 6455) upgraded from an HTTP/1.1 request for `path`.
+        case webSocket(path: String)
+    }
+
+    public var address: ListenAddress
+    public var framing: Framing
+
+    public init(address: ListenAddress, framing: Framing = .lines) {
+        self.address = address
+        self.framing = framing
+    }
+
+    public init?(_ text: String) {
+        guard text.hasPrefix("ws://") else {
+            guard let address = ListenAddress(text) else { return nil }
+            self.init(address: address)
+            return
+        }
+        let rest = text.dropFirst("ws://".count)
+        let slash = rest.firstIndex(of: "/") ?? rest.endIndex
+        let path = slash == rest.endIndex ? "/" : String(rest[slash...])
+        // A path is what a request line carries: no spaces, no query.
+        guard !path.contains(where: { $0 == " " || $0 == "?" || $0 == "#" }), let address = ListenAddress(String(rest[..<slash])),
+            case .tcp = address
+        else { return nil }
+        self.init(address: address, framing: .webSocket(path: path))
+    }
+
+    public var description: String {
+        switch framing {
+        case .lines: return address.description
+        case .webSocket(let path): return "ws://\(address)\(path == "/" ? "" : path)"
+        }
+    }
+}
