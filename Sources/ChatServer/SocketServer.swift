@@ -7,6 +7,7 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import NIOPosix
+import NIOSSL
 import NIOWebSocket
 import Synchronization
 import Threads
@@ -72,9 +73,14 @@ public final class SocketServer: Sendable {
     /// The listeners and the open connections, for a shutdown that answers everyone.
     private let listeners = Locked<[Channel]>([])
     private let connections = Locked<[ObjectIdentifier: Channel]>([:])
+    /// What the TLS listeners present (nil: there are none).
+    private let tls: TLSIdentity?
 
-    public init(group: MultiThreadedEventLoopGroup, engine: Engine, authenticator: Authenticator, limits: Limits, logger: Logger) {
+    public init(
+        group: MultiThreadedEventLoopGroup, engine: Engine, authenticator: Authenticator, limits: Limits, tls: TLSIdentity? = nil, logger: Logger
+    ) {
         self.group = group
+        self.tls = tls
         self.engine = engine
         self.authenticator = authenticator
         self.limits = limits
@@ -87,6 +93,8 @@ public final class SocketServer: Sendable {
     /// Starts listening; returns the bound channel (its local address has the real port).
     public func bind(_ listener: Listener) async throws -> Channel {
         let address = listener.address
+        precondition(!listener.tls || tls != nil, "a TLS listener needs the server's TLSIdentity")
+        let tls = listener.tls ? self.tls : nil
         let engine = self.engine
         let authenticator = self.authenticator
         let limits = self.limits
@@ -125,6 +133,9 @@ public final class SocketServer: Sendable {
                         unreadByAll: self.unread, bufferedByAll: self.buffered, logger: logger)
                 }
                 return channel.eventLoop.makeCompletedFuture {
+                    if let tls {
+                        try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls.context))
+                    }
                     if let idle = limits.idleTimeout {
                         try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle))
                     }

@@ -24,6 +24,8 @@ struct NodeService: Service {
     let notifier: NotifierSettings?
     let authenticator: Authenticator
     let nodeKey: NodeKey?
+    /// What the TLS listeners present (nil: there are none).
+    let tls: TLSIdentity?
     let directory: URL
     let loops: EventLoops
     let stop: StopState
@@ -31,7 +33,8 @@ struct NodeService: Service {
 
     func run() async throws {
         try await serve.runNode(
-            authenticator: authenticator, nodeKey: nodeKey, notifierSettings: notifier, directory: directory, loops: loops, stop: stop, logger: logger)
+            authenticator: authenticator, nodeKey: nodeKey, tls: tls, notifierSettings: notifier, directory: directory, loops: loops, stop: stop,
+            logger: logger)
     }
 }
 
@@ -55,8 +58,8 @@ final class EventLoops: Sendable {
 
 extension Serve {
     func runNode(
-        authenticator: Authenticator, nodeKey: NodeKey?, notifierSettings: NotifierSettings?, directory: URL, loops: EventLoops, stop: StopState,
-        logger: Logger
+        authenticator: Authenticator, nodeKey: NodeKey?, tls: TLSIdentity?, notifierSettings: NotifierSettings?, directory: URL, loops: EventLoops,
+        stop: StopState, logger: Logger
     ) async throws {
         let store: OpenedStore
         let opening = ContinuousClock.now
@@ -203,8 +206,9 @@ extension Serve {
         if store.isShared, listen.isEmpty { listening = ["127.0.0.1:0"] }
         // The listener other nodes relay to speaks lines: the first that does, or one on
         // loopback for them.
-        if store.isShared, !listening.contains(where: { Listener($0)?.framing == .lines }) { listening.append("127.0.0.1:0") }
-        let advertisedListener = listening.first { Listener($0)?.framing == .lines }
+        func relayable(_ text: String) -> Bool { Listener(text).map { $0.framing == .lines && !$0.tls } ?? false }
+        if store.isShared, !listening.contains(where: relayable) { listening.append("127.0.0.1:0") }
+        let advertisedListener = listening.first(where: relayable)
         let relayedOnly = listen.isEmpty && !listening.isEmpty
         if !listening.isEmpty {
             let sockets = SocketServer(
@@ -216,7 +220,7 @@ extension Serve {
                     idleTimeout: limits.idleTimeout > 0 ? .seconds(Int64(limits.idleTimeout)) : nil,
                     authTimeout: auth.authTimeout > 0 ? .seconds(Int64(auth.authTimeout)) : nil, maxBufferedInput: limits.maxInputTotal,
                     allowedOrigins: self.listening.wsAllowedOrigins.map { Set($0.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }) }),
-                logger: logger)
+                tls: tls, logger: logger)
             server = sockets
             for text in listening {
                 let listener = Listener(text)!

@@ -135,6 +135,13 @@ struct Serve: AsyncParsableCommand {
                 "--listen \(webSocket) with --store needs --all-nodes-decide: a node that relays to the writer relays bytes, and the writer's sessions are lines"
             )
         }
+        let secured = listen.filter { Listener($0)?.tls == true }
+        if !secured.isEmpty && (listening.tlsCert == nil || listening.tlsKey == nil) {
+            throw ValidationError("--listen \(secured[0]) needs --tls-cert and --tls-key: the certificate it presents and its key")
+        }
+        if secured.isEmpty && (listening.tlsCert != nil || listening.tlsKey != nil) {
+            throw ValidationError("--tls-cert and --tls-key are for tls:// and wss:// listeners: give one (--listen tls://HOST:PORT)")
+        }
         if let origins = listening.wsAllowedOrigins {
             for origin in origins.split(separator: ",") where URL(string: String(origin.trimmingCharacters(in: .whitespaces)))?.host == nil {
                 throw ValidationError("--ws-allowed-origins: \(origin) is not an origin (scheme://host[:port])")
@@ -167,6 +174,16 @@ struct Serve: AsyncParsableCommand {
         for text in listen + (metrics.map { [$0] } ?? []) {
             if let problem = (Listener(text)?.address ?? ListenAddress(text))?.problem() {
                 FileHandle.standardError.write(Data("chatcore: \(problem)\n".utf8))
+                throw ExitCode(1)
+            }
+        }
+        // The TLS listeners' certificate and key, before the store too.
+        var tls: TLSIdentity?
+        if let certificate = listening.tlsCert, let key = listening.tlsKey {
+            do {
+                tls = try TLSIdentity(certificate: certificate, key: key)
+            } catch {
+                FileHandle.standardError.write(Data("chatcore: \(error)\n".utf8))
                 throw ExitCode(1)
             }
         }
@@ -270,10 +287,11 @@ struct Serve: AsyncParsableCommand {
         // from the store's opening on (a signal that comes while it starts stops it once
         // it can). Not first thing: with the signals trapped before the authenticator's
         // set-up, ASan builds stalled 30 s at times in transcripts.
-        services.append(.init(service: KeyReloadService(authenticator: authenticator, logger: logger)))
+        services.append(.init(service: KeyReloadService(authenticator: authenticator, tls: tls, logger: logger)))
         let stop = StopState()
         let node = NodeService(
-            serve: self, notifier: notifier, authenticator: authenticator, nodeKey: nodeKey, directory: directory, loops: loops, stop: stop, logger: logger)
+            serve: self, notifier: notifier, authenticator: authenticator, nodeKey: nodeKey, tls: tls, directory: directory, loops: loops, stop: stop,
+            logger: logger)
         services.append(.init(service: node, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup))
         let group = ServiceGroup(configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()

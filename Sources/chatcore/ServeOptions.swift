@@ -232,7 +232,7 @@ struct ListenOptions: ParsableArguments {
     @Option(
         name: .long,
         help: ArgumentHelp(
-            "Accept connections at HOST:PORT (TCP; [::1]:PORT for IPv6), unix:PATH, or ws://HOST:PORT[/PATH] (WebSocket, one message per text frame, for browsers). Repeatable.",
+            "Accept connections at HOST:PORT (TCP; [::1]:PORT for IPv6), unix:PATH, ws://HOST:PORT[/PATH] (WebSocket, one message per text frame, for browsers), or tls://HOST:PORT and wss://HOST:PORT[/PATH] (the same over TLS: give --tls-cert and --tls-key). Repeatable.",
             valueName: "address"))
     var listen: [String] = []
 
@@ -242,6 +242,16 @@ struct ListenOptions: ParsableArguments {
             "The origins (scheme://host[:port], separated by commas) whose pages may open a WebSocket; others are refused (403) before the upgrade. Default: any. A client that sends no Origin (not a browser) always may.",
             valueName: "origins"))
     var wsAllowedOrigins: String?
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "The certificate chain (PEM) the tls:// and wss:// listeners present, the server's first. Read again on SIGHUP.",
+            valueName: "file"))
+    var tlsCert: String?
+
+    @Option(name: .long, help: ArgumentHelp("The private key (PEM) of --tls-cert. Read again on SIGHUP.", valueName: "file"))
+    var tlsKey: String?
 
     @Option(
         name: .long,

@@ -35,9 +35,11 @@ struct MetricsService: Service {
     }
 }
 
-/// SIGHUP: reads the JWKS file again; on failure the keys in use stay.
+/// SIGHUP: reads the JWKS file and the TLS certificate and key again; on failure, what is
+/// in use stays.
 struct KeyReloadService: Service {
     let authenticator: Authenticator
+    let tls: TLSIdentity?
     let logger: Logger
 
     func run() async throws {
@@ -47,6 +49,13 @@ struct KeyReloadService: Service {
                 if count > 0 { logger.info("reloaded the JWKS file", metadata: ["keys": "\(count)"]) }
             } catch {
                 logger.error("the JWKS file was not reloaded: the keys in use stay", metadata: ["error": "\(error)"])
+            }
+            guard let tls else { continue }
+            do {
+                try tls.reload()
+                logger.info("reloaded the TLS certificate and key: new connections present them", metadata: ["certificate": "\(tls.certificatePath)"])
+            } catch {
+                logger.error("the TLS certificate and key were not reloaded: the ones in use stay", metadata: ["error": "\(error)"])
             }
         }
     }
