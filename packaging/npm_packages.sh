@@ -27,7 +27,7 @@ cat > "$work/platform/package.json" <<JSON
 }
 JSON
 mkdir -p "$work/client"
-cp -R "$client/client.js" "$client/client.d.ts" "$client/protocol.js" "$client/protocol.d.ts" "$client/example.mjs" \
+cp -R "$client/client.js" "$client/client.d.ts" "$client/core.js" "$client/browser.js" "$client/browser.d.ts" "$client/protocol.js" "$client/protocol.d.ts" "$client/example.mjs" \
   "$client/README.md" "$client/package.json" "$here/../LICENSE" "$work/client/"
 node -e "
 const fs = require('fs'), file = '$work/client/package.json', p = JSON.parse(fs.readFileSync(file));
