@@ -15,11 +15,13 @@ setup: ## install the system packages and Python test tools (Debian; run as root
 	command -v node >/dev/null || missing="$$missing nodejs"; \
 	command -v npm >/dev/null || missing="$$missing npm"; \
 	command -v tsc >/dev/null || missing="$$missing node-typescript"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && apt-get install -y -qq $$missing; fi
-	@$(PYTHON) -c "import jsonschema, referencing, pytest, cryptography, prometheus_client, mypy, websockets" 2>/dev/null || \
-	  $(PYTHON) -m pip install --quiet pytest "jsonschema>=4.18" cryptography prometheus_client mypy websockets 2>/dev/null || \
+	@$(PYTHON) -c "import jsonschema, referencing, pytest, cryptography, prometheus_client, mypy, websockets, selenium" 2>/dev/null || \
+	  $(PYTHON) -m pip install --quiet pytest "jsonschema>=4.18" cryptography prometheus_client mypy websockets selenium 2>/dev/null || \
 	  (apt-get update -qq && apt-get install -y -qq python3-pytest python3-jsonschema python3-cryptography python3-prometheus-client mypy \
-	    python3-websockets)
+	    python3-websockets python3-selenium)
 	@command -v $(SWIFT) >/dev/null || { echo "Swift 6.1 or later is needed: https://www.swift.org/install/linux/"; exit 1; }
 
 build: setup ## build the release binary
@@ -35,10 +37,13 @@ run: build ## set up, build and start the service on $(LISTEN) (any token accept
 	@echo
 	exec $(RELEASE) serve --listen $(LISTEN) --data-dir $(DATA_DIR) --insecure-no-auth
 
+run-web: build ## set up, build, start chatcore with a WebSocket listener and serve the web Simple Chat (Examples/web); prints its URL (WEB_PORT=8080)
+	exec $(PYTHON) Examples/web/serve.py --binary $(RELEASE) --port $(or $(WEB_PORT),8080)
+
 run-nodes: build ## set up, build and start two nodes on one throwaway PostgreSQL, on 127.0.0.1:7400 and 7401 (see docs/running-several-nodes.md)
 	exec Examples/two-nodes.sh $(RELEASE) 7400
 
-test: setup test-swift test-python test-node test-postgres-if-available test-fuzz ## set up and run every test (the PostgreSQL store and a short fuzz run included)
+test: setup test-swift test-python test-node test-browser test-postgres-if-available test-fuzz ## set up and run every test (the PostgreSQL store, the web example in headless Chromium and a short fuzz run included)
 
 # One test at a time (--no-parallel): engine tests run threads of their own and one
 # measures the process's heap.
@@ -56,6 +61,10 @@ NODE_WEBSOCKET = $(shell node -e 'process.exit(typeof WebSocket === "function" ?
 test-node:
 	$(SWIFT) build --product chatcore
 	CHATCORE_BINARY=$(CURDIR)/.build/debug/chatcore node $(NODE_WEBSOCKET) --test Tests/node/ clients/typescript/test/
+
+test-browser: setup ## the web Simple Chat (Examples/web) in headless Chromium, two users; screenshots in .build/screenshots
+	$(SWIFT) build --product chatcore
+	CHATCORE_BINARY=$(CURDIR)/.build/debug/chatcore $(PYTHON) -m pytest -q Tests/browser
 
 test-postgres: setup ## every transcript and Python test with the store in PostgreSQL (a cluster made by the test in a temporary directory)
 	$(SWIFT) build --build-tests
