@@ -11,7 +11,8 @@
 // - a started chat is recognised by the cookie on its `listAdd`;
 // - globals come before a token: authToken on `Needed`, endpointUpdate on `NotRequested`.
 //
-// Run by `make test` (node --test Tests/node) against $CHATCORE_BINARY.
+// Each scenario runs over a Unix socket and over a WebSocket (one message per frame, as a web
+// app would speak). Run by `make test` (node --test Tests/node) against $CHATCORE_BINARY.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -35,16 +36,20 @@ function accepts(path) {
 async function startService() {
   const dir = mkdtempSync(join(tmpdir(), "chatcore-node-adapters-"));
   const socket = join(dir, "s");
-  const child = spawn(binary, ["serve", "--data-dir", join(dir, "data"), "--listen", `unix:${socket}`, "--insecure-no-auth"],
-    { stdio: ["ignore", "ignore", "pipe"] });
-  child.stderr.resume();
+  const child = spawn(binary, ["serve", "--data-dir", join(dir, "data"), "--listen", "ws://127.0.0.1:0/bbmds", "--listen", `unix:${socket}`,
+    "--insecure-no-auth"], { stdio: ["ignore", "ignore", "pipe"] });
+  let log = "";
+  child.stderr.setEncoding("utf8");
+  child.stderr.on("data", (text) => { log += text; });
   // The socket file appears when chatcore binds it, a moment before it listens.
   for (let tries = 0; !(await accepts(socket)); tries++) {
     if (tries > 600) throw new Error("chatcore did not listen");
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
+  const port = /address=ws:\/\/\S+ .*?port=(\d+)/.exec(log)[1];
   return {
     socket,
+    webSocket: `ws://127.0.0.1:${port}/bbmds`,
     stop: async () => {
       child.kill("SIGTERM");
       await new Promise((resolve) => child.on("exit", resolve));
@@ -118,6 +123,27 @@ class ListAdapter {
   }
 }
 
+/// A WebSocket that looks like the socket the app writes lines to: each line it writes is
+/// one text frame, each frame it receives a line.
+async function webSocketLines(url) {
+  const socket = new WebSocket(url);
+  await new Promise((resolve, reject) => {
+    socket.addEventListener("open", resolve, { once: true });
+    socket.addEventListener("error", reject, { once: true });
+  });
+  return {
+    write(text) {
+      for (const line of text.split("\n")) if (line) socket.send(line);
+    },
+    on(event, handler) {
+      if (event === "data") socket.addEventListener("message", (message) => handler(message.data + "\n"));
+    },
+    destroy() {
+      socket.close();
+    },
+  };
+}
+
 /// One endpoint of an app: a socket to chatcore, the proxy's routing and the cache of
 /// observed elements and lists.
 class App {
@@ -131,8 +157,8 @@ class App {
   }
 
   async connect(path) {
-    this.sock = connect(path);
-    await new Promise((resolve, reject) => { this.sock.once("connect", resolve); this.sock.once("error", reject); });
+    this.sock = path.startsWith("ws://") ? await webSocketLines(path) : connect(path);
+    if (!path.startsWith("ws://")) await new Promise((resolve, reject) => { this.sock.once("connect", resolve); this.sock.once("error", reject); });
     let buffer = "";
     this.sock.on("data", (data) => {
       buffer += data.toString("utf8");
@@ -273,13 +299,14 @@ class MessageWindow {
   }
 }
 
-test("an app written for bbmcore sets up, starts a chat by cookie, and sees messages, states and counters", async () => {
+for (const transport of ["socket", "webSocket"]) {
+test(`an app written for bbmcore sets up, starts a chat by cookie, and sees messages, states and counters (${transport})`, async () => {
   const service = await startService();
   const alice = new App("alice");
   const bob = new App("bob");
   try {
-    await alice.connect(service.socket);
-    await bob.connect(service.socket);
+    await alice.connect(service[transport]);
+    await bob.connect(service[transport]);
     const aliceChats = await alice.setUp("alice");
     const bobChats = await bob.setUp("bob");
     assert.match(alice.regId, /^[0-9]+$/, "regId is a decimal string");
@@ -355,7 +382,7 @@ test("an app written for bbmcore sets up, starts a chat by cookie, and sees mess
 
     // A second endpoint of alice's gets her existing chat when it is set up.
     const alice2 = new App("alice2");
-    await alice2.connect(service.socket);
+    await alice2.connect(service[transport]);
     const alice2Chats = await alice2.setUp("alice");
     await alice2.until(() => alice2Chats.items.some((chat) => chat.chatId === chatId && chat.lastMessage === 7), "alice2 has the chat");
     alice2.sock.destroy();
@@ -366,11 +393,11 @@ test("an app written for bbmcore sets up, starts a chat by cookie, and sees mess
   }
 });
 
-test("a chunk never comes before its header, even for lists asked for before setup", async () => {
+test(`a chunk never comes before its header, even for lists asked for before setup (${transport})`, async () => {
   const service = await startService();
   const app = new App("early");
   try {
-    await app.connect(service.socket);
+    await app.connect(service[transport]);
     // Every list type, whole and by element, before and after the token.
     const lists = ["global", "user", "chat", "chatParticipant", "typing"].map((type) => app.observeList(type));
     app.observe("chatMessage", { chatId: "1", messageId: "1" });
@@ -395,3 +422,4 @@ test("a chunk never comes before its header, even for lists asked for before set
     await service.stop();
   }
 });
+}
