@@ -94,7 +94,7 @@ def codec_rows(corpus):
 
 
 def main():
-    wanted = set(sys.argv[1:]) or {"codec", "engine", "store", "nodes", "search", "hostile"}
+    wanted = set(sys.argv[1:]) or {"codec", "engine", "store", "nodes", "search", "hostile", "transports"}
     if "codec" in wanted:
         codec_table()
     if "engine" in wanted:
@@ -114,6 +114,10 @@ def main():
         sys.path.insert(0, str(ROOT / "Benchmarks"))
         import hostile
         hostile.print_table()
+    if "transports" in wanted:
+        sys.path.insert(0, str(ROOT / "Benchmarks"))
+        import transports
+        transports.print_table()
     if "store" in wanted:
         sys.path.insert(0, str(ROOT / "Benchmarks"))
         import store

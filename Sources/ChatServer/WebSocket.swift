@@ -68,6 +68,13 @@ final class WebSocketLines: ChannelDuplexHandler {
         pinger = nil
     }
 
+    func channelWritabilityChanged(context: ChannelHandlerContext) {
+        // A client that takes in its output is there, pong or not: while the service holds
+        // its input back (back-pressure), its pongs wait unread.
+        if context.channel.isWritable { lastHeard = .now() }
+        context.fireChannelWritabilityChanged()
+    }
+
     private func ping(_ context: ChannelHandlerContext) {
         guard !closeSent, context.channel.isActive else { return }
         if NIODeadline.now() - lastHeard > Self.pingInterval * 2 {
