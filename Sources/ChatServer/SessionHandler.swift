@@ -53,6 +53,10 @@ final class SessionHandler: ChannelDuplexHandler {
     }
 
     func handlerAdded(context: ChannelHandlerContext) {
+        // A handler added to a channel already active (a WebSocket's, after the upgrade)
+        // sees no channelRegistered or channelActive: input paused for the engine is
+        // resumed through this context.
+        contextForResume = context
         let output = SocketOutput(
             channel: context.channel, limits: limits, unreadByAll: unreadByAll, logger: logger,
             resume: NIOLoopBound(self, eventLoop: context.eventLoop))

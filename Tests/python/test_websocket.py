@@ -226,3 +226,24 @@ def test_a_session_that_does_not_sign_in_in_time_and_the_service_stopping_close_
         finally:
             if process.poll() is None:
                 stop(process)
+
+
+def test_a_pipelined_burst_over_a_websocket_is_answered_whole():
+    """More requests at once than the engine takes from one session (--max-requests-in-flight):
+    its input is paused, and must be resumed when the engine catches up. A WebSocket's session
+    handler joins the channel after it is active, and was never resumed: the burst stalled."""
+    with tempfile.TemporaryDirectory() as work:
+        process, url, _ = serve(work, "--max-requests-in-flight", "16")
+        try:
+            with connect(url, max_queue=None) as ws:
+                ws.send(json.dumps({"authToken": {"userId": "alice", "authToken": "x"}}))
+                ws.recv(timeout=10)
+                ws.send(json.dumps({"chatStart": {"cookie": "c", "invitees": [{"userId": "bob"}], "subject": "burst"}}))
+                chat = receive_until(ws, answered("c"))[-1]["listAdd"]["elements"][0]["chatId"]
+                # Each send is committed before it is answered: the engine falls behind at once.
+                for n in range(3000):
+                    ws.send(json.dumps({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"m{n}", "cookie": f"m{n}"}}))
+                got = receive_until(ws, answered("m2999"), timeout=60)
+                assert sum(1 for m in got if m.get("listAdd", {}).get("cookie", "").startswith("m")) == 3000
+        finally:
+            stop(process)
