@@ -93,7 +93,7 @@ struct Serve: AsyncParsableCommand {
         guard auth.authMaxLifetime > 0 else { throw ValidationError("--auth-max-lifetime must be positive") }
         for text in listen {
             guard let address = Listener(text)?.address else {
-                throw ValidationError("--listen \(text): expected HOST:PORT, unix:PATH or ws://HOST:PORT[/PATH]")
+                throw ValidationError("--listen \(text): expected HOST:PORT, unix:PATH, ws://HOST:PORT[/PATH], tls://HOST:PORT or wss://HOST:PORT[/PATH]")
             }
             if auth.insecureNoAuth && !address.isLoopbackOnly() {
                 throw ValidationError("--insecure-no-auth refuses to listen on \(text): only loopback addresses and Unix sockets")
