@@ -360,11 +360,7 @@ extension Engine {
         // Admins are never muted.
         if admin { target.mutedUntil = nil }
         batch.changed(target, of: chat)
-        if let change = participantDifference(was, renderParticipant(chat, target)) {
-            for other in chat.activeMembers where other.user != target.user {
-                emit(.listChange(.chatParticipant(ListChangeChatParticipant(elements: [change]))), toUser: other.user, batch: batch)
-            }
-        }
+        announceChange(of: target, in: chat, was: was, batch: batch)
         try announceNew([message], in: chat, batch: batch, changes: changes)
         publish(changes, batch: batch)
     }

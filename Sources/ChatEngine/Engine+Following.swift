@@ -52,12 +52,7 @@ extension Engine {
         // What is followed is durable already: its events are sent whatever happens next.
         batch.begin(.answered, session: nil)
         learn(activity.users, endpoints: activity.endpoints)
-        for row in activity.userSettings where row != directory.settings[row.user] {
-            let hidden = settings(of: row.user).presenceHidden
-            let peers = hidden != row.presenceHidden ? peers(of: row.user).filter(isOnline) : []
-            learn(settings: row)
-            if hidden != row.presenceHidden { hiddenChanged(row.user, peers: peers, batch: batch) }
-        }
+        for row in activity.userSettings where row != directory.settings[row.user] { adopt(settings: row, batch: batch) }
         do {
             try render(activity.commits, chatsNow: activity.chats, coarse: coarse, batch: batch)
         } catch {
@@ -258,7 +253,7 @@ extension Engine {
         let joined = chat.activeMembers.filter { active(old, $0.user) == nil }
         let changedParticipants = chat.activeMembers.compactMap { member -> ChatParticipantChange? in
             guard let was = active(old, member.user) else { return nil }
-            return participantDifference(renderParticipant(old, was), renderParticipant(chat, member))
+            return difference(renderParticipant(old, was), renderParticipant(chat, member))
         }
         for member in staying {
             for gone in departed {

@@ -21,7 +21,7 @@ extension Engine {
             throw ProtocolError.notPermitted("'userUri' \(request.userUri) is an admin of chat '\(chat.chatId)': demote them first")
         }
         let until: Int64? = unmute ? nil : (request.until ?? 0)
-        if unmute && target.mute(now: now()) == nil && target.mutedUntil == nil { return }
+        if unmute && target.mutedUntil == nil { return }
         let changes = PendingChanges()
         willChange(chat, changes)
         var fields: [(String, JSONValue)] = [("userUri", .string(uri(target.user))), ("muted", .bool(!unmute))]
@@ -41,10 +41,7 @@ extension Engine {
         member.mutedUntil = until
         batch.changed(member, of: chat)
         if let until, until != 0 { scheduleMuteEnd(MemberKey(chat: chat.number, user: member.user), until: until) }
-        guard let change = participantDifference(was, renderParticipant(chat, member)) else { return }
-        for other in chat.activeMembers where other.user != member.user {
-            emit(.listChange(.chatParticipant(ListChangeChatParticipant(elements: [change]))), toUser: other.user, batch: batch)
-        }
+        announceChange(of: member, in: chat, was: was, batch: batch)
     }
 
     /// A mute that ends by itself at `until` is ended on time (`endMutes`); one whose time
@@ -140,8 +137,16 @@ extension Engine {
 
     /// `user`'s settings become `row`, in memory now and in the store with the batch.
     func change(settings row: UserSettingsRow, batch: Batch) {
-        learn(settings: row)
+        adopt(settings: row, batch: batch)
         batch.changed(settings: row)
+    }
+
+    /// Memory takes `row`, changed here or by another node: when it hides or shows the
+    /// user's presence, the sessions here are told (`hiddenChanged`).
+    func adopt(settings row: UserSettingsRow, batch: Batch) {
+        let wasHidden = settings(of: row.user).presenceHidden
+        learn(settings: row)
+        if wasHidden != row.presenceHidden { hiddenChanged(row.user, batch: batch) }
     }
 
     /// Memory takes `row` (written here, read at start-up or followed from another node).
@@ -152,14 +157,5 @@ extension Engine {
         }
         for other in row.blocked { directory.blockers[other, default: []].insert(row.user) }
         directory.settings[row.user] = row
-    }
-
-    /// What changed between two renderings of a participant (nil: nothing).
-    func participantDifference(_ was: ChatParticipant, _ now: ChatParticipant) -> ChatParticipantChange? {
-        var change = ChatParticipantChange(chatId: now.chatId, userUri: now.userUri)
-        if was.flags != now.flags { change.flags = .value(now.flags) }
-        if was.muted != now.muted { change.muted = now.muted.map { .value($0) } ?? .null }
-        if was.mutedUntil != now.mutedUntil { change.mutedUntil = now.mutedUntil.map { .value($0) } ?? .null }
-        return change.flags == nil && change.muted == nil && change.mutedUntil == nil ? nil : change
     }
 }

@@ -13,33 +13,30 @@ extension Engine {
         if let hidden = request.hidden, hidden != settings(of: user).presenceHidden {
             var row = settings(of: user)
             row.presenceHidden = hidden
-            // Before the change: who saw what.
-            let peers = presencePeers(of: user)
             change(settings: row, batch: batch)
-            hiddenChanged(user, peers: peers, batch: batch)
         }
         if let watch = request.watch, watch != session.watchesPresence {
             session.watchesPresence = watch
             if watch {
-                let elements = peers(of: user).map { presenceChange(of: $0, seenBy: user) }
+                let elements = peers(of: user).map { presenceChange(of: $0, seenBy: user, peer: true) }
                 for chunk in elements.chunked(Engine.chunkSize) { batch.emit(.listChange(.user(ListChangeUser(elements: chunk))), to: session) }
             }
         }
     }
 
-    /// `user` hid their presence or showed it again (here, or on another node: `peers` are
-    /// their peers as they were): their peers who watch see theirs go or come back, their
-    /// own sessions that watch see everyone's, and every session of theirs the global
-    /// `presenceHidden`.
-    func hiddenChanged(_ user: Int64, peers: [Int64], batch: Batch) {
+    /// `user` hid their presence or showed it again (here, or on another node): their peers
+    /// who watch here see theirs go or come back, their own sessions that watch see every
+    /// peer's (connected or not), and every session of theirs the global `presenceHidden`.
+    func hiddenChanged(_ user: Int64, batch: Batch) {
         let hidden = settings(of: user).presenceHidden
-        for peer in peers {
-            let change = presenceChange(of: user, seenBy: peer)
+        let peers = peers(of: user)
+        for peer in peers where isOnline(peer) {
+            let change = presenceChange(of: user, seenBy: peer, peer: true)
             for session in sessions(of: peer) where session.watchesPresence {
                 batch.emit(.listChange(.user(ListChangeUser(elements: [change]))), to: session)
             }
         }
-        let elements = peers.map { presenceChange(of: $0, seenBy: user) }
+        let elements = peers.map { presenceChange(of: $0, seenBy: user, peer: true) }
         for session in sessions(of: user) {
             batch.emit(.listChange(.global(ListChangeGlobal(elements: [GlobalChange(name: "presenceHidden", value: .value(.bool(hidden)))]))), to: session)
             guard session.watchesPresence else { continue }
@@ -56,23 +53,20 @@ extension Engine {
         return numbers.sorted()
     }
 
-    /// `user`'s peers connected here (those who might watch).
-    private func presencePeers(of user: Int64) -> [Int64] {
-        peers(of: user).filter(isOnline)
-    }
-
     /// Whether `viewer` sees `user`'s presence: they share a chat, and neither hides it.
-    func seesPresence(of user: Int64, viewer: Int64) -> Bool {
+    /// `peer`: they are known to share one (taken from `peers(of:)`), not looked for again.
+    func seesPresence(of user: Int64, viewer: Int64, peer: Bool = false) -> Bool {
         guard user != viewer, !settings(of: user).presenceHidden, !settings(of: viewer).presenceHidden else { return false }
+        if peer { return true }
         let (fewer, other) = (directory.chatsOfUser[user]?.count ?? 0) <= (directory.chatsOfUser[viewer]?.count ?? 0) ? (user, viewer) : (viewer, user)
         for number in directory.chatsOfUser[fewer] ?? [] where directory.chats[number]?.activeMember(other) != nil { return true }
         return false
     }
 
     /// What `viewer` is shown of `user` now: online and lastActive, or nothing (both null).
-    func presenceChange(of user: Int64, seenBy viewer: Int64) -> UserChange {
+    func presenceChange(of user: Int64, seenBy viewer: Int64, peer: Bool = false) -> UserChange {
         var change = UserChange(uri: uri(user))
-        if seesPresence(of: user, viewer: viewer) {
+        if seesPresence(of: user, viewer: viewer, peer: peer) {
             let (online, since) = shownPresence(of: user)
             change.online = .value(online)
             change.lastActive = since.map { .value($0) } ?? .null
@@ -145,7 +139,7 @@ extension Engine {
                 row.lastActive = change.since
                 self.change(settings: row, batch: batch)
             }
-            for peer in presencePeers(of: change.user) where seesPresence(of: change.user, viewer: peer) {
+            for peer in peers(of: change.user) where isOnline(peer) && seesPresence(of: change.user, viewer: peer, peer: true) {
                 let element = UserChange(uri: uri(change.user), online: .value(change.online), lastActive: .value(change.since))
                 for session in sessions(of: peer) where session.watchesPresence {
                     batch.emit(.listChange(.user(ListChangeUser(elements: [element]))), to: session)

@@ -441,6 +441,23 @@ extension Engine {
             externalId: given(new.externalId))
     }
 
+    /// What changed from `old` to `new` (nil: nothing).
+    func difference(_ old: ChatParticipant, _ new: ChatParticipant) -> ChatParticipantChange? {
+        let change = ChatParticipantChange(
+            chatId: new.chatId, userUri: new.userUri, state: field(old.state, new.state), flags: field(old.flags, new.flags),
+            muted: field(old.muted, new.muted), mutedUntil: field(old.mutedUntil, new.mutedUntil))
+        return change == ChatParticipantChange(chatId: new.chatId, userUri: new.userUri) ? nil : change
+    }
+
+    /// `member`, rendered `was` before a change, as every other member sees them now: the
+    /// difference, to each of them (`setAdmin`, a mute).
+    func announceChange(of member: MemberRecord, in chat: ChatRecord, was: ChatParticipant, batch: Batch) {
+        guard let change = difference(was, renderParticipant(chat, member)) else { return }
+        for other in chat.activeMembers where other.user != member.user {
+            emit(.listChange(.chatParticipant(ListChangeChatParticipant(elements: [change]))), toUser: other.user, batch: batch)
+        }
+    }
+
     /// Every field of `new` as a change (`everything(_:)` for a message).
     func everything(_ new: Chat) -> ChatChange {
         func given<T>(_ value: T?) -> Nullable<T> { value.map { .value($0) } ?? .null }

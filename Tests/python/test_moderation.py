@@ -75,6 +75,9 @@ def test_presence_is_seen_only_by_chat_peers_and_not_when_hidden():
             act(alice, {"presenceSet": {"cookie": "h", "hidden": True}})
             dave.request({"identitiesGet": {"cookie": "sync", "appUserIds": ["alice"]}})
             assert presence_changes(dave, alice_uri)[-1] == (None, None)
+            # Her own watching session is told at once that she sees nobody's: bob's too, who
+            # is connected nowhere.
+            assert presence_changes(alice, bob_uri)[-1] == (None, None)
             listed = alice.request({"requestListAll": {"cookie": "all", "type": "user"}})
             elements = [element for e in listed if "listChunk" in e for element in body(e)["elements"]]
             assert len(elements) == 3 and not any("online" in element for element in elements)
