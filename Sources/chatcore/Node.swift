@@ -219,7 +219,7 @@ extension Serve {
                     maxSessions: Serve.sessionsThatFit(limits.maxSessions, relaying: store.isShared, logger: logger),
                     idleTimeout: limits.idleTimeout > 0 ? .seconds(Int64(limits.idleTimeout)) : nil,
                     authTimeout: auth.authTimeout > 0 ? .seconds(Int64(auth.authTimeout)) : nil, maxBufferedInput: limits.maxInputTotal,
-                    allowedOrigins: self.listening.wsAllowedOrigins.map { Set($0.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }) }),
+                    allowedOrigins: self.listening.allowedOrigins.map(Set.init)),
                 tls: tls, logger: logger)
             server = sockets
             for text in listening {

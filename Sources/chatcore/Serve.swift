@@ -142,8 +142,8 @@ struct Serve: AsyncParsableCommand {
         if secured.isEmpty && (listening.tlsCert != nil || listening.tlsKey != nil) {
             throw ValidationError("--tls-cert and --tls-key are for tls:// and wss:// listeners: give one (--listen tls://HOST:PORT)")
         }
-        if let origins = listening.wsAllowedOrigins {
-            for origin in origins.split(separator: ",") where URL(string: String(origin.trimmingCharacters(in: .whitespaces)))?.host == nil {
+        if let origins = listening.allowedOrigins {
+            for origin in origins where URL(string: origin)?.host == nil {
                 throw ValidationError("--ws-allowed-origins: \(origin) is not an origin (scheme://host[:port])")
             }
         }

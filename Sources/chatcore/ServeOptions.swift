@@ -243,6 +243,11 @@ struct ListenOptions: ParsableArguments {
             valueName: "origins"))
     var wsAllowedOrigins: String?
 
+    /// `--ws-allowed-origins`, each origin trimmed, in the order given (nil: any origin).
+    var allowedOrigins: [String]? {
+        wsAllowedOrigins.map { $0.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) } }
+    }
+
     @Option(
         name: .long,
         help: ArgumentHelp(

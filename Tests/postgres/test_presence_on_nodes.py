@@ -9,6 +9,7 @@ import pytest
 from chatcore_harness import Client, auth, body
 from postgres_cluster import postgres_bin
 from test_deciding_nodes import deciding_nodes
+from test_moderation import act, presence_changes as presence_of
 from test_nodes import _no_node_outlives_its_test  # noqa: F401 (the fixture kills what a failed test left)
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
@@ -18,17 +19,6 @@ def connected(node, user):
     client = Client(node.socket)
     auth(client, user)
     return client
-
-
-def act(client, request):
-    client.send(request, {"identitiesGet": {"cookie": "sync", "appUserIds": ["x"]}})
-    return client.answer("sync")[:-1]
-
-
-def presence_of(client, uri):
-    return [(element.get("online"), element.get("lastActive")) for event in client.all
-            if event.get("listChange", {}).get("type") == "user"
-            for element in event["listChange"]["elements"] if element["uri"] == uri and "online" in element]
 
 
 def wait_for(condition, timeout=20):

@@ -9,6 +9,7 @@ import tempfile
 import time
 
 from chatcore_harness import Client, auth, body, start_socket_server
+from test_quotas import failure
 
 
 def chat_with(client, invitees, subject="s"):
@@ -41,8 +42,9 @@ def connected(path, user):
     return client
 
 
-def failure(events):
-    return next((e["requestFailed"] for e in events if "requestFailed" in e), None)
+def participants_of(client):
+    listed = client.request({"requestListAll": {"cookie": "p", "type": "chatParticipant"}})
+    return [element for e in listed if "listChunk" in e for element in body(e)["elements"]]
 
 
 def test_presence_is_seen_only_by_chat_peers_and_not_when_hidden():
@@ -138,14 +140,12 @@ def test_a_mute_that_ended_while_the_service_was_down_ends_when_it_is_back_and_a
             time.sleep(3)
             process = start_socket_server(os.path.join(work, "d"), path)
             alice, bob = connected(path, "alice"), connected(path, "bob")
-            listed = alice.request({"requestListAll": {"cookie": "p", "type": "chatParticipant"}})
-            participants = [element for e in listed if "listChunk" in e for element in body(e)["elements"]]
+            participants = participants_of(alice)
             assert [p["userUri"] for p in participants] == [bob_uri], "carol is banned: gone"
             deadline = time.time() + 10
             while "muted" in participants[0] and time.time() < deadline:
                 time.sleep(0.1)
-                listed = alice.request({"requestListAll": {"cookie": "p", "type": "chatParticipant"}})
-                participants = [element for e in listed if "listChunk" in e for element in body(e)["elements"]]
+                participants = participants_of(alice)
             assert "muted" not in participants[0], participants
             assert failure(bob.request({"chatMessageSend": {"cookie": "s2", "chatId": chat, "tag": "Text", "content": "free"}})) is None
             refused = failure(act(bob, {"chatInvite": {"cookie": "i", "chatId": chat, "invitees": [{"userId": "carol"}]}}))
