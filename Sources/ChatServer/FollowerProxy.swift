@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import NIOCore
 import NIOPosix
+import NIOSSL
 import Threads
 
 /// What a node that does not hold the store's writer lock serves: every connection it
@@ -11,11 +12,19 @@ import Threads
 /// (authentication, answers and events are the writer's). When the writer goes away this
 /// node takes the lock, `stop()` closes what it relayed (clients connect again and catch
 /// up with the change feed), and the node serves by itself.
+///
+/// A `tls://` listener of this node ends its clients' TLS here (with this node's own
+/// certificate); the link to the writer is over TLS when the writer's relay listener is,
+/// the writer's certificate verified (`WriterLink`).
 public final class FollowerProxy: Sendable {
     private let group: MultiThreadedEventLoopGroup
     /// Where the writer accepts connections now (nil: no node is serving yet). Called
     /// off the event loops: it may ask the database.
-    private let writer: @Sendable () -> ListenAddress?
+    private let writer: @Sendable () -> Listener?
+    /// Whom this node believes to be the writer over TLS.
+    private let trust: WriterTrust?
+    /// What this node's own `tls://` listeners present (nil: it has none).
+    private let tls: TLSIdentity?
     private let logger: Logger
     /// Relayed connections open at once (`--max-sessions`, fitted to the descriptors).
     private let admitted: ConnectionLimit
@@ -33,17 +42,29 @@ public final class FollowerProxy: Sendable {
     /// The last answer of `writer` and when it came: connections waiting for a writer ask
     /// every 200 ms, and each answer costs a database connection, so it is shared. Its
     /// lock is held while `writer` is asked (one at a time; the others take its answer).
-    private let lastLookup = Locked<(address: ListenAddress?, at: NIODeadline)?>(nil)
+    private let lastLookup = Locked<(address: Listener?, at: NIODeadline)?>(nil)
+    /// When a writer that could not be trusted was last said in the log: once every
+    /// few seconds, not at every try of every connection.
+    private let lastDistrust = Locked<NIODeadline?>(nil)
 
-    public init(group: MultiThreadedEventLoopGroup, writer: @escaping @Sendable () -> ListenAddress?, maxConnections: Int = 10_000, logger: Logger) {
+    public init(
+        group: MultiThreadedEventLoopGroup, writer: @escaping @Sendable () -> Listener?, trust: WriterTrust?, tls: TLSIdentity? = nil,
+        maxConnections: Int = 10_000, logger: Logger
+    ) {
         self.group = group
         self.writer = writer
+        self.trust = trust
+        self.tls = tls
         self.admitted = ConnectionLimit(maxConnections)
         self.logger = logger
     }
 
-    /// Starts accepting at `address`; returns the bound channel.
-    public func bind(_ address: ListenAddress) async throws -> Channel {
+    /// Starts accepting at `listener` (one that speaks lines, over TLS or not); returns the
+    /// bound channel.
+    public func bind(_ listener: Listener) async throws -> Channel {
+        precondition(listener.framing == .lines, "a relaying node relays lines")
+        precondition(!listener.tls || tls != nil, "a TLS listener needs the node's TLSIdentity")
+        let tls = listener.tls ? self.tls : nil
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
@@ -57,13 +78,20 @@ public final class FollowerProxy: Sendable {
                     return channel.close()
                 }
                 track(channel)
+                if let tls {
+                    do {
+                        try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls.context))
+                    } catch {
+                        return channel.close()
+                    }
+                }
                 ServiceMetrics.relayedConnectionsAccepted.increment()
                 ServiceMetrics.relayedConnections.increment()
                 channel.closeFuture.whenComplete { _ in ServiceMetrics.relayedConnections.decrement() }
                 DispatchQueue.global().async { self.relay(channel) }
                 return channel.eventLoop.makeSucceededVoidFuture()
             }
-        let channel = try await bootstrap.bind(listening: address)
+        let channel = try await bootstrap.bind(listening: listener.address)
         open.withLock { $0.listeners.append(channel) }
         return channel
     }
@@ -144,130 +172,55 @@ public final class FollowerProxy: Sendable {
             client.close(promise: nil)
             return
         }
-        guard let address = currentWriter() else {
+        guard let writer = currentWriter() else {
             tryAgain("no node serves the store yet")
             return
         }
+        let address = writer.address
         if case .unix = address, open.withLock({ $0.listeners.contains { $0.localAddress.map { "unix:\($0.pathname ?? "")" } == address.description } }) {
             logger.error("the writer's advertised address is this node's own socket: refusing to relay to it", metadata: ["address": "\(address)"])
             client.close(promise: nil)
             return
         }
-        let bootstrap = ClientBootstrap(group: client.eventLoop)
-            .channelOption(.allowRemoteHalfClosure, value: true)
-            .connectTimeout(.seconds(5))
-        let connecting: EventLoopFuture<Channel>
-        switch address {
-        case .tcp(let host, let port): connecting = bootstrap.connect(host: host, port: port)
-        case .unix(let path): connecting = bootstrap.connect(unixDomainSocketPath: path)
-        }
-        connecting.whenComplete { result in
+        WriterLink.connect(to: writer, trust: trust, on: client.eventLoop).whenComplete { result in
             switch result {
+            case .failure(let error as WriterLinkError):
+                self.sayDistrust(error)
+                tryAgain("\(error)")
             case .failure(let error):
-                tryAgain("cannot reach the writer node at \(address): \(error)")
+                tryAgain("cannot reach the writer node at \(writer): \(error)")
             case .success(let upstream):
                 self.track(upstream)
                 if let local = FollowerProxy.ipAddress(upstream.localAddress) {
                     self.open.withLock { _ = $0.ownUpstreams.insert(local) }
                     upstream.closeFuture.whenComplete { _ in self.open.withLock { _ = $0.ownUpstreams.remove(local) } }
                 }
-                let toWriter = Relay(partner: upstream)
-                let toClient = Relay(partner: client)
-                do {
-                    // On the client's event loop: a client that went away while this
-                    // connected does not leave the upstream open.
-                    try client.pipeline.syncOperations.addHandler(toWriter)
-                    guard self.isOpen(client) else { throw ChannelError.ioOnClosedChannel }
-                } catch {
-                    client.close(promise: nil)
-                    upstream.close(promise: nil)
-                    return
-                }
-                upstream.pipeline.addHandler(toClient).whenComplete { added in
-                    guard case .success = added else {
-                        client.close(promise: nil)
-                        upstream.close(promise: nil)
-                        return
-                    }
-                    client.setOption(.autoRead, value: true).whenComplete { _ in }
-                }
+                Splice.join(client, to: upstream, stillWanted: { self.isOpen(client) }).whenComplete { _ in }
             }
         }
     }
 
+    /// Says in the log, at once but not more than every 5 s, that the writer could not
+    /// be trusted (a certificate that is not, or not for its address): an operator's
+    /// mistake or someone in between, not a writer that is starting.
+    private func sayDistrust(_ error: WriterLinkError) {
+        let now = NIODeadline.now()
+        let say = lastDistrust.withLock { last in
+            guard last.map({ now - $0 >= .seconds(5) }) ?? true else { return false }
+            last = now
+            return true
+        }
+        if say { logger.error("cannot relay to the writer node", metadata: ["problem": "\(error)"]) }
+    }
+
     /// Where the writer accepts connections: `writer`'s answer, asked again once it is
     /// 200 ms old.
-    private func currentWriter() -> ListenAddress? {
+    private func currentWriter() -> Listener? {
         lastLookup.withLock { lastLookup in
             if let lastLookup, NIODeadline.now() - lastLookup.at < .milliseconds(200) { return lastLookup.address }
             let address = writer()
             lastLookup = (address, .now())
             return address
         }
-    }
-}
-
-/// Passes what one channel reads to its partner; reading pauses while the partner cannot
-/// take more (its write buffer is above its high water mark); a half-close and a close
-/// pass through.
-private final class Relay: ChannelDuplexHandler, Sendable {
-    typealias InboundIn = ByteBuffer
-    typealias OutboundIn = ByteBuffer
-
-    let partner: Channel
-
-    init(partner: Channel) {
-        self.partner = partner
-    }
-
-    func handlerAdded(context: ChannelHandlerContext) {
-        // When the partner can take more again, this side reads again.
-        let ownChannel = context.channel
-        partner.pipeline.addHandler(WritabilityWatcher(resume: ownChannel)).whenComplete { _ in }
-    }
-
-    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        partner.write(unwrapInboundIn(data), promise: nil)
-    }
-
-    func channelReadComplete(context: ChannelHandlerContext) {
-        partner.flush()
-        if !partner.isWritable {
-            context.channel.setOption(.autoRead, value: false).whenComplete { _ in }
-        }
-    }
-
-    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
-        if case ChannelEvent.inputClosed = event {
-            partner.close(mode: .output, promise: nil)
-        }
-        context.fireUserInboundEventTriggered(event)
-    }
-
-    func channelInactive(context: ChannelHandlerContext) {
-        partner.close(promise: nil)
-        context.fireChannelInactive()
-    }
-
-    func errorCaught(context: ChannelHandlerContext, error: Error) {
-        context.close(promise: nil)
-    }
-}
-
-/// Resumes reading on `resume` when the channel it watches becomes writable again.
-private final class WritabilityWatcher: ChannelInboundHandler, Sendable {
-    typealias InboundIn = ByteBuffer
-
-    let resume: Channel
-
-    init(resume: Channel) {
-        self.resume = resume
-    }
-
-    func channelWritabilityChanged(context: ChannelHandlerContext) {
-        if context.channel.isWritable {
-            resume.setOption(.autoRead, value: true).whenComplete { _ in }
-        }
-        context.fireChannelWritabilityChanged()
     }
 }

@@ -2,6 +2,8 @@ import ChatProtocol
 import ChatWire
 import Foundation
 import Logging
+import NIOCore
+import NIOPosix
 import Threads
 
 #if canImport(Glibc)
@@ -18,7 +20,10 @@ import Threads
 /// standard input/output.
 ///
 /// Blocking threads, as `StdioTransport`: standard input may be a regular file, which
-/// epoll cannot watch.
+/// epoll cannot watch. Over TLS (the writer's relay listener is `tls://`), those threads
+/// talk to one end of a socket pair, and the other end is joined to a TLS connection to
+/// the writer on an event loop (`WriterLink`: the writer's certificate is verified before
+/// a byte of the session is sent).
 public final class StdioRelay: Sendable {
     /// How a relay ended.
     public enum Outcome: Equatable, Sendable {
@@ -38,18 +43,54 @@ public final class StdioRelay: Sendable {
     private let logger: Logger
     private let inputEnded = Locked(false)
 
-    /// Connects to the writer at `address` and sends `first` (the node token's line, or
-    /// nothing) before anything of standard input.
-    public init(to address: ListenAddress, first: [UInt8], logger: Logger, input: Int32 = 0, output: Int32 = 1) throws {
-        signal(SIGPIPE, SIG_IGN)
-        socket = try StdioRelay.connect(address)
+    private init(socket: Int32, logger: Logger, input: Int32, output: Int32) {
+        self.socket = socket
         self.input = input
         self.output = output
         self.logger = logger
-        guard StdioRelay.writeAll(socket, first) else {
+    }
+
+    /// Connects to the writer's relay listener `writer` (over TLS, verified against
+    /// `trust`, when it is `tls://`; on `group`, made only then) and sends `first` (the node token's line,
+    /// or nothing) before anything of standard input.
+    public static func connect(
+        to writer: Listener, trust: WriterTrust?, group: @autoclosure () -> EventLoopGroup, first: [UInt8], logger: Logger, input: Int32 = 0, output: Int32 = 1
+    ) async throws -> StdioRelay {
+        signal(SIGPIPE, SIG_IGN)
+        let socket = writer.tls ? try await tunnel(to: writer, trust: trust, group: group()) : try connect(writer.address)
+        guard writeAll(socket, first) else {
             Glibc.close(socket)
-            throw RelayError(description: "the writer at \(address) closed the connection at once")
+            throw RelayError(description: "the writer at \(writer) closed the connection at once")
         }
+        return StdioRelay(socket: socket, logger: logger, input: input, output: output)
+    }
+
+    /// One end of a socket pair whose other end is joined to a TLS connection to `writer`,
+    /// made and verified before this returns.
+    private static func tunnel(to writer: Listener, trust: WriterTrust?, group: EventLoopGroup) async throws -> Int32 {
+        var ends: [Int32] = [-1, -1]
+        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &ends) == 0 else { throw RelayError(description: "socketpair: errno \(errno)") }
+        let eventLoop = group.next()
+        let upstream: Channel
+        do {
+            upstream = try await WriterLink.connect(to: writer, trust: trust, on: eventLoop).get()
+        } catch {
+            Glibc.close(ends[0])
+            Glibc.close(ends[1])
+            throw error
+        }
+        do {
+            let bridge = try await ClientBootstrap(group: eventLoop)
+                .channelOption(.allowRemoteHalfClosure, value: true)
+                .channelOption(.autoRead, value: false)
+                .withConnectedSocket(ends[1]).get()
+            try await eventLoop.flatSubmit { Splice.join(bridge, to: upstream) }.get()
+        } catch {
+            upstream.close(promise: nil)
+            Glibc.close(ends[0])
+            throw RelayError(description: "cannot relay to the writer at \(writer): \(error)")
+        }
+        return ends[0]
     }
 
     /// The first line of a session started trusted as `user`: its `authToken` carries this

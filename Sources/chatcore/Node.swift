@@ -26,6 +26,9 @@ struct NodeService: Service {
     let nodeKey: NodeKey?
     /// What the TLS listeners present (nil: there are none).
     let tls: TLSIdentity?
+    /// Whom this node believes to be the writer of a shared store over TLS (nil: no store
+    /// is shared).
+    let trust: WriterTrust?
     let directory: URL
     let loops: EventLoops
     let stop: StopState
@@ -33,8 +36,8 @@ struct NodeService: Service {
 
     func run() async throws {
         try await serve.runNode(
-            authenticator: authenticator, nodeKey: nodeKey, tls: tls, notifierSettings: notifier, directory: directory, loops: loops, stop: stop,
-            logger: logger)
+            authenticator: authenticator, nodeKey: nodeKey, tls: tls, trust: trust, notifierSettings: notifier, directory: directory, loops: loops,
+            stop: stop, logger: logger)
     }
 }
 
@@ -58,8 +61,8 @@ final class EventLoops: Sendable {
 
 extension Serve {
     func runNode(
-        authenticator: Authenticator, nodeKey: NodeKey?, tls: TLSIdentity?, notifierSettings: NotifierSettings?, directory: URL, loops: EventLoops,
-        stop: StopState, logger: Logger
+        authenticator: Authenticator, nodeKey: NodeKey?, tls: TLSIdentity?, trust: WriterTrust?, notifierSettings: NotifierSettings?, directory: URL,
+        loops: EventLoops, stop: StopState, logger: Logger
     ) async throws {
         let store: OpenedStore
         let opening = ContinuousClock.now
@@ -83,7 +86,7 @@ extension Serve {
                 // with it. With --listen: relay every connection to the writer until it
                 // goes, then be it.
                 if listen.isEmpty {
-                    stop.fail(await relayStandardIO(held.location, nodeKey: nodeKey, logger: logger))
+                    stop.fail(await relayStandardIO(held.location, nodeKey: nodeKey, trust: trust, loops: loops, logger: logger))
                     return
                 }
                 guard user == nil else {
@@ -92,7 +95,7 @@ extension Serve {
                     )
                     throw ExitCode(1)
                 }
-                let lock = try await follow(held.location, loops: loops.group, logger: logger)
+                let lock = try await follow(held.location, trust: trust, tls: tls, loops: loops.group, logger: logger)
                 store = try OpenedStore.open(
                     self.storage.store, passwordFile: storage.storePasswordFile, directory: directory, logger: logger, writerLock: lock)
             }
@@ -204,11 +207,10 @@ extension Serve {
         // ends, as a node of standard input/output does, at the end of its input.
         var listening = listen
         if store.isShared, listen.isEmpty { listening = ["127.0.0.1:0"] }
-        // The listener other nodes relay to speaks lines: the first that does, or one on
+        // The listener other nodes relay to speaks lines (`relayListener`), or is one on
         // loopback for them.
-        func relayable(_ text: String) -> Bool { Listener(text).map { $0.framing == .lines && !$0.tls } ?? false }
-        if store.isShared, !listening.contains(where: relayable) { listening.append("127.0.0.1:0") }
-        let advertisedListener = listening.first(where: relayable)
+        if store.isShared, Serve.relayListener(among: listening) == nil { listening.append("127.0.0.1:0") }
+        let advertisedListener = Serve.relayListener(among: listening)
         let relayedOnly = listen.isEmpty && !listening.isEmpty
         if !listening.isEmpty {
             let sockets = SocketServer(
@@ -231,8 +233,10 @@ extension Serve {
                     logger.info(
                         relayedOnly ? "listening for sessions relayed by other nodes" : "listening",
                         metadata: ["address": "\(listener)", "bound": "\(bound)", "port": "\(channel.localAddress?.port ?? 0)"])
-                    if case .postgres(let database) = store, database.isWriter, text == advertisedListener {
-                        let advertised = (relayedOnly ? nil : storage.advertise) ?? Serve.reachable(address, port: channel.localAddress?.port)
+                    if case .postgres(let database) = store, database.isWriter, listener == advertisedListener {
+                        let reached =
+                            (relayedOnly ? nil : storage.advertise.flatMap(ListenAddress.init)) ?? Serve.reachable(address, port: channel.localAddress?.port)
+                        let advertised = Listener(address: reached, tls: listener.tls).description
                         // Nodes given the node key vouch for the users of the sessions
                         // they relay; without it, none can.
                         let tokens = nodeKey.map(NodeTokens.init)

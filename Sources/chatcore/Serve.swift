@@ -102,8 +102,17 @@ struct Serve: AsyncParsableCommand {
         if let metrics {
             guard case .tcp? = ListenAddress(metrics) else { throw ValidationError("--metrics \(metrics): expected HOST:PORT") }
         }
-        if storage.store != nil, storage.advertise == nil, let first = listen.first(where: { Listener($0)?.framing == .lines }),
-            case .tcp(let host, _)? = ListenAddress(first),
+        if storage.store == nil, storage.advertise != nil || storage.nodeTlsCa != nil {
+            throw ValidationError("--\(storage.advertise != nil ? "advertise" : "node-tls-ca") is for nodes of a shared store: give --store postgres://…")
+        }
+        let relayListener = Serve.relayListener(among: listen)
+        if let advertise = storage.advertise {
+            guard let address = ListenAddress(advertise) else { throw ValidationError("--advertise \(advertise): expected HOST:PORT or unix:PATH") }
+            if relayListener?.tls == true, case .unix = address {
+                throw ValidationError("--advertise \(advertise): the relay listener is \(relayListener!), which other nodes reach at a HOST:PORT")
+            }
+        }
+        if storage.store != nil, storage.advertise == nil, let first = relayListener, case .tcp(let host, _) = first.address,
             host == "0.0.0.0" || host == "::"
         {
             // It would be advertised as loopback: a node on another machine configured the
@@ -184,6 +193,16 @@ struct Serve: AsyncParsableCommand {
                 tls = try TLSIdentity(certificate: certificate, key: key)
             } catch {
                 FileHandle.standardError.write(Data("chatcore: \(error)\n".utf8))
+                throw ExitCode(1)
+            }
+        }
+        // Whom a node of a shared store believes to be the writer over TLS.
+        var trust: WriterTrust?
+        if storage.store != nil {
+            do {
+                trust = try WriterTrust(caFile: storage.nodeTlsCa)
+            } catch {
+                FileHandle.standardError.write(Data("chatcore: --node-tls-ca: \(error)\n".utf8))
                 throw ExitCode(1)
             }
         }
@@ -290,8 +309,8 @@ struct Serve: AsyncParsableCommand {
         services.append(.init(service: KeyReloadService(authenticator: authenticator, tls: tls, logger: logger)))
         let stop = StopState()
         let node = NodeService(
-            serve: self, notifier: notifier, authenticator: authenticator, nodeKey: nodeKey, tls: tls, directory: directory, loops: loops, stop: stop,
-            logger: logger)
+            serve: self, notifier: notifier, authenticator: authenticator, nodeKey: nodeKey, tls: tls, trust: trust, directory: directory, loops: loops,
+            stop: stop, logger: logger)
         services.append(.init(service: node, successTerminationBehavior: .gracefullyShutdownGroup, failureTerminationBehavior: .gracefullyShutdownGroup))
         let group = ServiceGroup(configuration: .init(services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
@@ -311,7 +330,7 @@ struct Serve: AsyncParsableCommand {
     /// the writer answered all of it, 1 when the writer went first (the session is over:
     /// its client starts chatcore again, which then serves by itself or relays to the
     /// next writer).
-    func relayStandardIO(_ location: PostgresStore.Location, nodeKey: NodeKey?, logger: Logger) async -> Int32 {
+    func relayStandardIO(_ location: PostgresStore.Location, nodeKey: NodeKey?, trust: WriterTrust?, loops: EventLoops, logger: Logger) async -> Int32 {
         if user != nil && nodeKey == nil {
             logger.critical(
                 "another node is the writer of the store: relaying a session started as --user to it needs --node-key-file (the same file on every node)")
@@ -322,7 +341,7 @@ struct Serve: AsyncParsableCommand {
         var problem = "no writer has said where it accepts connections"
         while relay == nil {
             if let writer = PostgresStore.WriterLock.writer(location: location, logger: logger) {
-                if let address = ListenAddress(writer.address) {
+                if let address = Listener(writer.address), address.framing == .lines {
                     if user != nil && writer.instance.isEmpty {
                         logger.critical(
                             "the writer node was started without --node-key-file: it accepts no session relayed as a --user; give every node the same --node-key-file"
@@ -331,8 +350,12 @@ struct Serve: AsyncParsableCommand {
                     }
                     let first = user.map { StdioRelay.trustedStart(user: $0, token: nodeKey!.vouch(for: $0, to: writer.instance)) } ?? []
                     do {
-                        relay = try StdioRelay(to: address, first: first, logger: logger)
+                        relay = try await StdioRelay.connect(to: address, trust: trust, group: loops.group, first: first, logger: logger)
                         logger.info("another node is the writer of the store: relaying standard input/output to it", metadata: ["writer": "\(address)"])
+                    } catch let error as WriterLinkError where error.untrusted {
+                        // Not a writer that is starting: waiting would not help.
+                        logger.critical("another node is the writer of the store, and it cannot be relayed to: \(error)", metadata: ["store": "\(location)"])
+                        return 1
                     } catch {
                         problem = "\(error)"
                     }
@@ -377,27 +400,38 @@ struct Serve: AsyncParsableCommand {
 
     /// Where other nodes reach a bound address: its real port, and loopback for a
     /// wildcard host.
-    static func reachable(_ address: ListenAddress, port: Int?) -> String {
+    static func reachable(_ address: ListenAddress, port: Int?) -> ListenAddress {
         switch address {
-        case .unix: return address.description
+        case .unix: return address
         case .tcp(let host, let requested):
             let reachableHost = host == "0.0.0.0" ? "127.0.0.1" : host == "::" ? "::1" : host
-            return ListenAddress.tcp(host: reachableHost, port: port ?? requested).description
+            return .tcp(host: reachableHost, port: port ?? requested)
         }
+    }
+
+    /// The listener other nodes relay their sessions to while this node is the writer of a
+    /// shared store: one that speaks lines, the first `tls://` one (the link between nodes
+    /// is then encrypted, and the writer's certificate verified), else the first plain one.
+    /// Nil: there is none (a node of a shared store then opens one on loopback).
+    static func relayListener(among listen: [String]) -> Listener? {
+        let lines = listen.compactMap(Listener.init).filter { $0.framing == .lines }
+        return lines.first(where: \.tls) ?? lines.first
     }
 
     /// While another node holds the store's writer lock, relays every connection to it
     /// (FollowerProxy) on `loops`, the event loops the metrics use and the node's own
     /// sockets will; returns once this node holds the lock (the writer stopped or died),
     /// with the relayed connections closed and the addresses free again.
-    func follow(_ location: PostgresStore.Location, loops: MultiThreadedEventLoopGroup, logger: Logger) async throws -> PostgresStore.WriterLock {
+    func follow(
+        _ location: PostgresStore.Location, trust: WriterTrust?, tls: TLSIdentity?, loops: MultiThreadedEventLoopGroup, logger: Logger
+    ) async throws -> PostgresStore.WriterLock {
         let proxy = FollowerProxy(
             group: loops,
             writer: {
-                PostgresStore.WriterLock.writerAddress(location: location, logger: logger).flatMap(ListenAddress.init)
-            }, maxConnections: Serve.sessionsThatFit(limits.maxSessions, relaying: true, logger: logger), logger: logger)
+                PostgresStore.WriterLock.writerAddress(location: location, logger: logger).flatMap(Listener.init).flatMap { $0.framing == .lines ? $0 : nil }
+            }, trust: trust, tls: tls, maxConnections: Serve.sessionsThatFit(limits.maxSessions, relaying: true, logger: logger), logger: logger)
         for text in listen {
-            let channel = try await proxy.bind(ListenAddress(text)!)
+            let channel = try await proxy.bind(Listener(text)!)
             logger.info("listening (relaying to the writer node)", metadata: ["address": "\(text)", "port": "\(channel.localAddress?.port ?? 0)"])
         }
         logger.info("another node is the writer of the store: relaying connections to it until it stops", metadata: ["store": "\(location)"])

@@ -24,9 +24,16 @@ struct StoreOptions: ParsableArguments {
     @Option(
         name: .long,
         help: ArgumentHelp(
-            "With --store postgres: the address other nodes relay their connections to while this node is the writer (HOST:PORT or unix:PATH). Default: the first --listen as bound (127.0.0.1 for 0.0.0.0). Without --listen the node listens on 127.0.0.1 on a free port for the sessions of other nodes on this machine, and advertises that.",
+            "With --store postgres: the address other nodes relay their connections to while this node is the writer (HOST:PORT or unix:PATH), where its relay listener is reached: the first tls:// --listen, else the first plain HOST:PORT or unix:PATH one. Default: that listener as bound (127.0.0.1 for 0.0.0.0). Without --listen the node listens on 127.0.0.1 on a free port for the sessions of other nodes on this machine, and advertises that.",
             valueName: "address"))
     var advertise: String?
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "With --store postgres: the certificates (PEM) this node trusts to sign the writer's when the writer's relay listener is tls://. Default: the system's trusted roots. The certificate must also name the address the writer advertises.",
+            valueName: "file"))
+    var nodeTlsCa: String?
 
     @Flag(
         name: .long,

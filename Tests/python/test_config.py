@@ -72,7 +72,10 @@ def yaml_scalar(value):
 
 
 # A flag that needs others to be valid is given with them on the command line.
-COMPANIONS = {"listen": ["--insecure-no-auth"], "auth-audience": [], "advertise": [], "notify-url": ["--notify-secret-file", "/somewhere/secret"],
+COMPANIONS = {"listen": ["--insecure-no-auth"], "auth-audience": [],
+              # Options of the nodes of a shared store.
+              "advertise": ["--store", "postgres://chatcore@/x"], "node-tls-ca": ["--store", "postgres://chatcore@/x"],
+              "notify-url": ["--notify-secret-file", "/somewhere/secret"],
               "tls-cert": ["--listen", "tls://127.0.0.1:7443", "--insecure-no-auth", "--tls-key", "/somewhere/key"],
               "tls-key": ["--listen", "tls://127.0.0.1:7443", "--insecure-no-auth", "--tls-cert", "/somewhere/cert"]}
 
