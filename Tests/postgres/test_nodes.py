@@ -4,10 +4,12 @@ temporary directory) and real processes on Unix sockets.
 One node at a time holds the database's writer lock and runs the engine; the others relay
 the connections they accept to it, byte for byte, and take over when it goes (SIGKILL
 included: PostgreSQL releases a dead session's lock)."""
+import json
 import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -817,3 +819,28 @@ def test_a_relaying_node_serves_metrics_and_says_whether_it_decides(cluster, scr
     assert value(relay, "chatcore_deciding") == 1
     assert len(event_loop_groups(relay)) == 1, event_loop_groups(relay)
     assert relay.stop() == 0
+
+
+def test_a_relayed_client_slow_to_read_gets_every_answer_before_the_writer_closes_it(cluster, scratch):
+    """A client that sends its requests, ends its input and reads slowly: the writer answers
+    everything and closes the session; the relaying node passes that close on only once
+    it has written every answer (before, what it still held was dropped with the close)."""
+    writer, relay = two_nodes(cluster, scratch, "slowreader")
+    requests = 3000
+    client = socket.socket(socket.AF_UNIX)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.connect(relay.socket)
+    lines = [{"authToken": {"userId": "bob", "authToken": "any", "cookie": "a"}}]
+    lines += [{"identitiesGet": {"cookie": f"i{n}", "appUserIds": ["bob"]}} for n in range(requests)]
+    client.sendall(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    client.shutdown(socket.SHUT_WR)
+    received = b""
+    while chunk := client.recv(8192):
+        received += chunk
+        time.sleep(0.005)
+    client.close()
+    # What follows the last newline is a line cut short.
+    answered = {body(json.loads(line)).get("cookie") for line in received.split(b"\n")[:-1]}
+    assert {f"i{n}" for n in range(requests)} <= answered, f"{len(answered)} answers of {requests}"
+    assert relay.stop() == 0
+    assert writer.stop() == 0
