@@ -5,7 +5,7 @@ LISTEN  ?= 127.0.0.1:7400
 DATA_DIR ?= $(or $(XDG_DATA_HOME),$(HOME)/.local/share)/chatcore
 RELEASE := .build/release/chatcore
 
-.PHONY: help setup build run run-nodes dist wheel npm deb test-dist test test-swift test-python test-node test-postgres test-postgres-if-available test-fuzz generate check-generated format check-format bench soak fuzz asan tsan clean
+.PHONY: help setup bench-setup build run run-nodes dist wheel npm deb test-dist test test-swift test-python test-node test-postgres test-postgres-if-available test-fuzz generate check-generated format check-format bench soak fuzz asan tsan clean
 
 help: ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -127,7 +127,16 @@ tsan: setup ## every Swift test, transcript and Python test (PostgreSQL nodes in
 	@if ls $(TSAN_REPORTS) | grep -q .; then echo "ThreadSanitizer reported (see $(TSAN_REPORTS)):"; head -60 $(TSAN_REPORTS)/*; exit 1; fi
 	@echo "ThreadSanitizer: no reports"
 
-bench: setup ## run the benchmarks and print a table
+bench-setup: setup ## install the peer servers the benchmarks compare chatcore with: ejabberd and Prosody (Debian), Synapse (PyPI, in .build/peers/synapse)
+	@missing=""; for p in ejabberd erlang-p1-sqlite3 sqlite3 prosody lua-dbi-sqlite3; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -qq && \
+	  RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
+	@# The packages start their services: the benchmark runs its own, on ports of its own.
+	-@service ejabberd stop >/dev/null 2>&1; service prosody stop >/dev/null 2>&1; true
+	@test -x .build/peers/synapse/bin/python || $(PYTHON) -m venv .build/peers/synapse
+	@.build/peers/synapse/bin/python -c "import synapse" 2>/dev/null || .build/peers/synapse/bin/pip install --quiet matrix-synapse
+
+bench: bench-setup ## run the benchmarks (the peer servers too) and print a table
 	$(SWIFT) build -c release --product chatcore
 	$(SWIFT) build -c release --product chatcore-bench
 	$(PYTHON) Benchmarks/run.py

@@ -23,7 +23,13 @@ Hostile (Benchmarks/hostile.py): what one client may cost the others: 1,000 anon
 partial lines, quota floods, a search built to be slow, a user in 2,000 chats signing in,
 listing and recalling; each beside another user's request → Sent p50 / p99.
 
-    python3 Benchmarks/run.py [codec] [engine] [store] [nodes] [search] [hostile]     (all when none is named)
+Transports (Benchmarks/transports.py): sends and delivery over TCP, WebSocket, TLS and both.
+
+Peers (Benchmarks/peers.py): ejabberd, Prosody and Synapse (installed by `make bench-setup`)
+beside chatcore, each driven by a client of its own protocol: durable messages/s,
+acknowledgement and delivery latency, memory, bytes and fsyncs per message.
+
+    python3 Benchmarks/run.py [codec] [engine] [store] [nodes] [search] [hostile] [transports] [peers]     (all when none is named)
 """
 import json
 import pathlib
@@ -94,7 +100,7 @@ def codec_rows(corpus):
 
 
 def main():
-    wanted = set(sys.argv[1:]) or {"codec", "engine", "store", "nodes", "search", "hostile", "transports"}
+    wanted = set(sys.argv[1:]) or {"codec", "engine", "store", "nodes", "search", "hostile", "transports", "peers"}
     if "codec" in wanted:
         codec_table()
     if "engine" in wanted:
@@ -118,6 +124,10 @@ def main():
         sys.path.insert(0, str(ROOT / "Benchmarks"))
         import transports
         transports.print_table()
+    if "peers" in wanted:
+        sys.path.insert(0, str(ROOT / "Benchmarks"))
+        import peers
+        peers.print_table()
     if "store" in wanted:
         sys.path.insert(0, str(ROOT / "Benchmarks"))
         import store
