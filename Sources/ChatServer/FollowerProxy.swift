@@ -10,8 +10,10 @@ import Threads
 /// accepts is relayed, byte for byte, to the node that does (the writer), so that one
 /// engine decides for every session of the deployment. Clients cannot tell the difference
 /// (authentication, answers and events are the writer's). When the writer goes away this
-/// node takes the lock, `stop()` closes what it relayed (clients connect again and catch
-/// up with the change feed), and the node serves by itself.
+/// node takes the lock, `handOver()` closes what it relayed (clients connect again and
+/// catch up with the change feed) but keeps listening: connections accepted while the node
+/// reads the store wait, nothing read from them, and are served once it serves
+/// (`serve(with:)`), on the same listeners.
 ///
 /// A `tls://` listener of this node ends its clients' TLS here (with this node's own
 /// certificate); the link to the writer is over TLS when the writer's relay listener is,
@@ -30,12 +32,26 @@ public final class FollowerProxy: Sendable {
     private let admitted: ConnectionLimit
     /// The listeners and the relayed connections open now.
     private struct Open {
-        var listeners: [Channel] = []
+        var listeners: [(listener: Listener, channel: Channel)] = []
         var connections: [ObjectIdentifier: Channel] = [:]
+        var mode = Mode.relaying
+        /// Connections accepted while the node takes over (`Mode.holding`).
+        var held: [(channel: Channel, listener: Listener)] = []
         /// The local addresses of this proxy's own connections to the writer: one
         /// accepted from such an address is this node relaying to itself (the writer
         /// advertised an address that, from here, is this node).
         var ownUpstreams: Set<String> = []
+    }
+
+    /// What a connection accepted now is for.
+    private enum Mode {
+        /// Relayed to the writer.
+        case relaying
+        /// Held, nothing read, until the node serves (it took the writer lock and reads
+        /// the store).
+        case holding
+        /// Served by the node itself.
+        case serving(@Sendable (Channel, Listener) -> EventLoopFuture<Void>)
     }
 
     private let open = Locked(Open())
@@ -72,6 +88,31 @@ public final class FollowerProxy: Sendable {
             .childChannelOption(.autoRead, value: false)
             .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelInitializer { [self] channel in
+                enum Then {
+                    case relay, hold
+                    case serve(@Sendable (Channel, Listener) -> EventLoopFuture<Void>)
+                }
+                // Decided and noted at once: a connection is either held before the node
+                // serves, and handed over then, or served by it.
+                let then = open.withLock { open -> Then in
+                    switch open.mode {
+                    case .relaying: return .relay
+                    case .serving(let serve): return .serve(serve)
+                    case .holding:
+                        open.held.append((channel, listener))
+                        return .hold
+                    }
+                }
+                switch then {
+                case .relay: break
+                case .serve(let serve): return serve(channel, listener)
+                case .hold:
+                    guard admitted.admit(channel) else {
+                        logger.warning("refusing a connection while taking over: --max-sessions reached", metadata: ["maxSessions": "\(admitted.limit)"])
+                        return channel.close()
+                    }
+                    return channel.eventLoop.makeSucceededVoidFuture()
+                }
                 if refuseIfOwn(channel) { return channel.close() }
                 guard admitted.admit(channel) else {
                     logger.warning("refusing a connection to relay: --max-sessions reached", metadata: ["maxSessions": "\(admitted.limit)"])
@@ -92,8 +133,34 @@ public final class FollowerProxy: Sendable {
                 return channel.eventLoop.makeSucceededVoidFuture()
             }
         let channel = try await bootstrap.bind(listening: listener.address)
-        open.withLock { $0.listeners.append(channel) }
+        open.withLock { $0.listeners.append((listener, channel)) }
         return channel
+    }
+
+    /// Closes every relayed connection (and its relay) and holds the connections accepted
+    /// from now on; returns the listeners, which stay open, for the node to serve on
+    /// (`serve(with:)`). Called once this node holds the writer lock.
+    public func handOver() -> [(listener: Listener, channel: Channel)] {
+        let (listening, connected) = open.withLock { open -> ([(listener: Listener, channel: Channel)], [Channel]) in
+            open.mode = .holding
+            defer { open.connections = [:] }
+            return (open.listeners, Array(open.connections.values))
+        }
+        for channel in connected { try? channel.close().wait() }
+        return listening
+    }
+
+    /// From now on `serve` serves what the listeners accept; the connections held since
+    /// `handOver()` are handed to it first (those that went away meanwhile are closed).
+    public func serve(with serve: @escaping @Sendable (Channel, Listener) -> EventLoopFuture<Void>) {
+        let held = open.withLock { open -> [(channel: Channel, listener: Listener)] in
+            open.mode = .serving(serve)
+            defer { open.held = [] }
+            return open.held
+        }
+        for (channel, listener) in held {
+            channel.eventLoop.execute { _ = serve(channel, listener) }
+        }
     }
 
     /// Stops accepting and closes every relayed connection (and its relay), and waits
@@ -104,8 +171,9 @@ public final class FollowerProxy: Sendable {
             defer {
                 open.listeners = []
                 open.connections = [:]
+                open.held = []
             }
-            return (open.listeners, Array(open.connections.values))
+            return (open.listeners.map(\.channel), Array(open.connections.values) + open.held.map(\.channel))
         }
         for listener in listening { try? listener.close().wait() }
         for channel in connected { try? channel.close().wait() }
@@ -177,7 +245,8 @@ public final class FollowerProxy: Sendable {
             return
         }
         let address = writer.address
-        if case .unix = address, open.withLock({ $0.listeners.contains { $0.localAddress.map { "unix:\($0.pathname ?? "")" } == address.description } }) {
+        if case .unix = address, open.withLock({ $0.listeners.contains { $0.channel.localAddress.map { "unix:\($0.pathname ?? "")" } == address.description } })
+        {
             logger.error("the writer's advertised address is this node's own socket: refusing to relay to it", metadata: ["address": "\(address)"])
             client.close(promise: nil)
             return

@@ -92,12 +92,6 @@ public final class SocketServer: Sendable {
 
     /// Starts listening; returns the bound channel (its local address has the real port).
     public func bind(_ listener: Listener) async throws -> Channel {
-        let address = listener.address
-        precondition(!listener.tls || tls != nil, "a TLS listener needs the server's TLSIdentity")
-        let tls = listener.tls ? self.tls : nil
-        let engine = self.engine
-        let authenticator = self.authenticator
-        let limits = self.limits
         let logger = self.logger
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 256)
@@ -116,40 +110,74 @@ public final class SocketServer: Sendable {
             .childChannelOption(.allowRemoteHalfClosure, value: true)
             .childChannelOption(.writeBufferWaterMark, value: .init(low: limits.outputHighWater / 2, high: limits.outputHighWater))
             .childChannelInitializer { [self] channel in
-                let transport: Transport =
-                    listener.framing != .lines ? .webSocket : channel.localAddress?.protocol == .unix ? .unix : .tcp
-                guard self.sessions.admit(channel) else {
-                    logger.warning("refusing a connection: --max-sessions reached", metadata: ["maxSessions": "\(limits.maxSessions)"])
-                    return channel.close()
-                }
-                let key = ObjectIdentifier(channel)
-                self.connections.withLock { $0[key] = channel }
-                channel.closeFuture.whenComplete { _ in
-                    self.connections.withLock { _ = $0.removeValue(forKey: key) }
-                }
-                let session: @Sendable () -> SessionHandler = {
-                    SessionHandler(
-                        engine: engine, authenticator: authenticator, transport: transport, limits: limits,
-                        unreadByAll: self.unread, bufferedByAll: self.buffered, logger: logger)
-                }
-                return channel.eventLoop.makeCompletedFuture {
-                    if let tls {
-                        try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls.context))
-                    }
-                    if let idle = limits.idleTimeout {
-                        try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle))
-                    }
-                    switch listener.framing {
-                    case .lines:
-                        try channel.pipeline.syncOperations.addHandler(session())
-                    case .webSocket(let path):
-                        try Self.upgradeToWebSocket(channel, path: path, limits: limits, logger: logger, session: session)
-                    }
-                }
+                serve(channel, from: listener)
             }
-        let channel = try await bootstrap.bind(listening: address)
+        let channel = try await bootstrap.bind(listening: listener.address)
         listeners.withLock { $0.append(channel) }
         return channel
+    }
+
+    /// Takes over a listener another part bound (a relaying node's, when the node takes
+    /// over from the writer: its address stays open throughout): closed with the others
+    /// at a stop. Its connections are handed over one by one (`serveHandedOver`).
+    public func adopt(listening channel: Channel) {
+        listeners.withLock { $0.append(channel) }
+    }
+
+    /// Serves a connection accepted by an adopted listener, nothing read from it yet
+    /// (`autoRead` off): set as this server's own, then read.
+    public func serveHandedOver(_ channel: Channel, from listener: Listener) -> EventLoopFuture<Void> {
+        channel.setOption(.allowRemoteHalfClosure, value: true).flatMap {
+            channel.setOption(.writeBufferWaterMark, value: .init(low: self.limits.outputHighWater / 2, high: self.limits.outputHighWater))
+        }.flatMap {
+            self.serve(channel, from: listener)
+        }.flatMap {
+            channel.setOption(.autoRead, value: true)
+        }.flatMapError { error in
+            channel.close(promise: nil)
+            return channel.eventLoop.makeFailedFuture(error)
+        }
+    }
+
+    /// A session on `channel`, accepted at `listener`: admitted (`--max-sessions`), then
+    /// its pipeline set up (TLS, idle time, lines or a WebSocket upgrade).
+    private func serve(_ channel: Channel, from listener: Listener) -> EventLoopFuture<Void> {
+        precondition(!listener.tls || tls != nil, "a TLS listener needs the server's TLSIdentity")
+        let tls = listener.tls ? self.tls : nil
+        let engine = self.engine
+        let authenticator = self.authenticator
+        let limits = self.limits
+        let logger = self.logger
+        let transport: Transport =
+            listener.framing != .lines ? .webSocket : channel.localAddress?.protocol == .unix ? .unix : .tcp
+        guard sessions.admit(channel) else {
+            logger.warning("refusing a connection: --max-sessions reached", metadata: ["maxSessions": "\(limits.maxSessions)"])
+            return channel.close()
+        }
+        let key = ObjectIdentifier(channel)
+        connections.withLock { $0[key] = channel }
+        channel.closeFuture.whenComplete { _ in
+            self.connections.withLock { _ = $0.removeValue(forKey: key) }
+        }
+        let session: @Sendable () -> SessionHandler = {
+            SessionHandler(
+                engine: engine, authenticator: authenticator, transport: transport, limits: limits,
+                unreadByAll: self.unread, bufferedByAll: self.buffered, logger: logger)
+        }
+        return channel.eventLoop.makeCompletedFuture {
+            if let tls {
+                try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls.context))
+            }
+            if let idle = limits.idleTimeout {
+                try channel.pipeline.syncOperations.addHandler(IdleStateHandler(readTimeout: idle))
+            }
+            switch listener.framing {
+            case .lines:
+                try channel.pipeline.syncOperations.addHandler(session())
+            case .webSocket(let path):
+                try Self.upgradeToWebSocket(channel, path: path, limits: limits, logger: logger, session: session)
+            }
+        }
     }
 
     /// Sets up `channel` to be upgraded from HTTP/1.1 to a WebSocket at `path` (refused with

@@ -65,6 +65,8 @@ extension Serve {
         loops: EventLoops, stop: StopState, logger: Logger
     ) async throws {
         let store: OpenedStore
+        // The listeners of the relaying this node did before it took over, still open.
+        var handedOver: HandedOver?
         let opening = ContinuousClock.now
         do {
             try Serve.prepareDataDirectory(directory, logger: logger)
@@ -95,7 +97,8 @@ extension Serve {
                     )
                     throw ExitCode(1)
                 }
-                let lock = try await follow(held.location, trust: trust, tls: tls, loops: loops.group, logger: logger)
+                let (lock, listeners) = try await follow(held.location, trust: trust, tls: tls, loops: loops.group, logger: logger)
+                handedOver = listeners
                 store = try OpenedStore.open(
                     self.storage.store, passwordFile: storage.storePasswordFile, directory: directory, logger: logger, writerLock: lock)
             }
@@ -228,7 +231,13 @@ extension Serve {
                 let listener = Listener(text)!
                 let address = listener.address
                 do {
-                    let channel = try await sockets.bind(listener)
+                    let channel: Channel
+                    if let open = handedOver?.listener(text) {
+                        sockets.adopt(listening: open)
+                        channel = open
+                    } else {
+                        channel = try await sockets.bind(listener)
+                    }
                     let bound = channel.localAddress.map { "\($0)" } ?? text
                     logger.info(
                         relayedOnly ? "listening for sessions relayed by other nodes" : "listening",
@@ -253,6 +262,8 @@ extension Serve {
                     throw ExitCode(1)
                 }
             }
+            // What the kept listeners accepted while the store opened, then all they accept.
+            handedOver?.proxy.serve { channel, listener in sockets.serveHandedOver(channel, from: listener) }
         }
 
         // Opening read only what start-up needs. After a crash (or a store of an older

@@ -424,7 +424,7 @@ struct Serve: AsyncParsableCommand {
     /// with the relayed connections closed and the addresses free again.
     func follow(
         _ location: PostgresStore.Location, trust: WriterTrust?, tls: TLSIdentity?, loops: MultiThreadedEventLoopGroup, logger: Logger
-    ) async throws -> PostgresStore.WriterLock {
+    ) async throws -> (PostgresStore.WriterLock, HandedOver) {
         let proxy = FollowerProxy(
             group: loops,
             writer: {
@@ -455,9 +455,23 @@ struct Serve: AsyncParsableCommand {
             fflush(nil)
             Glibc._exit(0)
         }
-        proxy.stop()
+        // The listeners stay open: a client that connects again meanwhile waits for this
+        // node to serve, instead of finding nothing there.
+        let listeners = proxy.handOver()
         logger.info("this node holds the writer lock now: serving by itself (relayed clients connect again)")
-        return lock
+        return (lock, HandedOver(proxy: proxy, listeners: listeners))
+    }
+
+    /// The listeners a node that relayed keeps when it takes over, and the proxy holding
+    /// what they accept until the node serves.
+    struct HandedOver {
+        let proxy: FollowerProxy
+        let listeners: [(listener: Listener, channel: Channel)]
+
+        /// The open listener for `--listen` `text`, if it was one of the proxy's.
+        func listener(_ text: String) -> Channel? {
+            listeners.first { $0.listener == Listener(text) }?.channel
+        }
     }
 
     static func defaultDataDirectory() throws -> String {

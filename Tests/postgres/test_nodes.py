@@ -844,3 +844,34 @@ def test_a_relayed_client_slow_to_read_gets_every_answer_before_the_writer_close
     assert {f"i{n}" for n in range(requests)} <= answered, f"{len(answered)} answers of {requests}"
     assert relay.stop() == 0
     assert writer.stop() == 0
+
+
+def test_a_node_taking_over_keeps_listening_and_serves_who_connected_meanwhile(cluster, scratch):
+    """The writer dies; the relaying node takes the lock and reads the store (held there by
+    the test, which locks the chat table). Its socket stays: a client connecting then waits
+    and is served once the node serves. Before, the node closed its listeners when it took
+    the lock and listened again once it served: a client connecting in between found no
+    socket (ENOENT; on TCP, refused)."""
+    writer, relay = two_nodes(cluster, scratch, "keeplistening")
+    holder = PsqlSession(cluster, "keeplistening")
+    try:
+        holder.run("BEGIN; LOCK TABLE chat IN ACCESS EXCLUSIVE MODE;")
+        writer.process.kill()
+        writer.process.wait()
+        relay.wait_until_logged("this node holds the writer lock now")
+        assert "this node is the writer" not in relay.logged()
+        dave = Client(relay.socket)
+        dave.send({"authToken": {"userId": "dave", "authToken": "any", "cookie": "auth"}},
+                  {"identitiesGet": {"cookie": "auth-sync", "appUserIds": ["dave"]}})
+        time.sleep(1)
+        assert not dave.closed.is_set() and dave.all == []
+        holder.run("COMMIT;")
+        holder.end()
+    finally:
+        holder.kill()
+    dave.answer("auth-sync")
+    # And those who connect afterwards are served as ever.
+    erin = connect_when_serving(relay.socket, "erin")
+    erin.close()
+    dave.close()
+    assert relay.stop() == 0
