@@ -103,9 +103,16 @@ public final class FollowerProxy: Sendable {
                         return .hold
                     }
                 }
+                if case .serve(let serve) = then { return serve(channel, listener) }
+                // Nothing is read before the connection is relayed or served, but what a
+                // client that ends its input sent is read at once: held until then.
+                do {
+                    try channel.pipeline.syncOperations.addHandler(HeldInput())
+                } catch {
+                    return channel.close()
+                }
                 switch then {
-                case .relay: break
-                case .serve(let serve): return serve(channel, listener)
+                case .relay, .serve: break
                 case .hold:
                     guard admitted.admit(channel) else {
                         logger.warning("refusing a connection while taking over: --max-sessions reached", metadata: ["maxSessions": "\(admitted.limit)"])

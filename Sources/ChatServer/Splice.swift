@@ -20,10 +20,13 @@ enum Splice {
             upstream.close(promise: nil)
             return client.eventLoop.makeFailedFuture(error)
         }
-        return upstream.pipeline.addHandler(toClient).flatMapError { error in
+        return upstream.pipeline.addHandler(toClient).hop(to: client.eventLoop).flatMapThrowing {
+            // What the client sent (and its end) before the relay was up, then the rest.
+            if (try? client.pipeline.syncOperations.handler(type: HeldInput.self)) != nil { try HeldInput.release(client) }
+        }.flatMapError { error in
             client.close(promise: nil)
             upstream.close(promise: nil)
-            return upstream.eventLoop.makeFailedFuture(error)
+            return client.eventLoop.makeFailedFuture(error)
         }.flatMap {
             client.setOption(.autoRead, value: true)
         }
@@ -108,5 +111,57 @@ private final class WritabilityWatcher: ChannelInboundHandler, Sendable {
             resume.setOption(.autoRead, value: true).whenComplete { _ in }
         }
         context.fireChannelWritabilityChanged()
+    }
+}
+
+/// Holds what a connection gives up before anything is there to take it: a relayed client
+/// while its relay to the writer is made, a connection accepted while a node takes over.
+/// Their reading is off (`autoRead`), but a client that ends its input makes NIO read what
+/// is left at once (to tell the end from the data), and without this it went to the end
+/// of the pipeline and was dropped: a client that sent its requests and half-closed before
+/// its relay was up lost them all. The first handler of the pipeline; `release` passes on
+/// what it holds, in order, then steps out.
+final class HeldInput: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = ByteBuffer
+
+    private var held: [ByteBuffer] = []
+    private var inputClosed = false
+    /// Passing everything on (`release` was called).
+    private var released = false
+    private var context: ChannelHandlerContext?
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        self.context = context
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        if released { return context.fireChannelRead(data) }
+        held.append(unwrapInboundIn(data))
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        if released { context.fireChannelReadComplete() }
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if !released, case ChannelEvent.inputClosed = event {
+            inputClosed = true
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    /// Passes what `channel`'s `HeldInput` holds to the handlers after it, then removes it.
+    /// On the channel's event loop.
+    static func release(_ channel: Channel) throws {
+        let handler = try channel.pipeline.syncOperations.handler(type: HeldInput.self)
+        guard let context = handler.context, !handler.released else { return }
+        handler.released = true
+        let held = handler.held
+        handler.held = []
+        for buffer in held { context.fireChannelRead(NIOAny(buffer)) }
+        if !held.isEmpty { context.fireChannelReadComplete() }
+        if handler.inputClosed { context.fireUserInboundEventTriggered(ChannelEvent.inputClosed) }
+        context.pipeline.syncOperations.removeHandler(context: context, promise: nil)
     }
 }

@@ -452,6 +452,11 @@ def test_sigkill_of_the_writer_under_load_loses_nothing_announced(cluster, scrat
     carol = _connect_when_serving(relay, "alice")
     assert_kept(carol, chat, announced)
     # The new writer goes on taking sends.
+    try:
+        grace.answer("grace-sync")
+    except queue.Empty:
+        pytest.fail("what a client sent before it ended its input, while it waited for the writer, was lost\n" + relaying.logged())
+    grace.close()
     answer = carol.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
     assert any("listAdd" in e and body(e).get("cookie") == "after" for e in answer)
     carol.close()
@@ -605,6 +610,11 @@ def test_a_writer_that_stops_answering_is_replaced_and_stops_when_it_wakes(clust
     carol = Client(relay.socket)
     auth(carol, "alice")
     ids = assert_kept(carol, chat, announced)
+    try:
+        grace.answer("grace-sync")
+    except queue.Empty:
+        pytest.fail("what a client sent before it ended its input, while it waited for the writer, was lost\n" + relaying.logged())
+    grace.close()
     answer = carol.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
     added = [e for e in answer if "listAdd" in e and body(e).get("cookie") == "after"]
     assert added and int(body(added[0])["elements"][0]["messageId"]) == ids[-1] + 1, answer
@@ -712,6 +722,12 @@ def test_a_client_of_a_relaying_node_waits_for_the_next_writer_while_it_starts(c
         carol = Client(relaying.socket)
         carol.send({"authToken": {"userId": "alice", "authToken": "any", "cookie": "auth"}},
                    {"identitiesGet": {"cookie": "auth-sync", "appUserIds": ["alice"]}})
+        # One that sends all it has and ends its input while it waits: what it sent is
+        # relayed once a writer serves (it was read at its end and dropped).
+        grace = Client(relaying.socket)
+        grace.send({"authToken": {"userId": "grace", "authToken": "any", "cookie": "auth"}},
+                   {"identitiesGet": {"cookie": "grace-sync", "appUserIds": ["grace"]}})
+        grace.sock.shutdown(socket.SHUT_WR)
         time.sleep(1.5)
         assert not carol.closed.is_set(), "the relaying node closed a client while the next writer was starting\n" + relaying.logged()
         assert "this node is the writer" not in taking.logged()
@@ -723,6 +739,11 @@ def test_a_client_of_a_relaying_node_waits_for_the_next_writer_while_it_starts(c
         carol.answer("auth-sync")
     except queue.Empty:
         pytest.fail("the waiting client was not served once the next writer served\n" + relaying.logged())
+    try:
+        grace.answer("grace-sync")
+    except queue.Empty:
+        pytest.fail("what a client sent before it ended its input, while it waited for the writer, was lost\n" + relaying.logged())
+    grace.close()
     answer = carol.request({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": "after", "cookie": "after"}})
     added = [e for e in answer if "listAdd" in e and body(e).get("cookie") == "after"]
     assert added, answer
@@ -863,6 +884,11 @@ def test_a_node_taking_over_keeps_listening_and_serves_who_connected_meanwhile(c
         dave = Client(relay.socket)
         dave.send({"authToken": {"userId": "dave", "authToken": "any", "cookie": "auth"}},
                   {"identitiesGet": {"cookie": "auth-sync", "appUserIds": ["dave"]}})
+        # One that sends all it has and ends its input while held: answered too.
+        frank = Client(relay.socket)
+        frank.send({"authToken": {"userId": "frank", "authToken": "any", "cookie": "auth"}},
+                   {"identitiesGet": {"cookie": "frank-sync", "appUserIds": ["frank"]}})
+        frank.sock.shutdown(socket.SHUT_WR)
         time.sleep(1)
         assert not dave.closed.is_set() and dave.all == []
         holder.run("COMMIT;")
@@ -870,6 +896,8 @@ def test_a_node_taking_over_keeps_listening_and_serves_who_connected_meanwhile(c
     finally:
         holder.kill()
     dave.answer("auth-sync")
+    frank.answer("frank-sync")
+    frank.close()
     # And those who connect afterwards are served as ever.
     erin = connect_when_serving(relay.socket, "erin")
     erin.close()
