@@ -347,7 +347,11 @@ VirtualHost "localhost"
         return directory_bytes(self.work / "data", lambda name: "sqlite" in name)
 
     def stop(self):
-        self.process.terminate()
+        for each in {self.pid, self.process.pid}:
+            try:
+                os.kill(each, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         self.process.wait(timeout=30)
 
     guarantee = "`<a h>`: the stanza was handled; mod_mam archives it (LuaDBI, SQLite) in the same handler"
@@ -718,9 +722,9 @@ def one_at_a_time(server, sender, receiver, count, prefix):
 def measure(server_class, work):
     os.chmod(work, 0o755)  # a server run as its package's user reaches its directory in it
     server = server_class()
-    server.start(work)
     stopped = False
     try:
+        server.start(work)
         time.sleep(2)
         idle = rss_mb(server.pid)
         sender, receiver = server.pair()
@@ -744,7 +748,7 @@ def measure(server_class, work):
                 "delivery": (percentile(delivered, 0.5), percentile(delivered, 0.99)), "idle": idle, "after": after,
                 "bytes": stored, "fsyncs": fsyncs}
     finally:
-        if not stopped:
+        if not stopped and hasattr(server, "process"):
             server.stop()
 
 
@@ -758,8 +762,8 @@ def acknowledged_then_killed(server_class, work):
     stored at all."""
     os.chmod(work, 0o755)
     server = server_class()
-    server.start(work)
     try:
+        server.start(work)
         sender, _ = server.pair()
         pipelined(server, sender, KILLED, "k")
         kill_all(server.pid)
@@ -768,7 +772,8 @@ def acknowledged_then_killed(server_class, work):
         time.sleep(1)
         return server.stored("peer-k")
     finally:
-        server.stop()
+        if hasattr(server, "process"):
+            server.stop()
 
 
 SERVERS = [Chatcore, Ejabberd, Prosody, Synapse]
