@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import ROOT, chatcore_binary
 
 README = (ROOT / "README.md").read_text()
@@ -64,7 +66,9 @@ def test_the_three_server_commands_sign_a_client_in(tmp_path):
     env = environment(tmp_path)
     subprocess.run(make_key, shell=True, cwd=tmp_path, check=True, env=env)
     assert oct((tmp_path / "secret").stat().st_mode & 0o777) == "0o600"
-    server = subprocess.Popen(serve.replace("127.0.0.1:7400", f"127.0.0.1:{port}") + f" --data-dir {tmp_path / 'data'}", shell=True,
+    # `exec`: the shell becomes chatcore, so that terminating it stops chatcore (a shell
+    # that forked it left it running after every run of the suite).
+    server = subprocess.Popen("exec " + serve.replace("127.0.0.1:7400", f"127.0.0.1:{port}") + f" --data-dir {tmp_path / 'data'}", shell=True,
                               cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         for line in server.stderr:
@@ -78,6 +82,9 @@ def test_the_three_server_commands_sign_a_client_in(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+    # Stopping the command stopped chatcore: nothing listens there any more.
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
 def test_the_python_snippet_runs(tmp_path):
