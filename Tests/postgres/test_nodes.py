@@ -18,7 +18,7 @@ import pytest
 
 from conftest import chat_with_bob, node_key_file, real_binary
 from postgres_cluster import PsqlSession, postgres_bin
-from chatcore_harness import Client, auth, body, connect_when_serving, scrape, wait_until_accepting
+from chatcore_harness import Client, auth, body, connect_when_serving, scrape, start_auth, wait_until_accepting
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
 
@@ -679,6 +679,22 @@ def test_the_search_index_is_the_databases_so_a_node_that_takes_over_searches_at
     assert relay.stop() == 0
 
 
+def holding_the_chat_table(cluster, database):
+    """A PostgreSQL session of the test's holding `database`'s chat table, returned once
+    the lock is granted: a node taking over reads it before it serves, and waits there
+    until the session's `COMMIT` (or `kill`)."""
+    holder = PsqlSession(cluster, database)
+    try:
+        holder.run("BEGIN; LOCK TABLE chat IN ACCESS EXCLUSIVE MODE;")
+        wait_for(lambda: cluster.psql("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'chat' "
+                                      "AND l.mode = 'AccessExclusiveLock' AND l.granted", database=database).strip() == "1",
+                 "the test holds the chat table")
+    except BaseException:
+        holder.kill()
+        raise
+    return holder
+
+
 def test_a_client_of_a_relaying_node_waits_for_the_next_writer_while_it_starts(cluster, scratch):
     """The writer dies; one relaying node takes over and is held (the test locks the chat
     table, which it reads before it serves); a client connects meanwhile to the other
@@ -698,11 +714,8 @@ def test_a_client_of_a_relaying_node_waits_for_the_next_writer_while_it_starts(c
         return cluster.psql(sql, database="handover").strip()
 
     epoch = int(value("SELECT epoch FROM writer_epoch"))
-    holder = PsqlSession(cluster, "handover")
+    holder = holding_the_chat_table(cluster, "handover")
     try:
-        holder.run("BEGIN; LOCK TABLE chat IN ACCESS EXCLUSIVE MODE;")
-        wait_for(lambda: value("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
-                               "WHERE c.relname = 'chat' AND l.mode = 'AccessExclusiveLock' AND l.granted") == "1", "the test holds the chat table")
         writer.process.kill()
         writer.process.wait()
         wait_for(lambda: int(value("SELECT epoch FROM writer_epoch")) != epoch, "no node took the next epoch")
@@ -710,13 +723,11 @@ def test_a_client_of_a_relaying_node_waits_for_the_next_writer_while_it_starts(c
         assert "this node holds the writer lock now" in taking.logged()
         assert value("SELECT count(*) FROM writer_node") == "0", "the dead writer's address is still advertised"
         carol = Client(relaying.socket)
-        carol.send({"authToken": {"userId": "alice", "authToken": "any", "cookie": "auth"}},
-                   {"identitiesGet": {"cookie": "auth-sync", "appUserIds": ["alice"]}})
+        start_auth(carol, "alice")
         # One that sends all it has and ends its input while it waits: what it sent is
         # relayed once a writer serves (it was read at its end and dropped).
         grace = Client(relaying.socket)
-        grace.send({"authToken": {"userId": "grace", "authToken": "any", "cookie": "auth"}},
-                   {"identitiesGet": {"cookie": "grace-sync", "appUserIds": ["grace"]}})
+        start_auth(grace, "grace", "grace")
         grace.sock.shutdown(socket.SHUT_WR)
         time.sleep(1.5)
         assert not carol.closed.is_set(), "the relaying node closed a client while the next writer was starting\n" + relaying.logged()
@@ -864,20 +875,17 @@ def test_a_node_taking_over_keeps_listening_and_serves_who_connected_meanwhile(c
     the lock and listened again once it served: a client connecting in between found no
     socket (ENOENT; on TCP, refused)."""
     writer, relay = two_nodes(cluster, scratch, "keeplistening")
-    holder = PsqlSession(cluster, "keeplistening")
+    holder = holding_the_chat_table(cluster, "keeplistening")
     try:
-        holder.run("BEGIN; LOCK TABLE chat IN ACCESS EXCLUSIVE MODE;")
         writer.process.kill()
         writer.process.wait()
         relay.wait_until_logged("this node holds the writer lock now")
         assert "this node is the writer" not in relay.logged()
         dave = Client(relay.socket)
-        dave.send({"authToken": {"userId": "dave", "authToken": "any", "cookie": "auth"}},
-                  {"identitiesGet": {"cookie": "auth-sync", "appUserIds": ["dave"]}})
+        start_auth(dave, "dave")
         # One that sends all it has and ends its input while held: answered too.
         frank = Client(relay.socket)
-        frank.send({"authToken": {"userId": "frank", "authToken": "any", "cookie": "auth"}},
-                   {"identitiesGet": {"cookie": "frank-sync", "appUserIds": ["frank"]}})
+        start_auth(frank, "frank", "frank")
         frank.sock.shutdown(socket.SHUT_WR)
         time.sleep(1)
         assert not dave.closed.is_set() and dave.all == []

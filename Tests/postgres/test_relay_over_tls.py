@@ -26,7 +26,7 @@ from cryptography.x509.oid import NameOID
 
 from conftest import chat_with_bob, node_key_file, real_binary
 from postgres_cluster import postgres_bin
-from chatcore_harness import Client, auth
+from chatcore_harness import Client, auth, start_auth
 from test_nodes import Node, wait_for, _no_node_outlives_its_test  # noqa: F401 (the fixture kills what a test started)
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (make setup installs it)")
@@ -207,8 +207,7 @@ def test_a_relaying_node_reaches_a_tls_writer_and_believes_no_one_else(cluster, 
             between.impersonate(cert, key)
             ended_before = between.impostor_connections
             mallory = Client(relay.socket)
-            mallory.send({"authToken": {"userId": "bob", "authToken": "any", "cookie": "a"}},
-                         {"identitiesGet": {"cookie": "i", "appUserIds": ["bob"]}})
+            start_auth(mallory, "bob")
             relay.wait_until_logged(why)
             wait_for(lambda: between.impostor_connections > ended_before, "no node tried the impostor")
             assert mallory.all == []

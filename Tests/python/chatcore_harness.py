@@ -176,12 +176,17 @@ class Client:
             pass
 
 
-def auth(client, user, cookie="auth"):
-    """authToken, then an identitiesGet to know when its answer is complete (the
-    authToken answer, a `global` listChange, carries no cookie). Returns the events
-    before the identities answer."""
+def start_auth(client, user, cookie="auth"):
+    """Sends an authToken, then an identitiesGet (cookie `cookie`-sync) whose answer says the
+    sign-in's is complete (the authToken answer, a `global` listChange, carries no cookie);
+    waits for nothing."""
     client.send({"authToken": {"userId": user, "authToken": "any", "cookie": cookie}},
                 {"identitiesGet": {"cookie": cookie + "-sync", "appUserIds": [user]}})
+
+
+def auth(client, user, cookie="auth"):
+    """`start_auth`, then its answer. Returns the events before the identities answer."""
+    start_auth(client, user, cookie)
     return client.answer(cookie + "-sync")[:-1]
 
 
