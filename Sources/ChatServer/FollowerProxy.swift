@@ -111,9 +111,7 @@ public final class FollowerProxy: Sendable {
                 } catch {
                     return channel.close()
                 }
-                switch then {
-                case .relay, .serve: break
-                case .hold:
+                if case .hold = then {
                     guard admitted.admit(channel) else {
                         logger.warning("refusing a connection while taking over: --max-sessions reached", metadata: ["maxSessions": "\(admitted.limit)"])
                         return channel.close()

@@ -131,9 +131,9 @@ public final class SocketServer: Sendable {
             channel.setOption(.writeBufferWaterMark, value: .init(low: self.limits.outputHighWater / 2, high: self.limits.outputHighWater))
         }.flatMap {
             self.serve(channel, from: listener)
-        }.flatMapThrowing {
+        }.map {
             // What it sent (and its end) while it was held, then the rest.
-            if (try? channel.pipeline.syncOperations.handler(type: HeldInput.self)) != nil { try HeldInput.release(channel) }
+            HeldInput.release(channel)
         }.flatMap {
             channel.setOption(.autoRead, value: true)
         }.flatMapError { error in

@@ -20,9 +20,9 @@ enum Splice {
             upstream.close(promise: nil)
             return client.eventLoop.makeFailedFuture(error)
         }
-        return upstream.pipeline.addHandler(toClient).hop(to: client.eventLoop).flatMapThrowing {
+        return upstream.pipeline.addHandler(toClient).hop(to: client.eventLoop).map {
             // What the client sent (and its end) before the relay was up, then the rest.
-            if (try? client.pipeline.syncOperations.handler(type: HeldInput.self)) != nil { try HeldInput.release(client) }
+            HeldInput.release(client)
         }.flatMapError { error in
             client.close(promise: nil)
             upstream.close(promise: nil)
@@ -151,11 +151,12 @@ final class HeldInput: ChannelInboundHandler, RemovableChannelHandler {
         context.fireUserInboundEventTriggered(event)
     }
 
-    /// Passes what `channel`'s `HeldInput` holds to the handlers after it, then removes it.
-    /// On the channel's event loop.
-    static func release(_ channel: Channel) throws {
-        let handler = try channel.pipeline.syncOperations.handler(type: HeldInput.self)
-        guard let context = handler.context, !handler.released else { return }
+    /// Passes what `channel`'s `HeldInput` holds to the handlers after it, then removes it
+    /// (a channel without one, or whose pipeline is gone with it, is left as it is). On the
+    /// channel's event loop.
+    static func release(_ channel: Channel) {
+        guard let handler = try? channel.pipeline.syncOperations.handler(type: HeldInput.self), let context = handler.context, !handler.released
+        else { return }
         handler.released = true
         let held = handler.held
         handler.held = []

@@ -26,13 +26,7 @@ public final class TLSIdentity: Sendable {
     }
 
     private static func context(certificate: String, key: String) throws -> NIOSSLContext {
-        let chain: [NIOSSLCertificate]
-        do {
-            chain = try NIOSSLCertificate.fromPEMFile(certificate)
-        } catch {
-            throw TLSIdentityError("cannot read the certificate chain in \(certificate) (PEM expected): \(error)")
-        }
-        guard !chain.isEmpty else { throw TLSIdentityError("\(certificate) holds no certificate (PEM expected)") }
+        let chain = try certificates(in: certificate, called: "the certificate chain")
         let privateKey: NIOSSLPrivateKey
         do {
             privateKey = try NIOSSLPrivateKey(file: key, format: .pem)
@@ -46,6 +40,21 @@ public final class TLSIdentity: Sendable {
         } catch {
             throw TLSIdentityError("the key in \(key) and the certificate in \(certificate) cannot serve together: \(error)")
         }
+    }
+}
+
+extension TLSIdentity {
+    /// The certificates of a PEM file (`called`: what they are, as errors say it); throws,
+    /// naming the file, when it cannot be read or holds none.
+    static func certificates(in path: String, called: String) throws -> [NIOSSLCertificate] {
+        let certificates: [NIOSSLCertificate]
+        do {
+            certificates = try NIOSSLCertificate.fromPEMFile(path)
+        } catch {
+            throw TLSIdentityError("cannot read \(called) in \(path) (PEM expected): \(error)")
+        }
+        guard !certificates.isEmpty else { throw TLSIdentityError("\(path) holds no certificate (PEM expected)") }
+        return certificates
     }
 }
 

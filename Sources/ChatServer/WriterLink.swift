@@ -2,44 +2,56 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 import NIOTLS
+import Threads
 
 /// Whom a node that relays to the writer of a shared store believes to be the writer when
-/// the writer's relay listener is TLS (`tls://`): certificates signed by `--tls-ca`'s, or by
-/// the system's trusted roots without it, for the host name (or IP address) the writer
-/// advertised. A certificate that is not, or is not for that name, ends the connection
-/// before a byte of a session crosses it.
-public struct WriterTrust: Sendable {
-    let context: NIOSSLContext
-    /// `--tls-ca`, or nil for the system's roots (for the log and errors).
+/// the writer's relay listener is TLS (`tls://`): certificates signed by `--node-tls-ca`'s,
+/// or by the system's trusted roots without it, for the host name (or IP address) the
+/// writer advertised. A certificate that is not, or is not for that name, ends the
+/// connection before a byte of a session crosses it.
+public final class WriterTrust: Sendable {
+    private let configuration: TLSConfiguration
+    /// `--node-tls-ca`, or nil for the system's roots (for the log and errors).
     public let caFile: String?
+    /// The context, made at once from `--node-tls-ca`, and from the system's roots only
+    /// when a writer is first reached over TLS: reading them at every start of every node
+    /// of a shared store would cost each one, and a machine without them could not start
+    /// a node that never relays over TLS.
+    private let made: Locked<NIOSSLContext?>
 
-    /// Reads `caFile` (PEM, one certificate or more); throws, naming it, when it holds none.
+    /// Reads `caFile` (PEM, one certificate or more); throws, naming it, when it cannot
+    /// serve.
     public init(caFile: String?) throws {
         var configuration = TLSConfiguration.makeClientConfiguration()
         configuration.minimumTLSVersion = .tlsv12
         configuration.certificateVerification = .fullVerification
-        if let caFile {
-            let certificates: [NIOSSLCertificate]
-            do {
-                certificates = try NIOSSLCertificate.fromPEMFile(caFile)
-            } catch {
-                throw TLSIdentityError("cannot read the certificates in \(caFile) (PEM expected): \(error)")
-            }
-            guard !certificates.isEmpty else { throw TLSIdentityError("\(caFile) holds no certificate (PEM expected)") }
-            configuration.trustRoots = .certificates(certificates)
-        } else {
-            configuration.trustRoots = .default
-        }
-        do {
-            context = try NIOSSLContext(configuration: configuration)
-        } catch {
-            throw TLSIdentityError("cannot trust the certificates in \(caFile ?? "the system's trust store"): \(error)")
-        }
+        configuration.trustRoots =
+            try caFile.map { .certificates(try TLSIdentity.certificates(in: $0, called: "the certificates")) } ?? .default
+        self.configuration = configuration
         self.caFile = caFile
+        made = Locked(caFile == nil ? nil : try WriterTrust.context(configuration, caFile: caFile))
+    }
+
+    /// The context connections to the writer are made with.
+    func context() throws -> NIOSSLContext {
+        try made.withLock { made in
+            if let made { return made }
+            let context = try WriterTrust.context(configuration, caFile: caFile)
+            made = context
+            return context
+        }
+    }
+
+    private static func context(_ configuration: TLSConfiguration, caFile: String?) throws -> NIOSSLContext {
+        do {
+            return try NIOSSLContext(configuration: configuration)
+        } catch {
+            throw TLSIdentityError("cannot trust the certificates in \(caFile ?? "the system's trust store (give --node-tls-ca)"): \(error)")
+        }
     }
 
     /// What the node trusts, as the log and errors say it.
-    var trusted: String { caFile.map { "--tls-ca \($0)" } ?? "the system's trusted roots (no --tls-ca)" }
+    var trusted: String { caFile.map { "--node-tls-ca \($0)" } ?? "the system's trusted roots (no --node-tls-ca)" }
 }
 
 /// A connection to the writer's relay listener, made for a relayed connection or a relayed
@@ -65,12 +77,18 @@ enum WriterLink {
             guard case .tcp(let host, _) = writer.address else {
                 return eventLoop.makeFailedFuture(WriterLinkError("a TLS relay listener is a TCP address: \(writer)"))
             }
+            let context: NIOSSLContext
+            do {
+                context = try trust.context()
+            } catch {
+                return eventLoop.makeFailedFuture(WriterLinkError("the writer at \(writer) cannot be verified: \(error)", untrusted: true))
+            }
             bootstrap = bootstrap.channelInitializer { channel in
                 do {
                     // An IP address is not a name to send (SNI): NIOSSL then checks the
                     // certificate names the address connected to.
                     let name = WriterLink.isIPAddress(host) ? nil : host
-                    try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: trust.context, serverHostname: name))
+                    try channel.pipeline.syncOperations.addHandler(NIOSSLClientHandler(context: context, serverHostname: name))
                     try channel.pipeline.syncOperations.addHandler(HandshakeWatcher(verified, writer: writer, trust: trust))
                     return channel.eventLoop.makeSucceededVoidFuture()
                 } catch {

@@ -341,7 +341,7 @@ struct Serve: AsyncParsableCommand {
         var problem = "no writer has said where it accepts connections"
         while relay == nil {
             if let writer = PostgresStore.WriterLock.writer(location: location, logger: logger) {
-                if let address = Listener(writer.address), address.framing == .lines {
+                if let address = Serve.advertisedRelayListener(writer.address) {
                     if user != nil && writer.instance.isEmpty {
                         logger.critical(
                             "the writer node was started without --node-key-file: it accepts no session relayed as a --user; give every node the same --node-key-file"
@@ -418,6 +418,12 @@ struct Serve: AsyncParsableCommand {
         return lines.first(where: \.tls) ?? lines.first
     }
 
+    /// The relay listener a writer advertised (`relayListener`, as other nodes reach it);
+    /// nil for text that is none.
+    static func advertisedRelayListener(_ text: String) -> Listener? {
+        Listener(text).flatMap { $0.framing == .lines ? $0 : nil }
+    }
+
     /// While another node holds the store's writer lock, relays every connection to it
     /// (FollowerProxy) on `loops`, the event loops the metrics use and the node's own
     /// sockets will; returns once this node holds the lock (the writer stopped or died),
@@ -428,7 +434,7 @@ struct Serve: AsyncParsableCommand {
         let proxy = FollowerProxy(
             group: loops,
             writer: {
-                PostgresStore.WriterLock.writerAddress(location: location, logger: logger).flatMap(Listener.init).flatMap { $0.framing == .lines ? $0 : nil }
+                PostgresStore.WriterLock.writerAddress(location: location, logger: logger).flatMap(Serve.advertisedRelayListener)
             }, trust: trust, tls: tls, maxConnections: Serve.sessionsThatFit(limits.maxSessions, relaying: true, logger: logger), logger: logger)
         for text in listen {
             let channel = try await proxy.bind(Listener(text)!)
