@@ -341,9 +341,9 @@ extension SQLiteStore: ChatStore {
         for endpoint in batch.directory.endpoints { try endpoint.insert(db, onConflict: .replace) }
         for id in batch.directory.removedEndpoints { _ = try EndpointRow.deleteOne(db, key: id) }
         for chat in batch.directory.newChats { try chat.insert(db) }
-        for update in batch.directory.chatUpdates { try update.row.update(db, columns: update.columns.map(\.rawValue)) }
+        for update in batch.directory.chatUpdates { try update.row.update(db, changing: update.columns) }
         for member in batch.directory.members { try member.insert(db, onConflict: .replace) }
-        for update in batch.directory.memberUpdates { try update.row.update(db, columns: update.columns.map(\.rawValue)) }
+        for update in batch.directory.memberUpdates { try update.row.update(db, changing: update.columns) }
         if !batch.newMessages.isEmpty {
             let insertRef = try db.cachedStatement(sql: "INSERT OR IGNORE INTO message_ref (chat, source, tag, target) VALUES (?, ?, ?, ?)")
             let insertMessage = try db.cachedStatement(sql: MessageRow.insertSQL)
@@ -356,7 +356,7 @@ extension SQLiteStore: ChatStore {
                 }
             }
         }
-        for update in batch.messageUpdates { try update.row.update(db, columns: update.columns.map(\.rawValue)) }
+        for update in batch.messageUpdates { try update.row.update(db, changing: update.columns) }
         if !batch.droppedReferences.isEmpty {
             let drop = try db.cachedStatement(sql: "DELETE FROM message_ref WHERE chat = ? AND source = ?")
             for (chat, id) in batch.droppedReferences { try drop.execute(arguments: [chat, id]) }
