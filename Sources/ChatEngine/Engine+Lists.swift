@@ -46,12 +46,13 @@ extension Engine {
     /// Elements one batch lists, at most about (a page ends with the chat that reaches
     /// it): a user in 2,000 chats of 50 made one answer of 100,000 participants, which held
     /// the engine from everyone else for 150 ms and more. A page also ends after
-    /// `pageTime`.
-    static let listPage = 2_000
+    /// `pageTime`. Pages of 2,000 and 8 ms held another user's sends p50 29 ms while that
+    /// list was answered; pages of 500 and 2 ms, 13 ms (`Benchmarks/run.py hostile`).
+    static let listPage = 500
 
     /// How long one page of work that grows with what a user has (a list, deliveries at
     /// sign-in) may hold the engine, about: then it goes on in a later batch.
-    static let pageTime = Duration.milliseconds(8)
+    static let pageTime = Duration.milliseconds(2)
 
     /// Answers the next page of `list`: its chunks, the last one `last` when no chat is
     /// left; otherwise the rest follows in a later batch (once this one is committed),
