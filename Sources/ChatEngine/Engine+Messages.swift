@@ -225,13 +225,17 @@ extension Engine {
             member.isActive && member.deliveredUpTo < deliverable(to: member) && isConnectedAnywhere(member.user)
                 && (user == nil || member.user == user)
         }
+        guard !receiving.isEmpty else { return }
+        // Only the senders see a delivery: the messages are read if one of them is here,
+        // someone online other than the member whose mark moves (counted once, not once
+        // per member).
+        let online = Array(chat.members.values.lazy.filter { $0.isActive && self.isOnline($0.user) }.prefix(2).map(\.user))
         // Every message as it was before any mark moves, then the marks.
         for member in receiving {
             let start = max(member.deliveredUpTo + 1, member.joinedAt)
             let last = deliverable(to: member)
             guard start <= last else { continue }
-            // Only the senders see a delivery: read the messages if one of them is here.
-            let someoneSees = chat.members.values.contains { $0.isActive && $0.user != member.user && isOnline($0.user) }
+            let someoneSees = online.contains { $0 != member.user }
             try willChange(start...last, of: chat, by: member.user, .delivery, someoneSees: someoneSees, changes, sendersSeeNow: sendersSeeNow)
         }
         for member in receiving {
