@@ -25,11 +25,15 @@ listing and recalling; each beside another user's request → Sent p50 / p99.
 
 Transports (Benchmarks/transports.py): sends and delivery over TCP, WebSocket, TLS and both.
 
+Sessions (Benchmarks/sessions.py): as many idle authenticated sessions as the descriptor
+limit allows (50,000 at most): memory per session, how long their sign-ins take, and a
+one-to-one send's latency while they are connected beside before.
+
 Peers (Benchmarks/peers.py): ejabberd, Prosody and Synapse (installed by `make bench-setup`)
 beside chatcore, each driven by a client of its own protocol: durable messages/s,
 acknowledgement and delivery latency, memory, bytes and fsyncs per message.
 
-    python3 Benchmarks/run.py [codec] [engine] [store] [nodes] [search] [hostile] [transports] [peers]     (all when none is named)
+    python3 Benchmarks/run.py [codec] [engine] [store] [nodes] [search] [hostile] [transports] [sessions] [peers]     (all when none is named)
 """
 import json
 import pathlib
@@ -100,7 +104,7 @@ def codec_rows(corpus):
 
 
 def main():
-    wanted = set(sys.argv[1:]) or {"codec", "engine", "store", "nodes", "search", "hostile", "transports", "peers"}
+    wanted = set(sys.argv[1:]) or {"codec", "engine", "store", "nodes", "search", "hostile", "transports", "sessions", "peers"}
     if "codec" in wanted:
         codec_table()
     if "engine" in wanted:
@@ -124,6 +128,11 @@ def main():
         sys.path.insert(0, str(ROOT / "Benchmarks"))
         import transports
         transports.print_table()
+    if "sessions" in wanted:
+        sys.path.insert(0, str(ROOT / "Benchmarks"))
+        import sessions
+        print()
+        sessions.print_table()
     if "peers" in wanted:
         sys.path.insert(0, str(ROOT / "Benchmarks"))
         import peers

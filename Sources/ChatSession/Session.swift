@@ -62,7 +62,7 @@ public final class Session: EventSink, @unchecked Sendable {  // its line state 
     private let timed = ServiceMetrics.isEnabled.load(ordering: .acquiring)
     private let timings = Locked<[(request: String?, since: ContinuousClock.Instant)]>([])
     /// Answers made on the transport thread, not yet handed to the output.
-    private var pending = JSONWriter(capacity: 4096)
+    private var pending = JSONWriter(capacity: 64)
     /// Reused for every line (transport thread only).
     private let decoder = LineDecoder()
     /// Lines of the transport that are not the client's: 1 once a relaying node's
