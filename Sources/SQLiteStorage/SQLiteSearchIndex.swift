@@ -98,6 +98,12 @@ public final class SQLiteSearchIndex: MessageSearchIndex, Sendable {
             configuration.label = "chatcore-search"
             configuration.prepareDatabase { db in
                 try db.execute(sql: "PRAGMA synchronous = NORMAL")
+                // NORMAL syncs at checkpoints only: one of SQLite's default 1,000 pages
+                // (about 80 messages' trigrams) synced 4 MB at once, and the store's own
+                // commit synced behind it on the same disk: one send in 80 waited 9-12 ms
+                // for its `Sent` (p99 10 ms, against the disk's fdatasync p99 under 1 ms).
+                // Checkpoints of 100 pages hold a commit about 1 ms.
+                try db.execute(sql: "PRAGMA wal_autocheckpoint = 100")
             }
             let queue = try DatabasePool(path: path, configuration: configuration)
             let layout = try queue.read { db in try Int.fetchOne(db, sql: "PRAGMA user_version") ?? 0 }
