@@ -9,21 +9,19 @@ each need one per session, so N is bounded by the descriptor limit this machine 
 process (`ulimit -Hn`), which the benchmark raises its own soft limit to.
 """
 
-import json
 import multiprocessing
-import os
 import pathlib
 import resource
 import selectors
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-CHATCORE = ROOT / ".build" / "release" / "chatcore"
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import engine  # noqa: E402
+import nodes  # noqa: E402
+
 CLIENT_PROCESSES = 2
 
 
@@ -77,35 +75,13 @@ def sign_in_many(path, first, count, ready, done):
         connection.close()
 
 
-class Line:
-    """One blocking session that sends a line and waits for the event it expects."""
-
-    def __init__(self, path, user):
-        self.socket = socket.socket(socket.AF_UNIX)
-        self.socket.connect(path)
-        self.file = self.socket.makefile("rb")
-        self.send({"authToken": {"userId": user, "authToken": "x"}})
-        self.until(b'"setupState"')
-
-    def send(self, request):
-        self.socket.sendall(json.dumps(request).encode() + b"\n")
-
-    def until(self, needle):
-        while True:
-            line = self.file.readline()
-            if not line:
-                raise RuntimeError("the service ended the session")
-            if needle in line:
-                return line
-
-
 def send_latencies(alice, chat, count, tag):
     seconds = []
     for n in range(count):
         cookie = f"{tag}{n}"
         began = time.perf_counter()
         alice.send({"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"hello {n}", "cookie": cookie}})
-        alice.until(b'{"listAdd":{"type":"chatMessage","cookie":"%s"' % cookie.encode())
+        alice.until(lambda e: "listAdd" in e and e["listAdd"].get("cookie") == cookie)
         seconds.append(time.perf_counter() - began)
     seconds.sort()
     return seconds[len(seconds) // 2] * 1000, seconds[int(len(seconds) * 0.99)] * 1000
@@ -118,21 +94,12 @@ def run(sessions=None, sends=1000):
         sessions = min(50_000, (hard - 400) // CLIENT_PROCESSES * CLIENT_PROCESSES)
     rows = []
     with tempfile.TemporaryDirectory() as data:
-        path = os.path.join(data, "s.sock")
-        process = subprocess.Popen(
-            [str(CHATCORE), "serve", "--data-dir", data, "--listen", "unix:" + path, "--insecure-no-auth",
-             "--max-sessions", str(sessions + 100), "--log-level", "error"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process, path = engine.serve_unix(data, ["--max-sessions", str(sessions + 100)])
         try:
-            for _ in range(500):
-                if os.path.exists(path):
-                    break
-                time.sleep(0.01)
-            alice = Line(path, "alice")
-            bob = Line(path, "bob")
-            threading.Thread(target=lambda: [None for _ in bob.file], daemon=True).start()
-            alice.send({"chatStart": {"cookie": "start", "invitees": [{"userId": "bob"}], "isOneToOne": True}})
-            chat_id = json.loads(alice.until(b'{"listAdd":{"type":"chat","cookie":"start"'))["listAdd"]["elements"][0]["chatId"]
+            alice = nodes.Session(path, "alice")
+            bob = nodes.Session(path, "bob")
+            engine.discard(bob.reader)
+            chat_id = alice.start_chat("bob")
             send_latencies(alice, chat_id, 200, "warm")
             quiet_p50, quiet_p99 = send_latencies(alice, chat_id, sends, "quiet")
             time.sleep(1)
@@ -165,8 +132,8 @@ def run(sessions=None, sends=1000):
     count = per_process * CLIENT_PROCESSES
     label = f"{count:,} idle sessions"
     rows.append((label, "RSS: 2 sessions / all connected", f"{empty['VmRSS'] / 1024:.1f} / {crowded['VmRSS'] / 1024:.1f} MB"))
-    rows.append((label, "RSS per idle session (anonymous)", f"{(crowded['VmRSS'] - empty['VmRSS']) * 1024 / count / 1024:.1f} KB "
-                 f"({(crowded['RssAnon'] - empty['RssAnon']) * 1024 / count / 1024:.1f} KB)"))
+    rows.append((label, "RSS per idle session (anonymous)", f"{(crowded['VmRSS'] - empty['VmRSS']) / count:.1f} KB "
+                 f"({(crowded['RssAnon'] - empty['RssAnon']) / count:.1f} KB)"))
     rows.append((label, "sign-ins, all of them", f"{sign_in_seconds:.1f} s ({count / sign_in_seconds:,.0f}/s)"))
     rows.append((label, "1:1 send → Sent p50 / p99, before", f"{quiet_p50:.2f} / {quiet_p99:.2f} ms"))
     rows.append((label, "1:1 send → Sent p50 / p99, all connected", f"{busy_p50:.2f} / {busy_p99:.2f} ms"))
