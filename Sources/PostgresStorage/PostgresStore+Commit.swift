@@ -251,7 +251,16 @@ extension PostgresStore {
                 let row = update.row
                 return RowUpdate(
                     key: [row.number],
-                    values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in (column.rawValue, row[column]) })
+                    values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
+                        switch column {
+                        case .subject: (column.rawValue, .text(row.subject))
+                        case .isDefunct: (column.rawValue, .bool(row.isDefunct))
+                        case .data: (column.rawValue, .text(row.data))
+                        case .lastMessage: (column.rawValue, .int(row.lastMessage))
+                        case .lastActivity: (column.rawValue, .int(row.lastActivity))
+                        case .pins: (column.rawValue, .text(row.pins))
+                        }
+                    })
             })
         insert(
             statement, into: "member", columns: S.memberColumns, rows: batch.directory.members.map(S.values),
@@ -262,7 +271,23 @@ extension PostgresStore {
                 let row = update.row
                 return RowUpdate(
                     key: [row.chat, row.user],
-                    values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in (column.rawValue, row[column]) })
+                    values: update.columns.sorted { $0.rawValue < $1.rawValue }.map { column in
+                        switch column {
+                        case .isActive: (column.rawValue, .bool(row.isActive))
+                        case .isAdmin: (column.rawValue, .bool(row.isAdmin))
+                        case .joinedAt: (column.rawValue, .int(row.joinedAt))
+                        case .leftAt: (column.rawValue, .int(row.leftAt))
+                        case .isHidden: (column.rawValue, .bool(row.isHidden))
+                        case .localData: (column.rawValue, .text(row.localData))
+                        case .privateData: (column.rawValue, .text(row.privateData))
+                        case .deliveredUpTo: (column.rawValue, .int(row.deliveredUpTo))
+                        case .readUpTo: (column.rawValue, .int(row.readUpTo))
+                        case .numUnread: (column.rawValue, .int(row.numUnread))
+                        case .numUnreadMentions: (column.rawValue, .int(row.numUnreadMentions))
+                        case .mutedUntil: (column.rawValue, .int(row.mutedUntil))
+                        case .isBanned: (column.rawValue, .bool(row.isBanned))
+                        }
+                    })
             })
         insert(statement, into: "message", columns: S.messageColumns, rows: batch.newMessages.map(S.values))
         insert(

@@ -267,7 +267,7 @@ protocol UpdatedInPlace: TableRecord {
     associatedtype UpdatedColumn: RawRepresentable<String> & CaseIterable & Hashable
     /// The primary key's columns and this row's values of them.
     var key: [(column: String, value: any DatabaseValueConvertible)] { get }
-    subscript(column: UpdatedColumn) -> StoredValue { get }
+    func value(of column: UpdatedColumn) -> (any DatabaseValueConvertible)?
 }
 
 extension UpdatedInPlace {
@@ -282,7 +282,7 @@ extension UpdatedInPlace {
             + written.map { "\"\($0.rawValue)\" = ?" }.joined(separator: ", ")
             + " WHERE " + key.map { "\"\($0.column)\" = ?" }.joined(separator: " AND ")
         let statement = try db.cachedStatement(sql: sql)
-        try statement.execute(arguments: StatementArguments(written.map { self[$0].convertible } + key.map(\.value)))
+        try statement.execute(arguments: StatementArguments(written.map(value(of:)) + key.map(\.value)))
         if db.changesCount == 0 {
             throw RecordError.recordNotFound(
                 databaseTableName: Self.databaseTableName,
@@ -293,12 +293,40 @@ extension UpdatedInPlace {
 
 extension MessageRow: UpdatedInPlace {
     var key: [(column: String, value: any DatabaseValueConvertible)] { [("chat", chat), ("id", id)] }
+    func value(of column: MessageColumn) -> (any DatabaseValueConvertible)? { self[column].convertible }
 }
 
 extension ChatRow: UpdatedInPlace {
     var key: [(column: String, value: any DatabaseValueConvertible)] { [("number", number)] }
+    func value(of column: ChatColumn) -> (any DatabaseValueConvertible)? {
+        switch column {
+        case .subject: subject
+        case .isDefunct: isDefunct
+        case .data: data
+        case .lastMessage: lastMessage
+        case .lastActivity: lastActivity
+        case .pins: pins
+        }
+    }
 }
 
 extension MemberRow: UpdatedInPlace {
     var key: [(column: String, value: any DatabaseValueConvertible)] { [("chat", chat), ("user", user)] }
+    func value(of column: MemberColumn) -> (any DatabaseValueConvertible)? {
+        switch column {
+        case .isActive: isActive
+        case .isAdmin: isAdmin
+        case .joinedAt: joinedAt
+        case .leftAt: leftAt
+        case .isHidden: isHidden
+        case .localData: localData
+        case .privateData: privateData
+        case .deliveredUpTo: deliveredUpTo
+        case .readUpTo: readUpTo
+        case .numUnread: numUnread
+        case .numUnreadMentions: numUnreadMentions
+        case .mutedUntil: mutedUntil
+        case .isBanned: isBanned
+        }
+    }
 }

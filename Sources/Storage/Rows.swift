@@ -104,20 +104,6 @@ public enum ChatColumn: String, Sendable, CaseIterable {
     case subject, isDefunct, data, lastMessage, lastActivity, pins
 }
 
-extension ChatRow {
-    /// The value of a column a change may write, as the stores write it.
-    public subscript(column: ChatColumn) -> StoredValue {
-        switch column {
-        case .subject: .text(subject)
-        case .isDefunct: .bool(isDefunct)
-        case .data: .text(data)
-        case .lastMessage: .int(lastMessage)
-        case .lastActivity: .int(lastActivity)
-        case .pins: .text(pins)
-        }
-    }
-}
-
 /// One user's place in one chat, also after they left (their read and delivery marks
 /// still decide the states of the messages they received).
 public struct MemberRow: Sendable, Equatable {
@@ -169,27 +155,6 @@ public struct MemberRow: Sendable, Equatable {
 public enum MemberColumn: String, Sendable, CaseIterable {
     case isActive, isAdmin, joinedAt, leftAt, isHidden, localData, privateData, deliveredUpTo, readUpTo, numUnread, numUnreadMentions, mutedUntil,
         isBanned
-}
-
-extension MemberRow {
-    /// The value of a column a change may write, as the stores write it.
-    public subscript(column: MemberColumn) -> StoredValue {
-        switch column {
-        case .isActive: .bool(isActive)
-        case .isAdmin: .bool(isAdmin)
-        case .joinedAt: .int(joinedAt)
-        case .leftAt: .int(leftAt)
-        case .isHidden: .bool(isHidden)
-        case .localData: .text(localData)
-        case .privateData: .text(privateData)
-        case .deliveredUpTo: .int(deliveredUpTo)
-        case .readUpTo: .int(readUpTo)
-        case .numUnread: .int(numUnread)
-        case .numUnreadMentions: .int(numUnreadMentions)
-        case .mutedUntil: .int(mutedUntil)
-        case .isBanned: .bool(isBanned)
-        }
-    }
 }
 
 /// A message's outgoing reference.
