@@ -50,14 +50,16 @@ public final class SQLiteStore: Sendable {
         configuration.label = "chatcore"
         let path = directory.appendingPathComponent("chatcore.sqlite").path
         // Was the file changed while no chatcore had it (the state its last clean stop
-        // wrote no longer matches)? Then the whole of it is checked before it is used.
+        // wrote no longer matches: a copy, a restore)? Then it is checked as after a
+        // crash: what start-up reads now, the whole file in the background. It was the
+        // whole file before listening: a 10M-message store copied from elsewhere, with
+        // its pages not in memory, first listened 35 s after the start.
         let lastStop = SQLiteStore.lastStop(directory: directory, path: path)
-        let changedOutside = lastStop == .changedSince
         isNew = lastStop == .none
         stoppedCleanly = lastStop == .clean || lastStop == .none
         do {
             pool = try DatabasePool(path: path, configuration: configuration)
-            try SQLiteStore.prepare(pool, name: path, checkEverything: changedOutside)
+            try SQLiteStore.prepare(pool, name: path)
             SQLiteStore.writeState("open", directory: directory)
         } catch let error as OpenError {
             close(descriptor)
@@ -76,7 +78,7 @@ public final class SQLiteStore: Sendable {
         stoppedCleanly = false
         isNew = false
         pool = writer
-        try SQLiteStore.prepare(writer, name: writer.path, checkEverything: false)
+        try SQLiteStore.prepare(writer, name: writer.path)
     }
 
     // MARK: knowing whether the file changed while chatcore did not have it
@@ -157,21 +159,13 @@ public final class SQLiteStore: Sendable {
     /// makes SQLite sync the WAL at each commit. It is set here, after opening, because
     /// GRDB's WAL set-up (`Database.setUpWALMode`, run by `DatabasePool.init` after
     /// `prepareDatabase`) lowers it to NORMAL, which syncs only at checkpoints.
-    static func prepare(_ writer: any DatabaseWriter, name: String, checkEverything: Bool) throws {
+    static func prepare(_ writer: any DatabaseWriter, name: String) throws {
         let level = try writer.writeWithoutTransaction { db in
             try db.execute(sql: "PRAGMA synchronous = FULL")
             return try Int.fetchOne(db, sql: "PRAGMA synchronous")
         }
         guard level == 2 else {
             throw OpenError(description: "the store \(name) does not keep synchronous = FULL (it reads \(level.map(String.init) ?? "nothing"))")
-        }
-        if checkEverything {
-            let check = try writer.read { db in try String.fetchAll(db, sql: "PRAGMA quick_check") }
-            guard check == ["ok"] else {
-                throw OpenError(
-                    description: "the store \(name) is damaged (it changed while chatcore was stopped; quick_check: "
-                        + "\(check.prefix(3).joined(separator: "; "))); restore it from a backup or move it away")
-            }
         }
         try SQLiteStore.migrator.migrate(writer)
         // What start-up reads (per user and per chat, bounded by neither messages nor

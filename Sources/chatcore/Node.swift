@@ -267,7 +267,8 @@ extension Serve {
         }
 
         // Opening read only what start-up needs. After a crash (or a store of an older
-        // release) the rest of the file is checked now, at the lowest priority: a damaged
+        // release, or files changed since the last clean stop: a copy, a restore) the
+        // rest of the file is checked now, at the lowest priority: a damaged
         // store stops the service, as it would refuse to start. After a clean stop that
         // left the files as they are, it is not read whole at all (on 10M messages that
         // is 45 s of reading at every start).

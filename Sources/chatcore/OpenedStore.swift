@@ -74,7 +74,8 @@ enum OpenedStore {
         }
     }
 
-    /// After a crash, SQLite's file is checked whole in the background; `report` gets
+    /// After a crash (or a change of the files while no chatcore had them), SQLite's
+    /// file is checked whole in the background; `report` gets
     /// what is damaged.
     func checkInBackground(report: @escaping @Sendable (String?) -> Void) {
         guard case .sqlite(let store) = self, !store.stoppedCleanly else { return }
