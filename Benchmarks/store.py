@@ -11,7 +11,10 @@ For each store:
   p50 and p99 of each, the first pass cold (nothing of it was read since start-up), the
   second warm; resident memory after it, and at its peak;
 - durable sends/s of one pipelining sender while the 8 readers go on, every Sent after a
-  synced commit.
+  synced commit;
+- 20 sessions reading (windows, thread children, the change feed, search) one request at
+  a time while one session pipelines sends: the reads' p50 and p99, and what each side
+  got done per second (issue 44: one session's pipelined work must not hold another's).
 
 The previous engine kept every message in memory; its figures (from the issue that asked
 for this redesign) are printed beside.
@@ -268,8 +271,9 @@ def first_start_of_a_copy(data):
 def reads_beside_a_writer(server, messages_per_chat, change_seq, readers=20, count=20_000):
     """Issue 44's fairness: `readers` sessions read one request at a time (windows, thread
     children, the change feed, search) while one session pipelines `count` sends. Returns
-    ({kind: (p50, p99)} of the reads made while the sends went on, sends/s)."""
+    ({kind: (p50, p99)} of the reads made while the sends went on, sends/s, reads/s)."""
     stop = threading.Event()
+    sending = threading.Event()
     timings = {}
     lock = threading.Lock()
 
@@ -284,7 +288,9 @@ def reads_beside_a_writer(server, messages_per_chat, change_seq, readers=20, cou
                 break
             cookie = f"b{index}"
             next(iter(request.values()))["cookie"] = cookie
-            mine.setdefault(kind, []).append(session.ask(request, cookie))
+            seconds = session.ask(request, cookie)
+            if sending.is_set() and not stop.is_set():
+                mine.setdefault(kind, []).append(seconds)
         session.close()
         with lock:
             for kind, values in mine.items():
@@ -298,6 +304,7 @@ def reads_beside_a_writer(server, messages_per_chat, change_seq, readers=20, cou
         thread.start()
     time.sleep(0.5)
     began = time.perf_counter()
+    sending.set()
     writer = threading.Thread(target=sender.sock.sendall, args=(lines,))
     writer.start()
     got = 0
@@ -312,7 +319,8 @@ def reads_beside_a_writer(server, messages_per_chat, change_seq, readers=20, cou
     for thread in threads:
         thread.join()
     sender.close()
-    return {kind: (percentile(values, 0.5), percentile(values, 0.99)) for kind, values in timings.items()}, count / took
+    reads = sum(len(values) for values in timings.values())
+    return {kind: (percentile(values, 0.5), percentile(values, 0.99)) for kind, values in timings.items()}, count / took, reads / took
 
 
 def bench(messages):
@@ -367,6 +375,11 @@ def bench(messages):
     rows.append((label, "RSS after the mixed read load (peak)", f"{rss_kb(server.process.pid) / 1024:.0f} MB ({rss_kb(server.process.pid, 'VmHWM') / 1024:.0f})", ""))
     rate = sends_while_reading(server, per_chat)
     rows.append((label, "durable sends/s while 8 sessions read", f"{rate:,.0f}", ""))
+    beside, sends, reads = reads_beside_a_writer(server, per_chat, change_seq)
+    for kind in ["window", "thread", "feed", "search"]:
+        p50, p99 = beside.get(kind, (float("nan"),) * 2)
+        rows.append((label, f"20 readers beside a writer: {names[kind]}", f"{p50:.2f} / {p99:.2f} ms", "p50 / p99, while one session pipelines sends"))
+    rows.append((label, "20 readers beside a writer: throughput", f"{sends:,.0f} sends/s, {reads:,.0f} reads/s", ""))
     server.stop()
     return rows
 

@@ -60,7 +60,11 @@ extension Engine {
         let later = !stopping && !batch.hasActionsAfterCommit
         settleFinished()
         if later {
-            while commits.inFlight.count >= commits.limit && commits.failed == nil { settleOldest() }
+            // A batch that only read takes no committer's place: it waits behind the
+            // commits under way and is delivered after them, without holding the engine.
+            if !batch.changedNothing {
+                while commits.inFlight.count(where: { !$0.rows.isEmpty }) >= commits.limit && commits.failed == nil { settleOldest() }
+            }
         } else {
             settle()
         }
@@ -291,7 +295,8 @@ extension Engine {
             if commits.batchLimitNow == 1 { commits.repeatedConflicts += 1 }
             commits.batchLimitNow = max(1, commits.batchLimitNow / 4)
         }
-        life.inbox.putBack(again)
+        // Decided again in the order they were decided, not in turns again.
+        life.inbox.putBack(again, inOrder: true)
         // Counted as parked until they are in the inbox (`drain` looks at both).
         outputs.taken(released.count)
         life.settle()

@@ -34,11 +34,22 @@ extension Engine {
             takeUnparkedWork(batch: batch)
             var answeredOutside = false
             var taken = 0
+            let began = ContinuousClock.now
+            var readsSoFar = false
             for (index, item) in work.enumerated() {
-                if batch.builtBytes > Engine.batchOutputLimit {
+                // A batch ends early (the rest goes back to the inbox, in front):
+                // - when its events grew too large;
+                // - when it decided for `turnTime` and others' work waits;
+                // - after the reads at its front, when what follows may write: they are
+                //   answered once the commits under way are done, not after this one.
+                if batch.builtBytes > Engine.batchOutputLimit
+                    || (index > 0 && ContinuousClock.now - began > Engine.turnTime && life.inbox.holdsWork(besides: item.turn))
+                    || (readsSoFar && !item.readsOnly && item.turn != .wakeUp)
+                {
                     life.inbox.putBack(work[index...])
                     break
                 }
+                readsSoFar = (index == 0 || readsSoFar) && item.readsOnly
                 switch item {
                 case .barrier(let body):
                     barriers.append(body)
