@@ -39,14 +39,21 @@ extension Engine {
             for (index, item) in work.enumerated() {
                 // A batch ends early (the rest goes back to the inbox, in front):
                 // - when its events grew too large;
-                // - when it decided for `turnTime` and others' work waits;
+                // - when it decided for `turnTime` and others' work waits: the rest is
+                //   taken in turns with that work;
                 // - after the reads at its front, when what follows may write: they are
-                //   answered once the commits under way are done, not after this one.
+                //   answered once the commits under way are done, not after this one. The
+                //   rest is taken next as it is: reads that came since do not go before it
+                //   again (20 sessions reading one request after another held a writer's
+                //   sends back for good: 300 sends/s).
                 if batch.builtBytes > Engine.batchOutputLimit
                     || (index > 0 && ContinuousClock.now - began > Engine.turnTime && life.inbox.holdsWork(besides: item.turn))
-                    || (readsSoFar && !item.readsOnly && item.turn != .wakeUp)
                 {
                     life.inbox.putBack(work[index...])
+                    break
+                }
+                if readsSoFar && !item.readsOnly && item.turn != .wakeUp {
+                    life.inbox.putBack(work[index...], inOrder: true)
                     break
                 }
                 readsSoFar = (index == 0 || readsSoFar) && item.readsOnly
