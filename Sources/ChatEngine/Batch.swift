@@ -217,13 +217,6 @@ final class Batch {
             || !changes.dirtySettings.isEmpty
     }
 
-    /// Whether the batch changed nothing the store keeps (so far): only read. Such a
-    /// batch is not committed; it waits for the commits under way, in order.
-    var changedNothing: Bool {
-        changes.uncommittedChats.isEmpty && changes.dirtyChats.isEmpty && changes.dirtyMembers.isEmpty
-            && changes.dirtyMessages.isEmpty && !changedUsersOrEndpoints && store.isEmpty
-    }
-
     /// Whether the store lacks something this batch changed in `chat`.
     func hasUncommittedChanges(in chat: Int64) -> Bool {
         changes.uncommittedChats.contains(chat)

@@ -60,11 +60,7 @@ extension Engine {
         let later = !stopping && !batch.hasActionsAfterCommit
         settleFinished()
         if later {
-            // A batch that only read takes no committer's place: it waits behind the
-            // commits under way and is delivered after them, without holding the engine.
-            if !batch.changedNothing {
-                while commits.inFlight.count(where: { !$0.rows.isEmpty }) >= commits.limit && commits.failed == nil { settleOldest() }
-            }
+            while commits.inFlight.count >= commits.limit && commits.failed == nil { settleOldest() }
         } else {
             settle()
         }
@@ -295,8 +291,7 @@ extension Engine {
             if commits.batchLimitNow == 1 { commits.repeatedConflicts += 1 }
             commits.batchLimitNow = max(1, commits.batchLimitNow / 4)
         }
-        // Decided again in the order they were decided, not in turns again.
-        life.inbox.putBack(again, inOrder: true)
+        life.inbox.putBack(again)
         // Counted as parked until they are in the inbox (`drain` looks at both).
         outputs.taken(released.count)
         life.settle()

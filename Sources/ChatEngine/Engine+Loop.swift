@@ -34,29 +34,11 @@ extension Engine {
             takeUnparkedWork(batch: batch)
             var answeredOutside = false
             var taken = 0
-            let began = ContinuousClock.now
-            var readsSoFar = false
             for (index, item) in work.enumerated() {
-                // A batch ends early (the rest goes back to the inbox, in front):
-                // - when its events grew too large;
-                // - when it decided for `turnTime` and others' work waits: the rest is
-                //   taken in turns with that work;
-                // - after the reads at its front, when what follows may write: they are
-                //   answered once the commits under way are done, not after this one. The
-                //   rest is taken next as it is: reads that came since do not go before it
-                //   again (20 sessions reading one request after another held a writer's
-                //   sends back for good: 300 sends/s).
-                if batch.builtBytes > Engine.batchOutputLimit
-                    || (index > 0 && ContinuousClock.now - began > Engine.turnTime && life.inbox.holdsWork(besides: item.turn))
-                {
+                if batch.builtBytes > Engine.batchOutputLimit {
                     life.inbox.putBack(work[index...])
                     break
                 }
-                if readsSoFar && !item.readsOnly && item.turn != .wakeUp {
-                    life.inbox.putBack(work[index...], inOrder: true)
-                    break
-                }
-                readsSoFar = (index == 0 || readsSoFar) && item.readsOnly
                 switch item {
                 case .barrier(let body):
                     barriers.append(body)

@@ -52,41 +52,6 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
         /// committed in these chats (it decided before it knew they were connected).
         case deliverFollowed(chats: [Int64])
 
-        /// Whose turn it is taken in (`Inbox`): a session's input and what goes on for it
-        /// are its turn; a stop or a barrier comes after everything put before it.
-        var turn: Turn {
-            switch self {
-            case .close(let session), .searchFound(_, _, _, _, _, let session):
-                .session(ObjectIdentifier(session))
-            case .continueList(let list):
-                .session(ObjectIdentifier(list.session))
-            case .continueRecall(let recall):
-                .session(ObjectIdentifier(recall.session))
-            case .committed, .othersActed:
-                .wakeUp
-            case .barrier, .stop:
-                .last
-            case .tick, .deliverDue, .attachmentsStored, .composeNotifications, .deliverFollowed:
-                .engine
-            default:
-                session.map { .session(ObjectIdentifier($0)) } ?? .engine
-            }
-        }
-
-        /// A request that only reads (a list, the change feed, identities, a search):
-        /// those at the front of a batch are answered as a batch of their own, which waits
-        /// for no commit but those already under way (`Engine.run`).
-        var readsOnly: Bool {
-            guard case .request(let request, _, _) = self else { return false }
-            switch request {
-            case .identitiesGet, .requestListAll, .requestListElements, .requestListMatching, .requestListChanges, .search,
-                .chatMessageStateGet, .endpointsGet, .chatMessageReactionsGet, .chatMessageMentionsGet:
-                return true
-            default:
-                return false
-            }
-        }
-
         /// The session whose input this is (kept in order behind its parked work).
         var session: EngineSession? {
             switch self {
@@ -100,11 +65,6 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
 
     /// At most this many work items go into one batch (and one transaction).
     static let batchLimit = 4096
-    /// A batch that has decided for this long ends when others' work waits: the rest of
-    /// what it took goes back, and is taken again in turns with theirs. One session's
-    /// pipelined requests hold another session's request for about this long (and the
-    /// commit of what was decided in it), not for all of up to 1,024 of them.
-    static let turnTime = Duration.milliseconds(2)
     /// Events a batch may build for its sessions before the rest of its work is left to
     /// the next batch. A batch's events are held until its commit: without a bound, 4,096
     /// sends of 70 KB into a chat whose users have many endpoints would be held at once

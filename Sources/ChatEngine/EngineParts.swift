@@ -310,7 +310,7 @@ struct MemberKey: Hashable {
 /// The engine thread's life: its inbox (filled from any thread), the thread, and how it
 /// ends.
 final class EngineLife {
-    let inbox = Inbox<Engine.Work>(turn: \.turn, readsOnly: \.readsOnly)
+    let inbox = Inbox<Engine.Work>()
     /// The engine thread (`currentThread` there), once it runs: 0 before.
     let owner = Atomic<UInt>(0)
     let sessionCounter = Atomic<Int>(0)
