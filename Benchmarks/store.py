@@ -23,6 +23,7 @@ import json
 import os
 import pathlib
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -224,13 +225,27 @@ def sends_while_reading(server, messages_per_chat, count=20_000):
     readers = [threading.Thread(target=reader, args=(n,)) for n in range(8)]
     for thread in readers:
         thread.start()
+    took = pipelined_sends(server, count, "while reading")
+    stop.set()
+    for thread in readers:
+        thread.join()
+    return count / took
+
+
+def pipelined_sends(server, count, content, started=None):
+    """User u0 pipelines `count` sends into their first chat at once; returns the seconds
+    until their own `count` listAdds came back (each after a synced commit). `started`
+    is set just before the first is written."""
     sender = Session(server.path, "u0")
     chat = str(chats_of(1)[0])
-    got = 0
+    lines = b"".join(b'{"chatMessageSend":{"chatId":"%s","tag":"Text","content":"%s %d"}}\n' % (chat.encode(), content.encode(), n)
+                     for n in range(count))
     began = time.perf_counter()
-    lines = b"".join(b'{"chatMessageSend":{"chatId":"%s","tag":"Text","content":"while reading %d"}}\n' % (chat.encode(), n) for n in range(count))
+    if started is not None:
+        started.set()
     writer = threading.Thread(target=sender.sock.sendall, args=(lines,))
     writer.start()
+    got = 0
     for line in sender.lines():
         if line.startswith(b'{"listAdd":{"type":"chatMessage"') and b'"senderUri":"bbmpim://user/id/0"' in line:
             got += 1
@@ -238,11 +253,8 @@ def sends_while_reading(server, messages_per_chat, count=20_000):
                 break
     took = time.perf_counter() - began
     writer.join()
-    stop.set()
-    for thread in readers:
-        thread.join()
     sender.close()
-    return count / took
+    return took
 
 
 def first_start_of_a_copy(data):
@@ -250,7 +262,6 @@ def first_start_of_a_copy(data):
     clean stop, as a restore or a move to another machine leaves it), then started with
     nothing of it in the page cache when that can be dropped. Returns (seconds until
     answering, whether the cache was dropped)."""
-    import shutil
     copy = pathlib.Path(str(data) + "-copy")
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(data, copy, copy_function=shutil.copyfile, ignore=shutil.ignore_patterns("s", "lock"))
@@ -296,29 +307,14 @@ def reads_beside_a_writer(server, messages_per_chat, change_seq, readers=20, cou
             for kind, values in mine.items():
                 timings.setdefault(kind, []).extend(values)
 
-    sender = Session(server.path, "u0")
-    chat = str(chats_of(1)[0])
-    lines = b"".join(b'{"chatMessageSend":{"chatId":"%s","tag":"Text","content":"beside readers %d"}}\n' % (chat.encode(), n) for n in range(count))
     threads = [threading.Thread(target=reader, args=(n,)) for n in range(readers)]
     for thread in threads:
         thread.start()
     time.sleep(0.5)
-    began = time.perf_counter()
-    sending.set()
-    writer = threading.Thread(target=sender.sock.sendall, args=(lines,))
-    writer.start()
-    got = 0
-    for line in sender.lines():
-        if line.startswith(b'{"listAdd":{"type":"chatMessage"') and b'"senderUri":"bbmpim://user/id/0"' in line:
-            got += 1
-            if got == count:
-                break
-    took = time.perf_counter() - began
+    took = pipelined_sends(server, count, "beside readers", started=sending)
     stop.set()
-    writer.join()
     for thread in threads:
         thread.join()
-    sender.close()
     reads = sum(len(values) for values in timings.values())
     return {kind: (percentile(values, 0.5), percentile(values, 0.99)) for kind, values in timings.items()}, count / took, reads / took
 

@@ -290,6 +290,19 @@ def test_a_clean_stop_spares_the_next_start_the_whole_file_check_a_crash_does_no
         assert b"wholeFileCheck=none (stopped cleanly)" in start_and_log()
 
 
+def _assert_damage_found_stops_the_service(data, path):
+    """Serves `data` on `path`: the background check finds the damage, and the service
+    stops with exit 1 and a message saying so."""
+    process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", data, "--listen", "unix:" + path, "--insecure-no-auth"],
+                               stderr=subprocess.PIPE)
+    try:
+        assert process.wait(timeout=60) == 1
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert re.search(rb"the store is damaged \(quick_check: ", process.stderr.read())
+
+
 def test_a_copied_store_is_checked_in_the_background_and_its_damage_still_stops_the_service():
     """A store copied from elsewhere (its files changed since the clean stop that wrote
     the store's state) was checked whole before the service listened: 35 s on 10M
@@ -307,15 +320,7 @@ def test_a_copied_store_is_checked_in_the_background_and_its_damage_still_stops_
         shutil.rmtree(copy)
         shutil.copytree(data, copy, copy_function=shutil.copyfile)
         _damage_message_pages(os.path.join(copy, "chatcore.sqlite"))
-        path = os.path.join(scratch, "s.sock")
-        process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", copy, "--listen", "unix:" + path, "--insecure-no-auth"],
-                                   stderr=subprocess.PIPE)
-        try:
-            assert process.wait(timeout=60) == 1
-        finally:
-            if process.poll() is None:
-                process.kill()
-        assert re.search(rb"the store is damaged \(quick_check: ", process.stderr.read())
+        _assert_damage_found_stops_the_service(copy, os.path.join(scratch, "s.sock"))
 
 
 def test_damage_found_after_a_crash_stops_the_service_with_a_clear_message():
@@ -326,12 +331,4 @@ def test_damage_found_after_a_crash_stops_the_service_with_a_clear_message():
         # As a crash leaves it: the last process did not stop cleanly.
         with open(os.path.join(data, "store-state"), "w") as state:
             state.write("open\n")
-        path = os.path.join(scratch, "s.sock")
-        process = subprocess.Popen([chatcore_binary(), "serve", "--data-dir", data, "--listen", "unix:" + path, "--insecure-no-auth"],
-                                   stderr=subprocess.PIPE)
-        try:
-            assert process.wait(timeout=60) == 1
-        finally:
-            if process.poll() is None:
-                process.kill()
-        assert re.search(rb"the store is damaged \(quick_check: ", process.stderr.read())
+        _assert_damage_found_stops_the_service(data, os.path.join(scratch, "s.sock"))
