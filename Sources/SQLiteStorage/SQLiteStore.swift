@@ -113,17 +113,17 @@ public final class SQLiteStore: Sendable {
         (fileStamp(path) ?? "none") + " " + (fileStamp(path + "-wal") ?? "none")
     }
 
-    private enum LastStop { case clean, changedSince, unclean, none }
+    private enum LastStop { case clean, unclean, none }
 
     /// How the last process left the store: stopped cleanly (and the files are as it left
-    /// them), stopped cleanly but changed since, or not stopped cleanly (a crash, or no
-    /// state written: a store of an older release).
+    /// them), or not (a crash, no state written: a store of an older release, or files
+    /// changed since the clean stop: a copy, a restore), which are checked alike.
     private static func lastStop(directory: URL, path: String) -> LastStop {
         // No database and no log: a new store, nothing to check.
         if fileStamp(path) == nil && fileStamp(path + "-wal") == nil { return .none }
         guard let state = try? String(contentsOfFile: statePath(directory), encoding: .utf8), state.hasPrefix("clean ") else { return .unclean }
         let recorded = state.dropFirst("clean ".count).trimmingCharacters(in: .whitespacesAndNewlines)
-        return stamps(path) == recorded ? .clean : .changedSince
+        return stamps(path) == recorded ? .clean : .unclean
     }
 
     /// A clean stop (nothing is written after it): the connections are closed (SQLite
