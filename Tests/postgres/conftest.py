@@ -14,6 +14,8 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "Tests" / "python"))
 
+from bounds import BOUND_SCALE, SANITIZED  # noqa: E402,F401  (Tests/python's modules import them from "conftest")
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):

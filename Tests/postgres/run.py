@@ -39,6 +39,13 @@ def main():
     if_available = "--if-available" in arguments
     arguments = [a for a in arguments if a != "--if-available"]
     binary = os.path.abspath(arguments[0] if arguments else os.path.join(ROOT, ".build", "debug", "chatcore"))
+    # Collecting costs seconds and finds a broken import (these tests import Tests/python's
+    # modules) before the long steps, and also where PostgreSQL is not installed.
+    if subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "Tests/postgres"], cwd=ROOT,
+                      stdout=subprocess.DEVNULL).returncode != 0:
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "Tests/postgres"], cwd=ROOT)
+        print("test-postgres: Tests/postgres does not even load")
+        return 1
     if postgres_bin() is None:
         print("test-postgres: PostgreSQL is not installed (make setup installs it)")
         return 0 if if_available else 1

@@ -1,13 +1,12 @@
 """Several deciding nodes on one PostgreSQL database (`--all-nodes-decide`): each node
 decides for its own sessions and follows the others' commits, instead of relaying its
 connections to the writer. Real processes on a real cluster."""
-import os
 import threading
 import time
 
 import pytest
 
-from conftest import started_chat
+from conftest import SANITIZED, started_chat
 from postgres_cluster import postgres_bin
 from chatcore_harness import Client, auth, body
 from test_nodes import (Node, _no_node_outlives_its_test, alice_and_bob_in_a_chat, assert_kept, assert_moderated, conversation,  # noqa: F401 (the fixture
@@ -153,7 +152,7 @@ def test_each_deciding_node_gives_each_feed_position_once_while_it_follows_the_o
         senders.append((client, chat))
     # Enough that each node follows the other with a commit of its own in flight many
     # times (fewer under a sanitizer, whose build is many times slower).
-    each = 150 if os.environ.get("CHATCORE_SANITIZED") else 500
+    each = 150 if SANITIZED else 500
 
     def send(client, chat):
         client.send(*[{"chatMessageSend": {"chatId": chat, "tag": "Text", "content": f"m{k}", "cookie": f"m{k}"}} for k in range(each)])

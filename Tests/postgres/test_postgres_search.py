@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import chat_with_bob, real_binary, search_ids, start, stop
+from conftest import BOUND_SCALE, chat_with_bob, real_binary, search_ids, start, stop
 from postgres_cluster import postgres_bin
 from chatcore_harness import Client, auth, body
 
@@ -165,7 +165,7 @@ def test_long_random_texts_do_not_make_a_commit_hold_their_keys(cluster, scratch
     watcher.join()
     assert cluster.psql("SELECT count(*) FROM message_search", database=database).strip() == "300"
     # ThreadSanitizer's shadow memory (`make tsan`) makes the bound meaningless there.
-    assert peak[0] < 120 * (20 if os.environ.get("CHATCORE_SANITIZED") else 1), f"{peak[0]} MB at the peak"
+    assert peak[0] < 120 * BOUND_SCALE, f"{peak[0]} MB at the peak"
 
 
 def test_commits_after_the_refill_leave_its_record_alone(cluster, scratch):

@@ -13,8 +13,4 @@ def chatcore_binary():
     return path
 
 
-# `make tsan` runs these tests against a ThreadSanitizer build: its shadow memory and
-# slowdown (5-15x) make memory and latency bounds meaningless, so those few bounds are
-# scaled by this; every behaviour is still checked.
-SANITIZED = bool(os.environ.get("CHATCORE_SANITIZED"))
-BOUND_SCALE = 20 if SANITIZED else 1
+from bounds import BOUND_SCALE, SANITIZED  # noqa: E402,F401  (the tests import them from here)
