@@ -23,6 +23,9 @@ public final class SQLiteStore: Sendable {
     public let isNew: Bool
     /// Set by `closeCleanly`: a whole-file check it interrupts reports nothing.
     private let closing = Atomic<Bool>(false)
+    /// The whole file was found undamaged since this process opened it (or needed no
+    /// check): only then may a clean stop say the store was left whole.
+    private let knownWhole = Atomic<Bool>(false)
 
     public struct OpenError: Error, CustomStringConvertible {
         public let description: String
@@ -57,6 +60,7 @@ public final class SQLiteStore: Sendable {
         let lastStop = SQLiteStore.lastStop(directory: directory, path: path)
         isNew = lastStop == .none
         stoppedCleanly = lastStop == .clean || lastStop == .none
+        knownWhole.store(stoppedCleanly, ordering: .sequentiallyConsistent)
         do {
             pool = try DatabasePool(path: path, configuration: configuration)
             try SQLiteStore.prepare(pool, name: path)
@@ -84,7 +88,8 @@ public final class SQLiteStore: Sendable {
     // MARK: knowing whether the file changed while chatcore did not have it
 
     /// Where the store says how it was left: `open` while a process serves it (a crash
-    /// leaves it so), `clean SIZE MTIME` after a clean stop.
+    /// leaves it so), `clean SIZE MTIME` after a clean stop, `unchecked` after a clean stop
+    /// before the whole-file check a crash or a copy calls for had ended.
     private static func statePath(_ directory: URL) -> String {
         directory.appendingPathComponent("store-state").path
     }
@@ -130,7 +135,9 @@ public final class SQLiteStore: Sendable {
     /// checkpoints the log into the file as the last one closes, so it happens before, not
     /// after, what follows), then how the files were left is written, so that the next
     /// open can tell whether anything else changed them meanwhile. A whole-file check
-    /// still running is interrupted, and the store not marked clean if it cannot close.
+    /// still running is interrupted, and the store not marked clean if it cannot close, or
+    /// if that check had not yet found it whole: the next start checks it again (a clean
+    /// stop soon after a crash or a copy had let the next start trust a damaged file).
     public func closeCleanly() {
         guard let directory else { return }
         closing.store(true, ordering: .sequentiallyConsistent)
@@ -141,6 +148,10 @@ public final class SQLiteStore: Sendable {
             } catch {
                 return
             }
+        }
+        guard knownWhole.load(ordering: .sequentiallyConsistent) else {
+            SQLiteStore.writeState("unchecked", directory: directory)
+            return
         }
         let path = directory.appendingPathComponent("chatcore.sqlite").path
         SQLiteStore.writeState("clean " + SQLiteStore.stamps(path), directory: directory)
@@ -198,7 +209,9 @@ public final class SQLiteStore: Sendable {
                 found = "\(error)"
             }
             // A check the clean stop interrupted found nothing.
-            if !closing.load(ordering: .sequentiallyConsistent) { report(found) }
+            guard !closing.load(ordering: .sequentiallyConsistent) else { return }
+            if found == nil { knownWhole.store(true, ordering: .sequentiallyConsistent) }
+            report(found)
         }
         thread.start()
     }

@@ -273,7 +273,10 @@ extension Serve {
         // left the files as they are, it is not read whole at all (on 10M messages that
         // is 45 s of reading at every start).
         store.checkInBackground { damage in
-            guard let damage else { return }
+            guard let damage else {
+                logger.info("the whole store was checked: no damage")
+                return
+            }
             logger.critical("the store is damaged (quick_check: \(damage)); restore it from a backup or move it away")
             stop.fail(1)
             stopper.stop()

@@ -30,6 +30,7 @@ SQLITE_ONLY_TESTS = [
     "test_a_damaged_store_refuses_to_start_with_a_clear_message",
     "test_a_clean_stop_spares_the_next_start_the_whole_file_check_a_crash_does_not",
     "test_damage_found_after_a_crash_stops_the_service_with_a_clear_message",
+    "test_a_clean_stop_before_the_check_ended_leaves_the_store_to_be_checked_again",
     "test_a_copied_store_is_checked_in_the_background_and_its_damage_still_stops_the_service",
 ]
 
