@@ -43,7 +43,7 @@ run-web: build ## set up, build, start chatcore with a WebSocket listener and se
 run-nodes: build ## set up, build and start two nodes on one throwaway PostgreSQL, on 127.0.0.1:7400 and 7401 (see docs/running-several-nodes.md)
 	exec Examples/two-nodes.sh $(RELEASE) 7400
 
-test: setup test-swift test-python test-node test-browser test-postgres-if-available test-fuzz ## set up and run every test (the PostgreSQL store, the web example in headless Chromium and a short fuzz run included)
+test: setup test-swift test-python test-node test-browser test-postgres-if-available ## set up and run every test (the PostgreSQL store and the web example in headless Chromium included)
 
 # One test at a time (--no-parallel): engine tests run threads of their own and one
 # measures the process's heap.
@@ -104,7 +104,10 @@ fuzz: setup $(FUZZ_BINARY) ## fuzz the decoder and the request path for FUZZ_SEC
 	ASAN_OPTIONS=quarantine_size_mb=16 LSAN_OPTIONS=suppressions=$(CURDIR)/Fuzz/lsan.supp CHATCORE_FUZZ_TARGET=request $(FUZZ_BINARY) Fuzz/corpus/request -max_total_time=$(FUZZ_SECONDS) -max_len=131072 \
 	  -artifact_prefix=Fuzz/findings/request- -print_final_stats=1
 
-test-fuzz: ## a short fuzz run (CI): 20 s per target
+# Not part of `make test`: it builds chatcore again, in release with ASan and libFuzzer,
+# from scratch in a fresh clone (about as long as the rest of CI). Run it, as `make asan`
+# and `make tsan`, before resolving an issue that touches the codec or the request path.
+test-fuzz: ## a short fuzz run: 20 s per target, on its own ASan build
 	$(MAKE) fuzz FUZZ_SECONDS=20
 
 soak: build ## a bounded mixed load (50 sessions, SOAK_SECONDS, default 180): throughput, p99, memory
