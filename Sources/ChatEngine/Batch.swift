@@ -342,20 +342,27 @@ final class Batch {
         if !sameAsLast {
             built.alikeBytes.removeAll()
             event.encode(to: &built.alikeBytes)
+            built.alikeUsers = built.alikeBytes.quotedNumbers(after: Batch.quotedURIPrefix)
         }
         ServiceMetrics.count(event)
         let output = self.output(of: session)
         let start = output.writer.count
         built.alikeBytes.withBytes { output.writer.appendLines($0) }
-        appended(to: output, from: start)
+        // The viewer's own uri is searched for only where the event names them: the bytes
+        // were searched once for every uri they hold.
+        let namesViewer = session.user.map { user in built.alikeUsers.map { $0.contains(user) } ?? true } ?? false
+        appended(to: output, from: start, namesViewer: namesViewer)
     }
 
+    private static let quotedURIPrefix = Array("\"\(UserRecord.uriPrefix)".utf8)
+
     /// The event at `start` of `output` is written: its uris are the viewer's, and it
-    /// belongs to the current item.
-    private func appended(to output: Output, from start: Int) {
+    /// belongs to the current item. `namesViewer`: false when the event is known not to
+    /// hold the viewer's uri.
+    private func appended(to output: Output, from start: Int, namesViewer: Bool = true) {
         // In a user's own view that user is bbmpim://user/id/0 (§3): every
         // string that is exactly this viewer's uri, wherever it stands.
-        if let own = output.session.quotedOwnURI {
+        if namesViewer, let own = output.session.quotedOwnURI {
             output.writer.replaceAll(own, with: UserRecord.quotedLocalURI, from: start)
         }
         output.entries.append(.event(start: start, end: output.writer.count, item: current))
@@ -542,6 +549,8 @@ extension Batch {
         /// The event `emit(_:to:sameAsLast:)` encoded last, as encoded (before a session's own
         /// uri is replaced in its copy).
         var alikeBytes = JSONWriter(capacity: 1024)
+        /// The users whose uris `alikeBytes` hold (nil: unknown, search for each).
+        var alikeUsers: [Int64]?
         /// Bytes of events this batch built, for every session together.
         var builtBytes = 0
     }

@@ -219,7 +219,7 @@ final class PendingChanges {
     fileprivate var entries: [Entry] = []
     /// Where each message changed one by one is in `entries`.
     fileprivate var messageIndex: [Batch.RowKey: Int] = [:]
-    fileprivate var chats: [(chat: ChatRecord, before: [Int64: Chat])] = []
+    fileprivate var chats: [(chat: ChatRecord, before: ChatsBefore)] = []
     fileprivate var chatIndex: Set<Int64> = []
 
     /// The message is recorded one by one for every viewer `move` by `user` may change it
@@ -227,7 +227,43 @@ final class PendingChanges {
     fileprivate func records(_ key: Batch.RowKey, _ move: MarkMove, by user: Int64) -> Bool {
         guard let index = messageIndex[key] else { return false }
         guard case .message(_, let message, _, let only?) = entries[index] else { return true }
-        return message.sender == user || move.viewers(of: message, movedBy: user).allSatisfy(only.contains)
+        // `move.viewers(of:movedBy:)`, without making the array (once per member of a group
+        // a new message is delivered to).
+        switch move {
+        case .delivery: return message.sender == user || only.contains(message.sender)
+        case .read: return message.sender == user || (only.contains(message.sender) && only.contains(user))
+        }
+    }
+}
+
+/// A chat element as each online member saw it before a change: members of one kind
+/// (`ChatViewerKind`) in a row share one rendering.
+struct ChatsBefore {
+    var renderings: [Chat] = []
+    /// Each member's rendering in `renderings`, with the kind they were of (nil: theirs
+    /// alone).
+    var ofMember: [Int64: (rendering: Int, kind: ChatViewerKind?)] = [:]
+}
+
+/// What a member's chat element depends on besides the chat itself (`renderChat`):
+/// members of one kind see the chat exactly alike. nil: the rendering is theirs alone
+/// (data of their own, or a message being stored that only its sender sees yet).
+struct ChatViewerKind: Equatable {
+    let isAdmin: Bool
+    let isHidden: Bool
+    let joinedAt: Int64
+    let numUnread: Int64
+    let numUnreadMentions: Int64
+    let mutedUntil: Int64?
+
+    init?(_ chat: ChatRecord, _ member: MemberRecord) {
+        guard chat.pendingSends.isEmpty, member.localData == nil, member.privateData == nil else { return nil }
+        isAdmin = member.isAdmin
+        isHidden = member.isHidden
+        joinedAt = member.joinedAt
+        numUnread = member.numUnread
+        numUnreadMentions = member.numUnreadMentions
+        mutedUntil = member.mutedUntil
     }
 }
 
@@ -335,12 +371,22 @@ extension Engine {
         changes.entries.append(.range(chat, range, loaded))
     }
 
-    /// Call before changing anything the chat element shows to any member.
+    /// Call before changing anything the chat element shows to any member. Members of
+    /// one kind in a row (most of a group's, before a new message) are rendered once.
     func willChange(_ chat: ChatRecord, _ changes: PendingChanges) {
         guard changes.chatIndex.insert(chat.number).inserted else { return }
-        var before: [Int64: Chat] = [:]
+        var before = ChatsBefore()
+        before.ofMember.reserveCapacity(chat.members.count)
+        var last: (kind: ChatViewerKind, rendering: Int)?
         for member in chat.members.values where member.isActive && isOnline(member.user) {
-            before[member.user] = renderChat(chat, for: member)
+            let kind = ChatViewerKind(chat, member)
+            if let kind, let last, last.kind == kind {
+                before.ofMember[member.user] = (last.rendering, kind)
+                continue
+            }
+            before.renderings.append(renderChat(chat, for: member))
+            before.ofMember[member.user] = (before.renderings.count - 1, kind)
+            if let kind { last = (kind, before.renderings.count - 1) }
         }
         changes.chats.append((chat, before))
     }
@@ -394,16 +440,40 @@ extension Engine {
         for (chat, before) in changes.chats {
             batch.changed(chat)
             // A new message changes most members' chat alike (its last message, their
-            // unread count when they had read as far): alike changes share their bytes.
-            var lastChange: ChatChange?
+            // unread count when they had read as far): a member of the kind the one before
+            // was, before and now, has the same change, neither rendered nor compared
+            // again, and alike changes share their bytes.
+            // The distinct changes made, each with its event, and which of them the last
+            // emit encoded and the last member had (with the rendering and kind it was
+            // made for). Only their indices are copied from member to member.
+            var made: [(change: ChatChange, event: Event)] = []
+            var lastEmitted: Int?
+            var last: (rendering: Int, kind: ChatViewerKind, change: Int?)?
             for member in chat.members.values where member.isActive {
-                guard let old = before[member.user] else { continue }
-                let new = renderChat(chat, for: member)
-                guard let change = difference(old, new) else { continue }
-                let event = Event.listChange(.chat(ListChangeChat(elements: [change])))
+                guard let was = before.ofMember[member.user] else { continue }
+                let kind = was.kind == nil ? nil : ChatViewerKind(chat, member)
+                let index: Int?
+                if let kind, let known = last, known.rendering == was.rendering, known.kind == kind {
+                    index = known.change
+                } else {
+                    if let change = difference(before.renderings[was.rendering], renderChat(chat, for: member)) {
+                        // Alike with the one emitted last (a member of another kind in between
+                        // may have had no change): its bytes are shared.
+                        if let emitted = lastEmitted, made[emitted].change == change {
+                            index = emitted
+                        } else {
+                            made.append((change, Event.listChange(.chat(ListChangeChat(elements: [change])))))
+                            index = made.count - 1
+                        }
+                    } else {
+                        index = nil
+                    }
+                    if let kind { last = (was.rendering, kind, index) }
+                }
+                guard let index else { continue }
                 for session in sessions(of: member.user) {
-                    batch.emit(event, to: session, sameAsLast: lastChange == change)
-                    lastChange = change
+                    batch.emit(made[index].event, to: session, sameAsLast: lastEmitted == index)
+                    lastEmitted = index
                 }
             }
         }

@@ -74,6 +74,32 @@ public struct JSONWriter: ~Copyable {
         }
     }
 
+    /// The numbers written as `"<prefix><decimal digits>"` at or after `start`, for a caller
+    /// that would otherwise search the bytes for many such quoted strings one by one (each
+    /// member of a group, for its own uri, in a message they all see alike). nil: `prefix`
+    /// also stands where it is not followed by digits and a quote, so finding only these
+    /// numbers could miss a spelling.
+    public func quotedNumbers(after prefix: [UInt8], from start: Int = 0) -> [Int64]? {
+        var numbers: [Int64] = []
+        var read = start
+        let found: Bool = prefix.withUnsafeBytes { prefixBytes in
+            while read < count, let offset = JSONWriter.find(prefixBytes, in: UnsafeRawPointer(base + read), count: count - read) {
+                var at = read + offset + prefix.count
+                var number: Int64 = 0
+                let digits = at
+                while at < count, base[at] >= UInt8(ascii: "0"), base[at] <= UInt8(ascii: "9"), at - digits < 18 {
+                    number = number * 10 + Int64(base[at] - UInt8(ascii: "0"))
+                    at += 1
+                }
+                guard at > digits, at < count, base[at] == UInt8(ascii: "\""), base[digits] != UInt8(ascii: "0") || at == digits + 1 else { return false }
+                numbers.append(number)
+                read = at + 1
+            }
+            return true
+        }
+        return found ? numbers : nil
+    }
+
     /// The offset of the first `needle` in `count` bytes at `haystack`: `memchr` for one of
     /// its bytes, then a compare. That byte is its first slash, if it has one: the needle
     /// is a quoted uri, and a quote starts every key and string of an event, while a slash
