@@ -348,16 +348,23 @@ def test_a_copied_store_is_checked_in_the_background_and_its_damage_still_stops_
         _assert_damage_found_stops_the_service(copy, os.path.join(scratch, "s.sock"))
 
 
+def _crashed_store_with_damaged_messages(scratch):
+    """A store in `scratch` with damaged message pages, left as a crash leaves it (the last
+    process did not stop cleanly); returns its data directory."""
+    data = os.path.join(scratch, "data")
+    _fill(data)
+    _damage_message_pages(os.path.join(data, "chatcore.sqlite"))
+    with open(os.path.join(data, "store-state"), "w") as state:
+        state.write("open\n")
+    return data
+
+
 def test_a_clean_stop_before_the_check_ended_leaves_the_store_to_be_checked_again():
     """After a crash the whole file is checked in the background. A clean stop before that
     check ended wrote "clean", and the next start trusted a damaged file: nothing found it
     until a request read a damaged page."""
     with tempfile.TemporaryDirectory() as scratch:
-        data = os.path.join(scratch, "data")
-        _fill(data)
-        _damage_message_pages(os.path.join(data, "chatcore.sqlite"))
-        with open(os.path.join(data, "store-state"), "w") as state:
-            state.write("open\n")
+        data = _crashed_store_with_damaged_messages(scratch)
         # Stops at once (its input ends), most often before the check ends.
         subprocess.run([chatcore_binary(), "serve", "--user", "alice", "--data-dir", data], input=b"", capture_output=True, timeout=60)
         _assert_damage_found_stops_the_service(data, os.path.join(scratch, "s.sock"))
@@ -365,10 +372,5 @@ def test_a_clean_stop_before_the_check_ended_leaves_the_store_to_be_checked_agai
 
 def test_damage_found_after_a_crash_stops_the_service_with_a_clear_message():
     with tempfile.TemporaryDirectory() as scratch:
-        data = os.path.join(scratch, "data")
-        _fill(data)
-        _damage_message_pages(os.path.join(data, "chatcore.sqlite"))
-        # As a crash leaves it: the last process did not stop cleanly.
-        with open(os.path.join(data, "store-state"), "w") as state:
-            state.write("open\n")
+        data = _crashed_store_with_damaged_messages(scratch)
         _assert_damage_found_stops_the_service(data, os.path.join(scratch, "s.sock"))
