@@ -170,7 +170,14 @@ public final class SQLiteStore: Sendable {
     /// makes SQLite sync the WAL at each commit. It is set here, after opening, because
     /// GRDB's WAL set-up (`Database.setUpWALMode`, run by `DatabasePool.init` after
     /// `prepareDatabase`) lowers it to NORMAL, which syncs only at checkpoints.
+    ///
+    /// The migrations run before, under NORMAL: each is a transaction of its own, and
+    /// FULL synced the log after each one (a new store's start made 17 `fdatasync` calls
+    /// before its first request). Under NORMAL a crash may lose the last migrations done,
+    /// never half of one, and the next start runs them again; the first commit under FULL
+    /// syncs the log with them in it before anything is announced.
     static func prepare(_ writer: any DatabaseWriter, name: String) throws {
+        try SQLiteStore.migrator.migrate(writer)
         let level = try writer.writeWithoutTransaction { db in
             try db.execute(sql: "PRAGMA synchronous = FULL")
             return try Int.fetchOne(db, sql: "PRAGMA synchronous")
@@ -178,7 +185,6 @@ public final class SQLiteStore: Sendable {
         guard level == 2 else {
             throw OpenError(description: "the store \(name) does not keep synchronous = FULL (it reads \(level.map(String.init) ?? "nothing"))")
         }
-        try SQLiteStore.migrator.migrate(writer)
         // What start-up reads (per user and per chat, bounded by neither messages nor
         // history) is checked now; the message tables are checked in the background
         // (`checkInBackground`), so that opening does not read the whole file.
