@@ -35,10 +35,11 @@ struct Chatcore: AsyncParsableCommand {
         }
         var arguments = Array(CommandLine.arguments.dropFirst())
         var settings: Settings?
-        if arguments.first == Serve._commandName {
+        let environment = ProcessInfo.processInfo.environment
+        if arguments.first == Serve._commandName, Settings.mayAdd(to: Array(arguments.dropFirst()), environment: environment) {
             do {
                 let completed = try await Settings(
-                    arguments: Array(arguments.dropFirst()), options: Settings.options(of: Serve.self), environment: ProcessInfo.processInfo.environment)
+                    arguments: Array(arguments.dropFirst()), options: Settings.options(of: Serve.self), environment: environment)
                 arguments = [Serve._commandName] + completed.arguments
                 settings = completed
             } catch {

@@ -46,6 +46,16 @@ struct Settings {
     static let configVariable = "CHATCORE_CONFIG"
     static let showOption = "show-config"
 
+    /// Whether the environment or a config file may add to `arguments` (or `--show-config`
+    /// asks what they did): else the command line is all there is, and the options need
+    /// not be listed (`options(of:)` lists them through ArgumentParser's help dump, about
+    /// a fifth of the CPU a start took).
+    static func mayAdd(to arguments: [String], environment: [String: String]) -> Bool {
+        let given = givenOnCommandLine(arguments)
+        return given.contains(configOption) || given.contains(showOption)
+            || environment.keys.contains { $0.uppercased().hasPrefix("CHATCORE_") }
+    }
+
     /// The arguments to parse: the command line's, then what the environment and the file add.
     private(set) var arguments: [String]
     /// Each option's values and where they came from, in `--help`'s order.
