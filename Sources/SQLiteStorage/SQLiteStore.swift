@@ -172,8 +172,8 @@ public final class SQLiteStore: Sendable {
     /// `prepareDatabase`) lowers it to NORMAL, which syncs only at checkpoints.
     ///
     /// The migrations run before, under NORMAL: each is a transaction of its own, and
-    /// FULL synced the log after each one (a new store's start made 17 `fdatasync` calls
-    /// before its first request). Under NORMAL a crash may lose the last migrations done,
+    /// FULL synced the log after each one (a new store's start made 26 syncs before its
+    /// first request, 12 so). Under NORMAL a crash may lose the last migrations done,
     /// never half of one, and the next start runs them again; the first commit under FULL
     /// syncs the log with them in it before anything is announced.
     static func prepare(_ writer: any DatabaseWriter, name: String) throws {

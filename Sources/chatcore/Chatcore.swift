@@ -36,10 +36,10 @@ struct Chatcore: AsyncParsableCommand {
         var arguments = Array(CommandLine.arguments.dropFirst())
         var settings: Settings?
         let environment = ProcessInfo.processInfo.environment
-        if arguments.first == Serve._commandName, Settings.mayAdd(to: Array(arguments.dropFirst()), environment: environment) {
+        let serveArguments = Array(arguments.dropFirst())
+        if arguments.first == Serve._commandName, Settings.mayAdd(to: serveArguments, environment: environment) {
             do {
-                let completed = try await Settings(
-                    arguments: Array(arguments.dropFirst()), options: Settings.options(of: Serve.self), environment: environment)
+                let completed = try await Settings(arguments: serveArguments, options: Settings.options(of: Serve.self), environment: environment)
                 arguments = [Serve._commandName] + completed.arguments
                 settings = completed
             } catch {

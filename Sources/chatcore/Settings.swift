@@ -17,7 +17,7 @@ struct Settings {
         let isRepeating: Bool
         let defaultValue: String?
 
-        var environmentName: String { "CHATCORE_" + name.uppercased().replacingOccurrences(of: "-", with: "_") }
+        var environmentName: String { Settings.environmentPrefix + name.uppercased().replacingOccurrences(of: "-", with: "_") }
     }
 
     /// Where an option's value came from.
@@ -43,7 +43,9 @@ struct Settings {
     }
 
     static let configOption = "config"
-    static let configVariable = "CHATCORE_CONFIG"
+    /// What every variable of chatcore's starts with (`--max-sessions`: `CHATCORE_MAX_SESSIONS`).
+    static let environmentPrefix = "CHATCORE_"
+    static let configVariable = environmentPrefix + "CONFIG"
     static let showOption = "show-config"
 
     /// Whether the environment or a config file may add to `arguments` (or `--show-config`
@@ -53,7 +55,7 @@ struct Settings {
     static func mayAdd(to arguments: [String], environment: [String: String]) -> Bool {
         let given = givenOnCommandLine(arguments)
         return given.contains(configOption) || given.contains(showOption)
-            || environment.keys.contains { $0.uppercased().hasPrefix("CHATCORE_") }
+            || environment.keys.contains { $0.uppercased().hasPrefix(environmentPrefix) }
     }
 
     /// The arguments to parse: the command line's, then what the environment and the file add.
