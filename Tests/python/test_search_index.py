@@ -9,7 +9,10 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 
+from chatcore_harness import Client, auth, line, start_socket_server
 from conftest import BOUND_SCALE, chatcore_binary
 
 INDEX_FILES = ("search.sqlite", "search.sqlite-wal", "search.sqlite-shm")
@@ -87,3 +90,52 @@ def test_refilling_the_index_holds_a_page_of_text_not_the_history():
         assert server.wait(timeout=60) == 0
         assert [key["messageId"] for key in answer["searchResult"]["messages"]] == ["1001"]
         assert peak < 80 * BOUND_SCALE, f"{peak} MB at the peak of the refill"
+
+
+def test_a_search_beside_a_session_sending_without_pause_is_answered_while_it_sends():
+    """The index is written behind the commits, by a thread of its own. A search waited
+    until it had nothing left to write: beside a session sending without pause, that was
+    when the sends stopped (on the 10M-message store, searches p50 654 ms beside a writer,
+    p99 1.4 s). It waits now for what was handed to the index before it, and still finds
+    what was said before it."""
+    sends = 10_000
+    with tempfile.TemporaryDirectory() as data_dir:
+        path = os.path.join(data_dir, "chatcore.sock")
+        server = start_socket_server(data_dir, path)
+        writer, searcher = Client(path), Client(path)
+        try:
+            auth(writer, "alice")
+            auth(searcher, "bob")
+            searcher.request({"chatStart": {"cookie": "start", "invitees": [{"userId": "carol"}], "subject": "plans"}})
+            searcher.request({"chatMessageSend": {"chatId": "1", "tag": "Text", "content": "the launch code is swordfish", "cookie": "said"}})
+            writer.request({"chatStart": {"cookie": "start", "invitees": [{"userId": "dave"}], "subject": "a flood"}})
+            # Texts of 80 words: the index takes longer over each than the send does.
+            lines = b"".join(line({"chatMessageSend": {"chatId": "2", "tag": "Text", "content": f"filler {n} " + " ".join(
+                f"w{(n * 7919 + k * 104729) % 100_000}" for k in range(80))}}) for n in range(sends))
+            threading.Thread(target=writer.sock.sendall, args=(lines,), daemon=True).start()
+
+            counted = {"events": 0, "sent": 0}
+
+            def sent():
+                """The writer's messages announced so far (each after its commit, `Sent`)."""
+                events = writer.all[counted["events"]:]
+                counted["events"] += len(events)
+                counted["sent"] += sum(sum(1 for element in event["listAdd"]["elements"] if element.get("tag") == "Text")
+                                       for event in events if event.get("listAdd", {}).get("type") == "chatMessage")
+                return counted["sent"]
+
+            deadline = time.time() + 120
+            while sent() == 0 and time.time() < deadline:
+                time.sleep(0.01)
+            assert sent() > 0, "the writer's sends were not answered"
+            answer = searcher.request({"search": {"cookie": "q", "text": "swordfish"}})
+            sent_when_answered = sent()
+            result = next(event["searchResult"] for event in answer if "searchResult" in event)
+            assert [key["messageId"] for key in result["messages"]] == ["2"]  # after the chat's Join
+            assert sent_when_answered < sends, "the search was answered only once the sends stopped"
+            writer.next_event(lambda event: "filler %d " % (sends - 1) in json.dumps(event), timeout=300)
+        finally:
+            writer.close()
+            searcher.close()
+            server.terminate()
+            server.wait(timeout=60)
