@@ -345,6 +345,15 @@ final class Batch {
             built.alikeUsers = built.alikeBytes.quotedNumbers(after: Batch.quotedURIPrefix)
         }
         ServiceMetrics.count(event)
+        emitLastAgain(to: session)
+    }
+
+    /// Emits the event of the last `emit(_:to:sameAsLast:)` again, to `session`: its bytes
+    /// copied, without the event itself (the members of a big chat are given what the
+    /// member before was given, and making or passing the event along for each cost its
+    /// retains and releases). Events shared so are new messages and changes, never
+    /// answers: there is nothing to count (`ServiceMetrics.count`).
+    func emitLastAgain(to session: EngineSession) {
         let output = self.output(of: session)
         let start = output.writer.count
         built.alikeBytes.withBytes { output.writer.appendLines($0) }

@@ -152,10 +152,17 @@ extension Engine {
         // Members for whom the new messages render alike (in a group, most recipients) share
         // one rendering: what tells them apart is known without rendering (`ViewerKind`).
         var lastRendered: (kinds: [ViewerKind], elements: [ChatMessage])?
-        for member in chat.members.values where member.isActive && member.user != except && isOnline(member.user) {
-            let visible = messages.filter { $0.id >= member.joinedAt && $0.isSeen(by: member.user) }
+        // Per member, kept from one to the next (no arrays made and freed for each).
+        var kinds: [ViewerKind] = []
+        for member in chat.members.values where member.isActive && member.user != except {
+            let sessions = sessions(of: member.user)
+            guard !sessions.isEmpty else { continue }
+            // Most members see every new message: then they are `messages` itself.
+            let seesAll = messages.allSatisfy { $0.id >= member.joinedAt && $0.isSeen(by: member.user) }
+            let visible = seesAll ? messages : messages.filter { $0.id >= member.joinedAt && $0.isSeen(by: member.user) }
             guard !visible.isEmpty else { continue }
-            let kinds = visible.map { ViewerKind($0, member, blocksSender: blocks(member.user, $0.sender)) }
+            kinds.removeAll(keepingCapacity: true)
+            for message in visible { kinds.append(ViewerKind(message, member, blocksSender: blocks(member.user, message.sender))) }
             let elements: [ChatMessage]
             if let last = lastRendered, kinds.allSatisfy(\.isShared), last.kinds == kinds {
                 elements = last.elements
@@ -164,12 +171,15 @@ extension Engine {
                 lastRendered = (kinds, elements)
             }
             for (message, element) in zip(visible, elements) where message.sender == member.user { sendersSeeNow[message.id] = element }
-            for session in sessions(of: member.user) {
+            for session in sessions {
                 let cookie = session === answering?.session ? answering?.cookie : nil
                 if cookie == nil && elements.count <= Engine.chunkSize {
-                    let sameAsLast = lastAlike.map { $0 == elements } ?? false
-                    batch.emit(.listAdd(.chatMessage(ListAddChatMessage(elements: elements))), to: session, sameAsLast: sameAsLast)
-                    lastAlike = elements
+                    if let lastAlike, lastAlike == elements {
+                        batch.emitLastAgain(to: session)
+                    } else {
+                        batch.emit(.listAdd(.chatMessage(ListAddChatMessage(elements: elements))), to: session, sameAsLast: false)
+                        lastAlike = elements
+                    }
                     continue
                 }
                 for chunk in elements.chunked(Engine.chunkSize) {

@@ -472,8 +472,12 @@ extension Engine {
                 }
                 guard let index else { continue }
                 for session in sessions(of: member.user) {
-                    batch.emit(made[index].event, to: session, sameAsLast: lastEmitted == index)
-                    lastEmitted = index
+                    if lastEmitted == index {
+                        batch.emitLastAgain(to: session)
+                    } else {
+                        batch.emit(made[index].event, to: session, sameAsLast: false)
+                        lastEmitted = index
+                    }
                 }
             }
         }
