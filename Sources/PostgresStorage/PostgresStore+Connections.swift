@@ -97,10 +97,12 @@ extension PostgresStore {
     /// Whether a failed connection attempt may succeed later: refused or unreachable, or
     /// the server is starting or stopping (SQLSTATE 57P0x, 08xxx) — it may be restarting.
     /// Anything else the server said (a wrong password, no such database), a server
-    /// without TLS, or a certificate that does not check out, will not change by waiting.
+    /// without TLS, a password the server asks for and none was given (it was tried again
+    /// for the whole patience, 15 s), a way of proving it this client does not have, or a
+    /// certificate that does not check out, will not change by waiting.
     static func mayPassByWaiting(_ error: PSQLError) -> Bool {
         if let state = error.serverInfo?[.sqlState], !state.hasPrefix("57P"), !state.hasPrefix("08") { return false }
-        if error.code == .sslUnsupported { return false }
+        if [.sslUnsupported, .authMechanismRequiresPassword, .unsupportedAuthMechanism].contains(error.code) { return false }
         let underlying = error.underlying
         return !(underlying is NIOSSLError || underlying is NIOSSLExtraError || underlying is BoringSSLError)
     }
