@@ -407,6 +407,52 @@ final class Batch {
         built.finished[ObjectIdentifier(output(of: session).session), default: 0] += 1
     }
 
+    // MARK: answers given at once
+
+    /// Whether the batch holds anything for `session`: events, answers counted, or its end.
+    func holdsOutput(for session: EngineSession) -> Bool {
+        let key = ObjectIdentifier(session)
+        if let output = built.outputs[key], !output.entries.isEmpty { return true }
+        if built.finished[key, default: 0] > 0 { return true }
+        return effects.closing.contains { $0.session === session }
+    }
+
+    /// Whether the batch holds nothing for sessions other than `session`.
+    func holdsOutputOnly(for session: EngineSession) -> Bool {
+        built.order.allSatisfy { $0 == ObjectIdentifier(session) } && effects.closing.allSatisfy { $0.session === session }
+    }
+
+    /// A count of what the batch changed and has to do once committed (or not): the
+    /// same before and after an item that changed nothing.
+    var changeMark: Int {
+        changes.dirtyChats.count + changes.dirtyMembers.count + changes.dirtySettings.count + changes.dirtyMessages.count
+            + changes.dirtyPrivate.count + changes.dirtyRefCounts.count + changes.touches.count + changes.rangeChanges.count
+            + changes.blobDeltas.count + changes.dirtyEndpoints.count + changes.removedEndpoints.count
+            + changes.removedEndpointUsers.count + changes.uncommittedChats.count + store.directory.newUsers.count
+            + searchAdds.count + searchRemovals.count + notifications.count + effects.afterCommit.count
+            + effects.afterFailure.count + effects.setupChanges.count + effects.closing.count
+    }
+
+    /// Hands `session` what the current item built for it now, ahead of the rest of the
+    /// batch, and takes it out of the batch, which then holds nothing of that item: it is
+    /// answered whatever becomes of the commit. The caller made sure that the answer
+    /// shows only what is durable, that the item changed nothing, and that neither this
+    /// batch nor one before it holds anything else for the session (its answers keep
+    /// their order).
+    func deliverAtOnce(_ session: EngineSession) {
+        let key = ObjectIdentifier(session)
+        effects.items[current] = .internal
+        // Never decided again (`takeBack`): it is answered.
+        if inbox.taken.last?.item == current { inbox.taken.removeLast() }
+        guard let output = built.outputs.removeValue(forKey: key) else { return }
+        built.order.removeAll { $0 == key }
+        built.builtBytes -= output.writer.count
+        let finished = built.finished.removeValue(forKey: key)
+        guard let sink = session.sink else { return }
+        if session.isOpen && !output.writer.isEmpty { output.writer.withBytes { sink.deliver($0) } }
+        if let finished { sink.engineFinished(finished) }
+    }
+
     // MARK: when the commit fails
 
     /// The engine takes `inboxWork[index]` into the batch (it is decided again if the

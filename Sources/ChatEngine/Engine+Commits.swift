@@ -35,6 +35,11 @@ extension Engine {
         /// Whether the committer finished (looked at between work items, without waiting).
         var isFinished: Bool { outcome.withLock { $0 != nil } }
 
+        /// Whether the committer finished, waiting for it at most `seconds`.
+        func isFinished(waitingAtMost seconds: Double) -> Bool {
+            outcome.wait(until: { $0 != nil }, deadline: Date(timeIntervalSinceNow: seconds)) { $0 != nil }
+        }
+
         /// Waits until the committer finished.
         func waitUntilFinished() -> (error: Error?, took: Duration) {
             outcome.wait(until: { $0 != nil }) { $0! }
@@ -60,7 +65,10 @@ extension Engine {
         let later = !stopping && !batch.hasActionsAfterCommit
         settleFinished()
         if later {
-            while commits.inFlight.count >= commits.limit && commits.failed == nil { settleOldest() }
+            while commits.inFlight.count >= commits.limit && commits.failed == nil {
+                answerReadsWhileWaiting(for: commits.inFlight[0], before: batch)
+                settleOldest()
+            }
         } else {
             settle()
         }

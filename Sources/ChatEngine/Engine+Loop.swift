@@ -61,6 +61,9 @@ extension Engine {
             if followsOthers { announcePresence() }
             // A batch decided again (its commit conflicted) is taken again, `stop` with it.
             if end(batch, barriers: barriers, stopping: stopping) { stopping = false }
+            while !commits.decidedWhileWaiting.isEmpty {
+                if end(commits.decidedWhileWaiting.removeFirst(), barriers: [], stopping: false) { stopping = false }
+            }
             cache.trim()
         }
         // The thread object holds this engine through its closure: let go of it.
@@ -97,6 +100,7 @@ extension Engine {
         }
         switch item {
         case .request(let request, let line, let session):
+            let atOnce = session.isOpen && !isShuttingDown && answersAtOnce(request, session: session, batch: batch)
             batch.finish(session)
             guard session.isOpen else { return }
             if isShuttingDown {
@@ -106,8 +110,10 @@ extension Engine {
                         .requestFailed(request: request.name, cookie: request.cookie, line: line), to: session)
                 return
             }
+            let changed = atOnce ? batch.changeMark : 0
             batch.begin(.request(name: request.name, cookie: request.cookie, line: line), session: session)
             process(request, line: line, session: session, batch: batch)
+            if atOnce && batch.changeMark == changed { batch.deliverAtOnce(session) }
         case .authenticate(let userId, let cookie, let line, let announce, let session):
             batch.finish(session)
             guard session.isOpen else { return }
@@ -162,6 +168,85 @@ extension Engine {
             reply(composeNow(rows, previewLength: previewLength))
         case .barrier, .stop, .committed, .othersActed:
             break
+        }
+    }
+
+    /// Whether `request` is a read answered as soon as it is decided, not once the
+    /// batch it is in and those before it are committed: reads of messages (`window`s,
+    /// thread children, messages by key) of chats that neither this batch nor one being
+    /// committed changed, by a session that has nothing in them (its answers keep their
+    /// order), while no user or endpoint is being made. It shows only what is durable.
+    /// Beside a session sending without pause, every read waited for the commit of the
+    /// sends decided before it and with it (on the 10M-message store, window p50 165 ms
+    /// with 5 readers). If deciding it changes anything after all, it is answered with
+    /// its batch (`Batch.changeMark`). Not while other nodes decide: what they committed
+    /// is read before a batch that answers requests, not before each read.
+    func answersAtOnce(_ request: Request, session: EngineSession, batch: Batch) -> Bool {
+        let chats: [String]
+        switch request {
+        case .requestListMatching(.chatMessage(let read)): chats = [read.criteria.chatId]
+        case .requestListElements(.chatMessage(let read)): chats = read.elements.map(\.chatId)
+        default: return false
+        }
+        guard session.user != nil, !followsOthers, commits.failed == nil, commits.brokenStore == nil,
+            !batch.holdsOutput(for: session), !batch.changedUsersOrEndpoints
+        else { return false }
+        // A chat that is not there (or misspelled) is answered as any other.
+        let numbers = chats.compactMap { Int64($0) }
+        if numbers.contains(where: batch.hasUncommittedChanges(in:)) { return false }
+        // The batches not committed yet: in flight, and reads to end after this batch.
+        let pending = commits.inFlight.lazy.map(\.batch) + commits.decidedWhileWaiting
+        return !pending.contains { other in
+            other.holdsOutput(for: session) || other.changedUsersOrEndpoints || numbers.contains(where: other.hasUncommittedChanges(in:))
+        }
+    }
+
+    /// While `batch` waits for `commit`, the one before it (`end`), answers the reads in the
+    /// inbox that `answersAtOnce` allows, each the first work of its session there, until
+    /// the commit is done: each decided in a batch of its own and, if it changed nothing,
+    /// delivered at once. The engine waited for the commit idle, and reads came only after
+    /// it and the batch being decided (on the 10M-message store beside a session sending
+    /// without pause, a commit of about a thousand sends took tens of milliseconds). It
+    /// looks at the inbox every `readLookInterval`, each item once: woken by every item
+    /// put in, the engine thread would be woken for each of a pipelining sender's.
+    func answerReadsWhileWaiting(for commit: Commit, before batch: Batch) {
+        guard !isShuttingDown else { return }
+        var examined = 0
+        var blocked: Set<ObjectIdentifier> = []
+        while !commit.isFinished(waitingAtMost: Engine.readLookInterval) {
+            // Under the inbox's lock: nothing here takes another lock.
+            let reads = life.inbox.takeOut(examined: &examined, blocked: &blocked, session: { $0.session.map(ObjectIdentifier.init) }) { item in
+                guard case .request(let request, _, let session) = item, session.isOpen, !self.outputs.isParked(session) else { return false }
+                return self.answersAtOnce(request, session: session, batch: batch)
+            }
+            var back: [Work] = []
+            for case .request(let request, let line, let session) in reads {
+                // A client with too much output unread: its read waits for the batch, and is
+                // parked there (a standard output's backlog is read under a lock of its
+                // own), and so does what it sent after.
+                let key = ObjectIdentifier(session)
+                guard !blocked.contains(key), (session.sink?.backlog ?? 0) <= outputs.mark else {
+                    blocked.insert(key)
+                    back.append(.request(request, line: line, session: session))
+                    continue
+                }
+                let read = Batch(cache: cache, number: commits.batchNumber)
+                read.took(Work.request(request, line: line, session: session))
+                read.finish(session)
+                read.begin(.request(name: request.name, cookie: request.cookie, line: line), session: session)
+                process(request, line: line, session: session, batch: read)
+                if read.changeMark == 0 && read.holdsOutputOnly(for: session) {
+                    read.deliverAtOnce(session)
+                } else {
+                    commits.decidedWhileWaiting.append(read)
+                    blocked.insert(key)
+                }
+            }
+            // Taken out in their sessions' order: in front of the rest, they keep it.
+            if !back.isEmpty {
+                life.inbox.putBack(back)
+                examined += back.count
+            }
         }
     }
 

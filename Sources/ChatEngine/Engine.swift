@@ -65,6 +65,9 @@ public final class Engine: @unchecked Sendable {  // its parts are the engine th
 
     /// At most this many work items go into one batch (and one transaction).
     static let batchLimit = 4096
+    /// How often the engine looks for reads it can answer while it waits for a commit
+    /// (`answerReadsWhileWaiting`), in seconds.
+    static let readLookInterval = 0.001
     /// Events a batch may build for its sessions before the rest of its work is left to
     /// the next batch. A batch's events are held until its commit: without a bound, 4,096
     /// sends of 70 KB into a chat whose users have many endpoints would be held at once

@@ -191,6 +191,10 @@ final class Commits {
     var batchLimitNow = Engine.batchLimit
     /// Set when memory could not be rebuilt after a failed commit: nothing more is done.
     var brokenStore: Error?
+    /// Reads decided while a batch waited for the commit before it
+    /// (`answerReadsWhileWaiting`) that changed something after all: they are ended
+    /// after that batch, in order.
+    var decidedWhileWaiting: [Batch] = []
 
     init(limit: Int, comparesChatVersions: Bool) {
         self.limit = limit

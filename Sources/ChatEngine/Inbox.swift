@@ -21,6 +21,33 @@ final class Inbox<Item>: Sendable {
         items.withLock { $0.insert(contentsOf: returned, at: 0) }
     }
 
+    /// Takes out, without waiting, the items after the first `examined` that `pick`
+    /// chooses, of sessions (`session`: nil for work of no session, never chosen) not in
+    /// `blocked`, which holds the sessions with work left in the inbox: what a session
+    /// put in keeps its order. `examined` moves past what was looked at (each item is
+    /// looked at once) and `blocked` takes the sessions of what is left.
+    func takeOut(
+        examined: inout Int, blocked: inout Set<ObjectIdentifier>, session: (Item) -> ObjectIdentifier?, pick: (Item) -> Bool
+    ) -> [Item] {
+        items.withLock { items in
+            guard items.count > examined else { return [] }
+            var taken: [Item] = []
+            var kept: [Item] = []
+            for item in items[examined...] {
+                let owner = session(item)
+                if let owner, !blocked.contains(owner), pick(item) {
+                    taken.append(item)
+                } else {
+                    if let owner { blocked.insert(owner) }
+                    kept.append(item)
+                }
+            }
+            if !taken.isEmpty { items.replaceSubrange(examined..., with: kept) }
+            examined = items.count
+            return taken
+        }
+    }
+
     /// Blocks until there is work (or `waitingAtMost` seconds passed: then it may return
     /// nothing), then takes up to `limit` items.
     func take(limit: Int, waitingAtMost seconds: Double? = nil) -> [Item] {
