@@ -98,7 +98,7 @@ def test_a_search_beside_a_session_sending_without_pause_is_answered_while_it_se
     when the sends stopped (on the 10M-message store, searches p50 654 ms beside a writer,
     p99 1.4 s). It waits now for what was handed to the index before it, and still finds
     what was said before it."""
-    sends = 10_000
+    sends = 20_000
     with tempfile.TemporaryDirectory() as data_dir:
         path = os.path.join(data_dir, "chatcore.sock")
         server = start_socket_server(data_dir, path)
