@@ -2,7 +2,8 @@ import Foundation
 import Threads
 
 /// The engine's queue of work: many producers (sessions), one consumer (the engine
-/// thread), which takes everything waiting at once so that it becomes one batch.
+/// thread), which takes everything waiting at once so that it becomes one batch (and,
+/// while it waits for a commit, takes out the reads it answers at once: `takeOut`).
 final class Inbox<Item>: Sendable {
     private let items = Locked<[Item]>([])
 
