@@ -95,9 +95,8 @@ def test_refilling_the_index_holds_a_page_of_text_not_the_history():
 def test_a_search_beside_a_session_sending_without_pause_is_answered_while_it_sends():
     """The index is written behind the commits, by a thread of its own. A search waited
     until it had nothing left to write: beside a session sending without pause, that was
-    when the sends stopped (on the 10M-message store, searches p50 654 ms beside a writer,
-    p99 1.4 s). It waits now for what was handed to the index before it, and still finds
-    what was said before it."""
+    when the sends stopped (here: after the last of them). It waits now for what was
+    handed to the index before it, and still finds what was said before it."""
     sends = 20_000
     with tempfile.TemporaryDirectory() as data_dir:
         path = os.path.join(data_dir, "chatcore.sock")
