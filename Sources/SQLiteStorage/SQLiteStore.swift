@@ -21,8 +21,11 @@ public final class SQLiteStore: Sendable {
     public let stoppedCleanly: Bool
     /// The store was created by this open (there was nothing to check).
     public let isNew: Bool
-    /// Set by `closeCleanly`: a whole-file check it interrupts reports nothing.
-    private let closing = Atomic<Bool>(false)
+    /// Set by `closeCleanly`: a whole-file check it interrupts reports nothing, and one
+    /// not started yet does not start. `checking`: the check reads the store now, and the
+    /// pool is closed only once it does not (GRDB's pool must not be closed while another
+    /// thread reads it: ThreadSanitizer saw a clean stop close it under the check).
+    private let check = Locked<(closing: Bool, checking: Bool)>((false, false))
     /// The whole file was found undamaged since this process opened it (or needed no
     /// check): only then may a clean stop say the store was left whole.
     private let knownWhole = Atomic<Bool>(false)
@@ -140,9 +143,14 @@ public final class SQLiteStore: Sendable {
     /// stop soon after a crash or a copy had let the next start trust a damaged file).
     public func closeCleanly() {
         guard let directory else { return }
-        closing.store(true, ordering: .sequentiallyConsistent)
+        check.change { $0.closing = true }
         if let pool = pool as? DatabasePool {
-            pool.interrupt()
+            // Interrupted again until it has stopped: an interrupt that comes before its
+            // statement runs is lost.
+            while check.withLock({ $0.checking }) {
+                pool.interrupt()
+                check.wait(until: { !$0.checking }, deadline: Date(timeIntervalSinceNow: 0.05)) { _ in }
+            }
             do {
                 try pool.close()
             } catch {
@@ -207,15 +215,25 @@ public final class SQLiteStore: Sendable {
         let thread = Thread { [self] in
             nameCurrentThread("store-check")
             setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, 19)
+            let started = check.change { state -> Bool in
+                guard !state.closing else { return false }
+                state.checking = true
+                return true
+            }
+            guard started else { return }
             let found: String?
             do {
-                let check = try pool.read { db in try String.fetchAll(db, sql: "PRAGMA quick_check") }
-                found = check == ["ok"] ? nil : check.prefix(5).joined(separator: "; ")
+                let lines = try pool.read { db in try String.fetchAll(db, sql: "PRAGMA quick_check") }
+                found = lines == ["ok"] ? nil : lines.prefix(5).joined(separator: "; ")
             } catch {
                 found = "\(error)"
             }
             // A check the clean stop interrupted found nothing.
-            guard !closing.load(ordering: .sequentiallyConsistent) else { return }
+            let closing = check.change { state -> Bool in
+                state.checking = false
+                return state.closing
+            }
+            guard !closing else { return }
             if found == nil { knownWhole.store(true, ordering: .sequentiallyConsistent) }
             report(found)
         }
