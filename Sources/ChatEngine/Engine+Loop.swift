@@ -179,8 +179,9 @@ extension Engine {
     /// Beside a session sending without pause, every read waited for the commit of the
     /// sends decided before it and with it (on the 10M-message store, with 20 readers,
     /// window p50 118–163 ms: docs/benchmarks.md). If deciding it changes anything after
-    /// all, it is answered with its batch (`Batch.changeMark`). Not while other nodes decide: what they committed
-    /// is read before a batch that answers requests, not before each read.
+    /// all, it is answered with its batch (`Batch.changeMark`). Not while other nodes
+    /// decide: what they committed is read before a batch that answers requests, not
+    /// before each read.
     func answersAtOnce(_ request: Request, session: EngineSession, batch: Batch) -> Bool {
         let chats: [String]
         switch request {

@@ -39,8 +39,6 @@ public final class SQLiteSearchIndex: MessageSearchIndex, Sendable {
     private struct Backlog {
         var pendingAdds: [SearchEntry] = []
         var pendingRemovals: [Int64] = []
-        /// Work handed to the writer and not yet committed.
-        var inFlight = 0
         var failure: Error?
         /// What the texts handed over and not yet committed take (pending, and taken by
         /// the writer), with a little for each entry besides its text.
@@ -49,8 +47,8 @@ public final class SQLiteSearchIndex: MessageSearchIndex, Sendable {
         /// A bulk load ended and its segments are not merged yet.
         var mergePending = false
         /// Hand-overs so far (`add`), and how many of the first of them are in the index:
-        /// a search waits for those made before it, not for the backlog to be empty,
-        /// which it never is while someone sends without pause.
+        /// `waitUntilWritten` waits for those made before it, not for the backlog to be
+        /// empty, which it never is while someone sends without pause.
         var handedOver = 0
         var written = 0
 
@@ -63,7 +61,6 @@ public final class SQLiteSearchIndex: MessageSearchIndex, Sendable {
                 pendingRemovals.removeAll(keepingCapacity: true)
                 inFlightBytes = pendingBytes
                 pendingBytes = 0
-                inFlight += 1
             }
             return (pendingAdds, pendingRemovals, handedOver)
         }
@@ -158,14 +155,10 @@ public final class SQLiteSearchIndex: MessageSearchIndex, Sendable {
         }
     }
 
-    public func waitUntilWritten() throws {
-        let failure = backlog.wait(until: { (!$0.hasWork && $0.inFlight == 0) || $0.failure != nil }) { $0.failure }
-        if let failure { throw failure }
-    }
-
     /// Waits until what was handed over before the call is in the index (what is handed
-    /// over meanwhile may be written too, or not).
-    func waitUntilWrittenWhatWasHandedOver() throws {
+    /// over meanwhile may be written too, or not). It waited for the index to have
+    /// nothing left to write, which beside a session sending without pause is never.
+    public func waitUntilWritten() throws {
         let handed = backlog.withLock { $0.handedOver }
         let failure = backlog.wait(until: { $0.written >= handed || $0.failure != nil }) { $0.failure }
         if let failure { throw failure }
@@ -185,7 +178,7 @@ public final class SQLiteSearchIndex: MessageSearchIndex, Sendable {
     /// need: FTS5 walks its doclists in rowid order, so stopping early is free, where
     /// pages of a fixed size would each start the match again.
     public func searchMessages(containing text: String, chats: [Int64], belowRow: Int64?, limit: Int, budget: SearchBudget) throws -> [SearchHit] {
-        try waitUntilWrittenWhatWasHandedOver()
+        try waitUntilWritten()
         guard !chats.isEmpty, !text.isEmpty, limit > 0 else { return [] }
         let scoped = chats.count <= SQLiteSearchIndex.scopedChats
         let scalars = Array(text.unicodeScalars)
@@ -400,7 +393,6 @@ public final class SQLiteSearchIndex: MessageSearchIndex, Sendable {
                 highestRow = nil  // the transaction was rolled back: read it again
             }
             backlog.change { backlog in
-                backlog.inFlight -= 1
                 backlog.inFlightBytes = 0
                 if let error { backlog.failure = error } else { backlog.written = handedOver }
             }

@@ -178,7 +178,7 @@ public protocol MessageSearchIndex: AnyObject, Sendable {
     /// Hands over committed messages' text, and rows whose text is gone (recalled).
     func add(_ entries: [SearchEntry], removing rows: [Int64])
 
-    /// Waits until everything handed over is written.
+    /// Waits until everything handed over before the call is written.
     func waitUntilWritten() throws
 
     /// A bulk load (rebuilding the index from the store) was handed over: the index may
